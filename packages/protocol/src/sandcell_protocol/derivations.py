@@ -1,0 +1,109 @@
+"""Values both peers compute. The golden vectors in tests/protocol/golden.json pin them."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+
+from .errors import ProtocolError
+
+_HINT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_RUNTIME_SESSION_RE = re.compile(r"^rt_[0-9a-f]{64}$")
+_CACHE_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+
+MAX_PATH_BYTES = 4096
+MAX_COMPONENT_BYTES = 255
+
+
+def _require_part(field: str, value: str) -> bytes:
+    if not isinstance(value, str) or not value:
+        raise ProtocolError(f"{field}: must be a non-empty string")
+    if "\x00" in value:
+        raise ProtocolError(f"{field}: must not contain NUL")
+    return value.encode("utf-8")
+
+
+def input_cache_key(storage_session: str, object_id: str) -> str:
+    """Key of an object in the runner's input cache.
+
+    NUL-joined so that ``("a b", "c")`` and ``("a", "b c")`` can never collide.
+    """
+    joined = (
+        _require_part("storage_session", storage_session)
+        + b"\x00"
+        + _require_part("object_id", object_id)
+    )
+    return hashlib.sha256(joined).hexdigest()
+
+
+def is_input_cache_key(value: str) -> bool:
+    """True for a string shaped like ``input_cache_key``'s output."""
+    return bool(_CACHE_KEY_RE.fullmatch(value))
+
+
+def validate_hint(hint: str) -> str:
+    """Return ``hint`` if it is a valid runtime-session hint, else ``ProtocolError``."""
+    if not isinstance(hint, str) or not _HINT_RE.fullmatch(hint):
+        raise ProtocolError("hint: must match ^[A-Za-z0-9._:-]{1,128}$")
+    return hint
+
+
+def runtime_session_id(namespace: str, user_id: str, hint: str) -> str:
+    """Tenant-scoped session id: the same hint from two tenants never collides."""
+    validate_hint(hint)
+    joined = (
+        _require_part("namespace", namespace)
+        + b"\x00"
+        + _require_part("user_id", user_id)
+        + b"\x00"
+        + _require_part("hint", hint)
+    )
+    return "rt_" + hashlib.sha256(joined).hexdigest()
+
+
+def is_runtime_session_id(value: str) -> bool:
+    """True for ``rt_`` followed by 64 lowercase hex digits."""
+    return isinstance(value, str) and bool(_RUNTIME_SESSION_RE.fullmatch(value))
+
+
+def checkpoint_key(runtime_session_id: str) -> str:
+    """Object-store key of a session's checkpoint."""
+    if not is_runtime_session_id(runtime_session_id):
+        raise ProtocolError("runtime_session_id: must match ^rt_[0-9a-f]{64}$")
+    return f"checkpoints/{runtime_session_id}.tar.gz"
+
+
+def validate_workspace_path(name: str) -> str:
+    """Normalize a relative POSIX workspace path or raise ``ProtocolError``.
+
+    Rejects empty, absolute, ``..`` components, NUL, backslash, a component over
+    255 bytes and a path over 4096 bytes. ``a//b/./c`` becomes ``a/b/c``.
+    """
+    if not isinstance(name, str) or not name:
+        raise ProtocolError("path: must be a non-empty string")
+    if "\x00" in name:
+        raise ProtocolError("path: must not contain NUL")
+    if "\\" in name:
+        raise ProtocolError("path: must not contain a backslash")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ProtocolError("path: must be valid UTF-8") from exc
+    if len(encoded) > MAX_PATH_BYTES:
+        raise ProtocolError(f"path: longer than {MAX_PATH_BYTES} bytes")
+    if name.startswith("/"):
+        raise ProtocolError("path: must be relative")
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts:
+        raise ProtocolError("path: names no file")
+    for part in parts:
+        if part == "..":
+            raise ProtocolError("path: must not contain '..'")
+        if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
+            raise ProtocolError(f"path: a component is longer than {MAX_COMPONENT_BYTES} bytes")
+    normalized = "/".join(parts)
+    # Belt and braces: the join above cannot escape, and posixpath agrees.
+    if posixpath.normpath(normalized) != normalized:
+        raise ProtocolError("path: does not normalize")
+    return normalized

@@ -1,0 +1,261 @@
+"""Message shapes on the wire. Frozen, strict: unknown fields and enum values fail."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+import msgspec
+
+from .errors import ErrorCode
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+# "(?![\s\S])" rather than "$": "$" also matches before a trailing newline, and
+# the lookahead reads the same in Python and ECMAScript (the JSON Schema's dialect).
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
+SessionHint = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}(?![\s\S])")]
+
+
+class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Base of every wire message."""
+
+
+class FileRef(Message, frozen=True):
+    """An input object delivered by reference, primed into the workspace at ``name``."""
+
+    storage_session: NonEmptyStr
+    object_id: NonEmptyStr
+    name: NonEmptyStr
+    read_only: bool = False
+
+
+class InlineFile(Message, frozen=True):
+    """A small input file carried in the request body."""
+
+    name: NonEmptyStr
+    content_b64: str
+    executable: bool = False
+
+
+class Limits(Message, frozen=True):
+    """Per-request limits; each is capped by the runner's configured maximum."""
+
+    memory_mib: PositiveInt | None = None
+    pids: PositiveInt | None = None
+    stdout_bytes: PositiveInt | None = None
+    stderr_bytes: PositiveInt | None = None
+
+
+class ExecuteRequest(Message, frozen=True):
+    """Run ``code`` in ``language``."""
+
+    language: NonEmptyStr
+    code: str
+    args: list[str] = msgspec.field(default_factory=list)
+    stdin: str | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    timeout_ms: PositiveInt = 30_000
+    files: list[FileRef] = msgspec.field(default_factory=list)
+    inline_files: list[InlineFile] = msgspec.field(default_factory=list)
+    limits: Limits | None = None
+
+
+class RunStatus(enum.StrEnum):
+    """How an execution ended."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    OUTPUT_LIMIT = "output_limit"
+    MEMORY_LIMIT = "memory_limit"
+    DISK_LIMIT = "disk_limit"
+    SIGNALED = "signaled"
+    INTERNAL_ERROR = "internal_error"
+
+
+class OutputFile(Message, frozen=True):
+    """A file the job created or changed; ``content_b64`` only under the inline cap."""
+
+    name: str
+    size: NonNegativeInt
+    sha256: Sha256Hex
+    content_b64: str | None = None
+
+
+class ExecuteResult(Message, frozen=True):
+    """Outcome of one execution."""
+
+    status: RunStatus
+    exit_code: int | None
+    signal: str | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    wall_ms: NonNegativeInt
+    cpu_ms: NonNegativeInt
+    max_rss_kib: NonNegativeInt | None
+    files: list[OutputFile]
+    session_id: str | None = None
+
+
+class StdoutEvent(Message, frozen=True, tag_field="type", tag="stdout"):
+    """A chunk of the job's stdout, streamed as produced."""
+
+    data: str
+
+
+class StderrEvent(Message, frozen=True, tag_field="type", tag="stderr"):
+    """A chunk of the job's stderr, streamed as produced."""
+
+    data: str
+
+
+class ResultEvent(Message, frozen=True, tag_field="type", tag="result"):
+    """The last event of a stream: exactly one, after every output chunk."""
+
+    result: ExecuteResult
+
+
+StreamEvent = StdoutEvent | StderrEvent | ResultEvent
+
+HealthStatus = Literal["ok", "quarantined", "starting"]
+WarmupState = Literal["none", "running", "done", "failed"]
+
+
+class Health(Message, frozen=True):
+    """``GET /health``: never carries a secret."""
+
+    status: HealthStatus
+    protocol: str
+    runner_version: str
+    session_id: str | None = None
+    warmup: WarmupState = "none"
+    languages: list[str] = msgspec.field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """Weakened isolation the operator should know of (no cgroups, no jail)."""
+
+
+class Language(Message, frozen=True):
+    """One language the runner offers."""
+
+    name: str
+    version: str
+
+
+class Languages(Message, frozen=True):
+    """``GET /v1/languages``."""
+
+    languages: list[Language]
+
+
+class InputProbe(Message, frozen=True):
+    """Which of these refs does the runner's input cache lack?"""
+
+    refs: list[FileRef]
+
+
+class InputProbeResult(Message, frozen=True):
+    """The refs whose objects the cache lacks (the orchestrator pushes only these)."""
+
+    missing: list[FileRef]
+
+
+class InputObject(Message, frozen=True):
+    """Object-level facts of a pushed input; never a file name."""
+
+    size: NonNegativeInt
+    sha256: Sha256Hex
+    read_only: bool = False
+
+
+class InputManifest(Message, frozen=True):
+    """The ``manifest`` part of ``POST /v1/inputs``, keyed by ``input_cache_key``."""
+
+    objects: dict[Sha256Hex, InputObject]
+
+
+class InputUploadResult(Message, frozen=True):
+    """Cache keys now present in the runner's cache."""
+
+    stored: list[str]
+
+
+class PrimedInput(Message, frozen=True):
+    """A ref primed into the session workspace (checkpoint metadata)."""
+
+    storage_session: str
+    object_id: str
+    name: str
+    read_only: bool
+    sha256: Sha256Hex
+
+
+class SurfacedOutput(Message, frozen=True):
+    """A file already returned to the caller, for output diffing across turns."""
+
+    name: str
+    size: NonNegativeInt
+    mtime_ns: int
+    sha256: Sha256Hex
+
+
+class CheckpointMeta(Message, frozen=True):
+    """The reserved metadata member of a checkpoint archive."""
+
+    session_id: str
+    protocol: str
+    primed_inputs: list[PrimedInput] = msgspec.field(default_factory=list)
+    surfaced_outputs: list[SurfacedOutput] = msgspec.field(default_factory=list)
+    skipped: list[str] = msgspec.field(default_factory=list)
+    """Workspace entries not exported (FIFOs, sockets, devices)."""
+
+
+class ErrorDetail(Message, frozen=True):
+    """The inner object of an ``ErrorBody``."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool
+
+
+class ErrorBody(Message, frozen=True):
+    """Every non-2xx answer: ``{"error": {code, message, retryable}}``."""
+
+    error: ErrorDetail
+
+
+class ExecCall(ExecuteRequest, frozen=True, kw_only=True):
+    """``POST /v1/exec`` of the orchestrator's service: a request plus who and which session."""
+
+    user_id: NonEmptyStr
+    runtime_session_hint: SessionHint | None = None
+
+
+ALL_MESSAGES: tuple[type[Message], ...] = (
+    FileRef,
+    InlineFile,
+    Limits,
+    ExecuteRequest,
+    OutputFile,
+    ExecuteResult,
+    StdoutEvent,
+    StderrEvent,
+    ResultEvent,
+    Health,
+    Language,
+    Languages,
+    InputProbe,
+    InputProbeResult,
+    InputObject,
+    InputManifest,
+    InputUploadResult,
+    PrimedInput,
+    SurfacedOutput,
+    CheckpointMeta,
+    ErrorDetail,
+    ErrorBody,
+    ExecCall,
+)

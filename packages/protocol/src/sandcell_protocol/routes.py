@@ -1,0 +1,23 @@
+"""Runner route paths. ``{path}`` segments are workspace paths (``validate_workspace_path``)."""
+
+from __future__ import annotations
+
+HEALTH = "/health"
+LANGUAGES = "/v1/languages"
+EXECUTE = "/v1/execute"
+SESSION = "/v1/session"
+SESSION_CHECKPOINT = "/v1/session/checkpoint"
+SESSION_RESTORE = "/v1/session/restore"
+SESSION_FILES = "/v1/session/files/{path:path}"
+SESSION_FILES_PREFIX = "/v1/session/files/"
+INPUTS_PROBE = "/v1/inputs/probe"
+INPUTS = "/v1/inputs"
+
+NDJSON = "application/x-ndjson"
+GZIP = "application/gzip"
+ZSTD = "application/zstd"
+
+CHECKPOINT_META_MEMBER = ".sandcell-checkpoint.json"
+"""Reserved archive member holding ``CheckpointMeta``; workspace members live under
+``CHECKPOINT_WORKSPACE_PREFIX`` so no workspace path can collide with it."""
+CHECKPOINT_WORKSPACE_PREFIX = "workspace"

@@ -1,0 +1,94 @@
+"""The golden vectors are the contract: these exact values, from golden.json."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from sandcell_protocol import (
+    ProtocolError,
+    checkpoint_key,
+    input_cache_key,
+    is_runtime_session_id,
+    runtime_session_id,
+    validate_workspace_path,
+)
+from tests.golden import load_golden
+
+GOLDEN = load_golden()
+
+
+@pytest.mark.parametrize("vector", GOLDEN["input_cache_key"])
+def test_input_cache_key_golden(vector: dict[str, str]) -> None:
+    assert input_cache_key(vector["storage_session"], vector["object_id"]) == vector["key"]
+
+
+def test_input_cache_key_is_not_space_joined() -> None:
+    """The NUL separator is the point: a space join gives a different key."""
+    vector = GOLDEN["input_cache_key_not_space_joined"]
+    key = input_cache_key(vector["storage_session"], vector["object_id"])
+    space = f"{vector['storage_session']} {vector['object_id']}".encode()
+    assert key != hashlib.sha256(space).hexdigest()
+
+
+@pytest.mark.parametrize("vector", GOLDEN["runtime_session_id"])
+def test_runtime_session_id_golden(vector: dict[str, str]) -> None:
+    got = runtime_session_id(vector["namespace"], vector["user_id"], vector["hint"])
+    assert got == vector["id"]
+    assert is_runtime_session_id(got)
+
+
+@pytest.mark.parametrize("vector", GOLDEN["checkpoint_key"])
+def test_checkpoint_key_golden(vector: dict[str, str]) -> None:
+    assert checkpoint_key(vector["runtime_session_id"]) == vector["key"]
+
+
+@pytest.mark.parametrize(("raw", "normalized"), GOLDEN["workspace_path"]["accepted"])
+def test_workspace_path_accepted(raw: str, normalized: str) -> None:
+    assert validate_workspace_path(raw) == normalized
+
+
+@pytest.mark.parametrize("raw", GOLDEN["workspace_path"]["rejected"])
+def test_workspace_path_rejected(raw: str) -> None:
+    with pytest.raises(ProtocolError, match="path"):
+        validate_workspace_path(raw)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("", "o"), "storage_session"),
+        (("s", ""), "object_id"),
+        (("s\x00", "o"), "storage_session"),
+        (("s", "o\x00"), "object_id"),
+    ],
+)
+def test_input_cache_key_rejects_empty_and_nul(args: tuple[str, str], field: str) -> None:
+    with pytest.raises(ProtocolError, match=field):
+        input_cache_key(*args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("", "u", "h"),
+        ("n", "", "h"),
+        ("n\x00", "u", "h"),
+        ("n", "u", "bad hint"),
+        ("n", "u", "x" * 129),
+        ("n", "u", ""),
+    ],
+)
+def test_runtime_session_id_rejects(args: tuple[str, str, str]) -> None:
+    with pytest.raises(ProtocolError):
+        runtime_session_id(*args)
+
+
+@pytest.mark.parametrize(
+    "value", ["rt_" + "a" * 63, "rt_" + "A" * 64, "xx_" + "a" * 64, "rt_" + "a" * 64 + "\n"]
+)
+def test_is_runtime_session_id_rejects(value: str) -> None:
+    assert not is_runtime_session_id(value)
+    with pytest.raises(ProtocolError):
+        checkpoint_key(value)
