@@ -1,0 +1,116 @@
+"""The orchestrator's errors. Vendor errors are translated into these at each boundary.
+
+    SandcellError
+    ├── ConfigError                   a setting is invalid (names the variable)
+    ├── SandboxError
+    │   ├── SandboxCommandError       a command exited non-zero (exit_code, stdout, stderr)
+    │   ├── SandboxTimeoutError       a command or execution ran past its deadline
+    │   ├── SandboxUnavailableError   retryable: launch, health, network, quarantine, capacity
+    │   ├── SandboxNotFoundError      the sandbox is gone
+    │   └── RunnerRequestError        the runner refused a request (bad input, bad path, ...)
+    ├── SessionError
+    │   ├── SessionBusyError          retryable: another worker holds the session
+    │   ├── SessionRequiredError      strict mode without a hint
+    │   ├── SessionConflictError      the runner is bound to another session
+    │   └── LockLostError             our lease expired or was taken: work in flight aborts
+    ├── ProtocolMismatchError         the runner speaks another protocol major
+    ├── CheckpointError               snapshot put/get/restore failed
+    │   └── ArchiveRejectedError      the runner refused an archive
+    ├── InputMissingError             an input ref could not be delivered
+    └── RegistryError                 the session registry failed
+"""
+
+from __future__ import annotations
+
+
+class SandcellError(Exception):
+    """Base of every orchestrator error. ``retryable`` tells callers whether to retry."""
+
+    retryable: bool = False
+
+
+class ConfigError(SandcellError):
+    """A configuration value is invalid; the message names the variable."""
+
+
+class SandboxError(SandcellError):
+    """Something went wrong with a sandbox."""
+
+
+class SandboxCommandError(SandboxError):
+    """A command exited non-zero."""
+
+    def __init__(self, message: str, *, exit_code: int | None, stdout: str, stderr: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class SandboxTimeoutError(SandboxError):
+    """A command or execution ran past its deadline."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """The sandbox cannot serve now; retrying (possibly on a new sandbox) may succeed."""
+
+    retryable = True
+
+
+class SandboxNotFoundError(SandboxError):
+    """The sandbox does not exist (any more)."""
+
+
+class RunnerRequestError(SandboxError):
+    """The runner rejected a request; ``code`` is the protocol's ``ErrorCode`` value."""
+
+    def __init__(self, message: str, *, code: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retryable = retryable
+
+
+class SessionError(SandcellError):
+    """A runtime-session rule was broken."""
+
+
+class SessionBusyError(SessionError):
+    """Another worker holds this session; retry shortly."""
+
+    retryable = True
+
+
+class SessionRequiredError(SessionError):
+    """Strict mode needs a runtime-session hint."""
+
+
+class SessionConflictError(SessionError):
+    """The runner is bound to a different session."""
+
+
+class LockLostError(SessionError):
+    """Our session lease expired or was taken over; the work in flight was aborted."""
+
+    retryable = True
+
+
+class ProtocolMismatchError(SandcellError):
+    """The runner speaks an incompatible protocol major."""
+
+
+class CheckpointError(SandcellError):
+    """Storing, fetching or restoring a checkpoint failed."""
+
+
+class ArchiveRejectedError(CheckpointError):
+    """The runner refused a checkpoint archive."""
+
+
+class InputMissingError(SandcellError):
+    """An input ref could not be delivered to the runner."""
+
+
+class RegistryError(SandcellError):
+    """The session registry failed (connection, script, corrupt state)."""
+
+    retryable = True
