@@ -1,0 +1,1 @@
+"""Contract tests for the session registry (both backends) and the lease holder."""
