@@ -1,0 +1,411 @@
+"""``S3SnapshotStore``: snapshots as objects in an S3 or MinIO bucket, through ``minio``.
+
+A put streams into a staging object under ``<prefix>/.staging/`` and then copies
+it server-side onto the key with ``x-amz-meta-sha256``: S3 fixes an object's
+metadata when its upload starts, and the digest is known only when the stream
+ends. That copy is the single step that replaces the previous object, so a put
+that fails or passes its cap leaves it intact. The upload is minio's multipart
+``put_object`` reading, in a worker thread, from a bounded channel the event loop
+fills, so memory stays near one part whatever the size of the stream.
+
+Operators: give the bucket a lifecycle rule that expires ``<prefix>/.staging/``
+and aborts incomplete multipart uploads after a day, for puts cut off by a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import secrets
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import BinaryIO, Self, TypeVar, cast
+
+import anyio
+import urllib3
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from minio import Minio
+from minio.commonconfig import ComposeSource
+from minio.datatypes import Object
+from minio.error import InvalidResponseError, S3Error, ServerError
+
+from ..errors import CheckpointError
+from . import (
+    S3Settings,
+    Snapshot,
+    SnapshotInfo,
+    SnapshotNotFoundError,
+    SnapshotUnavailableError,
+    _enforce_cap,
+    _is_sha256_hex,
+    _validate_max_bytes,
+    _VerifiedChunks,
+    validate_snapshot_key,
+)
+
+__all__ = ["S3SnapshotStore"]
+
+T = TypeVar("T")
+_log = logging.getLogger(__name__)
+
+SHA256_METADATA = "x-amz-meta-sha256"
+_STAGING_DIR = ".staging"
+# Chunks buffered between the event loop and the upload thread (on top of one part).
+_CHANNEL_CHUNKS = 4
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchVersion"})
+_TRANSIENT_CODES = frozenset(
+    {
+        "InternalError",
+        "OperationAborted",
+        "PreconditionFailed",  # replaced between our HEAD and GET
+        "RequestTimeout",
+        "ServiceUnavailable",
+        "SlowDown",
+        "XMinioServerNotInitialized",
+    }
+)
+
+
+class S3SnapshotStore:
+    """A ``SnapshotStore`` in an S3 / MinIO bucket; minio's blocking calls run in threads.
+
+    ``http_client`` is the transport seam (tests record requests with it); the store
+    owns it either way and clears it on ``close``.
+    """
+
+    def __init__(
+        self, settings: S3Settings, *, http_client: urllib3.PoolManager | None = None
+    ) -> None:
+        self._settings = settings
+        self._http = http_client or _default_http_client(settings)
+        self._client = Minio(
+            settings.endpoint,
+            access_key=settings.access_key,
+            secret_key=settings.secret_key,
+            secure=settings.secure,
+            region=settings.region,
+            http_client=self._http,
+        )
+        self._closed = False
+
+    @property
+    def settings(self) -> S3Settings:
+        """The settings this store was built with (the secret key stays out of its repr)."""
+        return self._settings
+
+    def __repr__(self) -> str:
+        s = self._settings
+        return f"S3SnapshotStore(endpoint={s.url!r}, bucket={s.bucket!r}, prefix={s.prefix!r})"
+
+    async def put(self, key: str, stream: AsyncIterable[bytes], *, max_bytes: int) -> SnapshotInfo:
+        """Upload ``stream`` and publish it under ``key``; see ``SnapshotStore.put``."""
+        name = self._object_name(key)
+        _validate_max_bytes(max_bytes)
+        staging = self._object_name(f"{_STAGING_DIR}/{secrets.token_hex(16)}", validate=False)
+        send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=_CHANNEL_CHUNKS)
+        bridge = _StreamBridge(receive)
+        upload = _UploadOutcome()
+        feed_error: Exception | None = None
+        # Neither side raises inside the group (an exception there would come out
+        # wrapped in an ExceptionGroup); outcomes are recorded and raised after it.
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._upload_staging, staging, bridge, upload)
+            fed = False
+            try:
+                await _feed(stream, send, key=key, max_bytes=max_bytes)
+                fed = True
+            except anyio.BrokenResourceError:
+                pass  # the upload stopped reading; its own error is raised below
+            except Exception as exc:
+                feed_error = exc
+            finally:
+                if not fed:
+                    bridge.abort()
+                send.close()
+        if feed_error is not None:
+            raise feed_error
+        if upload.error is not None:
+            raise self._translate(upload.error, "put", key) from upload.error
+        if not upload.done:
+            raise CheckpointError(f"snapshot put of {key!r}: the upload ended early")
+        try:
+            commit = functools.partial(self._commit, staging, name, bridge.sha256)
+            await self._run("put", key, commit)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._remove_quietly, staging)
+        return SnapshotInfo(key=key, size=bridge.size, sha256=bridge.sha256)
+
+    @asynccontextmanager
+    async def get(self, key: str, *, max_bytes: int) -> AsyncIterator[Snapshot]:
+        """HEAD the object and check its size, then stream it; see ``SnapshotStore.get``."""
+        name = self._object_name(key)
+        _validate_max_bytes(max_bytes)
+        stat = await self._run(
+            "get", key, functools.partial(self._client.stat_object, self._settings.bucket, name)
+        )
+        info = _info_from_stat(key, stat)
+        if info.size > max_bytes:
+            raise CheckpointError(
+                f"snapshot get of {key!r}: {info.size} bytes is over the cap of {max_bytes}"
+            )
+        # If-Match pins the GET to the object we just sized and whose digest we hold.
+        headers: dict[str, str | list[str] | tuple[str]] | None = (
+            {"If-Match": f'"{stat.etag}"'} if stat.etag else None
+        )
+        fetch = functools.partial(
+            self._client.get_object, self._settings.bucket, name, request_headers=headers
+        )
+        response = await self._run("get", key, fetch)
+        try:
+            yield Snapshot(
+                info=info, chunks=_VerifiedChunks(self._reader(response, key), info=info)
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_close_response, response)
+
+    async def delete(self, key: str) -> None:
+        """Remove the object; S3 deletes are idempotent, so a missing one is fine."""
+        name = self._object_name(key)
+        remove = functools.partial(self._client.remove_object, self._settings.bucket, name)
+        try:
+            await self._run("delete", key, remove)
+        except SnapshotNotFoundError:
+            return
+
+    async def exists(self, key: str) -> bool:
+        """HEAD the object."""
+        name = self._object_name(key)
+        head = functools.partial(self._client.stat_object, self._settings.bucket, name)
+        try:
+            await self._run("exists", key, head)
+        except SnapshotNotFoundError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Close pooled connections; idempotent."""
+        if not self._closed:
+            self._closed = True
+            await anyio.to_thread.run_sync(self._http.clear)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def _object_name(self, key: str, *, validate: bool = True) -> str:
+        if validate:
+            validate_snapshot_key(key)
+        if self._closed:
+            raise CheckpointError("snapshot store is closed")
+        prefix = self._settings.prefix
+        return f"{prefix}/{key}" if prefix else key
+
+    async def _run(self, operation: str, key: str, call: Callable[[], T]) -> T:
+        def mapped() -> T:
+            try:
+                return call()
+            except CheckpointError:
+                raise
+            except Exception as exc:
+                raise self._translate(exc, operation, key) from exc
+
+        return await anyio.to_thread.run_sync(mapped)
+
+    def _translate(self, exc: BaseException, operation: str, key: str) -> CheckpointError:
+        return translate_error(exc, operation=operation, key=key, endpoint=self._settings.url)
+
+    async def _upload_staging(
+        self, staging: str, bridge: _StreamBridge, outcome: _UploadOutcome
+    ) -> None:
+        upload = functools.partial(
+            self._client.put_object,
+            self._settings.bucket,
+            staging,
+            cast(BinaryIO, bridge),  # minio only calls read(size)
+            length=-1,
+            part_size=self._settings.part_size_bytes,
+            # Parallel part uploads would queue parts in memory; one at a time bounds it.
+            num_parallel_uploads=1,
+        )
+        try:
+            await anyio.to_thread.run_sync(upload)
+            outcome.done = True
+        except _FeedAborted:
+            pass  # the feeding side knows why, and raises that
+        except Exception as exc:
+            outcome.error = exc
+        finally:
+            bridge.close()
+
+    def _commit(self, staging: str, name: str, sha256: str) -> None:
+        # compose_object is a plain CopyObject up to 5 GiB and a multipart copy above.
+        self._client.compose_object(
+            self._settings.bucket,
+            name,
+            [ComposeSource(self._settings.bucket, staging)],
+            metadata={SHA256_METADATA: sha256},
+        )
+
+    def _remove_quietly(self, staging: str) -> None:
+        try:
+            self._client.remove_object(self._settings.bucket, staging)
+        except Exception as exc:  # the lifecycle rule collects it later
+            _log.warning(
+                "could not remove staging object %s at %s: %s",
+                staging,
+                self._settings.url,
+                type(exc).__name__,
+            )
+
+    def _reader(self, response: urllib3.BaseHTTPResponse, key: str) -> Callable[[int], bytes]:
+        def read(size: int) -> bytes:
+            try:
+                return response.read(size, decode_content=False)
+            except Exception as exc:
+                raise self._translate(exc, "get", key) from exc
+
+        return read
+
+
+def translate_error(
+    exc: BaseException, *, operation: str, key: str, endpoint: str
+) -> CheckpointError:
+    """Map a minio / urllib3 / socket error to a ``CheckpointError`` that names no credential."""
+    where = f"snapshot {operation} of {key!r} at {endpoint}"
+    if isinstance(exc, S3Error):
+        code = exc.code or "unknown error"
+        if code in _NOT_FOUND_CODES:
+            return SnapshotNotFoundError(f"no snapshot under {key!r} at {endpoint}")
+        if code in _TRANSIENT_CODES:
+            return SnapshotUnavailableError(f"{where} failed: {code}")
+        return CheckpointError(f"{where} failed: {code}")
+    if isinstance(exc, ServerError):
+        return SnapshotUnavailableError(f"{where} failed: HTTP {exc.status_code}")
+    if isinstance(exc, InvalidResponseError):
+        return SnapshotUnavailableError(f"{where} failed: the endpoint sent a non-S3 response")
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+        return SnapshotUnavailableError(
+            f"{where} failed: cannot reach the endpoint ({type(reason).__name__})"
+        )
+    return CheckpointError(f"{where} failed: {type(exc).__name__}")
+
+
+class _FeedAborted(Exception):
+    """Raised inside minio's read loop so that it aborts the multipart upload."""
+
+
+class _UploadOutcome:
+    def __init__(self) -> None:
+        self.done = False
+        self.error: Exception | None = None
+
+
+class _StreamBridge:
+    """A blocking, file-like view of the chunks the event loop sends.
+
+    ``read`` runs in minio's upload thread and pulls from the channel through
+    ``anyio.from_thread``; ``abort`` and ``close`` run on the event loop. Hashing
+    here keeps that CPU work off the loop.
+    """
+
+    def __init__(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
+        self._receive = receive
+        self._pending = memoryview(b"")
+        self._aborted = False
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    @property
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
+
+    def abort(self) -> None:
+        self._aborted = True
+
+    def close(self) -> None:
+        # Wakes a sender blocked on a full channel with BrokenResourceError.
+        self._receive.close()
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            raise ValueError("read() needs a size: the stream has no end to read to")
+        pieces: list[memoryview] = []
+        wanted = size
+        while wanted > 0:
+            if self._aborted:
+                raise _FeedAborted
+            if not self._pending:
+                try:
+                    chunk = anyio.from_thread.run(self._receive.receive)
+                except anyio.EndOfStream:
+                    # An abort closes the channel too; it must not read as a clean end.
+                    if self._aborted:
+                        raise _FeedAborted from None
+                    break
+                self._digest.update(chunk)
+                self.size += len(chunk)
+                self._pending = memoryview(chunk)
+            piece = self._pending[:wanted]
+            self._pending = self._pending[len(piece) :]
+            pieces.append(piece)
+            wanted -= len(piece)
+        return b"".join(pieces)
+
+
+async def _feed(
+    stream: AsyncIterable[bytes],
+    send: MemoryObjectSendStream[bytes],
+    *,
+    key: str,
+    max_bytes: int,
+) -> None:
+    size = 0
+    async for chunk in stream:
+        if not chunk:
+            continue
+        size += len(chunk)
+        _enforce_cap(size, max_bytes=max_bytes, key=key)
+        await send.send(chunk)
+
+
+def _info_from_stat(key: str, stat: Object) -> SnapshotInfo:
+    recorded: str | None = None
+    for name, value in (stat.metadata or {}).items():
+        if name.lower() == SHA256_METADATA and isinstance(value, str):
+            recorded = value
+    if not _is_sha256_hex(recorded) or stat.size is None:
+        raise CheckpointError(f"snapshot {key!r} has no recorded sha256 or size")
+    return SnapshotInfo(key=key, size=stat.size, sha256=cast(str, recorded))
+
+
+def _close_response(response: urllib3.BaseHTTPResponse) -> None:
+    response.close()
+    response.release_conn()
+
+
+def _default_http_client(settings: S3Settings) -> urllib3.PoolManager:
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=settings.connect_timeout_s, read=settings.read_timeout_s),
+        maxsize=8,
+        cert_reqs="CERT_REQUIRED",
+        # A few quick retries for blips; a real outage surfaces as a retryable
+        # SnapshotUnavailableError for the caller's own policy.
+        retries=urllib3.Retry(
+            total=2,
+            backoff_factor=0.2,
+            status_forcelist=(500, 502, 503, 504),
+            raise_on_status=False,
+        ),
+    )
