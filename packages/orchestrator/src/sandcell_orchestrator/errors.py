@@ -1,23 +1,23 @@
 """The orchestrator's errors. Vendor errors are translated into these at each boundary.
 
-    SandcellError
-    ├── ConfigError                   a setting is invalid (names the variable)
-    ├── SandboxError
-    │   ├── SandboxCommandError       a command exited non-zero (exit_code, stdout, stderr)
-    │   ├── SandboxTimeoutError       a command or execution ran past its deadline
-    │   ├── SandboxUnavailableError   retryable: launch, health, network, quarantine, capacity
-    │   ├── SandboxNotFoundError      the sandbox is gone
-    │   └── RunnerRequestError        the runner refused a request (bad input, bad path, ...)
-    ├── SessionError
-    │   ├── SessionBusyError          retryable: another worker holds the session
-    │   ├── SessionRequiredError      strict mode without a hint
-    │   ├── SessionConflictError      the runner is bound to another session
-    │   └── LockLostError             our lease expired or was taken: work in flight aborts
-    ├── ProtocolMismatchError         the runner speaks another protocol major
-    ├── CheckpointError               snapshot put/get/restore failed
-    │   └── ArchiveRejectedError      the runner refused an archive
-    ├── InputMissingError             an input ref could not be delivered
-    └── RegistryError                 the session registry failed
+SandcellError
+├── ConfigError                   a setting is invalid (names the variable)
+├── SandboxError
+│   ├── SandboxCommandError       a command exited non-zero (exit_code, stdout, stderr)
+│   ├── SandboxTimeoutError       a command or execution ran past its deadline
+│   ├── SandboxUnavailableError   retryable: launch, health, network, quarantine, capacity
+│   ├── SandboxNotFoundError      the sandbox is gone
+│   └── RunnerRequestError        the runner refused a request (bad input, bad path, ...)
+├── SessionError
+│   ├── SessionBusyError          retryable: another worker holds the session
+│   ├── SessionRequiredError      strict mode without a hint
+│   ├── SessionConflictError      the runner is bound to another session
+│   └── LockLostError             our lease expired or was taken: work in flight aborts
+├── ProtocolMismatchError         the runner speaks another protocol major
+├── CheckpointError               snapshot put/get/restore failed
+│   └── ArchiveRejectedError      the runner refused an archive
+├── InputMissingError             an input ref could not be delivered
+└── RegistryError                 the session registry failed
 """
 
 from __future__ import annotations

@@ -76,12 +76,17 @@ class RunStatus(enum.StrEnum):
 
 
 class OutputFile(Message, frozen=True):
-    """A file the job created or changed; ``content_b64`` only under the inline cap."""
+    """A file the job created or changed; ``content_b64`` only under the inline cap.
+
+    A symlink is reported as one (``symlink_target`` set, ``size``/``sha256`` of the
+    target string) and never read through.
+    """
 
     name: str
     size: NonNegativeInt
     sha256: Sha256Hex
     content_b64: str | None = None
+    symlink_target: str | None = None
 
 
 class ExecuteResult(Message, frozen=True):

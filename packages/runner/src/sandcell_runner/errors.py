@@ -1,21 +1,21 @@
 """The runner's errors. Each carries the protocol ``ErrorCode`` it answers with.
 
-    RunnerError
-    ├── BadRequestError          400 bad_request
-    ├── InvalidPathError         400 invalid_path
-    ├── UnsupportedLanguageError 400 unsupported_language
-    ├── PayloadTooLargeError     413 payload_too_large
-    ├── UnauthorizedError        401 unauthorized
-    ├── NotFoundError            404 not_found
-    ├── SessionConflictError     409 session_conflict
-    ├── SessionBusyError         409 session_busy (retryable)
-    ├── QuarantinedError         503 quarantined
-    ├── InputMissingError        400 input_missing
-    ├── ArchiveRejectedError     400 archive_rejected
-    ├── ProtocolMismatchError    400 protocol_mismatch
-    ├── BusyError                503 busy (retryable, Retry-After)
-    ├── JailError                500 internal: nsjail could not run the job
-    └── ConfigError              start-up: a setting is invalid (names the variable)
+RunnerError
+├── BadRequestError          400 bad_request
+├── InvalidPathError         400 invalid_path
+├── UnsupportedLanguageError 400 unsupported_language
+├── PayloadTooLargeError     413 payload_too_large
+├── UnauthorizedError        401 unauthorized
+├── NotFoundError            404 not_found
+├── SessionConflictError     409 session_conflict
+├── SessionBusyError         409 session_busy (retryable)
+├── QuarantinedError         503 quarantined
+├── InputMissingError        400 input_missing
+├── ArchiveRejectedError     400 archive_rejected
+├── ProtocolMismatchError    400 protocol_mismatch
+├── BusyError                503 busy (retryable, Retry-After)
+├── JailError                500 internal: nsjail could not run the job
+└── ConfigError              start-up: a setting is invalid (names the variable)
 """
 
 from __future__ import annotations

@@ -1,0 +1,235 @@
+"""The runner's HTTP surface (Starlette). Every route but /health needs the bearer token."""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from sandcell_protocol import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    ExecuteRequest,
+    Health,
+    Language,
+    Languages,
+    ProtocolError,
+    ResultEvent,
+    StderrEvent,
+    StdoutEvent,
+    check_compatible,
+    decode,
+    encode,
+    encode_event,
+    error_body,
+    headers,
+    routes,
+)
+from sandcell_protocol import ProtocolMismatchError as WireMismatch
+
+from . import __version__
+from .errors import (
+    BadRequestError,
+    BusyError,
+    PayloadTooLargeError,
+    ProtocolMismatchError,
+    RunnerError,
+    UnauthorizedError,
+)
+from .service import RunnerService
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+T = TypeVar("T")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(encode(value), status_code=status, media_type=JSON)
+
+
+def error_response(exc: RunnerError) -> Response:
+    body = error_body(exc.code, str(exc) or exc.code.value, retryable=exc.retryable)
+    response = json_response(body, exc.http_status)
+    if isinstance(exc, BusyError):
+        response.headers[headers.RETRY_AFTER] = str(exc.retry_after_s)
+    return response
+
+
+class RunnerApp:
+    """Routes bound to one ``RunnerService``."""
+
+    def __init__(self, service: RunnerService) -> None:
+        self.service = service
+        token = service.settings.token
+        self._token = token.encode() if token is not None else None
+
+    # -- plumbing -------------------------------------------------------------
+
+    def authorize(self, request: Request) -> None:
+        """Bearer token (constant-time) and, when sent, a compatible protocol major."""
+        if self._token is not None:
+            given = request.headers.get(headers.AUTHORIZATION, "")
+            if not given.startswith(headers.BEARER_PREFIX):
+                raise UnauthorizedError("missing bearer token")
+            candidate = given[len(headers.BEARER_PREFIX) :].encode()
+            if not hmac.compare_digest(candidate, self._token):
+                raise UnauthorizedError("invalid bearer token")
+        peer = request.headers.get(headers.PROTOCOL)
+        if peer is not None:
+            try:
+                check_compatible(peer)
+            except WireMismatch as exc:
+                raise ProtocolMismatchError(str(exc)) from None
+
+    async def read_body(self, request: Request, *, max_bytes: int | None = None) -> bytes:
+        """The request body, refused with 413 as soon as it passes the cap."""
+        cap = max_bytes or self.service.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            raise PayloadTooLargeError(f"body larger than {cap} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise PayloadTooLargeError(f"body larger than {cap} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def read_message(self, request: Request, type_: type[T]) -> T:
+        body = await self.read_body(request)
+        try:
+            return decode(body, type_)
+        except ProtocolError as exc:
+            raise BadRequestError(str(exc)) from None
+
+    def guarded(self, handler: Handler, *, auth: bool = True) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if auth:
+                    self.authorize(request)
+                return await handler(request)
+            except RunnerError as exc:
+                return error_response(exc)
+
+        return endpoint
+
+    # -- routes ---------------------------------------------------------------
+
+    def health(self) -> Health:
+        service = self.service
+        return Health(
+            status="ok",
+            protocol=PROTOCOL_VERSION,
+            runner_version=__version__,
+            session_id=None,
+            warmup="none",
+            languages=sorted(service.languages),
+            warnings=list(service.warnings),
+        )
+
+    async def get_health(self, request: Request) -> Response:
+        return json_response(self.health())
+
+    async def get_languages(self, request: Request) -> Response:
+        return json_response(
+            Languages(
+                languages=[
+                    Language(name=spec.name, version=spec.version)
+                    for spec in self.service.languages.values()
+                ]
+            )
+        )
+
+    async def post_execute(self, request: Request) -> Response:
+        execute_request = await self.read_message(request, ExecuteRequest)
+        prepared = self.service.executor.prepare(execute_request)
+        if routes.NDJSON in request.headers.get("accept", ""):
+            return await self._stream_execute(prepared)
+        async with self.service.job_slot():
+            result = await self.service.execute_fresh(prepared)
+        return json_response(result)
+
+    async def _stream_execute(self, prepared: Any) -> Response:
+        service = self.service
+        stack = contextlib.AsyncExitStack()
+        await stack.enter_async_context(service.job_slot())
+        queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
+
+        def on_output(name: str, data: bytes) -> None:
+            queue.put_nowait((name, data))
+
+        task = asyncio.ensure_future(service.execute_fresh(prepared, on_output=on_output))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+
+        async def events() -> AsyncIterator[bytes]:
+            decoders = {
+                "stdout": codecs.getincrementaldecoder("utf-8")("replace"),
+                "stderr": codecs.getincrementaldecoder("utf-8")("replace"),
+            }
+            try:
+                while (item := await queue.get()) is not None:
+                    name, data = item
+                    text = decoders[name].decode(data)
+                    if text:
+                        yield encode_event(_event(name, text))
+                for name, decoder in decoders.items():
+                    if tail := decoder.decode(b"", final=True):
+                        yield encode_event(_event(name, tail))
+                yield encode_event(ResultEvent(result=task.result()))
+            finally:
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                await stack.aclose()
+
+        return StreamingResponse(events(), media_type=routes.NDJSON)
+
+    def build(self) -> Starlette:
+        g = self.guarded
+        return Starlette(
+            routes=[
+                Route(routes.HEALTH, g(self.get_health, auth=False), methods=["GET"]),
+                Route(routes.LANGUAGES, g(self.get_languages), methods=["GET"]),
+                Route(routes.EXECUTE, g(self.post_execute), methods=["POST"]),
+            ],
+            exception_handlers={
+                404: _not_found,
+                405: _method_not_allowed,
+                500: _internal,
+            },
+        )
+
+
+def _event(name: str, text: str) -> StdoutEvent | StderrEvent:
+    return StdoutEvent(data=text) if name == "stdout" else StderrEvent(data=text)
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return json_response(error_body(ErrorCode.NOT_FOUND, "no such route"), 404)
+
+
+async def _method_not_allowed(request: Request, exc: Exception) -> Response:
+    return json_response(error_body(ErrorCode.BAD_REQUEST, "method not allowed"), 405)
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return json_response(error_body(ErrorCode.INTERNAL, "internal error"), 500)
+
+
+def create_app(service: RunnerService) -> Starlette:
+    """The ASGI app of a runner."""
+    return RunnerApp(service).build()

@@ -1,0 +1,211 @@
+"""Per-job cgroups: memory and pids limits, and the OOM counter that names a memory kill.
+
+The runner creates one cgroup per job and moves nsjail into it before exec, so the
+whole process tree (nsjail, the job, its children) is accounted there. Reading the
+cgroup's own OOM counter after the job ends is the only reliable way to tell an
+out-of-memory SIGKILL from a timeout SIGKILL (both are exit 137; nsjail's log does
+not say). nsjail's own cgroup options are left unused for that reason: nsjail
+deletes its cgroup when the job exits, taking the counter with it.
+
+cgroup v1 (this machine: memory, pids, cpu controllers) and v2 are supported; when
+neither is writable (an unprivileged developer laptop) ``CgroupManager.available``
+is False and the runner falls back to rlimits and says so in ``/health``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+_V1_CONTROLLERS = ("memory", "pids")
+
+
+@dataclass(frozen=True, slots=True)
+class JobCgroupStats:
+    """What the cgroup saw of a finished job."""
+
+    oom_killed: bool
+    pids_exhausted: bool
+    memory_peak_bytes: int | None
+
+
+class JobCgroup:
+    """One job's cgroup (a directory per controller on v1, one directory on v2)."""
+
+    def __init__(self, dirs: list[Path], *, version: int) -> None:
+        self._dirs = dirs
+        self._version = version
+
+    def open_procs_fds(self) -> list[int]:
+        """File descriptors a freshly forked child writes ``0`` into to join the cgroup."""
+        return [os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for d in self._dirs]
+
+    def stats(self) -> JobCgroupStats:
+        if self._version == 1:
+            memory = next((d for d in self._dirs if d.parent.parent.parent.name == "memory"), None)
+            pids = next((d for d in self._dirs if d.parent.parent.parent.name == "pids"), None)
+            oom = _read_keyed(memory / "memory.oom_control").get("oom_kill", 0) if memory else 0
+            peak = _read_int(memory / "memory.max_usage_in_bytes") if memory else None
+            pids_max = _read_keyed(pids / "pids.events").get("max", 0) if pids else 0
+        else:
+            (only,) = self._dirs
+            oom = _read_keyed(only / "memory.events").get("oom_kill", 0)
+            peak = _read_int(only / "memory.peak")
+            pids_max = _read_keyed(only / "pids.events").get("max", 0)
+        return JobCgroupStats(
+            oom_killed=oom > 0, pids_exhausted=pids_max > 0, memory_peak_bytes=peak
+        )
+
+    def kill_all(self) -> None:
+        """SIGKILL every process left in the cgroup (a timeout, or leftovers)."""
+        for directory in self._dirs:
+            if self._version == 2 and (directory / "cgroup.kill").exists():
+                with contextlib.suppress(OSError):
+                    (directory / "cgroup.kill").write_text("1")
+                continue
+            for _ in range(50):
+                pids = _read_pids(directory / "cgroup.procs")
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                time.sleep(0.002)
+
+    def destroy(self) -> None:
+        """Kill what is left and remove the directories; idempotent."""
+        self.kill_all()
+        for directory in self._dirs:
+            for _ in range(100):
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY:
+                        log.warning("cgroup %s not removed: %s", directory, exc)
+                        break
+                    time.sleep(0.005)
+
+
+class CgroupManager:
+    """Creates job cgroups under ``sandcell/<instance>`` in each controller."""
+
+    def __init__(self, instance: str, *, root: Path = CGROUP_ROOT) -> None:
+        self._instance = instance
+        self._root = root
+        self.version = 0
+        self._parents: list[Path] = []
+        self.reason = ""
+        try:
+            self._setup()
+        except OSError as exc:
+            self.version = 0
+            self._parents = []
+            self.reason = f"cgroups unavailable: {exc.strerror or exc}"
+
+    @property
+    def available(self) -> bool:
+        return self.version != 0
+
+    def _setup(self) -> None:
+        if all((self._root / c / "cgroup.procs").exists() for c in _V1_CONTROLLERS):
+            parents = [self._root / c / "sandcell" / self._instance for c in _V1_CONTROLLERS]
+            for parent in parents:
+                parent.mkdir(parents=True, exist_ok=True)
+            self._parents = parents
+            self.version = 1
+            return
+        if (self._root / "cgroup.controllers").exists():
+            self._setup_v2()
+            return
+        raise OSError(errno.ENOENT, "no cgroup v1 memory+pids or v2 hierarchy found")
+
+    def _setup_v2(self) -> None:
+        # v2's "no internal processes" rule: enable controllers on the path from the
+        # root down to our parent, whose children are only job cgroups.
+        parent = self._root / "sandcell" / self._instance
+        parent.mkdir(parents=True, exist_ok=True)
+        for node in (self._root, self._root / "sandcell", parent):
+            (node / "cgroup.subtree_control").write_text("+memory +pids")
+        self._parents = [parent]
+        self.version = 2
+
+    def reap_leftovers(self) -> int:
+        """Kill and remove job cgroups a previous runner with this instance left behind."""
+        count = 0
+        for parent in self._parents:
+            for child in parent.iterdir() if parent.exists() else ():
+                if child.is_dir() and child.name.startswith("job-"):
+                    JobCgroup([child], version=self.version).destroy()
+                    count += 1
+        return count
+
+    def create(self, name: str, *, memory_bytes: int, pids: int) -> JobCgroup:
+        """Make ``job-<name>`` with the given limits (swap disabled)."""
+        dirs: list[Path] = []
+        try:
+            for parent in self._parents:
+                directory = parent / f"job-{name}"
+                directory.mkdir()
+                dirs.append(directory)
+                self._apply_limits(directory, memory_bytes=memory_bytes, pids=pids)
+        except OSError:
+            JobCgroup(dirs, version=self.version).destroy()
+            raise
+        return JobCgroup(dirs, version=self.version)
+
+    def _apply_limits(self, directory: Path, *, memory_bytes: int, pids: int) -> None:
+        controller = directory.parent.parent.parent.name
+        if self.version == 1:
+            if controller == "memory":
+                (directory / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                memsw = directory / "memory.memsw.limit_in_bytes"
+                if memsw.exists():
+                    memsw.write_text(str(memory_bytes))
+                with contextlib.suppress(OSError):
+                    (directory / "memory.swappiness").write_text("0")
+            elif controller == "pids":
+                (directory / "pids.max").write_text(str(pids))
+            return
+        (directory / "memory.max").write_text(str(memory_bytes))
+        with contextlib.suppress(OSError):
+            (directory / "memory.swap.max").write_text("0")
+        (directory / "pids.max").write_text(str(pids))
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    values: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return values
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            values[key] = int(value)
+    return values
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_pids(path: Path) -> list[int]:
+    try:
+        return [int(line) for line in path.read_text().split()]
+    except (OSError, ValueError):
+        return []

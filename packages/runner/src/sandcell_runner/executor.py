@@ -1,0 +1,322 @@
+"""One execution: validate, prepare the workspace, run the jail, classify, collect outputs.
+
+The workspace a job runs in is chosen per request by the caller: a fresh one per
+job (``run_fresh``) or the bound session's (``run_in``), so session state slots in
+without this module knowing how sessions are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandcell_protocol import (
+    ExecuteRequest,
+    ExecuteResult,
+    FileRef,
+    OutputFile,
+    ProtocolError,
+    RunStatus,
+    SurfacedOutput,
+    validate_workspace_path,
+)
+
+from . import fsops
+from .config import MIB, RunnerSettings
+from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
+from .jail import Jail, JobLimits, JobOutcome, JobSpec, OutputCallback
+from .languages import LanguageSpec
+from .workspace import WorkspaceManager
+
+log = logging.getLogger(__name__)
+
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+
+
+@dataclass(frozen=True, slots=True)
+class InlineInput:
+    """A decoded, validated inline file."""
+
+    name: str
+    content: bytes
+    executable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """An ``ExecuteRequest`` that passed validation: nothing is written before this exists."""
+
+    request: ExecuteRequest
+    language: LanguageSpec
+    inline_files: list[InlineInput]
+    refs: list[FileRef]
+    limits: JobLimits
+    env: dict[str, str]
+
+
+@dataclass(slots=True)
+class JobWorkspace:
+    """The workspace a job runs in, and what the caller already knows of its files."""
+
+    path: Path
+    uid: int
+    gid: int
+    job_dir: Path
+    surfaced: dict[str, SurfacedOutput] = field(default_factory=dict)
+    """Files the caller has seen (inputs it wrote, outputs of earlier turns)."""
+    session_id: str | None = None
+
+
+class Executor:
+    """Validates requests and runs them in a workspace the caller provides."""
+
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        *,
+        jail: Jail,
+        workspaces: WorkspaceManager,
+        languages: dict[str, LanguageSpec],
+    ) -> None:
+        self._settings = settings
+        self._jail = jail
+        self._workspaces = workspaces
+        self.languages = languages
+
+    def prepare(self, request: ExecuteRequest) -> PreparedRequest:
+        """Validate everything about a request; raises a 4xx ``RunnerError``."""
+        language = self.languages.get(request.language)
+        if language is None:
+            offered = ", ".join(sorted(self.languages))
+            raise UnsupportedLanguageError(
+                f"language {request.language[:64]!r} is not offered (offered: {offered})"
+            )
+        inline: list[InlineInput] = []
+        names: set[str] = set()
+        for item in request.inline_files:
+            name = _workspace_path(item.name)
+            try:
+                content = base64.b64decode(item.content_b64, validate=True)
+            except (binascii.Error, ValueError):
+                raise BadRequestError(f"inline_files[{name}].content_b64: not base64") from None
+            inline.append(InlineInput(name=name, content=content, executable=item.executable))
+            names.add(name)
+        refs = [
+            FileRef(
+                storage_session=ref.storage_session,
+                object_id=ref.object_id,
+                name=_workspace_path(ref.name),
+                read_only=ref.read_only,
+            )
+            for ref in request.files
+        ]
+        for ref in refs:
+            if ref.name in names:
+                raise BadRequestError(f"files[{ref.name}]: also given as an inline file")
+        env = {}
+        for key, value in request.env.items():
+            if not _ENV_KEY_RE.fullmatch(key):
+                raise BadRequestError(f"env: invalid variable name {key[:64]!r}")
+            if "\x00" in value:
+                raise BadRequestError(f"env[{key}]: must not contain NUL")
+            env[key] = value
+        for index, arg in enumerate(request.args):
+            if "\x00" in arg:
+                raise BadRequestError(f"args[{index}]: must not contain NUL")
+        return PreparedRequest(
+            request=request,
+            language=language,
+            inline_files=inline,
+            refs=refs,
+            limits=self.resolve_limits(request),
+            env=env,
+        )
+
+    def resolve_limits(self, request: ExecuteRequest) -> JobLimits:
+        """Request limits, defaulted and capped by configuration."""
+        conf = self._settings.limits
+        asked = request.limits
+        return JobLimits(
+            timeout_ms=min(request.timeout_ms, conf.max_timeout_ms),
+            memory_bytes=min(
+                (asked.memory_mib if asked and asked.memory_mib else conf.memory_mib),
+                conf.max_memory_mib,
+            )
+            * MIB,
+            pids=min(asked.pids if asked and asked.pids else conf.pids, conf.max_pids),
+            stdout_bytes=min(
+                asked.stdout_bytes if asked and asked.stdout_bytes else conf.stdout_bytes,
+                conf.max_stdout_bytes,
+            ),
+            stderr_bytes=min(
+                asked.stderr_bytes if asked and asked.stderr_bytes else conf.stderr_bytes,
+                conf.max_stderr_bytes,
+            ),
+            file_size_mib=conf.file_size_mib,
+            open_files=conf.open_files,
+            tmp_mib=conf.tmp_mib,
+        )
+
+    def write_inputs(self, prepared: PreparedRequest, workspace: JobWorkspace) -> None:
+        """Write the entry file and inline files (blocking: run in a thread)."""
+        language = prepared.language
+        fsops.write_file(
+            workspace.job_dir,
+            language.entry_name,
+            prepared.request.code.encode("utf-8"),
+            mode=0o444,
+        )
+        for item in prepared.inline_files:
+            st = fsops.write_file(
+                workspace.path,
+                item.name,
+                item.content,
+                mode=0o755 if item.executable else 0o644,
+                uid=workspace.uid,
+                gid=workspace.gid,
+            )
+            workspace.surfaced[item.name] = SurfacedOutput(
+                name=item.name,
+                size=st.st_size,
+                mtime_ns=st.st_mtime_ns,
+                sha256=_sha256(item.content),
+            )
+
+    async def run_in(
+        self,
+        prepared: PreparedRequest,
+        workspace: JobWorkspace,
+        *,
+        on_output: OutputCallback | None = None,
+    ) -> ExecuteResult:
+        """Run a prepared request in ``workspace`` (inputs already written)."""
+        workspace_inside, job_inside = self._jail.inside_paths(workspace.path, workspace.job_dir)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": workspace_inside,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **prepared.env,
+        }
+        argv = prepared.language.argv(prepared.request.args)
+        if not self._jail.jailed:
+            argv = [a.replace("/mnt/job", job_inside) for a in argv]
+        spec = JobSpec(
+            argv=argv,
+            workspace=workspace.path,
+            job_dir=workspace.job_dir,
+            uid=workspace.uid,
+            gid=workspace.gid,
+            env=env,
+            limits=prepared.limits,
+            stdin=prepared.request.stdin.encode("utf-8")
+            if prepared.request.stdin is not None
+            else None,
+            network=self._settings.allow_network,
+        )
+        outcome = await self._jail.run(spec, on_output=on_output)
+        disk_full = await asyncio.to_thread(self._workspaces.disk_full, workspace.path)
+        status = classify(outcome, disk_full=disk_full)
+        if status is RunStatus.INTERNAL_ERROR:
+            log.error("jail failed to run a job: %s", outcome.jail_log or "no log")
+        files = await asyncio.to_thread(self.collect_outputs, workspace)
+        return ExecuteResult(
+            status=status,
+            exit_code=outcome.exit_code,
+            signal=outcome.signal,
+            stdout=outcome.stdout.decode("utf-8", "replace"),
+            stderr=outcome.stderr.decode("utf-8", "replace"),
+            stdout_truncated=outcome.stdout_truncated,
+            stderr_truncated=outcome.stderr_truncated,
+            wall_ms=outcome.wall_ms,
+            cpu_ms=outcome.cpu_ms,
+            max_rss_kib=outcome.max_rss_kib,
+            files=files,
+            session_id=workspace.session_id,
+        )
+
+    def collect_outputs(self, workspace: JobWorkspace) -> list[OutputFile]:
+        """New or changed files since ``workspace.surfaced``; updates it (blocking)."""
+        cap = self._settings.output_inline_bytes
+        outputs: list[OutputFile] = []
+        seen: set[str] = set()
+        for entry in fsops.scan(workspace.path):
+            seen.add(entry.name)
+            known = workspace.surfaced.get(entry.name)
+            # Size and mtime unchanged: the file was not rewritten, skip the hash.
+            if known and known.size == entry.size and known.mtime_ns == entry.mtime_ns:
+                continue
+            if len(outputs) >= self._settings.max_output_files:
+                continue
+            if entry.kind == "symlink":
+                target = entry.symlink_target or ""
+                digest = _sha256(target.encode())
+                content = None
+            else:
+                try:
+                    digest, raw = fsops.hash_file(workspace.path, entry.name, inline_max=cap)
+                except OSError:
+                    continue  # replaced or removed by a process still running
+                content = base64.b64encode(raw).decode() if raw is not None else None
+                target = None
+            if known and known.sha256 == digest and known.size == entry.size:
+                workspace.surfaced[entry.name] = SurfacedOutput(
+                    name=entry.name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
+                )
+                continue
+            outputs.append(
+                OutputFile(
+                    name=entry.name,
+                    size=entry.size,
+                    sha256=digest,
+                    content_b64=content,
+                    symlink_target=target,
+                )
+            )
+            workspace.surfaced[entry.name] = SurfacedOutput(
+                name=entry.name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
+            )
+        for gone in set(workspace.surfaced) - seen:
+            del workspace.surfaced[gone]
+        return outputs
+
+
+def classify(outcome: JobOutcome, *, disk_full: bool) -> RunStatus:
+    """Name how a job ended from what was measured, never from a guess."""
+    if outcome.timed_out:
+        return RunStatus.TIMEOUT
+    if outcome.stdout_limited:
+        return RunStatus.OUTPUT_LIMIT
+    if outcome.cgroup is not None and outcome.cgroup.oom_killed and outcome.exit_code != 0:
+        return RunStatus.MEMORY_LIMIT
+    if outcome.signal == "SIGXFSZ" or (disk_full and outcome.exit_code != 0):
+        return RunStatus.DISK_LIMIT
+    if outcome.exit_code == 0:
+        return RunStatus.OK
+    if outcome.exit_code is not None:
+        if outcome.exit_code == 255 and "Launching child process failed" in outcome.jail_log:
+            return RunStatus.INTERNAL_ERROR
+        return RunStatus.ERROR
+    if outcome.signal is not None:
+        return RunStatus.SIGNALED
+    return RunStatus.INTERNAL_ERROR
+
+
+def _workspace_path(name: str) -> str:
+    try:
+        return validate_workspace_path(name)
+    except ProtocolError as exc:
+        raise InvalidPathError(f"invalid file name {name[:200]!r}: {exc}") from None
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+__all__ = ["Executor", "JobWorkspace", "PreparedRequest", "classify"]

@@ -1,0 +1,220 @@
+"""Host-side file operations inside a workspace that never follow a link the job planted.
+
+Every path is walked one component at a time from a directory file descriptor with
+``O_NOFOLLOW``; a symlink anywhere on the way is refused (writes) or reported as a
+symlink (scans), never traversed. These run as root on the host, so one followed
+link (``x -> /etc/shadow``) would be a read or write outside the jail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CHUNK = 1 << 20
+
+
+class UnsafePathError(OSError):
+    """A path crosses a symlink or a non-directory the job controls."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One workspace entry seen by a scan."""
+
+    name: str
+    kind: str  # "file" | "symlink"
+    size: int
+    mtime_ns: int
+    symlink_target: str | None = None
+
+
+@contextlib.contextmanager
+def open_dir(
+    root: Path, parts: list[str], *, create: bool = False, uid: int = -1, gid: int = -1
+) -> Iterator[int]:
+    """A directory fd for ``root/parts...``, walked without following links."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts:
+            try:
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                if uid >= 0:
+                    os.chown(part, uid, gid, dir_fd=fd, follow_symlinks=False)
+                next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise UnsafePathError(exc.errno, f"not a plain directory: {part}") from exc
+            os.close(fd)
+            fd = next_fd
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def write_file(
+    root: Path,
+    relpath: str,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    uid: int = -1,
+    gid: int = -1,
+    replace: bool = True,
+) -> os.stat_result:
+    """Write ``data`` at ``root/relpath`` (a validated workspace path) and return its stat."""
+    *dirs, name = relpath.split("/")
+    with open_dir(root, dirs, create=True, uid=uid, gid=gid) as dir_fd:
+        if replace:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    raise UnsafePathError(21, f"is a directory: {relpath}")
+                # Unlink rather than truncate: the old inode may be a hard link the
+                # job made to something it should not be able to change through us.
+                os.unlink(name, dir_fd=dir_fd)
+        fd = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
+        )
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if uid >= 0:
+                os.fchown(fd, uid, gid)
+            os.fchmod(fd, mode)
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+
+def read_file(root: Path, relpath: str, *, max_bytes: int) -> bytes:
+    """Read a regular file without following links; ``UnsafePathError`` otherwise."""
+    *dirs, name = relpath.split("/")
+    with open_dir(root, dirs) as dir_fd:
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP: the final component is a symlink
+                raise UnsafePathError(exc.errno, f"is a symlink: {relpath}") from exc
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePathError(21, f"not a regular file: {relpath}")
+            if st.st_size > max_bytes:
+                raise UnsafePathError(27, f"larger than {max_bytes} bytes: {relpath}")
+            return _read_all(fd, st.st_size)
+        finally:
+            os.close(fd)
+
+
+def remove_path(root: Path, relpath: str) -> bool:
+    """Remove a file, symlink or directory tree; False when nothing was there."""
+    *dirs, name = relpath.split("/")
+    try:
+        with open_dir(root, dirs) as dir_fd:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                _rmtree_at(dir_fd, name)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+            return True
+    except FileNotFoundError:
+        return False
+
+
+def _rmtree_at(parent_fd: int, name: str) -> None:
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    _rmtree_at(fd, entry.name)
+                else:
+                    os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+def scan(root: Path, *, limit: int = 1_000_000) -> list[Entry]:
+    """Every regular file and symlink under ``root`` (directories walked, links not)."""
+    found: list[Entry] = []
+
+    def walk(dir_fd: int, prefix: str) -> None:
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if len(found) >= limit:
+                    return
+                name = prefix + entry.name
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    try:
+                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+                    except OSError:
+                        continue  # replaced by a link since listed: not ours to follow
+                    try:
+                        walk(child, name + "/")
+                    finally:
+                        os.close(child)
+                elif stat.S_ISREG(st.st_mode):
+                    found.append(Entry(name, "file", st.st_size, st.st_mtime_ns))
+                elif stat.S_ISLNK(st.st_mode):
+                    target = os.readlink(entry.name, dir_fd=dir_fd)
+                    found.append(
+                        Entry(name, "symlink", len(target.encode()), st.st_mtime_ns, target)
+                    )
+
+    with open_dir(root, []) as top:
+        walk(top, "")
+    return found
+
+
+def hash_file(root: Path, relpath: str, *, inline_max: int) -> tuple[str, bytes | None]:
+    """sha256 of a regular file, and its bytes when no larger than ``inline_max``."""
+    *dirs, name = relpath.split("/")
+    with open_dir(root, dirs) as dir_fd:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePathError(21, f"not a regular file: {relpath}")
+            digest = hashlib.sha256()
+            kept: list[bytes] = []
+            size = 0
+            while chunk := os.read(fd, _CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                if size <= inline_max:
+                    kept.append(chunk)
+            content = b"".join(kept) if size <= inline_max else None
+            return digest.hexdigest(), content
+        finally:
+            os.close(fd)
+
+
+def _read_all(fd: int, size_hint: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, max(_CHUNK, size_hint)):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def tree_usage_bytes(root: Path) -> int:
+    """Apparent bytes of every regular file under ``root`` (links not followed)."""
+    return sum(entry.size for entry in scan(root) if entry.kind == "file")

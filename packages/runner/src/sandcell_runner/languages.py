@@ -1,0 +1,95 @@
+"""The languages a runner offers: where each interpreter lives and how a job runs it.
+
+Interpreters must sit on paths the jail mounts (``/usr``, ``/bin``): a pyenv shim
+under ``/root`` is invisible inside the jail, and its ``.pth`` imports would add
+~40 ms to every start even where visible, so the runner's own ``sys.executable``
+is never used for jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+JOB_DIR = "/mnt/job"
+"""Read-only mount holding the job's entry file, outside the workspace."""
+WORKSPACE_DIR = "/mnt/data"
+"""The workspace inside the jail: the job's working directory."""
+
+# Python keeps the working directory (the workspace) first on sys.path, as
+# `python -c` does, while tracebacks still name the real entry file.
+_PYTHON_BOOTSTRAP = (
+    "import sys;p=sys.argv[0]='{entry}';"
+    "exec(compile(open(p,'rb').read(),p,'exec'),"
+    "{{'__name__':'__main__','__file__':p,'__builtins__':__builtins__}})"
+)
+
+MOUNTED_PREFIXES = ("/usr/", "/bin/", "/lib/", "/lib64/", "/sbin/")
+
+
+@dataclass(frozen=True, slots=True)
+class LanguageSpec:
+    """An interpreter found on this machine."""
+
+    name: str
+    version: str
+    binary: str
+    entry_name: str
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        """The command inside the jail for an entry file at ``JOB_DIR/entry_name``."""
+        entry = f"{JOB_DIR}/{self.entry_name}"
+        if self.name == "python":
+            return [self.binary, "-u", "-c", _PYTHON_BOOTSTRAP.format(entry=entry), *args]
+        return [self.binary, entry, *args]
+
+
+_CANDIDATES: dict[str, tuple[tuple[str, ...], str, list[str]]] = {
+    "python": (("/usr/bin/python3", "/usr/local/bin/python3"), "main.py", ["--version"]),
+    "bash": (("/usr/bin/bash", "/bin/bash"), "main.sh", ["--version"]),
+    "sh": (("/usr/bin/sh", "/bin/sh", "/usr/bin/dash"), "main.sh", []),
+    "node": (("/usr/bin/node", "/usr/local/bin/node"), "main.js", ["--version"]),
+}
+
+_VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
+
+
+def _version_of(binary: str, flag: list[str]) -> str:
+    if not flag:
+        real = os.path.realpath(binary)
+        return Path(real).name
+    try:
+        out = subprocess.run(
+            [binary, *flag], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    match = _VERSION_RE.search(out.stdout + out.stderr)
+    return match.group(1) if match else "unknown"
+
+
+def discover_languages(*, jailed: bool = True) -> dict[str, LanguageSpec]:
+    """Find each language's interpreter and its version (run once at start-up)."""
+    found: dict[str, LanguageSpec] = {}
+    for name, (candidates, entry, flag) in _CANDIDATES.items():
+        for candidate in candidates:
+            if jailed and not candidate.startswith(MOUNTED_PREFIXES):
+                continue
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                found[name] = LanguageSpec(
+                    name=name,
+                    version=_version_of(candidate, flag),
+                    binary=candidate,
+                    entry_name=entry,
+                )
+                break
+        else:
+            log.info("language %s not offered: no interpreter found", name)
+    return found

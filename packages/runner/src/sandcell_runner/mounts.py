@@ -1,0 +1,59 @@
+"""Size-capped tmpfs mounts: the workspace disk quota.
+
+``rlimit_fsize`` caps one file, not a workspace (five 50 MiB files pass a 64 MiB
+limit). A tmpfs per workspace, sized to the quota, caps the total with no setup
+cost (a mount syscall, ~0.1 ms) and no filesystem features to depend on (project
+quotas need XFS/ext4 with prjquota; a loop-mounted image costs a mkfs per
+workspace). The price: tmpfs pages live in memory, so the quota is also memory,
+and pages a job writes are charged to its memory cgroup while it runs. Where the
+runner is not root it cannot mount: workspaces are plain directories without a
+quota, and ``/health`` says so.
+
+ctypes rather than the ``mount`` binary: a fork+exec per job would cost more than
+the mount itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from pathlib import Path
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MNT_DETACH = 0x2
+
+
+def can_mount() -> bool:
+    """True when this process may create tmpfs mounts (root in the initial namespace)."""
+    return os.geteuid() == 0
+
+
+def mount_tmpfs(target: Path, *, size_bytes: int, uid: int, gid: int, mode: int = 0o700) -> None:
+    """Mount a tmpfs of ``size_bytes`` at ``target``, owned by ``uid:gid``."""
+    options = f"size={size_bytes},uid={uid},gid={gid},mode={mode:o},nr_inodes=0".encode()
+    result = _libc.mount(
+        b"sandcell", str(target).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options
+    )
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs at {target}: {os.strerror(err)}")
+
+
+def unmount(target: Path) -> None:
+    """Detach the mount at ``target``; a path that is not a mount point is left alone."""
+    if _libc.umount2(str(target).encode(), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.EINVAL, errno.ENOENT):
+            return
+        raise OSError(err, f"umount {target}: {os.strerror(err)}")
+
+
+def is_mount_point(path: Path) -> bool:
+    try:
+        return os.path.ismount(path)
+    except OSError:
+        return False

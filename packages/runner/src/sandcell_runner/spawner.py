@@ -1,0 +1,137 @@
+"""Spawns jailed processes from one long-lived thread, each tied to the runner's life.
+
+``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not the
+process: spawning from short-lived worker threads (anyio's expire after idle)
+would SIGKILL healthy jobs. One dedicated thread that lives as long as the runner
+does the forking, so nsjail dies with the runner and never outlives it.
+
+The child also joins its job cgroup before exec (writing ``0`` to ``cgroup.procs``
+moves the writer), so nothing nsjail forks can escape the cgroup's accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import os
+import queue
+import resource
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SpawnRequest:
+    """What to exec and how its standard streams are wired."""
+
+    argv: Sequence[str]
+    stdin: int
+    stdout: int
+    stderr: int
+    env: Mapping[str, str]
+    cwd: str | None = None
+    pass_fds: Sequence[int] = ()
+    cgroup_fds: Sequence[int] = ()
+    new_session: bool = True
+    user: int | None = None
+    group: int | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _child_setup(cgroup_fds: Sequence[int]) -> Callable[[], None]:
+    parent_pid = os.getpid()
+
+    def setup() -> None:
+        # Runs in the forked child, before exec: keep it to raw syscalls.
+        if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent_pid:  # the runner died between fork and prctl
+            os._exit(126)
+        for fd in cgroup_fds:
+            os.write(fd, b"0")
+
+    return setup
+
+
+class Spawner:
+    """A single thread that forks every child; ``spawn`` is safe to call from any thread."""
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[tuple[SpawnRequest, Future[subprocess.Popen[bytes]]]]
+        self._requests = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="sandcell-spawner", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            request, future = self._requests.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                process = subprocess.Popen(
+                    list(request.argv),
+                    stdin=request.stdin,
+                    stdout=request.stdout,
+                    stderr=request.stderr,
+                    env=dict(request.env),
+                    cwd=request.cwd,
+                    pass_fds=tuple(request.pass_fds),
+                    start_new_session=request.new_session,
+                    preexec_fn=_child_setup(request.cgroup_fds),
+                    user=request.user,
+                    group=request.group,
+                    extra_groups=[] if request.group is not None else None,
+                    close_fds=True,
+                )
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(process)
+
+    def submit(self, request: SpawnRequest) -> Future[subprocess.Popen[bytes]]:
+        future: Future[subprocess.Popen[bytes]] = Future()
+        self._requests.put((request, future))
+        return future
+
+    async def spawn(self, request: SpawnRequest) -> subprocess.Popen[bytes]:
+        """Fork and exec from the spawner thread; returns the running process."""
+        return await asyncio.wrap_future(self.submit(request))
+
+
+async def wait_process(
+    process: subprocess.Popen[bytes],
+) -> tuple[int, resource.struct_rusage | None]:
+    """Wait for exit without blocking the loop; returns (wait status, rusage).
+
+    A pidfd tells the loop when the child has exited; ``wait4`` then reaps it at
+    once and yields the rusage of the child and every descendant it reaped (nsjail
+    reaps the job), which is where ``cpu_ms`` and ``max_rss_kib`` come from.
+    """
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(process.pid)
+    try:
+        exited = loop.create_future()
+
+        def on_exit() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, on_exit)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+        # The pidfd became readable: the child has exited, so this reaps at once.
+        _, status, rusage = os.wait4(process.pid, os.WNOHANG)  # noqa: ASYNC222
+    finally:
+        os.close(pidfd)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return status, rusage
