@@ -104,8 +104,15 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 raise ValueError(f"{name}: must be non-empty")
 
     def to_json(self) -> bytes:
-        """The stored form."""
-        return _ENCODER.encode(self)
+        """The stored form; ``ValueError`` if it would not read back (e.g. a bad ``state``)."""
+        raw = _ENCODER.encode(self)
+        # msgspec checks field types only when decoding: refuse to store a
+        # record that every later read would treat as corrupt.
+        try:
+            _DECODER.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"invalid session record: {exc}") from exc
+        return raw
 
     @classmethod
     def from_json(cls, data: bytes | str) -> SessionRecord:
