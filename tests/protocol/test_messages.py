@@ -15,6 +15,8 @@ from sandcell_protocol import (
     ErrorDetail,
     ExecCall,
     ExecuteRequest,
+    FileEntry,
+    FileListing,
     ExecuteResult,
     FileRef,
     Health,
@@ -30,6 +32,7 @@ from sandcell_protocol import (
     OutputFile,
     PrimedInput,
     ProtocolError,
+    RestoreResult,
     ResultEvent,
     RunStatus,
     StderrEvent,
@@ -89,6 +92,14 @@ SAMPLES: list[Any] = [
     Language(name="python", version="3.11.2"),
     Languages(languages=[Language(name="bash", version="5.2")]),
     InputUploadResult(stored=["f" * 64]),
+    FileEntry(name="a", kind="file", size=1, mtime_ns=2, mode=0o644),
+    FileListing(
+        path="",
+        entries=[
+            FileEntry(name="l", kind="symlink", size=3, mtime_ns=0, mode=0o777, symlink_target="x")
+        ],
+    ),
+    RestoreResult(session_id="rt_" + "2" * 64, files=3, bytes=10),
     PrimedInput(storage_session="s", object_id="o", name="n", read_only=False, sha256="a" * 64),
     SurfacedOutput(name="n", size=1, mtime_ns=2, sha256="b" * 64),
     CheckpointMeta(

@@ -218,6 +218,32 @@ class CheckpointMeta(Message, frozen=True):
     """Workspace entries not exported (FIFOs, sockets, devices)."""
 
 
+class FileEntry(Message, frozen=True):
+    """One entry of a session workspace listing; symlinks are reported, never followed."""
+
+    name: str
+    kind: Literal["file", "dir", "symlink", "other"]
+    size: NonNegativeInt
+    mtime_ns: int
+    mode: NonNegativeInt
+    symlink_target: str | None = None
+
+
+class FileListing(Message, frozen=True):
+    """``GET /v1/session/files/{dir}``: the directory's direct entries."""
+
+    path: str
+    entries: list[FileEntry]
+
+
+class RestoreResult(Message, frozen=True):
+    """``POST /v1/session/restore``: what the restored workspace holds."""
+
+    session_id: str
+    files: NonNegativeInt
+    bytes: NonNegativeInt
+
+
 class ErrorDetail(Message, frozen=True):
     """The inner object of an ``ErrorBody``."""
 
@@ -260,6 +286,9 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     PrimedInput,
     SurfacedOutput,
     CheckpointMeta,
+    FileEntry,
+    FileListing,
+    RestoreResult,
     ErrorDetail,
     ErrorBody,
     ExecCall,

@@ -13,6 +13,11 @@ SESSION_FILES_PREFIX = "/v1/session/files/"
 INPUTS_PROBE = "/v1/inputs/probe"
 INPUTS = "/v1/inputs"
 
+SESSION_PROCESSES = "/v1/session/processes"
+SESSION_RUNTIME_ERRORS = "/v1/session/runtime-errors"
+SESSION_ANALYSIS = "/v1/session/analysis"
+SESSION_PORTS_PREFIX = "/v1/session/ports/"
+
 NDJSON = "application/x-ndjson"
 GZIP = "application/gzip"
 ZSTD = "application/zstd"
