@@ -243,7 +243,8 @@ class S3Settings:
     ``endpoint`` is ``http(s)://host[:port]`` (the scheme decides ``secure``; no port
     means the scheme's) or a bare ``host[:port]`` (``secure`` as given; no port means
     MinIO's 9000). Construction normalizes it to ``host:port``. ``secret_key`` never
-    appears in a repr, a log line or an error message.
+    appears in a repr, a log line or an error message. A put holds about three
+    ``part_size_bytes`` in memory (minio copies a part while assembling it).
     """
 
     endpoint: str
@@ -253,7 +254,7 @@ class S3Settings:
     secret_key: str | None = field(default=None, repr=False)
     region: str = "us-east-1"
     secure: bool = True
-    part_size_bytes: int = 8 * _MIB
+    part_size_bytes: int = 5 * _MIB
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 120.0
 

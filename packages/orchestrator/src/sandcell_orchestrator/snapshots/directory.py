@@ -196,13 +196,12 @@ def _open_snapshot(path: Path, key: str) -> tuple[FileIO, SnapshotInfo]:
         raise SnapshotNotFoundError(f"no snapshot under {key!r}") from None
     except OSError as exc:
         raise CheckpointError(f"snapshot get of {key!r} failed: {_reason(exc)}") from exc
-    file = FileIO(fd, "rb")
     try:
         info = _describe(fd, key)
     except BaseException:
-        file.close()
+        os.close(fd)
         raise
-    return file, info
+    return FileIO(fd, "rb"), info
 
 
 def _describe(fd: int, key: str) -> SnapshotInfo:

@@ -338,6 +338,15 @@ class _StreamBridge:
         # Wakes a sender blocked on a full channel with BrokenResourceError.
         self._receive.close()
 
+    async def _receive_shielded(self) -> bytes:
+        # A cancelled put would otherwise cancel this receive too, and the
+        # cancellation (a BaseException) would slip past minio's abort handler.
+        # Shielded, it ends the way every failed feed does: abort() and EndOfStream.
+        with anyio.CancelScope(shield=True):
+            chunk = await self._receive.receive()
+        # Returned outside the scope: mypy reads CancelScope.__exit__ as able to swallow.
+        return chunk  # noqa: RET504
+
     def read(self, size: int = -1) -> bytes:
         if size < 0:
             raise ValueError("read() needs a size: the stream has no end to read to")
@@ -348,7 +357,7 @@ class _StreamBridge:
                 raise _FeedAborted
             if not self._pending:
                 try:
-                    chunk = anyio.from_thread.run(self._receive.receive)
+                    chunk = anyio.from_thread.run(self._receive_shielded)
                 except anyio.EndOfStream:
                     # An abort closes the channel too; it must not read as a clean end.
                     if self._aborted:

@@ -1,0 +1,236 @@
+"""The SnapshotStore contract, run against every backend (the ``store`` fixture)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import AsyncIterator, Callable
+
+import anyio
+import pytest
+
+from sandcell_orchestrator.errors import CheckpointError
+from sandcell_orchestrator.snapshots import (
+    SnapshotInfo,
+    SnapshotNotFoundError,
+    SnapshotStore,
+    validate_snapshot_key,
+)
+from tests.orchestrator.snapshots import (
+    MIB,
+    StreamBrokeError,
+    failing_stream,
+    new_key,
+    payload,
+    read_all,
+    stream_of,
+)
+
+CAP = 64 * MIB
+
+
+async def test_round_trip_of_a_multi_part_stream(store: SnapshotStore) -> None:
+    """12 MiB in unaligned chunks comes back byte for byte, with its size and sha256."""
+    key = new_key()
+    data = payload(12 * MIB, seed=1)
+
+    info = await store.put(key, stream_of(data), max_bytes=CAP)
+
+    expected = SnapshotInfo(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    assert info == expected
+    got_info, body = await read_all(store, key, max_bytes=CAP)
+    assert got_info == expected
+    assert body == data
+
+
+async def test_put_replaces_the_previous_object(store: SnapshotStore) -> None:
+    """A second put under a key wins."""
+    key = new_key()
+    await store.put(key, stream_of(payload(MIB, seed=1)), max_bytes=CAP)
+    second = payload(3 * MIB, seed=2)
+
+    await store.put(key, stream_of(second), max_bytes=CAP)
+
+    assert (await read_all(store, key, max_bytes=CAP))[1] == second
+
+
+async def test_empty_stream_is_an_empty_object(store: SnapshotStore) -> None:
+    """Zero bytes is a valid snapshot, with the sha256 of nothing."""
+    key = new_key()
+
+    info = await store.put(key, stream_of(b""), max_bytes=CAP)
+
+    assert info.size == 0
+    assert info.sha256 == hashlib.sha256(b"").hexdigest()
+    assert await read_all(store, key, max_bytes=0) == (info, b"")
+
+
+async def test_a_stream_exactly_at_the_cap_is_stored(store: SnapshotStore) -> None:
+    """The cap is inclusive."""
+    key = new_key()
+    data = payload(MIB + 7, seed=3)
+
+    info = await store.put(key, stream_of(data), max_bytes=len(data))
+
+    assert info.size == len(data)
+    assert (await read_all(store, key, max_bytes=len(data)))[1] == data
+
+
+async def test_get_of_a_missing_key_is_not_found(store: SnapshotStore) -> None:
+    """A missing snapshot is SnapshotNotFoundError, a CheckpointError that is not retryable."""
+    with pytest.raises(SnapshotNotFoundError) as caught:
+        async with store.get(new_key(), max_bytes=CAP):
+            pytest.fail("entered a missing snapshot")
+    assert isinstance(caught.value, CheckpointError)
+    assert caught.value.retryable is False
+
+
+async def test_over_cap_put_fails_and_keeps_the_previous_object(
+    store: SnapshotStore, leftovers: Callable[[], list[str]]
+) -> None:
+    """Passing max_bytes mid-stream stores nothing; the old object stays readable."""
+    key = new_key()
+    previous = payload(MIB, seed=4)
+    await store.put(key, stream_of(previous), max_bytes=CAP)
+
+    with pytest.raises(CheckpointError, match="cap"):
+        await store.put(key, stream_of(payload(12 * MIB, seed=5)), max_bytes=8 * MIB)
+
+    assert (await read_all(store, key, max_bytes=CAP))[1] == previous
+    assert leftovers() == []
+
+
+async def test_over_cap_get_fails_before_any_body_is_read(store: SnapshotStore) -> None:
+    """The size is checked on entering; the body is never yielded."""
+    key = new_key()
+    await store.put(key, stream_of(payload(2 * MIB, seed=6)), max_bytes=CAP)
+    bytes_read = 0
+
+    async def download() -> None:
+        nonlocal bytes_read
+        async with store.get(key, max_bytes=2 * MIB - 1) as snapshot:
+            async for chunk in snapshot.chunks:
+                bytes_read += len(chunk)
+
+    with pytest.raises(CheckpointError, match="over the cap"):
+        await download()
+
+    assert bytes_read == 0
+
+
+async def test_stream_failing_mid_way_keeps_the_previous_object(
+    store: SnapshotStore, leftovers: Callable[[], list[str]]
+) -> None:
+    """The producer's own error propagates unchanged, after parts were already sent."""
+    key = new_key()
+    previous = payload(MIB, seed=7)
+    await store.put(key, stream_of(previous), max_bytes=CAP)
+
+    with pytest.raises(StreamBrokeError):
+        await store.put(key, failing_stream(payload(12 * MIB), fail_after=11 * MIB), max_bytes=CAP)
+
+    assert (await read_all(store, key, max_bytes=CAP))[1] == previous
+    assert leftovers() == []
+
+
+async def test_cancelled_put_keeps_the_previous_object(
+    store: SnapshotStore, leftovers: Callable[[], list[str]]
+) -> None:
+    """Cancelling a put half-way (its producer stalled) stores nothing and cleans up."""
+    key = new_key()
+    previous = payload(MIB, seed=8)
+    await store.put(key, stream_of(previous), max_bytes=CAP)
+    sent = anyio.Event()
+
+    async def stalling() -> AsyncIterator[bytes]:
+        async for chunk in stream_of(payload(7 * MIB, seed=9)):
+            yield chunk
+        sent.set()
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(functools.partial(store.put, key, stalling(), max_bytes=CAP))
+        await sent.wait()
+        await anyio.sleep(0.2)  # let the first part reach the store
+        group.cancel_scope.cancel()
+
+    assert (await read_all(store, key, max_bytes=CAP))[1] == previous
+    assert leftovers() == []
+
+
+async def test_delete_is_idempotent_and_exists_follows(store: SnapshotStore) -> None:
+    """exists tracks put and delete; deleting twice (or never-stored keys) is fine."""
+    key = new_key()
+    assert await store.exists(key) is False
+    await store.put(key, stream_of(b"state"), max_bytes=CAP)
+    assert await store.exists(key) is True
+
+    await store.delete(key)
+    await store.delete(key)
+    await store.delete(new_key())
+
+    assert await store.exists(key) is False
+    with pytest.raises(SnapshotNotFoundError):
+        async with store.get(key, max_bytes=CAP):
+            pass
+
+
+async def test_a_consumer_may_stop_reading_early(store: SnapshotStore) -> None:
+    """Leaving the context after one chunk releases the body without error or warning."""
+    key = new_key()
+    await store.put(key, stream_of(payload(4 * MIB, seed=10)), max_bytes=CAP)
+
+    async with store.get(key, max_bytes=CAP) as snapshot:
+        first = await snapshot.chunks.__anext__()
+
+    assert first
+    assert (await read_all(store, key, max_bytes=CAP))[0].size == 4 * MIB
+
+
+INVALID_KEYS = [
+    "",
+    "/checkpoints/x.tar.gz",
+    "../x",
+    "checkpoints/../../etc/passwd",
+    "checkpoints//x",
+    "checkpoints/./x",
+    "checkpoints/",
+    ".hidden",
+    "checkpoints/.staging",
+    "nul\x00byte",
+    "back\\slash",
+    "white space",
+    "ünïcode",
+    "a" * 1025,
+]
+
+
+@pytest.mark.parametrize("key", INVALID_KEYS, ids=repr)
+async def test_invalid_keys_are_rejected_by_every_method(store: SnapshotStore, key: str) -> None:
+    """A bad key is a CheckpointError before any filesystem or URL is touched."""
+    with pytest.raises(CheckpointError, match="snapshot key"):
+        await store.put(key, stream_of(b"x"), max_bytes=CAP)
+    with pytest.raises(CheckpointError, match="snapshot key"):
+        async with store.get(key, max_bytes=CAP):
+            pass
+    with pytest.raises(CheckpointError, match="snapshot key"):
+        await store.exists(key)
+    with pytest.raises(CheckpointError, match="snapshot key"):
+        await store.delete(key)
+
+
+def test_protocol_checkpoint_keys_are_valid_snapshot_keys() -> None:
+    """What sandcell_protocol.checkpoint_key derives, the stores accept."""
+    key = new_key()
+    assert validate_snapshot_key(key) == key
+
+
+async def test_a_closed_store_refuses_work_and_closes_twice(store: SnapshotStore) -> None:
+    """close is idempotent; afterwards every call is a CheckpointError."""
+    await store.close()
+    await store.close()
+
+    with pytest.raises(CheckpointError, match="closed"):
+        await store.put(new_key(), stream_of(b"x"), max_bytes=CAP)
+    with pytest.raises(CheckpointError, match="closed"):
+        await store.exists(new_key())
