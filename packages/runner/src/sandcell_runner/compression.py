@@ -1,0 +1,275 @@
+"""Checkpoint stream codecs: gzip or zstd, streaming both ways with bounded memory.
+
+Compression is tuned for speed (a checkpoint sits on the turn's critical path):
+zlib level 1 for gzip, zstd level 3 with worker threads. Decompression never
+hands out more bytes than its caller asked for, so a compression bomb costs at
+most one ``read`` worth of memory, and it rejects truncated streams and bytes
+after the end of the stream (a gzip CRC or a zstd checksum is only worth
+something if the stream is known to have reached it).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import IO, Literal, Protocol, cast
+
+import zstandard
+
+from .errors import ArchiveRejectedError
+
+Encoding = Literal["gzip", "zstd"]
+
+GZIP_LEVEL = 1
+ZSTD_LEVEL = 3
+ZSTD_THREADS = -1
+"""-1: one zstd worker per CPU; compression runs outside the GIL either way."""
+ZSTD_MAX_WINDOW_BYTES = 8 << 20
+"""Levels 1-3 use windows of 1-4 MiB; a frame asking for more is hostile."""
+
+_RAW_READ_BYTES = 64 << 10
+_ZSTD_OUT_BYTES = 64 << 10
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_MAX_BLOCK_BYTES = 128 << 10
+
+
+def choose_encoding(accept_encoding: str | None) -> Encoding:
+    """Pick ``zstd`` when ``Accept-Encoding`` lists it with a non-zero q-value, else ``gzip``."""
+    for item in (accept_encoding or "").split(","):
+        token, *params = (part.strip() for part in item.split(";"))
+        if token.lower() != "zstd":
+            continue
+        q_value = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q_value = float(value)
+                except ValueError:
+                    q_value = 0.0
+        if q_value > 0:
+            return "zstd"
+    return "gzip"
+
+
+class Compressor(Protocol):
+    """The part of ``zlib.compressobj`` / ``ZstdCompressionObj`` this package uses."""
+
+    def compress(self, data: bytes, /) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+
+def new_compressor(encoding: Encoding) -> Compressor:
+    """A fresh streaming compressor producing one gzip member or one zstd frame."""
+    if encoding == "gzip":
+        # wbits=31: a gzip wrapper (header + CRC32), not a bare zlib stream.
+        return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+    compressor = zstandard.ZstdCompressor(
+        level=ZSTD_LEVEL, threads=ZSTD_THREADS, write_checksum=True
+    )
+    return cast(Compressor, compressor.compressobj())
+
+
+RawSource = Callable[[int], bytes]
+"""``read(n)`` of the compressed bytes: up to ``n`` bytes, ``b""`` only at the end."""
+
+
+class DecompressingReader:
+    """A file-like ``read(n)`` over a compressed source, for ``tarfile``'s stream mode.
+
+    ``limit`` is the absolute number of decompressed bytes this reader may hand
+    out; the caller raises it phase by phase (a header, a member's data) so that
+    a lying header or a bomb fails here, not after filling memory or disk.
+    """
+
+    def __init__(self, source: RawSource, *, encoding: Encoding) -> None:
+        self._inflater: _GzipInflater | _ZstdInflater = (
+            _GzipInflater(source) if encoding == "gzip" else _ZstdInflater(source)
+        )
+        self.delivered = 0
+        self.limit = 0
+
+    def allow(self, extra_bytes: int) -> None:
+        """Let the reader hand out ``extra_bytes`` more than it has so far."""
+        self.limit = self.delivered + extra_bytes
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` decompressed bytes; ``b""`` once the stream ended cleanly."""
+        if size < 0:
+            size = _RAW_READ_BYTES
+        size = min(size, self.limit - self.delivered)
+        if size <= 0:
+            raise ArchiveRejectedError(
+                "archive metadata or data exceeds what its headers allow (decompression bomb?)"
+            )
+        data = self._inflater.read(size)
+        self.delivered += len(data)
+        return data
+
+
+class _GzipInflater:
+    def __init__(self, source: RawSource) -> None:
+        self._source = source
+        self._inflate = zlib.decompressobj(31)
+        self._pending = b""
+        self._ended = False
+
+    def read(self, size: int) -> bytes:
+        while True:
+            if self._inflate.eof:
+                self._check_end()
+                return b""
+            if not self._pending:
+                self._pending = self._source(_RAW_READ_BYTES)
+                if not self._pending:
+                    raise ArchiveRejectedError("gzip: stream truncated")
+            try:
+                out = self._inflate.decompress(self._pending, size)
+            except zlib.error as exc:
+                raise ArchiveRejectedError(f"gzip: corrupt stream ({exc})") from None
+            self._pending = self._inflate.unconsumed_tail
+            if out:
+                return out
+
+    def _check_end(self) -> None:
+        if self._ended:
+            return
+        # A second gzip member or any other trailer is refused: an exporter
+        # writes exactly one member, and bytes no one checks have no business here.
+        if self._inflate.unused_data or self._source(1):
+            raise ArchiveRejectedError("gzip: data after the end of the stream")
+        self._ended = True
+
+
+class _ZstdInflater:
+    def __init__(self, source: RawSource) -> None:
+        self._source = _TrackedSource(source)
+        decompressor = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES)
+        self._chunks = decompressor.read_to_iter(
+            cast(IO[bytes], self._source),
+            read_size=_RAW_READ_BYTES,
+            write_size=_ZSTD_OUT_BYTES,
+        )
+        self._buffer = memoryview(b"")
+        self._ended = False
+
+    def read(self, size: int) -> bytes:
+        while not self._buffer:
+            if self._ended:
+                return b""
+            try:
+                self._buffer = memoryview(next(self._chunks))
+            except StopIteration:
+                self._finish()
+                return b""
+            except zstandard.ZstdError as exc:
+                raise ArchiveRejectedError(f"zstd: corrupt stream ({exc})") from None
+        out = bytes(self._buffer[:size])
+        self._buffer = self._buffer[size:]
+        return out
+
+    def _finish(self) -> None:
+        # read_to_iter stops quietly at the end of its input, complete frame or
+        # not, and may stop at the frame's end without reading what follows.
+        self._source.read(1)
+        if not self._source.frame.done:
+            raise ArchiveRejectedError("zstd: stream truncated")
+        self._ended = True
+
+
+class _TrackedSource:
+    """zstandard's view of the compressed bytes: each one passes the frame tracker."""
+
+    def __init__(self, source: RawSource) -> None:
+        self._source = source
+        self.frame = _ZstdFrameTracker()
+
+    def read(self, size: int) -> bytes:
+        data = self._source(size)
+        self.frame.feed(data)
+        return data
+
+
+class _ZstdFrameTracker:
+    """Follows one zstd frame's block structure to know where it ends.
+
+    Only the framing is checked here (magic, header size, block headers,
+    checksum presence); the decoder checks the content. Skippable frames, a
+    second frame and dictionaries are refused: the exporter never writes them.
+    """
+
+    def __init__(self) -> None:
+        self._state = "magic"
+        self._need = 4
+        self._acc = bytearray()
+        self._skip = 0
+        self._last_block = False
+        self._has_checksum = False
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self.done:
+                raise ArchiveRejectedError("zstd: data after the end of the frame")
+            if self._skip:
+                taken = min(self._skip, len(view))
+                view = view[taken:]
+                self._skip -= taken
+                if not self._skip:
+                    self._after_block()
+                continue
+            taken = min(self._need - len(self._acc), len(view))
+            self._acc += view[:taken]
+            view = view[taken:]
+            if len(self._acc) == self._need:
+                field = bytes(self._acc)
+                self._acc.clear()
+                self._advance(field)
+
+    def _advance(self, field: bytes) -> None:
+        if self._state == "magic":
+            if field != _ZSTD_MAGIC:
+                raise ArchiveRejectedError("zstd: not a zstd frame")
+            self._expect("descriptor", 1)
+        elif self._state == "descriptor":
+            descriptor = field[0]
+            if descriptor & 0x08:
+                raise ArchiveRejectedError("zstd: reserved frame header bit set")
+            if descriptor & 0x03:
+                raise ArchiveRejectedError("zstd: dictionaries are not used")
+            single_segment = bool(descriptor & 0x20)
+            self._has_checksum = bool(descriptor & 0x04)
+            content_size_bytes = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+            rest = content_size_bytes + (0 if single_segment else 1)
+            if rest:
+                self._expect("header", rest)
+            else:
+                self._expect("block", 3)
+        elif self._state == "header":
+            self._expect("block", 3)
+        elif self._state == "block":
+            header = int.from_bytes(field, "little")
+            self._last_block = bool(header & 1)
+            block_type = (header >> 1) & 3
+            block_size = header >> 3
+            if block_type == 3 or block_size > _ZSTD_MAX_BLOCK_BYTES:
+                raise ArchiveRejectedError("zstd: invalid block header")
+            self._skip = 1 if block_type == 1 else block_size
+            if not self._skip:
+                self._after_block()
+        else:  # checksum
+            self.done = True
+
+    def _after_block(self) -> None:
+        if not self._last_block:
+            self._expect("block", 3)
+        elif self._has_checksum:
+            self._expect("checksum", 4)
+        else:
+            self.done = True
+
+    def _expect(self, state: str, size: int) -> None:
+        self._state = state
+        self._need = size

@@ -1,0 +1,518 @@
+"""The hardened extractor, run by ``restore.py`` as a child process.
+
+    python -I -X utf8 -m sandcell_runner.restore_child --staging-fd FD --staging-path PATH
+        --encoding gzip|zstd --max-bytes N --max-members N [--uid UID --gid GID]
+
+It drops to the pinned UID (when given) before reading a byte of input, reads
+the compressed archive on stdin, extracts its ``workspace/`` members into the
+directory open as ``--staging-fd``, and writes one ``ChildResult`` JSON object
+on stdout. ``--staging-path`` is only handed to tarfile's data filter.
+
+Why not ``TarFile.extractall(filter="data")``: the data filter resolves names
+with ``os.path.realpath`` against the live tree, which was bypassed repeatedly in
+2024-2025 (CVE-2024-12718, CVE-2025-4138, -4330, -4517: symlink chains, PATH_MAX
+truncation, hard links to symlinks), with fixes not in 3.11.7. Here tarfile only
+parses the stream and its data filter is a first check; on top of it:
+
+- member types other than regular file, directory, symlink and a per-member PAX
+  header are refused while the header is parsed, before any data is read;
+- PAX records are parsed here, strictly and in linear time (no global headers,
+  known keys only, at most 16 KiB), not by tarfile's backtracking regexes;
+- names must be normalized workspace paths under ``workspace/``, each member
+  unique; symlink targets must provably stay inside (``symlink_target_inside``);
+  hard links are refused outright;
+- entries are created with ``*at()`` calls relative to directory fds opened with
+  O_NOFOLLOW (leaves with O_EXCL), so no path is resolved through a symlink;
+- members, file bytes actually read and metadata bytes per member are counted,
+  and the compressed stream must end exactly where the archive does;
+- all of it runs as the pinned UID, so even a bug here writes only what that UID may.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import hashlib
+import os
+import re
+import resource
+import sys
+import tarfile
+from collections.abc import Sequence
+from typing import IO, Any, NamedTuple
+
+import msgspec
+
+from sandcell_protocol import CheckpointMeta, ProtocolError, decode, validate_workspace_path
+from sandcell_protocol.routes import CHECKPOINT_META_MEMBER, CHECKPOINT_WORKSPACE_PREFIX
+
+from .checkpoint import MAX_META_BYTES, PERMISSION_BITS, symlink_target_inside
+from .compression import DecompressingReader, Encoding, RawSource
+from .errors import ArchiveRejectedError
+
+__all__ = ["ChildResult", "main"]
+
+_PAX_MAX_BYTES = 16 << 10
+_TAR_BUFSIZE = 64 << 10
+# Decompressed bytes one member's headers may take: a PAX header (at most 16 KiB),
+# two header blocks, padding, plus tarfile's read-ahead of up to _TAR_BUFSIZE.
+_HEADER_ALLOWANCE = 2 * _TAR_BUFSIZE
+_TRAILER_ALLOWANCE = 64 << 10
+_COPY_BYTES = 1 << 20
+_MTIME_RE = re.compile(r"(-?)([0-9]{1,12})(?:\.([0-9]{1,9}))?")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_PAX_KEYS = frozenset({"path", "linkpath", "mtime", "size"})
+_ALLOWED_TYPES = frozenset(
+    {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.XHDTYPE}
+)
+_REFUSED_TYPES = {
+    tarfile.LNKTYPE: "hard links are not allowed",
+    tarfile.CHRTYPE: "character devices are not allowed",
+    tarfile.BLKTYPE: "block devices are not allowed",
+    tarfile.FIFOTYPE: "FIFOs are not allowed",
+    tarfile.XGLTYPE: "global PAX headers are not allowed",
+    tarfile.GNUTYPE_SPARSE: "sparse members are not allowed",
+}
+
+
+class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The child's verdict: ``meta`` (CheckpointMeta JSON) when ``ok``, else ``reason``."""
+
+    ok: bool
+    meta: str | None = None
+    reason: str | None = None
+
+
+class _StrictTarInfo(tarfile.TarInfo):
+    """A TarInfo that refuses, at parse time, everything a checkpoint never holds."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> _StrictTarInfo:
+        if len(buf) == tarfile.BLOCKSIZE and not buf.strip(b"\0"):
+            # The end-of-archive marker: tarfile raises its EOF error, which ends
+            # the member loop; the trailer is checked after it.
+            return super().frombuf(buf, encoding, errors)
+        try:
+            info = super().frombuf(buf, encoding, errors)
+        except tarfile.HeaderError as exc:
+            # tarfile would end the archive quietly at a bad or missing header
+            # past the first; a checkpoint that stops early is a truncated one.
+            raise ArchiveRejectedError(f"tar: {exc} (corrupt or truncated archive)") from None
+        except UnicodeError:
+            raise ArchiveRejectedError("tar: a member name is not UTF-8") from None
+        if info.type in _REFUSED_TYPES:
+            raise ArchiveRejectedError(f"tar: {_REFUSED_TYPES[info.type]} ({info.name!r})")
+        if info.type not in _ALLOWED_TYPES:
+            raise ArchiveRejectedError(f"tar: unsupported member type {info.type!r}")
+        if info.size < 0 or (info.type in (tarfile.DIRTYPE, tarfile.SYMTYPE) and info.size):
+            raise ArchiveRejectedError(f"tar: bad size in header of {info.name!r}")
+        if info.type == tarfile.XHDTYPE and info.size > _PAX_MAX_BYTES:
+            raise ArchiveRejectedError("tar: PAX header too large")
+        return info
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        # tarfile documents _proc_member as the subclass hook for member types.
+        if self.type != tarfile.XHDTYPE:
+            return super()._proc_member(tarfile_)  # type: ignore[misc, no-any-return]
+        return self._proc_strict_pax(tarfile_)
+
+    def _proc_strict_pax(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        fileobj: Any = tarfile_.fileobj
+        blocks = -(-self.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        buf = fileobj.read(blocks)
+        if len(buf) != blocks:
+            raise ArchiveRejectedError("tar: truncated PAX header")
+        records = parse_pax_records(buf[: self.size])
+        try:
+            member = self.fromtarfile(tarfile_)
+        except tarfile.HeaderError:
+            raise ArchiveRejectedError("tar: PAX header not followed by a member") from None
+        if member.type == tarfile.XHDTYPE:
+            raise ArchiveRejectedError("tar: two PAX headers in a row")
+        if "path" in records:
+            member.name = records["path"]
+            if member.isdir():
+                member.name = member.name.rstrip("/")
+        if "linkpath" in records:
+            member.linkname = records["linkpath"]
+        if "size" in records:
+            if not member.isreg():
+                raise ArchiveRejectedError("tar: PAX size on a member without data")
+            member.size = _parse_decimal(records["size"], "size")
+            # Same bookkeeping tarfile's own PAX handling does for a size record.
+            tarfile_.offset = member.offset_data + -(-member.size // 512) * 512
+        member.pax_headers = records
+        member.offset = self.offset
+        return member
+
+
+def parse_pax_records(buf: bytes) -> dict[str, str]:
+    """Parse ``"<len> <key>=<value>\\n"`` records strictly; any deviation is refused."""
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(buf):
+        space = buf.find(b" ", pos, pos + 8)
+        digits = buf[pos:space] if space > pos else b""
+        if not digits.isdigit() or digits.startswith(b"0"):
+            raise ArchiveRejectedError("tar: malformed PAX record length")
+        end = pos + int(digits)
+        if end > len(buf) or buf[end - 1 : end] != b"\n":
+            raise ArchiveRejectedError("tar: PAX record overruns its header")
+        key, eq, value = buf[space + 1 : end - 1].partition(b"=")
+        try:
+            key_text, value_text = key.decode("ascii"), value.decode("utf-8")
+        except UnicodeError:
+            raise ArchiveRejectedError("tar: PAX record is not UTF-8") from None
+        if not eq or key_text not in _PAX_KEYS or key_text in records:
+            raise ArchiveRejectedError(f"tar: unexpected PAX record {key_text!r}")
+        records[key_text] = value_text
+        pos = end
+    return records
+
+
+def _parse_decimal(text: str, field: str) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > 20:
+        raise ArchiveRejectedError(f"tar: bad PAX {field}")
+    return int(text)
+
+
+def extract(
+    source: RawSource,
+    staging_fd: int,
+    *,
+    staging_path: str,
+    encoding: Encoding,
+    max_bytes: int,
+    max_members: int,
+) -> bytes:
+    """Extract the archive read from ``source`` into ``staging_fd``; return the meta member."""
+    if os.listdir(staging_fd):
+        raise ArchiveRejectedError("staging directory is not empty")
+    reader = DecompressingReader(source, encoding=encoding)
+    extractor = _Extractor(
+        reader, staging_fd, staging_path=staging_path, max_bytes=max_bytes, max_members=max_members
+    )
+    try:
+        meta = extractor.run()
+    except (tarfile.TarError, EOFError) as exc:
+        raise ArchiveRejectedError(f"tar: {exc}") from None
+    try:
+        decode(meta, CheckpointMeta)
+    except ProtocolError as exc:
+        raise ArchiveRejectedError(f"invalid checkpoint metadata: {exc}") from None
+    return meta
+
+
+class _Attrs(NamedTuple):
+    mode: int
+    mtime_ns: int
+
+
+class _Extractor:
+    def __init__(
+        self,
+        reader: DecompressingReader,
+        staging_fd: int,
+        *,
+        staging_path: str,
+        max_bytes: int,
+        max_members: int,
+    ) -> None:
+        self._reader = reader
+        self._tree = _DirStack(staging_fd)
+        self._staging_path = staging_path
+        self._max_bytes = max_bytes
+        self._max_members = max_members
+        self._members = 0
+        self._file_bytes = 0
+        # Digests, not names: 200k hostile 4 KiB names would otherwise cost 800 MB.
+        self._seen: set[bytes] = set()
+        self._meta: bytes | None = None
+        self._root: _Attrs | None = None
+
+    def run(self) -> bytes:
+        try:
+            self._reader.allow(_HEADER_ALLOWANCE)
+            tar = tarfile.open(  # noqa: SIM115 -- nothing to close: the reader is ours
+                fileobj=self._reader,  # type: ignore[call-overload]
+                mode="r|",
+                bufsize=_TAR_BUFSIZE,
+                tarinfo=_StrictTarInfo,
+                encoding="utf-8",
+                errors="strict",
+            )
+            while (member := tar.next()) is not None:
+                self._add(tar, member)
+                self._reader.allow(_HEADER_ALLOWANCE)
+            self._check_trailer(tar)
+            self._tree.finish(self._root)
+        finally:
+            self._tree.close()
+        if self._meta is None:
+            raise ArchiveRejectedError(f"archive has no {CHECKPOINT_META_MEMBER} member")
+        return self._meta
+
+    def _add(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        self._members += 1
+        if self._members > self._max_members:
+            raise ArchiveRejectedError(f"archive has more than {self._max_members} members")
+        name = member.name
+        digest = hashlib.blake2b(name.encode("utf-8"), digest_size=16).digest()
+        if digest in self._seen:
+            raise ArchiveRejectedError(f"duplicate member {_shown(name)}")
+        self._seen.add(digest)
+        if name == CHECKPOINT_META_MEMBER:
+            self._meta = self._read_meta(tar, member)
+            return
+        relpath = _workspace_relpath(name)
+        try:
+            tarfile.data_filter(member.replace(name=relpath or ".", deep=False), self._staging_path)
+        except tarfile.FilterError as exc:
+            raise ArchiveRejectedError(f"data filter: {exc}") from None
+        attrs = _Attrs(member.mode & PERMISSION_BITS, _mtime_ns(member))
+        if relpath is None:
+            if not member.isdir():
+                raise ArchiveRejectedError(f"{CHECKPOINT_WORKSPACE_PREFIX} is not a directory")
+            self._root = attrs
+            return
+        parts = relpath.split("/")
+        try:
+            if member.isdir():
+                self._tree.make_dir(parts, attrs)
+            elif member.issym():
+                if not symlink_target_inside(relpath, member.linkname):
+                    raise ArchiveRejectedError(f"symlink {_shown(relpath)} points outside")
+                self._tree.symlink(parts, member.linkname, attrs.mtime_ns)
+            else:
+                self._write_file(tar, member, parts, attrs)
+        except FileExistsError:
+            raise ArchiveRejectedError(f"{_shown(relpath)} already exists") from None
+
+    def _read_meta(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+        if not member.isreg() or member.size > MAX_META_BYTES:
+            raise ArchiveRejectedError(f"{CHECKPOINT_META_MEMBER} is not a small regular file")
+        self._reader.allow(member.size + _HEADER_ALLOWANCE)
+        data = _member_data(tar, member).read()
+        if len(data) != member.size:
+            raise ArchiveRejectedError(f"{CHECKPOINT_META_MEMBER} is truncated")
+        return data
+
+    def _write_file(
+        self, tar: tarfile.TarFile, member: tarfile.TarInfo, parts: list[str], attrs: _Attrs
+    ) -> None:
+        if member.size > self._max_bytes - self._file_bytes:
+            raise ArchiveRejectedError(f"archive holds more than {self._max_bytes} bytes")
+        fd = self._tree.create_file(parts)
+        try:
+            self._reader.allow(member.size + _HEADER_ALLOWANCE)
+            source = _member_data(tar, member)
+            while chunk := source.read(_COPY_BYTES):
+                self._file_bytes += len(chunk)
+                if self._file_bytes > self._max_bytes:
+                    raise ArchiveRejectedError(f"archive holds more than {self._max_bytes} bytes")
+                _write_all(fd, chunk)
+            os.fchmod(fd, attrs.mode)
+            os.utime(fd, ns=(attrs.mtime_ns, attrs.mtime_ns))
+        finally:
+            os.close(fd)
+
+    def _check_trailer(self, tar: tarfile.TarFile) -> None:
+        # The loop ended at a zero block; what follows may only be zero padding,
+        # and the compressed stream must end right after it.
+        self._reader.allow(_TRAILER_ALLOWANCE)
+        stream: Any = tar.fileobj
+        while data := stream.read(_TAR_BUFSIZE):
+            if data.strip(b"\0"):
+                raise ArchiveRejectedError("tar: data after the end-of-archive marker")
+
+
+class _OpenDir(NamedTuple):
+    name: str
+    fd: int
+    attrs: _Attrs | None
+
+
+class _DirStack:
+    """The directories on the path of the last member, each held open.
+
+    Every fd was opened relative to its parent with O_NOFOLLOW|O_DIRECTORY, and
+    entries are created with ``*at()`` calls on them, so a symlink an earlier
+    member planted can never redirect a later one. A directory's mode and mtime
+    are applied when the walk leaves it, after its contents are in.
+    """
+
+    def __init__(self, root_fd: int) -> None:
+        self._root_fd = root_fd
+        self._open: list[_OpenDir] = []
+
+    def make_dir(self, parts: list[str], attrs: _Attrs) -> None:
+        self._parent_of(parts)
+        self._enter(parts[-1], attrs)
+
+    def create_file(self, parts: list[str]) -> int:
+        return os.open(parts[-1], _NEW_FILE_FLAGS, 0o600, dir_fd=self._parent_of(parts))
+
+    def symlink(self, parts: list[str], target: str, mtime_ns: int) -> None:
+        parent_fd = self._parent_of(parts)
+        os.symlink(target, parts[-1], dir_fd=parent_fd)
+        os.utime(parts[-1], ns=(mtime_ns, mtime_ns), dir_fd=parent_fd, follow_symlinks=False)
+
+    def finish(self, root: _Attrs | None) -> None:
+        self._leave(0)
+        if root is not None:
+            _apply(self._root_fd, root)
+
+    def close(self) -> None:
+        while self._open:
+            os.close(self._open.pop().fd)
+
+    def _parent_of(self, parts: list[str]) -> int:
+        dirs = parts[:-1]
+        keep = 0
+        for open_dir, name in zip(self._open, dirs, strict=False):
+            if open_dir.name != name:
+                break
+            keep += 1
+        self._leave(keep)
+        for name in dirs[keep:]:
+            self._enter(name, None)
+        return self._open[-1].fd if self._open else self._root_fd
+
+    def _enter(self, name: str, attrs: _Attrs | None) -> None:
+        parent_fd = self._open[-1].fd if self._open else self._root_fd
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise ArchiveRejectedError(
+                    f"{_shown(name)} is a symlink or file, not a directory"
+                ) from None
+            raise
+        self._open.append(_OpenDir(name, fd, attrs))
+
+    def _leave(self, keep: int) -> None:
+        while len(self._open) > keep:
+            open_dir = self._open.pop()
+            try:
+                if open_dir.attrs is not None:
+                    _apply(open_dir.fd, open_dir.attrs)
+            finally:
+                os.close(open_dir.fd)
+
+
+def _apply(fd: int, attrs: _Attrs) -> None:
+    os.fchmod(fd, attrs.mode)
+    os.utime(fd, ns=(attrs.mtime_ns, attrs.mtime_ns))
+
+
+def _member_data(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    data = tar.extractfile(member)
+    if data is None:  # only for non-regular members, which never get here
+        raise ArchiveRejectedError(f"{_shown(member.name)} has no data")
+    return data
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _workspace_relpath(name: str) -> str | None:
+    """``workspace/<relpath>`` to ``relpath``, ``workspace`` to None; refuse anything else."""
+    if name.startswith("/"):
+        raise ArchiveRejectedError(f"absolute member name {_shown(name)}")
+    if ".." in name.split("/"):
+        raise ArchiveRejectedError(f"member name {_shown(name)} contains '..'")
+    if name == CHECKPOINT_WORKSPACE_PREFIX:
+        return None
+    prefix = CHECKPOINT_WORKSPACE_PREFIX + "/"
+    if not name.startswith(prefix):
+        raise ArchiveRejectedError(f"member {_shown(name)} is outside {prefix}")
+    relpath = name[len(prefix) :]
+    try:
+        normalized = validate_workspace_path(relpath)
+    except ProtocolError as exc:
+        raise ArchiveRejectedError(f"member {_shown(name)}: {exc}") from None
+    if normalized != relpath:
+        raise ArchiveRejectedError(f"member name {_shown(name)} is not normalized")
+    return relpath
+
+
+def _mtime_ns(member: tarfile.TarInfo) -> int:
+    text = member.pax_headers.get("mtime")
+    if text is None:
+        return int(member.mtime) * 1_000_000_000
+    match = _MTIME_RE.fullmatch(text)
+    if match is None:
+        raise ArchiveRejectedError(f"bad mtime {text[:40]!r}")
+    sign, seconds, fraction = match.groups()
+    value = int(seconds) * 1_000_000_000 + int((fraction or "").ljust(9, "0"))
+    return -value if sign else value
+
+
+def _shown(name: str) -> str:
+    return repr(name if len(name) <= 120 else name[:120] + "...")
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise SystemExit("restore_child: could not drop privileges")
+
+
+def _raise_fd_limit() -> None:
+    # One fd per directory level of the deepest path (up to 2048 for 4 KiB paths).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 4096 if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sandcell_runner.restore_child")
+    parser.add_argument("--staging-fd", type=int, required=True)
+    parser.add_argument("--staging-path", required=True)
+    parser.add_argument("--encoding", choices=("gzip", "zstd"), required=True)
+    parser.add_argument("--max-bytes", type=int, required=True)
+    parser.add_argument("--max-members", type=int, required=True)
+    parser.add_argument("--uid", type=int)
+    parser.add_argument("--gid", type=int)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one extraction; the verdict goes to stdout, exit 0 unless the child itself broke."""
+    args = _parse_args(argv)
+    _raise_fd_limit()
+    if args.uid is not None:
+        _drop_privileges(args.uid, args.gid if args.gid is not None else args.uid)
+    os.umask(0o077)
+    try:
+        meta = extract(
+            lambda size: os.read(0, size),
+            args.staging_fd,
+            staging_path=args.staging_path,
+            encoding=args.encoding,
+            max_bytes=args.max_bytes,
+            max_members=args.max_members,
+        )
+        result = ChildResult(ok=True, meta=meta.decode("utf-8"))
+    except ArchiveRejectedError as exc:
+        result = ChildResult(ok=False, reason=str(exc))
+    except OSError as exc:
+        # ENOSPC, EDQUOT, EACCES from a hostile mode: the archive cannot land.
+        result = ChildResult(ok=False, reason=f"extract failed: {exc.strerror}")
+    sys.stdout.buffer.write(msgspec.json.encode(result))
+    sys.stdout.buffer.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
