@@ -93,10 +93,15 @@ async def test_over_cap_put_fails_and_keeps_the_previous_object(
     previous = payload(MIB, seed=4)
     await store.put(key, stream_of(previous), max_bytes=CAP)
 
+    fresh = new_key()
+
     with pytest.raises(CheckpointError, match="cap"):
         await store.put(key, stream_of(payload(12 * MIB, seed=5)), max_bytes=8 * MIB)
+    with pytest.raises(CheckpointError, match="cap"):
+        await store.put(fresh, stream_of(payload(12 * MIB, seed=5)), max_bytes=8 * MIB)
 
     assert (await read_all(store, key, max_bytes=CAP))[1] == previous
+    assert await store.exists(fresh) is False
     assert leftovers() == []
 
 

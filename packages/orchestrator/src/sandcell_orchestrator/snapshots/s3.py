@@ -6,7 +6,7 @@ metadata when its upload starts, and the digest is known only when the stream
 ends. That copy is the single step that replaces the previous object, so a put
 that fails or passes its cap leaves it intact. The upload is minio's multipart
 ``put_object`` reading, in a worker thread, from a bounded channel the event loop
-fills, so memory stays near one part whatever the size of the stream.
+fills, so memory stays at a few parts (see ``S3Settings``) whatever the stream's size.
 
 Operators: give the bucket a lifecycle rule that expires ``<prefix>/.staging/``
 and aborts incomplete multipart uploads after a day, for puts cut off by a crash.
