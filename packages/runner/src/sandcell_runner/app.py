@@ -45,7 +45,9 @@ from .errors import (
     RunnerError,
     UnauthorizedError,
 )
+from .executor import PreparedRequest
 from .service import RunnerService
+from .session_routes import SessionRoutes
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +116,9 @@ class RunnerApp:
         except ProtocolError as exc:
             raise BadRequestError(str(exc)) from None
 
+    def json(self, value: Any, status: int = 200) -> Response:
+        return json_response(value, status)
+
     def guarded(self, handler: Handler, *, auth: bool = True) -> Handler:
         async def endpoint(request: Request) -> Response:
             try:
@@ -129,12 +134,13 @@ class RunnerApp:
 
     def health(self) -> Health:
         service = self.service
+        sessions = service.sessions
         return Health(
-            status="ok",
+            status="quarantined" if sessions.quarantined else "ok",
             protocol=PROTOCOL_VERSION,
             runner_version=__version__,
-            session_id=None,
-            warmup="none",
+            session_id=sessions.bound.session_id if sessions.bound else None,
+            warmup=service.warmup.state,
             languages=sorted(service.languages),
             warnings=list(service.warnings),
         )
@@ -153,24 +159,32 @@ class RunnerApp:
         )
 
     async def post_execute(self, request: Request) -> Response:
+        sessions = self.service.sessions
+        session_id = sessions.check_header(request.headers.get(headers.RUNTIME_SESSION_ID))
+        sessions.require_not_quarantined()
         execute_request = await self.read_message(request, ExecuteRequest)
         prepared = self.service.executor.prepare(execute_request)
         if routes.NDJSON in request.headers.get("accept", ""):
-            return await self._stream_execute(prepared)
-        async with self.service.job_slot():
-            result = await self.service.execute_fresh(prepared)
+            return await self._stream_execute(prepared, session_id)
+        result = await self.service.execute(prepared, session_id=session_id)
         return json_response(result)
 
-    async def _stream_execute(self, prepared: Any) -> Response:
+    async def _stream_execute(self, prepared: PreparedRequest, session_id: str | None) -> Response:
         service = self.service
         stack = contextlib.AsyncExitStack()
-        await stack.enter_async_context(service.job_slot())
+        try:
+            workspace = await service.begin(prepared, session_id=session_id, stack=stack)
+        except BaseException:
+            await stack.aclose()
+            raise
         queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
 
         def on_output(name: str, data: bytes) -> None:
             queue.put_nowait((name, data))
 
-        task = asyncio.ensure_future(service.execute_fresh(prepared, on_output=on_output))
+        task = asyncio.ensure_future(
+            service.executor.run_in(prepared, workspace, on_output=on_output)
+        )
         task.add_done_callback(lambda _: queue.put_nowait(None))
 
         async def events() -> AsyncIterator[bytes]:
@@ -197,14 +211,38 @@ class RunnerApp:
 
         return StreamingResponse(events(), media_type=routes.NDJSON)
 
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        service = self.service
+        service.warmup.start()
+        reaper = asyncio.create_task(service.reaper_loop(), name="sandcell-reaper")
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await service.warmup.stop()
+            await service.shutdown()
+
     def build(self) -> Starlette:
         g = self.guarded
+        s = SessionRoutes(self)
         return Starlette(
             routes=[
                 Route(routes.HEALTH, g(self.get_health, auth=False), methods=["GET"]),
                 Route(routes.LANGUAGES, g(self.get_languages), methods=["GET"]),
                 Route(routes.EXECUTE, g(self.post_execute), methods=["POST"]),
+                Route(routes.SESSION_CHECKPOINT, g(s.get_checkpoint), methods=["GET"]),
+                Route(routes.SESSION_RESTORE, g(s.post_restore), methods=["POST"]),
+                Route(routes.SESSION, g(s.delete_session), methods=["DELETE"]),
+                Route(routes.SESSION_FILES, g(s.get_file), methods=["GET"]),
+                Route(routes.SESSION_FILES, g(s.put_file), methods=["PUT"]),
+                Route(routes.SESSION_FILES, g(s.delete_file), methods=["DELETE"]),
+                Route(routes.INPUTS_PROBE, g(s.post_probe), methods=["POST"]),
+                Route(routes.INPUTS, g(s.post_inputs), methods=["POST"]),
             ],
+            lifespan=self.lifespan,
             exception_handlers={
                 404: _not_found,
                 405: _method_not_allowed,

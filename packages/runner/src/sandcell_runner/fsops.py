@@ -102,6 +102,75 @@ def write_file(
             os.close(fd)
 
 
+def copy_into(
+    root: Path,
+    relpath: str,
+    source: Path,
+    *,
+    mode: int,
+    uid: int,
+    gid: int,
+    dir_uid: int,
+    dir_gid: int,
+) -> os.stat_result:
+    """Copy ``source`` (a runner-owned file) to ``root/relpath``, replacing what is there.
+
+    The file gets ``uid:gid``; parent directories created on the way get
+    ``dir_uid:dir_gid`` (the job's), so a root-owned input never locks its directory.
+    """
+    *dirs, name = relpath.split("/")
+    with open_dir(root, dirs, create=True, uid=dir_uid, gid=dir_gid) as dir_fd:
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                _rmtree_at(dir_fd, name)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            dst = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dir_fd,
+            )
+            try:
+                size = os.fstat(src).st_size
+                offset = 0
+                while offset < size:
+                    sent = os.sendfile(dst, src, offset, min(size - offset, 1 << 30))
+                    if sent == 0:
+                        break
+                    offset += sent
+                os.fchown(dst, uid, gid)
+                os.fchmod(dst, mode)
+                return os.fstat(dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+
+
+def file_digest(root: Path, relpath: str) -> tuple[os.stat_result, str] | None:
+    """(stat, sha256) of a regular file at ``relpath``; None if absent or not a plain file."""
+    try:
+        *dirs, name = relpath.split("/")
+        with open_dir(root, dirs) as dir_fd:
+            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                digest = hashlib.sha256()
+                while chunk := os.read(fd, _CHUNK):
+                    digest.update(chunk)
+                return st, digest.hexdigest()
+            finally:
+                os.close(fd)
+    except OSError:
+        return None
+
+
 def read_file(root: Path, relpath: str, *, max_bytes: int) -> bytes:
     """Read a regular file without following links; ``UnsafePathError`` otherwise."""
     *dirs, name = relpath.split("/")

@@ -16,10 +16,14 @@ from .cgroups import CgroupManager
 from .config import MIB, RunnerSettings
 from .errors import BusyError
 from .executor import Executor, JobWorkspace, PreparedRequest
+from .inputcache import InputCache
 from .jail import Jail, OutputCallback
 from .languages import LanguageSpec, discover_languages
+from .priming import Primer
+from .session import SessionManager
 from .spawner import Spawner
 from .uidpool import UidPool
+from .warmup import Warmup
 from .workspace import JobDirs, WorkspaceManager
 
 log = logging.getLogger(__name__)
@@ -73,7 +77,21 @@ class RunnerService:
         self.executor = Executor(
             settings, jail=self.jail, workspaces=self.workspaces, languages=self.languages
         )
+        self.inputs = InputCache(
+            settings.input_cache_dir,
+            max_object_bytes=settings.input_max_object_bytes,
+            file_server_url=settings.file_server_url,
+        )
+        self.primer = Primer(self.inputs)
+        self.sessions = SessionManager(
+            enabled=settings.sessions_enabled,
+            workspaces=self.workspaces,
+            uids=self.uids,
+            wait_ms=settings.session_wait_ms,
+        )
+        self.warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
+        self._active_jobs: set[Path] = set()
         self._collect_warnings()
 
     def _collect_warnings(self) -> None:
@@ -107,19 +125,85 @@ class RunnerService:
         dirs: JobDirs | None = None
         try:
             dirs = await asyncio.to_thread(self.workspaces.create_job, uid=uid, gid=uid)
+            self._active_jobs.add(dirs.job_dir.parent)
             yield JobWorkspace(path=dirs.workspace, uid=uid, gid=uid, job_dir=dirs.job_dir)
         finally:
             if dirs is not None:
                 await asyncio.shield(asyncio.to_thread(self.workspaces.remove_job, dirs))
+                self._active_jobs.discard(dirs.job_dir.parent)
             self.uids.release(uid)
 
-    async def execute_fresh(
-        self, prepared: PreparedRequest, *, on_output: OutputCallback | None = None
+    @contextlib.asynccontextmanager
+    async def session_workspace(self, session_id: str) -> AsyncIterator[JobWorkspace]:
+        """The bound session's workspace and pinned UID, holding the session lock."""
+        async with self.sessions.locked(session_id) as state:
+            job_dir = await asyncio.to_thread(self.workspaces.create_session_job_dir)
+            self._active_jobs.add(job_dir)
+            try:
+                yield JobWorkspace(
+                    path=state.workspace,
+                    uid=state.uid,
+                    gid=state.uid,
+                    job_dir=job_dir,
+                    surfaced=state.surfaced,
+                    session_id=session_id,
+                )
+            finally:
+                await asyncio.shield(asyncio.to_thread(self.workspaces.remove_dir, job_dir))
+                self._active_jobs.discard(job_dir)
+
+    async def begin(
+        self,
+        prepared: PreparedRequest,
+        *,
+        session_id: str | None,
+        stack: contextlib.AsyncExitStack,
+    ) -> JobWorkspace:
+        """Everything before the jail runs: slot, workspace, inputs, priming.
+
+        Errors raised here (busy, session busy, input missing) reach the caller as
+        HTTP errors before any output is streamed; cleanup is pushed on ``stack``.
+        """
+        self.sessions.require_not_quarantined()
+        await stack.enter_async_context(self.job_slot())
+        if session_id is not None:
+            workspace = await stack.enter_async_context(self.session_workspace(session_id))
+            primed = self.sessions.bound.primed if self.sessions.bound else None
+        else:
+            workspace = await stack.enter_async_context(self.fresh_workspace())
+            primed = None
+        await asyncio.to_thread(self.executor.write_inputs, prepared, workspace)
+        await self.primer.prime(prepared.refs, workspace, primed=primed)
+        return workspace
+
+    async def execute(
+        self,
+        prepared: PreparedRequest,
+        *,
+        session_id: str | None = None,
+        on_output: OutputCallback | None = None,
     ) -> ExecuteResult:
-        """Run a request in a fresh workspace (the caller holds a job slot)."""
-        async with self.fresh_workspace() as workspace:
-            await asyncio.to_thread(self.executor.write_inputs, prepared, workspace)
+        """Run a request start to finish (in the session's workspace when given)."""
+        async with contextlib.AsyncExitStack() as stack:
+            workspace = await self.begin(prepared, session_id=session_id, stack=stack)
             return await self.executor.run_in(prepared, workspace, on_output=on_output)
+
+    def reap(self) -> list[Path]:
+        """Remove leftover per-job directories; never the session's, staging, or the cache."""
+        keep = self.sessions.keep_paths() | set(self._active_jobs)
+        return self.workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
+
+    async def reaper_loop(self) -> None:
+        while True:
+            removed = await asyncio.to_thread(self.reap)
+            if removed:
+                log.info("reaper removed %d leftover workspaces", len(removed))
+            await asyncio.sleep(self.settings.reap_interval_s)
+
+    async def shutdown(self) -> None:
+        """Wipe the bound session on a graceful stop (tmpfs workspaces hold memory)."""
+        with contextlib.suppress(Exception):
+            await self.sessions.release(None)
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]

@@ -6,7 +6,7 @@ bind-mounts only their own directories)::
     jobs/<id>/ws       fresh workspace (tmpfs sized to the quota), removed after the job
     jobs/<id>/job      the job's entry file, mounted read-only at /mnt/job
     session/ws-<n>     the bound session's workspace (n grows with each restore)
-    session/stage-<n>  a restore being extracted, swapped in only when complete
+    (a restore extracts into the next ws-<n> and becomes the workspace only when complete)
     session/job-<id>   a session job's entry file
 """
 
