@@ -25,7 +25,8 @@ def test_multi_turn_state_survives(session_runner: RunnerProcess) -> None:
             f"printf '{PYPROJECT}' > src/pyproject.toml\n"
             "python3 -m pip install -q --no-index --no-build-isolation --target pkgs ./src\n"
             "python3 -c \"import sqlite3; c = sqlite3.connect('db.sqlite'); "
-            "c.execute('create table t (v int)'); c.execute('insert into t values (7)'); c.commit()\"\n"
+            "c.execute('create table t (v int)'); c.execute('insert into t values (7)'); "
+            'c.commit()"\n'
             "echo note > notes.txt",
             language="bash",
         )
