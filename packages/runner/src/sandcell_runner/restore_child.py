@@ -270,7 +270,10 @@ class _Extractor:
         try:
             tarfile.data_filter(member.replace(name=relpath or ".", deep=False), self._staging_path)
         except tarfile.FilterError as exc:
-            raise ArchiveRejectedError(f"data filter: {exc}") from None
+            # The class names the problem; its message would echo host paths.
+            raise ArchiveRejectedError(
+                f"data filter: {type(exc).__name__} ({_shown(name)})"
+            ) from None
         attrs = _Attrs(member.mode & PERMISSION_BITS, _mtime_ns(member))
         if relpath is None:
             if not member.isdir():
