@@ -30,8 +30,7 @@ from sandcell_protocol import (
 )
 from tests.fixtures.runner_process import RunnerProcess, free_port
 
-from .conftest import StartRunner
-from .fakes import TOKEN, FakeRunner, json_response
+from .conftest import TOKEN, FakeRunner, StartRunner, json_response
 
 SESSION = runtime_session_id("ns", "user", "hint")
 

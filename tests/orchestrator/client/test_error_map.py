@@ -140,3 +140,9 @@ def test_redactor_scrubs_known_secrets_longest_first() -> None:
     assert "s3cr3t" not in repr(redact)
     Redactor(["ab"])  # too short to be a credential: ignored, not an error
     assert Redactor(["ab"])("ab cd") == "ab cd"
+
+
+def test_redactor_scrubs_a_secret_that_reaches_a_message_escaped() -> None:
+    """repr() turns CR LF into four characters; each piece of the value is still scrubbed."""
+    secret = "first-half-secret\r\nsecond-half-secret"
+    assert "secret" not in Redactor([secret])(repr(secret.encode())).replace("[redacted]", "")

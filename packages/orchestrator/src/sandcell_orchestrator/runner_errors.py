@@ -90,6 +90,7 @@ TRANSPORT_ERROR_MAP: Mapping[type[httpx.RequestError], type[SandboxError]] = Map
 )
 """httpx failures, most specific class first when resolved along the MRO."""
 
+_SPLIT_RE = re.compile(r"[\s\x00-\x1f\x7f]+")
 _MIN_SECRET_CHARS = 4
 """Shorter values would scrub ordinary words; no real credential is this short."""
 REDACTED = "[redacted]"
@@ -113,11 +114,12 @@ class Redactor:
         return f"Redactor(<{len(self._secrets)} secrets>)"
 
     def add(self, secret: str) -> None:
-        """Remember ``secret`` (and, for ``Scheme value`` credentials, ``value`` alone)."""
-        candidates = {secret.strip()}
-        scheme, _, rest = secret.strip().partition(" ")
-        if rest and scheme.isalpha():
-            candidates.add(rest.strip())
+        """Remember ``secret``, and each of its whitespace-separated pieces.
+
+        Pieces catch ``value`` of a ``Scheme value`` credential, and a value that
+        reaches a message escaped (``repr`` turns a newline into two characters).
+        """
+        candidates = {secret.strip(), *_SPLIT_RE.split(secret)}
         new = {c for c in candidates if len(c) >= _MIN_SECRET_CHARS} - self._secrets
         if new:
             self._secrets |= new
