@@ -104,6 +104,9 @@ class ExecuteResult(Message, frozen=True):
     max_rss_kib: NonNegativeInt | None
     files: list[OutputFile]
     session_id: str | None = None
+    workspace_changed: bool | None = None
+    """Whether the job added, changed or removed a workspace file (None: not tracked).
+    Lets the orchestrator skip the checkpoint of a turn that changed nothing."""
 
 
 class StdoutEvent(Message, frozen=True, tag_field="type", tag="stdout"):

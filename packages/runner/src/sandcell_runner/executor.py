@@ -225,7 +225,8 @@ class Executor:
         status = classify(outcome, disk_full=disk_full)
         if status is RunStatus.INTERNAL_ERROR:
             log.error("jail failed to run a job: %s", outcome.jail_log or "no log")
-        files = await asyncio.to_thread(self.collect_outputs, workspace)
+        before = len(workspace.surfaced)
+        files, removed = await asyncio.to_thread(self.collect_outputs, workspace)
         return ExecuteResult(
             status=status,
             exit_code=outcome.exit_code,
@@ -239,10 +240,14 @@ class Executor:
             max_rss_kib=outcome.max_rss_kib,
             files=files,
             session_id=workspace.session_id,
+            workspace_changed=bool(files) or removed > 0 or len(workspace.surfaced) != before,
         )
 
-    def collect_outputs(self, workspace: JobWorkspace) -> list[OutputFile]:
-        """New or changed files since ``workspace.surfaced``; updates it (blocking)."""
+    def collect_outputs(self, workspace: JobWorkspace) -> tuple[list[OutputFile], int]:
+        """New or changed files since ``workspace.surfaced`` and how many were removed.
+
+        Updates ``workspace.surfaced`` (blocking: run in a thread).
+        """
         cap = self._settings.output_inline_bytes
         outputs: list[OutputFile] = []
         seen: set[str] = set()
@@ -282,9 +287,10 @@ class Executor:
             workspace.surfaced[entry.name] = SurfacedOutput(
                 name=entry.name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
             )
-        for gone in set(workspace.surfaced) - seen:
-            del workspace.surfaced[gone]
-        return outputs
+        gone = set(workspace.surfaced) - seen
+        for name in gone:
+            del workspace.surfaced[name]
+        return outputs, len(gone)
 
 
 def classify(outcome: JobOutcome, *, disk_full: bool) -> RunStatus:

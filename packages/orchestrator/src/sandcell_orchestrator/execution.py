@@ -1,0 +1,437 @@
+"""ExecutionService: the code-interpreter path, with runtime sessions.
+
+``SANDCELL_RUNTIME_SESSION_MODE``:
+
+- ``stateless``: one sandbox per call; deliver inputs, execute, destroy (also on
+  cancel and error).
+- ``affinity`` / ``strict`` with a hint: derive the runtime session id, take its
+  lock, find or launch its one warm sandbox, restore the last checkpoint before
+  the first execute on a fresh sandbox, push missing inputs, execute, checkpoint
+  (fenced, best-effort), update the record, release.
+- Without a hint ``affinity`` runs statelessly and ``strict`` refuses.
+
+Fail closed on state, open on speed: a failed checkpoint keeps the previous one;
+a failed restore never runs the turn on an empty workspace; a lost lock aborts
+the work in flight; a sandbox that may be dirty is recycled, not reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from sandcell_protocol import ExecuteRequest, ExecuteResult, checkpoint_key, runtime_session_id
+
+from .config import Budgets, SessionMode
+from .errors import (
+    ArchiveRejectedError,
+    CheckpointError,
+    LockLostError,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+    SessionBusyError,
+    SessionRequiredError,
+)
+from .handle import SandboxHandle
+from .inputs import InputSource
+from .manager import SESSION_LABEL, rebind
+from .metrics import Metrics
+from .provider import PersistentWorkspace, SandboxProvider, SandboxSpec
+from .registry import FencedError, Lease, SessionRecord, SessionRegistry
+from .registry.lease import hold_session
+from .registry.ttl import lock_ttl_ms
+from .runner_client import InputPayload
+from .snapshots import SnapshotNotFoundError, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who runs the code: a tenant namespace and a user within it."""
+
+    namespace: str
+    user_id: str
+
+
+class ExecutionService:
+    """Runs ``ExecuteRequest``s in sandboxes, statelessly or in runtime sessions."""
+
+    def __init__(
+        self,
+        *,
+        provider: SandboxProvider,
+        registry: SessionRegistry,
+        store: SnapshotStore,
+        mode: SessionMode = "affinity",
+        budgets: Budgets | None = None,
+        checkpoint_max_bytes: int = 1 << 30,
+        inputs: InputSource | None = None,
+        metrics: Metrics | None = None,
+        spec: SandboxSpec | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.provider = provider
+        self.registry = registry
+        self.store = store
+        self.mode = mode
+        self.budgets = budgets or Budgets()
+        self.checkpoint_max_bytes = checkpoint_max_bytes
+        self.inputs = inputs
+        self.metrics = metrics or Metrics()
+        self.spec = spec or SandboxSpec()
+        self._now = wall_clock
+        self.lock_ttl_ms = lock_ttl_ms(
+            launch_s=self.budgets.launch_s,
+            health_s=self.budgets.health_s,
+            execute_s=self.budgets.execute_s,
+            checkpoint_s=self.budgets.checkpoint_s,
+        )
+        self._handles: dict[str, SandboxHandle] = {}
+
+    # -- entry point ----------------------------------------------------------
+
+    async def execute(
+        self, request: ExecuteRequest, identity: Identity, *, hint: str | None = None
+    ) -> ExecuteResult:
+        """Run ``request`` for ``identity``; ``hint`` names a runtime session."""
+        if self.mode == "stateless":
+            return await self._stateless(request)
+        if hint is None:
+            if self.mode == "strict":
+                raise SessionRequiredError("strict runtime-session mode needs a session hint")
+            self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
+            return await self._stateless(request)
+        session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
+        return await self.execute_in_session(request, session_id)
+
+    # -- stateless ------------------------------------------------------------
+
+    async def _stateless(self, request: ExecuteRequest) -> ExecuteResult:
+        handle = await self._launch(self.spec)
+        try:
+            await self._deliver_inputs(handle, request, session_id=None)
+            result = await handle.runner.execute(request, timeout_s=self._turn_timeout(request))
+        finally:
+            await asyncio.shield(self._discard(handle))
+        self.metrics.inc("sandcell_executions_total", status=str(result.status))
+        return result
+
+    # -- sessions -------------------------------------------------------------
+
+    async def execute_in_session(self, request: ExecuteRequest, session_id: str) -> ExecuteResult:
+        """The session path for an already-derived ``rt_…`` id."""
+        try:
+            async with hold_session(self.registry, session_id, ttl_ms=self.lock_ttl_ms) as lease:
+                return await self._turn(request, session_id, lease)
+        except SessionBusyError:
+            self.metrics.inc("sandcell_lock_contention_total")
+            raise
+
+    async def _turn(self, request: ExecuteRequest, session_id: str, lease: Lease) -> ExecuteResult:
+        record = await self.registry.get(session_id)
+        handle = await self._reuse(session_id, record)
+        launched = False
+        if handle is None:
+            handle, record = await self._launch_for_session(session_id, record, lease)
+            launched = True
+        assert record is not None
+        try:
+            if launched:
+                await self._restore(handle, session_id, record)
+            await self._deliver_inputs(handle, request, session_id=session_id)
+            result = await handle.runner.execute(
+                request, session_id=session_id, timeout_s=self._turn_timeout(request)
+            )
+        except (LockLostError, asyncio.CancelledError):
+            # The job may still be running (closing a socket does not stop it):
+            # recycle the sandbox instead of reusing one that may be dirty.
+            await asyncio.shield(self._recycle(session_id, handle, lease, record))
+            raise
+        except SandboxUnavailableError:
+            await asyncio.shield(self._recycle(session_id, handle, lease, record))
+            raise
+        self.metrics.inc("sandcell_executions_total", status=str(result.status))
+        record = await self._checkpoint(handle, session_id, lease, record, result)
+        await self.registry.touch(session_id, at_s=self._now())
+        return result
+
+    async def _reuse(self, session_id: str, record: SessionRecord | None) -> SandboxHandle | None:
+        """The session's live sandbox, or None (an unreachable one is destroyed)."""
+        if record is None or record.state != "active" or record.provider != self.provider.name:
+            return None
+        handle = self._handles.get(session_id)
+        if handle is None or handle.sandbox_id != record.sandbox_id:
+            try:
+                handle = rebind(await self.provider.connect(record.sandbox_id), session_id)
+            except (SandboxNotFoundError, SandboxUnavailableError):
+                handle = None
+        if handle is not None:
+            try:
+                health = await handle.runner.health()
+            except SandboxError:
+                health = None
+            if (
+                health is not None
+                and health.status == "ok"
+                and health.session_id in (None, session_id)
+            ):
+                self._handles[session_id] = handle
+                return handle
+        log.warning(
+            "session %s: sandbox %s unreachable; relaunching", session_id[:11], record.sandbox_id
+        )
+        self.metrics.inc("sandcell_fallbacks_total", reason="sandbox_lost")
+        self._handles.pop(session_id, None)
+        if handle is not None:
+            await handle.close()
+        await self.provider.destroy(record.sandbox_id)
+        return None
+
+    async def _launch_for_session(
+        self, session_id: str, previous: SessionRecord | None, lease: Lease
+    ) -> tuple[SandboxHandle, SessionRecord]:
+        generation = await self.registry.next_generation(session_id)
+        spec = dataclasses.replace(
+            self.spec, labels={**self.spec.labels, SESSION_LABEL: session_id}
+        )
+        handle = rebind(await self._launch(spec), session_id)
+        now = self._now()
+        record = SessionRecord(
+            session_id=session_id,
+            provider=self.provider.name,
+            sandbox_id=handle.sandbox_id,
+            sandbox_uuid=str(uuid.uuid4()),
+            endpoint=handle.endpoint,
+            generation=generation,
+            checkpoint_key=previous.checkpoint_key if previous else None,
+            state="active",
+            created_at_s=previous.created_at_s if previous else now,
+            updated_at_s=now,
+        )
+        try:
+            await self.registry.put(lease, record)
+        except BaseException:
+            # Fenced (or the registry failed): never leave an orphan behind.
+            await asyncio.shield(self._discard(handle))
+            raise
+        self._handles[session_id] = handle
+        return handle, record
+
+    async def _restore(self, handle: SandboxHandle, session_id: str, record: SessionRecord) -> None:
+        """Restore before the first execute; never let the turn run on an empty workspace."""
+        key = checkpoint_key(session_id)
+        try:
+            if record.checkpoint_key is None and not await self.store.exists(key):
+                return
+            async with self.store.get(key, max_bytes=self.checkpoint_max_bytes) as snapshot:
+                await handle.runner.restore(
+                    snapshot.chunks,
+                    session_id=session_id,
+                    sha256=snapshot.info.sha256,
+                    timeout_s=self.budgets.checkpoint_s,
+                )
+        except SnapshotNotFoundError:
+            if record.checkpoint_key is None:
+                return
+            self.metrics.inc("sandcell_restores_total", outcome="missing")
+            await self._drop(session_id, handle)
+            raise CheckpointError(f"session {session_id[:11]}: its checkpoint is missing") from None
+        except ArchiveRejectedError:
+            self.metrics.inc("sandcell_restores_total", outcome="rejected")
+            await self._drop(session_id, handle)
+            raise
+        except (CheckpointError, SandboxError) as exc:
+            self.metrics.inc("sandcell_restores_total", outcome="failed")
+            await self._drop(session_id, handle)
+            raise SandboxUnavailableError(
+                f"restore failed ({type(exc).__name__}); the turn did not run, retry"
+            ) from exc
+        self.metrics.inc("sandcell_restores_total", outcome="ok")
+
+    async def _checkpoint(
+        self,
+        handle: SandboxHandle,
+        session_id: str,
+        lease: Lease,
+        record: SessionRecord,
+        result: ExecuteResult,
+    ) -> SessionRecord:
+        """Best-effort: a failure is logged and counted; the previous checkpoint stays."""
+        if result.workspace_changed is False and record.checkpoint_key is not None:
+            self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
+            return record
+        key = checkpoint_key(session_id)
+        try:
+            current = await self.registry.current_generation(session_id)
+            if current != record.generation:
+                raise FencedError(
+                    "a newer launch owns this session",
+                    generation=record.generation,
+                    current_generation=current,
+                )
+            async with asyncio.timeout(self.budgets.checkpoint_s):
+                async with handle.runner.checkpoint(session_id=session_id) as chunks:
+                    info = await self.store.put(key, chunks, max_bytes=self.checkpoint_max_bytes)
+        except LockLostError:
+            raise
+        except (CheckpointError, SandboxError, TimeoutError) as exc:
+            self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
+            log.warning(
+                "session %s: checkpoint failed (%s); keeping the previous one",
+                session_id[:11],
+                type(exc).__name__,
+            )
+            return record
+        self.metrics.inc("sandcell_checkpoints_total", outcome="ok")
+        self.metrics.inc("sandcell_checkpoint_bytes_total", info.size)
+        updated = msgspec.structs.replace(record, checkpoint_key=key, updated_at_s=self._now())
+        await self.registry.put(lease, updated)
+        return updated
+
+    async def _deliver_inputs(
+        self, handle: SandboxHandle, request: ExecuteRequest, *, session_id: str | None
+    ) -> None:
+        """Probe the runner's input cache and push only the objects it lacks."""
+        if not request.files:
+            return
+        missing = await handle.runner.probe_inputs(request.files, session_id=session_id)
+        if not missing:
+            return
+        if self.inputs is None:
+            return  # the runner reports input_missing naming the ref
+        payloads: dict[tuple[str, str], InputPayload] = {}
+        for ref in missing:
+            key = (ref.storage_session, ref.object_id)
+            if key not in payloads:
+                payloads[key] = InputPayload(
+                    storage_session=ref.storage_session,
+                    object_id=ref.object_id,
+                    data=await self.inputs.read(ref),
+                    read_only=ref.read_only,
+                )
+        await handle.runner.push_inputs(list(payloads.values()), session_id=session_id)
+
+    # -- lifecycle helpers ------------------------------------------------------
+
+    async def _launch(self, spec: SandboxSpec) -> SandboxHandle:
+        try:
+            async with asyncio.timeout(self.budgets.launch_s + self.budgets.health_s):
+                handle = await self.provider.create(spec)
+        except TimeoutError:
+            self.metrics.inc("sandcell_launches_total", outcome="timeout")
+            raise SandboxUnavailableError("sandbox launch timed out") from None
+        except SandboxError:
+            self.metrics.inc("sandcell_launches_total", outcome="failed")
+            raise
+        self.metrics.inc("sandcell_launches_total", outcome="ok")
+        return handle
+
+    async def _discard(self, handle: SandboxHandle) -> None:
+        with contextlib.suppress(Exception):
+            await handle.close()
+        try:
+            await self.provider.destroy(handle.sandbox_id)
+        except SandboxError as exc:
+            log.warning("destroy of %s failed: %s", handle.sandbox_id, exc)
+
+    async def _drop(self, session_id: str, handle: SandboxHandle) -> None:
+        """Destroy a fresh sandbox whose restore failed and forget it (record kept)."""
+        self._handles.pop(session_id, None)
+        await asyncio.shield(self._discard(handle))
+
+    async def _recycle(
+        self, session_id: str, handle: SandboxHandle, lease: Lease, record: SessionRecord
+    ) -> None:
+        self.metrics.inc("sandcell_fallbacks_total", reason="recycled")
+        self._handles.pop(session_id, None)
+        await self._discard(handle)
+        with contextlib.suppress(Exception):
+            await self.registry.put(
+                lease, msgspec.structs.replace(record, state="suspended", updated_at_s=self._now())
+            )
+
+    def _turn_timeout(self, request: ExecuteRequest) -> float:
+        return request.timeout_ms / 1000 + self.budgets.health_s
+
+    # -- sessions admin -------------------------------------------------------------
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        return await self.registry.list_records()
+
+    async def destroy_session(self, session_id: str) -> bool:
+        """Destroy the session's sandbox, delete its checkpoint and record."""
+        async with hold_session(self.registry, session_id, ttl_ms=self.lock_ttl_ms) as lease:
+            record = await self.registry.get(session_id)
+            handle = self._handles.pop(session_id, None)
+            if handle is not None:
+                await handle.close()
+            if record is not None and record.state == "active":
+                await self.provider.destroy(record.sandbox_id)
+            await self.store.delete(checkpoint_key(session_id))
+            if record is None:
+                return False
+            await self.registry.delete(lease, session_id, generation=record.generation)
+            return True
+
+    async def suspend_session(self, session_id: str) -> bool:
+        """Suspend an idle session: its checkpoint is current, so the sandbox can go."""
+        async with hold_session(self.registry, session_id, ttl_ms=self.lock_ttl_ms) as lease:
+            record = await self.registry.get(session_id)
+            if record is None or record.state != "active":
+                return False
+            handle = self._handles.pop(session_id, None)
+            if handle is not None:
+                await handle.close()
+            if self.provider.capabilities.pause_resume:
+                try:
+                    connected = await self.provider.connect(record.sandbox_id)
+                except SandboxNotFoundError:
+                    connected = None
+                if connected is not None:
+                    await self.provider.persist(connected, PersistentWorkspace(), key="")
+                    await connected.close()
+                    # A natively suspended sandbox resumes on traffic: keep it active.
+                    return True
+            await self.provider.destroy(record.sandbox_id)
+            await self.registry.put(
+                lease, msgspec.structs.replace(record, state="suspended", updated_at_s=self._now())
+            )
+            return True
+
+    async def sweep_idle(self, *, idle_s: float) -> int:
+        """Suspend sessions idle past ``idle_s``; clean rows whose sandbox is gone."""
+        count = 0
+        for session_id in await self.registry.idle_sessions(older_than_s=idle_s, now_s=self._now()):
+            try:
+                if await self.suspend_session(session_id):
+                    count += 1
+                    self.metrics.inc("sandcell_idle_suspends_total")
+            except (SessionBusyError, SandboxError) as exc:
+                log.info("idle sweep skipped %s: %s", session_id[:11], type(exc).__name__)
+        return count
+
+    async def aclose(self, *, destroy_sandboxes: bool) -> None:
+        """Close clients; with ``destroy_sandboxes`` also destroy every active sandbox.
+
+        The embedded (in-process) registry dies with this process, so its sandboxes
+        must go too; their checkpoints stay in the snapshot store.
+        """
+        handles, self._handles = self._handles, {}
+        for handle in handles.values():
+            with contextlib.suppress(Exception):
+                await handle.close()
+        if destroy_sandboxes:
+            for record in await self.registry.list_records():
+                if record.state == "active" and record.provider == self.provider.name:
+                    with contextlib.suppress(SandboxError):
+                        await self.provider.destroy(record.sandbox_id)

@@ -1,0 +1,365 @@
+"""The local provider (the embedded default): each sandbox is a ``sandcell-runner`` process.
+
+A runner listens on loopback with a random port and a random per-sandbox token,
+keeps its own workspace root and input cache, and has sessions enabled. Its
+process group is killed by ``destroy``. Each runner's facts (pid, port, token)
+sit in a 0600 ``sandbox.json`` so ``connect`` works from another orchestrator
+process (each ``sandcell exec`` is one). Runners get ``PR_SET_PDEATHSIG=SIGTERM``:
+an orchestrator that dies takes its runners with it, gracefully enough for them
+to unmount their workspaces.
+
+``pause_resume`` is False: ``persist`` pulls a checkpoint into the snapshot store
+(the manager then destroys the process) and ``resume`` starts a new runner and
+restores into it. An optional warm pool of pre-started runners hides the Python
+start-up from ``create``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from ..errors import ConfigError, SandboxNotFoundError, SandboxUnavailableError
+from ..handle import SandboxHandle
+from ..provider import (
+    NativeSnapshot,
+    ObjectSnapshot,
+    PersistentWorkspace,
+    SandboxCapabilities,
+    SandboxSpec,
+    SnapshotRef,
+)
+from ..runner_client import RunnerClient
+from ..snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+SESSION_LABEL = "sandcell.session_id"
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def default_runtime_dir() -> Path:
+    """Runner roots must be traversable by job UIDs: not under a 0700 home."""
+    if os.geteuid() == 0:
+        return Path("/var/lib/sandcell/sandboxes")
+    return Path(f"/tmp/sandcell-{os.getuid()}/sandboxes")  # noqa: S108
+
+
+def sandbox_session_id(sandbox_id: str) -> str:
+    """The runtime-session id a sandbox's runner binds to when no caller names one."""
+    return "rt_" + hashlib.sha256(b"sandbox\x00" + sandbox_id.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSettings:
+    """How local runners are started."""
+
+    runtime_dir: Path = field(default_factory=default_runtime_dir)
+    pool_size: int = 0
+    ready_timeout_s: float = 30.0
+    checkpoint_max_bytes: int = 1 << 30
+    runner_env: Mapping[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], *, pool_size: int, checkpoint_max_bytes: int
+    ) -> LocalSettings:
+        raw = env.get("SANDCELL_LOCAL_RUNTIME_DIR")
+        runtime_dir = Path(raw) if raw else default_runtime_dir()
+        if not runtime_dir.is_absolute():
+            raise ConfigError("SANDCELL_LOCAL_RUNTIME_DIR must be an absolute path")
+        # Runner limits and jail settings pass through unchanged.
+        passthrough = {
+            key: value
+            for key, value in env.items()
+            if key.startswith("SANDCELL_RUNNER_")
+            and key not in ("SANDCELL_RUNNER_TOKEN", "SANDCELL_RUNNER_PORT", "SANDCELL_RUNNER_HOST")
+        }
+        for key in ("SANDCELL_NSJAIL", "SANDCELL_ENV", "SANDCELL_FILE_SERVER_URL", "PATH"):
+            if key in env:
+                passthrough[key] = env[key]
+        return cls(
+            runtime_dir=runtime_dir,
+            pool_size=pool_size,
+            checkpoint_max_bytes=checkpoint_max_bytes,
+            runner_env=passthrough,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Runner:
+    sandbox_id: str
+    pid: int
+    port: int
+    token: str = field(repr=False)
+    root: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class LocalProvider:
+    """Sandboxes as local runner processes."""
+
+    name = "local"
+    capabilities = SandboxCapabilities(pause_resume=False)
+
+    def __init__(self, settings: LocalSettings, *, store: SnapshotStore) -> None:
+        self._settings = settings
+        self._store = store
+        self._pool: list[_Runner] = []
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._fill: asyncio.Task[None] | None = None
+        self._closed = False
+        settings.runtime_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (settings.runtime_dir, *settings.runtime_dir.parents):
+            if directory == Path("/"):
+                break
+            if not os.stat(directory).st_mode & 0o001 and os.geteuid() == 0:
+                os.chmod(directory, os.stat(directory).st_mode | 0o001)
+
+    # -- launching ------------------------------------------------------------
+
+    async def _launch(self) -> _Runner:
+        sandbox_id = "local-" + secrets.token_hex(8)
+        root = self._settings.runtime_dir / sandbox_id
+        await asyncio.to_thread(root.mkdir, 0o711)
+        token = secrets.token_urlsafe(32)
+        for _ in range(3):
+            port = _free_port()
+            env = {
+                **self._settings.runner_env,
+                "SANDCELL_RUNNER_TOKEN": token,
+                "SANDCELL_RUNNER_HOST": "127.0.0.1",
+                "SANDCELL_RUNNER_PORT": str(port),
+                "SANDCELL_WORKSPACE_ROOT": str(root / "workspaces"),
+                "SANDCELL_INPUT_CACHE_DIR": str(root / "input-cache"),
+                "SANDCELL_RUNNER_SESSIONS": "1",
+            }
+            env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+            process = self._spawn(env, root)
+            runner = _Runner(sandbox_id, process.pid, port, token, root)
+            client = RunnerClient(runner.url, token=token)
+            try:
+                await client.wait_ready(timeout_s=self._settings.ready_timeout_s)
+            except SandboxUnavailableError:
+                await asyncio.sleep(0.2)
+                exited = process.poll() is not None
+                await self._kill(runner)
+                if exited and "address already in use" in _tail(root / "runner.log"):
+                    continue  # lost a race for the port: try another
+                raise SandboxUnavailableError(
+                    f"local runner did not become ready: {_tail(root / 'runner.log')[-300:]}"
+                ) from None
+            finally:
+                await client.close()
+            await asyncio.to_thread(_write_state, runner)
+            self._processes[sandbox_id] = process
+            return runner
+        raise SandboxUnavailableError("local runner could not bind a port")
+
+    def _spawn(self, env: dict[str, str], root: Path) -> subprocess.Popen[bytes]:
+        # Forked from the event loop's thread on purpose: PR_SET_PDEATHSIG follows the
+        # forking *thread*, and worker threads come and go. The fork costs ~1 ms.
+        with (root / "runner.log").open("ab") as log_file:
+            return subprocess.Popen(
+                [self._settings.python, "-m", "sandcell_runner"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def _handle(self, runner: _Runner, session_id: str | None) -> SandboxHandle:
+        return SandboxHandle(
+            sandbox_id=runner.sandbox_id,
+            provider=self.name,
+            runner=RunnerClient(runner.url, token=runner.token),
+            session_id=session_id or sandbox_session_id(runner.sandbox_id),
+            endpoint=runner.url,
+        )
+
+    async def _refill(self) -> None:
+        while not self._closed and len(self._pool) < self._settings.pool_size:
+            try:
+                self._pool.append(await self._launch())
+            except SandboxUnavailableError as exc:
+                log.warning("warm pool refill failed: %s", exc)
+                return
+
+    def _schedule_refill(self) -> None:
+        if self._settings.pool_size and (self._fill is None or self._fill.done()):
+            self._fill = asyncio.create_task(self._refill(), name="sandcell-local-pool")
+
+    async def start_pool(self) -> None:
+        """Fill the warm pool now (``create`` also refills it in the background)."""
+        await self._refill()
+
+    # -- SandboxProvider ----------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        runner = self._pool.pop(0) if self._pool else await self._launch()
+        self._schedule_refill()
+        return self._handle(runner, spec.labels.get(SESSION_LABEL))
+
+    async def connect(self, sandbox_id: str) -> SandboxHandle:
+        runner = await asyncio.to_thread(self._read_state, sandbox_id)
+        if runner is None or not _alive(runner):
+            raise SandboxNotFoundError(f"local sandbox {sandbox_id} is gone")
+        return self._handle(runner, None)
+
+    async def destroy(self, sandbox_id: str) -> None:
+        runner = await asyncio.to_thread(self._read_state, sandbox_id)
+        if runner is not None:
+            await self._kill(runner)
+        await self._reap(sandbox_id)
+        root = self._root(sandbox_id)
+        if root is not None:
+            await asyncio.to_thread(_remove_root, root)
+
+    async def persist(
+        self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
+    ) -> SnapshotRef:
+        session_id = handle.session_id or sandbox_session_id(handle.sandbox_id)
+        async with handle.runner.checkpoint(session_id=session_id) as chunks:
+            info = await self._store.put(key, chunks, max_bytes=self._settings.checkpoint_max_bytes)
+        return ObjectSnapshot(key=info.key, sha256=info.sha256, size=info.size)
+
+    async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
+        if isinstance(ref, NativeSnapshot):
+            raise SandboxNotFoundError("the local provider has no native snapshots")
+        handle = await self.create(spec)
+        try:
+            async with self._store.get(
+                ref.key, max_bytes=self._settings.checkpoint_max_bytes
+            ) as snap:
+                await handle.runner.restore(
+                    snap.chunks, session_id=handle.session_id or "", sha256=snap.info.sha256
+                )
+        except BaseException:
+            await handle.close()
+            await self.destroy(handle.sandbox_id)
+            raise
+        return handle
+
+    async def delete_snapshot(self, ref: SnapshotRef) -> None:
+        if isinstance(ref, ObjectSnapshot):
+            await self._store.delete(ref.key)
+
+    async def close(self) -> None:
+        """Stop refilling and destroy pooled (never handed out) runners."""
+        self._closed = True
+        if self._fill is not None:
+            self._fill.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._fill
+        pooled, self._pool = self._pool, []
+        for runner in pooled:
+            await self.destroy(runner.sandbox_id)
+
+    # -- state ----------------------------------------------------------------
+
+    def _root(self, sandbox_id: str) -> Path | None:
+        if not sandbox_id.startswith("local-") or not sandbox_id[6:].isalnum():
+            return None
+        return self._settings.runtime_dir / sandbox_id
+
+    def _read_state(self, sandbox_id: str) -> _Runner | None:
+        root = self._root(sandbox_id)
+        if root is None:
+            return None
+        try:
+            data = json.loads((root / "sandbox.json").read_text())
+            return _Runner(
+                sandbox_id, int(data["pid"]), int(data["port"]), str(data["token"]), root
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    async def _kill(self, runner: _Runner) -> None:
+        if not _alive(runner):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(runner.pid, signal.SIGTERM)
+        for _ in range(100):
+            if not _alive(runner):
+                return
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(runner.pid, signal.SIGKILL)
+
+    async def _reap(self, sandbox_id: str) -> None:
+        process = self._processes.pop(sandbox_id, None)
+        if process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(process.wait, 10)
+
+
+def _die_with_parent() -> None:
+    _libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _alive(runner: _Runner) -> bool:
+    try:
+        process = psutil.Process(runner.pid)
+        return process.status() != psutil.STATUS_ZOMBIE and "sandcell_runner" in " ".join(
+            process.cmdline()
+        )
+    except psutil.Error:
+        return False
+
+
+def _write_state(runner: _Runner) -> None:
+    path = runner.root / "sandbox.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump({"pid": runner.pid, "port": runner.port, "token": runner.token}, out)
+
+
+def _remove_root(root: Path) -> None:
+    """Detach mounts a killed runner left (its tmpfs workspaces), then delete the tree."""
+    prefix = str(root.resolve()) + "/"
+    points = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
+        for line in info:
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(prefix):
+                points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        _libc.umount2(point.encode(), 2)  # MNT_DETACH
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-2000:]
+    except OSError:
+        return ""
