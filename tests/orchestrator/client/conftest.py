@@ -29,6 +29,7 @@ from sandcell_protocol import (
     error_body,
     routes,
 )
+from sandcell_protocol.messages import HealthStatus
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, start_runner
 
@@ -111,13 +112,16 @@ class FakeRunner:
     """Answers ``/health`` with ``protocol`` and every other route with ``handler``."""
 
     protocol: str = PROTOCOL_VERSION
+    status: HealthStatus = "ok"
     handler: Handler = field(default=lambda request: json_response(result()))
     requests: list[httpx.Request] = field(default_factory=list)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         if request.url.path == routes.HEALTH:
-            return json_response(Health(status="ok", protocol=self.protocol, runner_version="0"))
+            return json_response(
+                Health(status=self.status, protocol=self.protocol, runner_version="0")
+            )
         return self.handler(request)
 
     def client(self, **kwargs: object) -> RunnerClient:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import time
 
 import httpx
@@ -16,21 +18,23 @@ from sandcell_orchestrator.errors import (
     SandboxTimeoutError,
     SandboxUnavailableError,
 )
-from sandcell_orchestrator.runner_client import RunnerClient
+from sandcell_orchestrator.runner_client import InputPayload, RunnerClient
 from sandcell_protocol import (
     PROTOCOL_VERSION,
     ExecuteRequest,
+    InputUploadResult,
     ResultEvent,
     RunStatus,
     StderrEvent,
     StdoutEvent,
     headers,
+    input_cache_key,
     routes,
     runtime_session_id,
 )
 from tests.fixtures.runner_process import RunnerProcess, free_port
 
-from .conftest import TOKEN, FakeRunner, StartRunner, json_response
+from .conftest import TOKEN, FakeRunner, StartRunner, json_response, result
 
 SESSION = runtime_session_id("ns", "user", "hint")
 
@@ -273,3 +277,62 @@ async def test_repr_shows_the_base_url_only_and_close_is_idempotent() -> None:
     assert repr(client) == "RunnerClient(base_url='http://127.0.0.1:9/')"
     await client.close()
     await client.close()
+
+
+async def test_wait_ready_gives_up_at_once_on_a_quarantined_runner() -> None:
+    """Quarantine never heals: no point polling until the deadline."""
+    fake = FakeRunner(status="quarantined")
+    async with fake.client() as client:
+        with pytest.raises(SandboxUnavailableError, match="quarantined"):
+            await client.wait_ready(timeout_s=30)
+    assert len(fake.requests) == 1
+
+
+async def test_wait_ready_keeps_polling_a_starting_runner() -> None:
+    """'starting' is not ready: polled until the deadline, then unavailable."""
+    fake = FakeRunner(status="starting")
+    async with fake.client() as client:
+        with pytest.raises(SandboxUnavailableError, match="status starting"):
+            await client.wait_ready(timeout_s=0.3, interval_s=0.05)
+    assert len(fake.requests) > 1
+
+
+async def test_a_stream_request_answered_with_plain_json_still_yields_one_result() -> None:
+    """A peer that ignored Accept: application/x-ndjson answered one ExecuteResult."""
+    fake = FakeRunner(handler=lambda request: json_response(result(stdout="plain")))
+    async with fake.client() as client:
+        events = client.execute_stream(ExecuteRequest(language="bash", code="true"))
+        async with contextlib.aclosing(events):
+            seen = [event async for event in events]
+    assert len(seen) == 1
+    assert isinstance(seen[0], ResultEvent)
+    assert seen[0].result.stdout == "plain"
+    assert fake.requests[-1].headers["Accept"] == routes.NDJSON
+
+
+async def test_a_checkpoint_of_unknown_type_is_refused() -> None:
+    """Only gzip or zstd archives are checkpoints; anything else is not stored."""
+    fake = FakeRunner(handler=lambda request: httpx.Response(200, content=b"<html>"))
+    async with fake.client() as client:
+        with pytest.raises(SandboxUnavailableError, match="not a checkpoint"):
+            async with client.checkpoint(session_id=SESSION):
+                pass
+    assert fake.requests[-1].headers["Accept-Encoding"] == "zstd"
+
+
+async def test_push_inputs_sends_the_manifest_first_and_files_named_by_cache_key() -> None:
+    """The multipart body follows the runner's wire shape; duplicates are sent once."""
+    key = input_cache_key("s", "o")
+    fake = FakeRunner(handler=lambda request: json_response(InputUploadResult(stored=[key])))
+    payload = InputPayload(storage_session="s", object_id="o", data=b"bytes", read_only=True)
+    async with fake.client() as client:
+        assert await client.push_inputs([payload, payload]) == [key]
+    body = fake.requests[-1].content
+    manifest_at = body.index(b'name="manifest"')
+    file_at = body.index(f'filename="{key}"'.encode())
+    assert manifest_at < file_at
+    assert body.count(b"filename=") == 1
+    digest = hashlib.sha256(b"bytes").hexdigest()
+    expected = {"objects": {key: {"size": 5, "sha256": digest, "read_only": True}}}
+    manifest_json = body[manifest_at:].split(b"\r\n\r\n", 1)[1].split(b"\r\n--", 1)[0]
+    assert json.loads(manifest_json) == expected

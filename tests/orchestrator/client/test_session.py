@@ -9,6 +9,7 @@ import pytest
 
 from sandcell_orchestrator.errors import (
     ArchiveRejectedError,
+    CheckpointError,
     RunnerRequestError,
     SessionBusyError,
     SessionConflictError,
@@ -220,3 +221,24 @@ async def test_concurrent_executes_in_one_session_get_busy(runner_factory: Start
             await client.execute(ExecuteRequest(language="bash", code="true"), session_id=SESSION)
         assert caught.value.retryable
         assert (await slow).exit_code == 0
+
+
+async def test_a_failing_restore_source_surfaces_its_own_error(
+    handle: SandboxHandle, runner_factory: StartRunner
+) -> None:
+    """A snapshot download that breaks mid-restore raises its own error (not masked as a
+    transport failure), and the target keeps its workspace."""
+    await handle.files.write("f.txt", "from A")
+    async with handle.runner.checkpoint(session_id=SESSION) as stream:
+        chunks = [chunk async for chunk in stream]
+
+    async def broken() -> AsyncIterator[bytes]:
+        yield chunks[0][: len(chunks[0]) // 2]
+        raise CheckpointError("snapshot store went away")
+
+    second = runner_factory()
+    async with RunnerClient(second.url, token=second.token) as client_b:
+        await client_b.write_file("kept.txt", b"B's own", session_id=SESSION)
+        with pytest.raises(CheckpointError, match="went away"):
+            await client_b.restore(broken(), session_id=SESSION)
+        assert await client_b.read_file("kept.txt", session_id=SESSION) == b"B's own"

@@ -30,7 +30,15 @@ from .errors import (
 from .runner_client import RunnerClient
 from .runner_errors import Redactor
 
-__all__ = ["CommandResult", "Commands", "Files", "Git", "SandboxHandle"]
+__all__ = [
+    "CommandResult",
+    "Commands",
+    "Files",
+    "Git",
+    "SandboxHandle",
+    "validate_branch",
+    "validate_remote_url",
+]
 
 _COMMAND_MARGIN_S = 10.0
 _ERROR_TAIL_CHARS = 400
@@ -218,7 +226,6 @@ class Git:
         path: str = ".",
         auth_header: str | None = None,
         env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
         timeout_s: float = 300,
     ) -> str:
         config = list(_GIT_HARDENING)
@@ -238,9 +245,7 @@ class Git:
             git_env[f"GIT_CONFIG_VALUE_{index}"] = value
         argv = ["git", "-C", _workspace_path(path, allow_root=True), *args]
         try:
-            result = await self._commands.run(
-                shlex.join(argv), cwd=cwd, env=git_env, timeout_s=timeout_s
-            )
+            result = await self._commands.run(shlex.join(argv), env=git_env, timeout_s=timeout_s)
         except SandboxCommandError as exc:
             raise SandboxCommandError(
                 redact(str(exc)),

@@ -20,7 +20,6 @@ import re
 import time
 import uuid
 from collections.abc import (
-    AsyncGenerator,
     AsyncIterable,
     AsyncIterator,
     Callable,
@@ -69,9 +68,15 @@ from .errors import (
     ConfigError,
     ProtocolMismatchError,
     RunnerRequestError,
+    SandboxTimeoutError,
     SandboxUnavailableError,
 )
-from .runner_errors import Redactor, error_from_response, map_transport_errors
+from .runner_errors import (
+    HeaderGuard,
+    Redactor,
+    error_from_response,
+    map_transport_errors,
+)
 
 __all__ = ["CheckpointEncoding", "CheckpointStream", "InputPayload", "RunnerClient"]
 
@@ -156,39 +161,6 @@ class CheckpointStream:
         return chunk
 
 
-# h11's field-value grammar: visible characters, inner spaces and tabs only.
-_FIELD_VALUE_RE = re.compile(rb"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?")
-
-
-class _HeaderGuard(httpx.Auth):
-    """Runs the caller's auth, then refuses header values HTTP cannot carry.
-
-    h11 would refuse them too, but its error quotes the value and httpcore logs
-    that error at DEBUG: a credential with a stray newline would end up in a log.
-    """
-
-    def __init__(self, inner: httpx.Auth | None) -> None:
-        self._inner = inner or httpx.Auth()
-
-    async def async_auth_flow(
-        self, request: httpx.Request
-    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        flow = self._inner.async_auth_flow(request)
-        outgoing = await anext(flow)
-        while True:
-            for name, value in outgoing.headers.raw:
-                if not _FIELD_VALUE_RE.fullmatch(value):
-                    raise ConfigError(
-                        f"request header {name.decode('ascii', 'replace')[:64]!r}:"
-                        " the value is not a legal HTTP field value (not shown)"
-                    )
-            response = yield outgoing
-            try:
-                outgoing = await flow.asend(response)
-            except StopAsyncIteration:
-                return
-
-
 def _new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -242,7 +214,7 @@ class RunnerClient:
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             transport=transport,
-            auth=_HeaderGuard(auth),
+            auth=HeaderGuard(auth),
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             headers={headers.PROTOCOL: PROTOCOL_VERSION},
             follow_redirects=False,
@@ -393,7 +365,7 @@ class RunnerClient:
                 )
             try:
                 health = await self._fetch_health(timeout_s=max(min(remaining, 2.0), 0.01))
-            except SandboxUnavailableError as exc:
+            except (SandboxUnavailableError, SandboxTimeoutError) as exc:
                 last = str(exc)
             else:
                 if health.status == "ok":

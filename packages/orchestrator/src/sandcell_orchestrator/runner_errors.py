@@ -5,15 +5,16 @@ Two maps, each total over what it translates (tests assert both):
 ``ERROR_CODE_MAP``      every ``sandcell_protocol.ErrorCode`` → one ``SandcellError`` class
 ``TRANSPORT_ERROR_MAP`` httpx's ``RequestError`` tree → one ``SandboxError`` class
 
-and a ``Redactor`` that scrubs secret values from any text before it becomes part
-of an exception message.
+and the secret hygiene at the same boundary: a ``Redactor`` that scrubs secret
+values from any text before it becomes part of an exception message, and a
+``HeaderGuard`` that keeps an unsendable credential out of httpcore's own logs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
 from types import MappingProxyType
 
 import httpx
@@ -23,6 +24,7 @@ from sandcell_protocol import ErrorBody, ErrorCode, ProtocolError, decode, heade
 
 from .errors import (
     ArchiveRejectedError,
+    ConfigError,
     InputMissingError,
     ProtocolMismatchError,
     RunnerRequestError,
@@ -38,6 +40,7 @@ from .errors import (
 __all__ = [
     "ERROR_CODE_MAP",
     "TRANSPORT_ERROR_MAP",
+    "HeaderGuard",
     "Redactor",
     "error_from_response",
     "map_transport_errors",
@@ -137,6 +140,39 @@ class Redactor:
         if self._pattern is None:
             return text
         return self._pattern.sub(REDACTED, text)
+
+
+# h11's field-value grammar: visible characters, inner spaces and tabs only.
+_FIELD_VALUE_RE = re.compile(rb"(?:[\x21-\x7e\x80-\xff]+(?:[ \t]+[\x21-\x7e\x80-\xff]+)*)?")
+
+
+class HeaderGuard(httpx.Auth):
+    """Runs the caller's auth, then refuses header values HTTP cannot carry.
+
+    h11 would refuse them too, but its error quotes the value and httpcore logs
+    that error at DEBUG: a credential with a stray newline would end up in a log.
+    """
+
+    def __init__(self, inner: httpx.Auth | None) -> None:
+        self._inner = inner or httpx.Auth()
+
+    async def async_auth_flow(
+        self, request: httpx.Request
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        flow = self._inner.async_auth_flow(request)
+        outgoing = await anext(flow)
+        while True:
+            for name, value in outgoing.headers.raw:
+                if not _FIELD_VALUE_RE.fullmatch(value):
+                    raise ConfigError(
+                        f"request header {name.decode('ascii', 'replace')[:64]!r}:"
+                        " the value is not a legal HTTP field value (not shown)"
+                    )
+            response = yield outgoing
+            try:
+                outgoing = await flow.asend(response)
+            except StopAsyncIteration:
+                return
 
 
 def transport_error_class(exc: httpx.RequestError) -> type[SandboxError]:
