@@ -1,0 +1,1 @@
+"""Sandbox backends, one module per backend; each is imported only when configured."""

@@ -1,0 +1,197 @@
+"""Typed settings of the Lambda MicroVM provider and its start-up policy check.
+
+Read once at the edge (``LambdaMicrovmSettings.from_env(os.environ)``); the
+provider takes the settings object. Constructing one runs the policy check, so
+an invalid configuration cannot exist: every ``ConfigError`` names the variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ..errors import ConfigError
+
+__all__ = ["ENV", "MAX_TOKEN_MINUTES", "LambdaMicrovmSettings"]
+
+T = TypeVar("T")
+
+MAX_TOKEN_MINUTES = 60
+"""``CreateMicrovmAuthToken`` refuses longer lifetimes."""
+_MAX_DURATION_S = 28_800
+"""A MicroVM lives at most 8 hours (``maximumDurationInSeconds``)."""
+_MIN_IDLE_S = 60
+"""``idlePolicy.maxIdleDurationSeconds`` has a minimum of 60 in the service model."""
+_MAX_CONNECTORS = 10
+_MIN_RUNNER_KEY_CHARS = 32
+
+
+class ENV:
+    """The variable names, so messages and the documentation agree."""
+
+    IMAGE = "SANDCELL_MICROVM_IMAGE"
+    IMAGE_VERSION = "SANDCELL_MICROVM_IMAGE_VERSION"
+    ROLE_ARN = "SANDCELL_MICROVM_ROLE_ARN"
+    EGRESS_CONNECTORS = "SANDCELL_MICROVM_EGRESS_CONNECTORS"
+    INGRESS_CONNECTORS = "SANDCELL_MICROVM_INGRESS_CONNECTORS"
+    ENDPOINT_URL = "SANDCELL_MICROVM_ENDPOINT_URL"
+    REGION = "SANDCELL_MICROVM_REGION"
+    TOKEN_MINUTES = "SANDCELL_MICROVM_TOKEN_MINUTES"  # noqa: S105
+    BOOT_TIMEOUT_S = "SANDCELL_MICROVM_BOOT_TIMEOUT_S"
+    MAX_DURATION_S = "SANDCELL_MICROVM_MAX_DURATION_S"
+    RETENTION_S = "SANDCELL_MICROVM_RETENTION_S"
+    TPS = "SANDCELL_MICROVM_TPS"
+    RUNNER_PORT = "SANDCELL_MICROVM_RUNNER_PORT"
+    RUNNER_KEY = "SANDCELL_MICROVM_RUNNER_KEY"
+    POLL_INTERVAL_S = "SANDCELL_MICROVM_POLL_INTERVAL_S"
+    IDLE_TIMEOUT_S = "SANDCELL_IDLE_TIMEOUT_S"
+    REGISTRY_URL = "SANDCELL_REGISTRY_URL"
+    SANDCELL_ENV = "SANDCELL_ENV"
+
+
+@dataclass(frozen=True, slots=True)
+class LambdaMicrovmSettings:
+    """Everything the ``lambda-microvm`` provider is configured with.
+
+    ``runner_key`` derives each VM's runner token (HMAC of a per-launch nonce), so
+    every orchestrator worker sharing the key can talk to every VM; unset outside
+    production, the provider makes a random one and only it can reach its VMs.
+    """
+
+    image: str
+    image_version: str | None = None
+    execution_role_arn: str | None = None
+    egress_connectors: tuple[str, ...] = ()
+    ingress_connectors: tuple[str, ...] = ()
+    endpoint_url: str | None = None
+    region: str | None = None
+    token_minutes: int = MAX_TOKEN_MINUTES
+    boot_timeout_s: float = 120.0
+    max_duration_s: int = _MAX_DURATION_S
+    retention_s: int = 3_600
+    tps: float = 5.0
+    idle_timeout_s: int = 1_800
+    runner_port: int = 8080
+    poll_interval_s: float = 1.0
+    runner_key: str | None = field(default=None, repr=False)
+    # A Redis URL may carry a password.
+    redis_url: str | None = field(default=None, repr=False)
+    production: bool = False
+
+    def __post_init__(self) -> None:
+        _check_policy(self)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> LambdaMicrovmSettings:
+        """Read the ``SANDCELL_MICROVM_*`` variables (and the shared ones it needs)."""
+        read = _Reader(env)
+        registry_url = read.text(ENV.REGISTRY_URL)
+        redis_url = None
+        if registry_url is not None and registry_url.startswith(("redis://", "rediss://")):
+            redis_url = registry_url
+        return cls(
+            image=read.text(ENV.IMAGE) or "",
+            image_version=read.text(ENV.IMAGE_VERSION),
+            execution_role_arn=read.text(ENV.ROLE_ARN),
+            egress_connectors=read.csv(ENV.EGRESS_CONNECTORS),
+            ingress_connectors=read.csv(ENV.INGRESS_CONNECTORS),
+            endpoint_url=read.text(ENV.ENDPOINT_URL),
+            region=read.text(ENV.REGION),
+            token_minutes=read.number(ENV.TOKEN_MINUTES, MAX_TOKEN_MINUTES, int),
+            boot_timeout_s=read.number(ENV.BOOT_TIMEOUT_S, 120.0, float),
+            max_duration_s=read.number(ENV.MAX_DURATION_S, _MAX_DURATION_S, int),
+            retention_s=read.number(ENV.RETENTION_S, 3_600, int),
+            tps=read.number(ENV.TPS, 5.0, float),
+            idle_timeout_s=read.number(ENV.IDLE_TIMEOUT_S, 1_800, int),
+            runner_port=read.number(ENV.RUNNER_PORT, 8080, int),
+            poll_interval_s=read.number(ENV.POLL_INTERVAL_S, 1.0, float),
+            runner_key=read.text(ENV.RUNNER_KEY),
+            redis_url=redis_url,
+            production=(env.get(ENV.SANDCELL_ENV, "").strip().lower() == "production"),
+        )
+
+    @property
+    def token_lifetime_s(self) -> float:
+        """How long a minted proxy token is valid."""
+        return self.token_minutes * 60.0
+
+
+def _check_policy(s: LambdaMicrovmSettings) -> None:
+    """The start-up policy: refuse what would fail later, or run unsafely in production."""
+    if not s.image.strip():
+        raise ConfigError(f"{ENV.IMAGE} is required: the MicroVM image (ARN) to launch")
+    if s.production and not s.image.startswith("arn:"):
+        raise ConfigError(
+            f"{ENV.IMAGE} must be the image ARN under {ENV.SANDCELL_ENV}=production "
+            "(RunMicrovm rejects bare image names)"
+        )
+    if s.production and not s.egress_connectors:
+        raise ConfigError(
+            f"{ENV.EGRESS_CONNECTORS} is required under {ENV.SANDCELL_ENV}=production: "
+            "untrusted code must leave the MicroVM only through a connector you control"
+        )
+    for name, connectors in (
+        (ENV.EGRESS_CONNECTORS, s.egress_connectors),
+        (ENV.INGRESS_CONNECTORS, s.ingress_connectors),
+    ):
+        if len(connectors) > _MAX_CONNECTORS:
+            raise ConfigError(f"{name}: at most {_MAX_CONNECTORS} connector ARNs")
+        if any(not c.startswith("arn:") for c in connectors):
+            raise ConfigError(f"{name}: a comma-separated list of network connector ARNs")
+    if s.execution_role_arn is not None and not s.execution_role_arn.startswith("arn:"):
+        raise ConfigError(f"{ENV.ROLE_ARN}: an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)")
+    if not 1 <= s.token_minutes <= MAX_TOKEN_MINUTES:
+        raise ConfigError(
+            f"{ENV.TOKEN_MINUTES} must be between 1 and {MAX_TOKEN_MINUTES} "
+            f"(CreateMicrovmAuthToken's limit), got {s.token_minutes}"
+        )
+    if s.boot_timeout_s <= 0:
+        raise ConfigError(f"{ENV.BOOT_TIMEOUT_S} must be positive")
+    if not 1 <= s.max_duration_s <= _MAX_DURATION_S:
+        raise ConfigError(f"{ENV.MAX_DURATION_S} must be between 1 and {_MAX_DURATION_S}")
+    if s.retention_s < 0:
+        raise ConfigError(f"{ENV.RETENTION_S} must be >= 0")
+    if s.tps <= 0:
+        raise ConfigError(f"{ENV.TPS} must be positive")
+    if s.idle_timeout_s < _MIN_IDLE_S:
+        raise ConfigError(
+            f"{ENV.IDLE_TIMEOUT_S} must be >= {_MIN_IDLE_S} for the MicroVM idle policy"
+        )
+    if not 1 <= s.runner_port <= 65_535:
+        raise ConfigError(f"{ENV.RUNNER_PORT} must be a TCP port (1..65535)")
+    if s.poll_interval_s <= 0:
+        raise ConfigError(f"{ENV.POLL_INTERVAL_S} must be positive")
+    if s.endpoint_url is not None and not s.endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{ENV.ENDPOINT_URL} must be an http(s) URL")
+    if s.production and s.endpoint_url is not None and not s.endpoint_url.startswith("https://"):
+        raise ConfigError(f"{ENV.ENDPOINT_URL} must use https under {ENV.SANDCELL_ENV}=production")
+    if s.runner_key is not None and len(s.runner_key) < _MIN_RUNNER_KEY_CHARS:
+        raise ConfigError(f"{ENV.RUNNER_KEY} must be at least {_MIN_RUNNER_KEY_CHARS} characters")
+    if s.production and s.runner_key is None:
+        raise ConfigError(
+            f"{ENV.RUNNER_KEY} is required under {ENV.SANDCELL_ENV}=production: every "
+            "worker derives a VM's runner token from it"
+        )
+
+
+class _Reader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def text(self, name: str) -> str | None:
+        value = self._env.get(name, "").strip()
+        return value or None
+
+    def csv(self, name: str) -> tuple[str, ...]:
+        return tuple(part.strip() for part in self._env.get(name, "").split(",") if part.strip())
+
+    def number(self, name: str, default: T, parse: Callable[[str], T]) -> T:
+        raw = self.text(name)
+        if raw is None:
+            return default
+        try:
+            return parse(raw)
+        except ValueError:
+            kind = "an integer" if parse is int else "a number"
+            raise ConfigError(f"{name} must be {kind}, got {raw[:32]!r}") from None
