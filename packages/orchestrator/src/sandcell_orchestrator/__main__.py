@@ -1,14 +1,8 @@
-"""``sandcell``: the command-line interface."""
+"""``sandcell`` / ``python -m sandcell_orchestrator``: the command-line interface."""
 
 from __future__ import annotations
 
-import sys
-
-
-def main() -> int:
-    sys.stderr.write("sandcell: not implemented yet\n")
-    return 2
-
+from .cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())
