@@ -23,9 +23,11 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
+import anyio
 import msgspec
 
 from sandcell_protocol import ExecuteRequest, ExecuteResult, checkpoint_key, runtime_session_id
@@ -97,6 +99,7 @@ class ExecutionService:
             checkpoint_s=self.budgets.checkpoint_s,
         )
         self._handles: dict[str, SandboxHandle] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()
 
     # -- entry point ----------------------------------------------------------
 
@@ -122,7 +125,7 @@ class ExecutionService:
             await self._deliver_inputs(handle, request, session_id=None)
             result = await handle.runner.execute(request, timeout_s=self._turn_timeout(request))
         finally:
-            await asyncio.shield(self._discard(handle))
+            await self._shielded(self._discard(handle))
         self.metrics.inc("sandcell_executions_total", status=str(result.status))
         return result
 
@@ -155,10 +158,10 @@ class ExecutionService:
         except (LockLostError, asyncio.CancelledError):
             # The job may still be running (closing a socket does not stop it):
             # recycle the sandbox instead of reusing one that may be dirty.
-            await asyncio.shield(self._recycle(session_id, handle, lease, record))
+            await self._shielded(self._recycle(session_id, handle, lease, record))
             raise
         except SandboxUnavailableError:
-            await asyncio.shield(self._recycle(session_id, handle, lease, record))
+            await self._shielded(self._recycle(session_id, handle, lease, record))
             raise
         self.metrics.inc("sandcell_executions_total", status=str(result.status))
         record = await self._checkpoint(handle, session_id, lease, record, result)
@@ -222,7 +225,7 @@ class ExecutionService:
             await self.registry.put(lease, record)
         except BaseException:
             # Fenced (or the registry failed): never leave an orphan behind.
-            await asyncio.shield(self._discard(handle))
+            await self._shielded(self._discard(handle))
             raise
         self._handles[session_id] = handle
         return handle, record
@@ -323,6 +326,19 @@ class ExecutionService:
 
     # -- lifecycle helpers ------------------------------------------------------
 
+    async def _shielded(self, cleanup: Coroutine[Any, Any, None]) -> None:
+        """Run cleanup to completion even while the caller is being cancelled.
+
+        The task is kept referenced (the loop holds tasks only weakly) and awaited
+        inside a shielded anyio scope, so neither a lost lease (an anyio scope) nor
+        a plain ``task.cancel()`` can stop it half-way.
+        """
+        task = asyncio.ensure_future(cleanup)
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+        with anyio.CancelScope(shield=True):
+            await asyncio.shield(task)
+
     async def _launch(self, spec: SandboxSpec) -> SandboxHandle:
         try:
             async with asyncio.timeout(self.budgets.launch_s + self.budgets.health_s):
@@ -347,7 +363,7 @@ class ExecutionService:
     async def _drop(self, session_id: str, handle: SandboxHandle) -> None:
         """Destroy a fresh sandbox whose restore failed and forget it (record kept)."""
         self._handles.pop(session_id, None)
-        await asyncio.shield(self._discard(handle))
+        await self._shielded(self._discard(handle))
 
     async def _recycle(
         self, session_id: str, handle: SandboxHandle, lease: Lease, record: SessionRecord
@@ -426,6 +442,8 @@ class ExecutionService:
         The embedded (in-process) registry dies with this process, so its sandboxes
         must go too; their checkpoints stay in the snapshot store.
         """
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
         handles, self._handles = self._handles, {}
         for handle in handles.values():
             with contextlib.suppress(Exception):

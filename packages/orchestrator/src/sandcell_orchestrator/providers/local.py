@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 import psutil
 
 from ..errors import ConfigError, SandboxNotFoundError, SandboxUnavailableError
@@ -164,14 +165,21 @@ class LocalProvider:
             except SandboxUnavailableError:
                 await asyncio.sleep(0.2)
                 exited = process.poll() is not None
-                await self._kill(runner)
+                await self._kill_spawned(runner, process)
                 if exited and "address already in use" in _tail(root / "runner.log"):
                     continue  # lost a race for the port: try another
                 raise SandboxUnavailableError(
                     f"local runner did not become ready: {_tail(root / 'runner.log')[-300:]}"
                 ) from None
+            except BaseException:
+                # Cancelled mid-launch: the process exists but nobody will own it.
+                with anyio.CancelScope(shield=True):
+                    await self._kill_spawned(runner, process)
+                    await asyncio.to_thread(_remove_root, root)
+                raise
             finally:
-                await client.close()
+                with anyio.CancelScope(shield=True):
+                    await client.close()
             await asyncio.to_thread(_write_state, runner)
             self._processes[sandbox_id] = process
             return runner
@@ -302,12 +310,20 @@ class LocalProvider:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(runner.pid, signal.SIGTERM)
-        for _ in range(100):
+        # A runner mid-job drains for up to its graceful-shutdown timeout; destroy
+        # does not need the drain, only the runner's own unmounts, so wait briefly.
+        for _ in range(40):
             if not _alive(runner):
                 return
             await asyncio.sleep(0.05)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(runner.pid, signal.SIGKILL)
+
+    async def _kill_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
+        await self._kill(runner)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.to_thread(process.wait)
 
     async def _reap(self, sandbox_id: str) -> None:
         process = self._processes.pop(sandbox_id, None)
