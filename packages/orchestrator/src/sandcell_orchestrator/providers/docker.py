@@ -1,0 +1,586 @@
+"""The ``docker`` provider: one sandbox = one runner container, via the Docker Engine API.
+
+Lifecycle: ``create`` = create + start a container from the runner image (a fresh
+per-sandbox token in its environment, the runner port published on 127.0.0.1 at
+a port the engine picks, resource limits, the privileges nsjail needs), then the
+runner's ``/health``; a container that never gets healthy is removed, not
+orphaned. ``destroy`` = force-remove (a missing container is fine).
+``pause_resume`` is False: ``persist`` streams the runner's checkpoint into the
+snapshot store (the manager then destroys the container) and ``resume`` starts a
+new container and restores into it.
+
+Isolation is runc's, so ``SANDCELL_ENV=production`` needs an explicit
+``SANDCELL_DOCKER_ALLOW_PRODUCTION=1``. Privileges, and why: images/README.md.
+
+``connect`` works from any orchestrator process: the runner token is read back
+from the container's configuration (``Config.Env``). The engine is trusted here:
+whoever can inspect a container can also exec into it, so the token is no more
+exposed than the sandbox itself.
+
+Each handle's ``session_id`` is the ``sandcell.session_id`` label of the spec (the
+manager sets it) when present, else ``"rt_" + sha256(b"sandbox\\0" + container id)``:
+deterministic, so a new provider instance derives the same one. The label is
+stored on the container so ``connect`` recovers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+import secrets
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import anyio
+
+from ..errors import (
+    ConfigError,
+    ProtocolMismatchError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+)
+from ..handle import SandboxHandle
+from ..provider import (
+    NativeSnapshot,
+    ObjectSnapshot,
+    PersistentWorkspace,
+    SandboxCapabilities,
+    SandboxSpec,
+    SnapshotRef,
+)
+from ..runner_client import RunnerClient
+from ..snapshots import SnapshotStore
+from .docker_api import EngineAPIError, EngineClient, parse_docker_host
+
+__all__ = ["PROVIDER_NAME", "DockerProvider", "DockerSettings", "sandbox_session_id"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+PROVIDER_NAME = "docker"
+DEFAULT_IMAGE = "localhost/sandcell-runner:runner-latest"
+"""What ``scripts/build-runner-image`` tags its latest runner build."""
+DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
+RUNNER_PORT = 8080
+SESSION_LABEL = "sandcell.session_id"
+SANDBOX_LABEL = "sandcell.sandbox"
+UUID_LABEL = "sandcell.uuid"
+
+Privileges = Literal["cap-sys-admin", "no-caps", "privileged"]
+_PRIVILEGES: tuple[Privileges, ...] = ("cap-sys-admin", "no-caps", "privileged")
+
+# Variables the provider owns; neither the environment nor a spec may set them.
+_RESERVED_ENV = frozenset(
+    {
+        "SANDCELL_RUNNER_TOKEN",
+        "SANDCELL_RUNNER_HOST",
+        "SANDCELL_RUNNER_PORT",
+        "SANDCELL_RUNNER_SESSIONS",
+        "SANDCELL_WORKSPACE_ROOT",
+        "SANDCELL_INPUT_CACHE_DIR",
+    }
+)
+# Docker's default masked paths outside /proc (the /proc ones must go: see _host_config).
+_MASKED_OUTSIDE_PROC = ("/sys/firmware", "/sys/devices/virtual/powercap")
+_CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
+_READY_SLICE_S = 1.0
+"""How often a readiness wait checks that the container is still running."""
+_LOG_TAIL_CHARS = 1500
+
+
+def sandbox_session_id(sandbox_id: str) -> str:
+    """The runtime-session id of a sandbox whose spec named none (same as the local provider)."""
+    return "rt_" + hashlib.sha256(b"sandbox\x00" + sandbox_id.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class DockerSettings:
+    """How runner containers are made. Build with ``from_env``; see images/README.md.
+
+    ``nofile``/``nproc`` are set explicitly on every container: engine defaults
+    (often 1048576) can exceed the host's hard limits, and runc then cannot start
+    the container at all.
+    """
+
+    image: str = DEFAULT_IMAGE
+    docker_host: str = DEFAULT_DOCKER_HOST
+    network: str | None = None
+    production: bool = False
+    allow_production: bool = False
+    privileges: Privileges = "cap-sys-admin"
+    memory_mib: int = 2048
+    pids: int = 1024
+    cpus: float = 1.0
+    nofile: int = 16384
+    nproc: int = 8192
+    ready_timeout_s: float = 30.0
+    api_timeout_s: float = 30.0
+    checkpoint_max_bytes: int = 1 << 30
+    runner_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parse_docker_host(self.docker_host)
+        if self.production and not self.allow_production:
+            raise ConfigError(
+                "SANDCELL_DOCKER_ALLOW_PRODUCTION: the docker provider isolates sandboxes with"
+                " runc containers only; set SANDCELL_DOCKER_ALLOW_PRODUCTION=1 to run it under"
+                " SANDCELL_ENV=production"
+            )
+        if not self.image.strip():
+            raise ConfigError("SANDCELL_DOCKER_IMAGE: must name an image")
+        if self.privileges not in _PRIVILEGES:
+            raise ConfigError(
+                f"SANDCELL_DOCKER_PRIVILEGES: must be one of {', '.join(_PRIVILEGES)}"
+            )
+        reserved = sorted(_RESERVED_ENV.intersection(self.runner_env))
+        if reserved:
+            raise ConfigError(f"{reserved[0]}: set by the docker provider itself")
+
+    @classmethod
+    def from_env(
+        cls, env: Mapping[str, str], *, checkpoint_max_bytes: int = 1 << 30
+    ) -> DockerSettings:
+        """Read ``SANDCELL_DOCKER_*`` and ``DOCKER_HOST``; ``ConfigError`` names the variable.
+
+        ``SANDCELL_RUNNER_*`` variables (limits, jail settings) pass through to every
+        container unchanged, as for the local provider.
+        """
+        read = _Reader(env)
+        privileges = read.choice("SANDCELL_DOCKER_PRIVILEGES", _PRIVILEGES, "cap-sys-admin")
+        passthrough = {
+            key: value
+            for key, value in env.items()
+            if key.startswith("SANDCELL_RUNNER_") and key not in _RESERVED_ENV
+        }
+        if "SANDCELL_ENV" in env:
+            passthrough["SANDCELL_ENV"] = env["SANDCELL_ENV"]
+        return cls(
+            image=env.get("SANDCELL_DOCKER_IMAGE", "").strip() or DEFAULT_IMAGE,
+            docker_host=env.get("DOCKER_HOST", "").strip() or DEFAULT_DOCKER_HOST,
+            network=env.get("SANDCELL_DOCKER_NETWORK", "").strip() or None,
+            production=env.get("SANDCELL_ENV", "").strip().lower() == "production",
+            allow_production=read.flag("SANDCELL_DOCKER_ALLOW_PRODUCTION"),
+            privileges=privileges,
+            memory_mib=int(read.number("SANDCELL_DOCKER_MEMORY_MIB", 2048, minimum=64)),
+            pids=int(read.number("SANDCELL_DOCKER_PIDS", 1024, minimum=16)),
+            cpus=read.number("SANDCELL_DOCKER_CPUS", 1.0, minimum=0.01),
+            nofile=int(read.number("SANDCELL_DOCKER_NOFILE", 16384, minimum=256)),
+            nproc=int(read.number("SANDCELL_DOCKER_NPROC", 8192, minimum=64)),
+            ready_timeout_s=read.number("SANDCELL_DOCKER_READY_TIMEOUT_S", 30.0),
+            api_timeout_s=read.number("SANDCELL_DOCKER_API_TIMEOUT_S", 30.0),
+            checkpoint_max_bytes=checkpoint_max_bytes,
+            runner_env=passthrough,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _EngineTraits:
+    """What the engine needs told differently (asked once per provider)."""
+
+    podman: bool
+    apparmor: bool
+    selinux: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Container:
+    """What a handle needs of a running runner container."""
+
+    container_id: str
+    port: int
+    token: str = field(repr=False)
+    session_id: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class DockerProvider:
+    """Sandboxes as runner containers on a Docker (or podman) engine."""
+
+    name = PROVIDER_NAME
+    capabilities = SandboxCapabilities(pause_resume=False)
+
+    def __init__(
+        self,
+        settings: DockerSettings,
+        *,
+        store: SnapshotStore,
+        engine: EngineClient | None = None,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._engine = engine or EngineClient(
+            settings.docker_host, timeout_s=settings.api_timeout_s
+        )
+        self._traits: _EngineTraits | None = None
+        self._traits_lock = anyio.Lock()
+
+    def __repr__(self) -> str:
+        return f"DockerProvider(docker_host={self._settings.docker_host!r})"
+
+    # -- SandboxProvider ------------------------------------------------------
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+        image = spec.image or self._settings.image
+        body, token = self._container_body(spec, image, await self._engine_traits())
+        for attempt in range(3):
+            container_id = await self._create(body, image)
+            handle: SandboxHandle | None = None
+            try:
+                await self._start(container_id, image)
+                handle = self._handle(await self._running(container_id, token=token))
+                await self._wait_ready(handle, container_id, token=token)
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    if handle is not None:
+                        await handle.close()
+                    await self._remove_quietly(container_id)
+                if not isinstance(exc, _PortConflictError):
+                    raise
+                log.info("docker: port conflict starting a runner (attempt %d)", attempt + 1)
+                continue
+            return handle
+        raise SandboxUnavailableError("docker: could not publish the runner port (port conflicts)")
+
+    async def connect(self, sandbox_id: str) -> SandboxHandle:
+        if not _CONTAINER_ID.fullmatch(sandbox_id):
+            raise SandboxNotFoundError(f"docker sandbox {sandbox_id[:80]!r}: not a container id")
+        with _engine_errors():
+            info = await self._engine.inspect_container(sandbox_id)
+        if info is None or _labels(info).get(SANDBOX_LABEL) != "1":
+            raise SandboxNotFoundError(f"docker sandbox {sandbox_id[:12]} is gone")
+        if not info.get("State", {}).get("Running"):
+            raise SandboxNotFoundError(f"docker sandbox {sandbox_id[:12]} is not running")
+        return self._handle(_container_from(info))
+
+    async def destroy(self, sandbox_id: str) -> None:
+        if not _CONTAINER_ID.fullmatch(sandbox_id):
+            return  # never ours: nothing to remove
+        with _engine_errors():
+            info = await self._engine.inspect_container(sandbox_id)
+            if info is None:
+                return
+            if _labels(info).get(SANDBOX_LABEL) != "1":
+                log.warning("docker: not removing %s: not a sandcell container", sandbox_id[:12])
+                return
+            await self._engine.remove_container(sandbox_id)
+
+    async def persist(
+        self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
+    ) -> SnapshotRef:
+        """Stream the session workspace's checkpoint into the store (all of it: the
+        runner's checkpoint has no include/exclude yet, so ``workspace`` is not used)."""
+        session_id = handle.session_id or sandbox_session_id(handle.sandbox_id)
+        async with handle.runner.checkpoint(session_id=session_id) as chunks:
+            info = await self._store.put(key, chunks, max_bytes=self._settings.checkpoint_max_bytes)
+        return ObjectSnapshot(key=info.key, sha256=info.sha256, size=info.size)
+
+    async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
+        if isinstance(ref, NativeSnapshot):
+            raise SandboxNotFoundError("the docker provider has no native snapshots")
+        handle = await self.create(spec)
+        try:
+            async with self._store.get(
+                ref.key, max_bytes=self._settings.checkpoint_max_bytes
+            ) as snapshot:
+                await handle.runner.restore(
+                    snapshot.chunks,
+                    session_id=handle.session_id or sandbox_session_id(handle.sandbox_id),
+                    sha256=ref.sha256 or snapshot.info.sha256,
+                )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await handle.close()
+                await self._remove_quietly(handle.sandbox_id)
+            raise
+        return handle
+
+    async def delete_snapshot(self, ref: SnapshotRef) -> None:
+        if isinstance(ref, ObjectSnapshot):
+            await self._store.delete(ref.key)
+
+    async def close(self) -> None:
+        """Close the engine client; containers and handles live on. Idempotent."""
+        await self._engine.close()
+
+    # -- creating -------------------------------------------------------------
+
+    def _container_body(
+        self, spec: SandboxSpec, image: str, traits: _EngineTraits
+    ) -> tuple[dict[str, Any], str]:
+        """The create body and the fresh runner token inside it."""
+        if spec.egress_allowlist and spec.egress_allowlist != ("*",):
+            raise ConfigError(
+                "SandboxSpec.egress_allowlist: the docker provider cannot enforce a per-host"
+                " allowlist; use () for no egress, ('*',) for all, or SANDCELL_DOCKER_NETWORK"
+            )
+        reserved = sorted(_RESERVED_ENV.intersection(spec.env))
+        if reserved:
+            raise ConfigError(f"SandboxSpec.env: {reserved[0]} is set by the docker provider")
+        token = secrets.token_urlsafe(32)
+        env = {
+            **self._settings.runner_env,
+            **spec.env,
+            "SANDCELL_RUNNER_TOKEN": token,
+            "SANDCELL_RUNNER_HOST": "0.0.0.0",  # noqa: S104  # inside the container's netns
+            "SANDCELL_RUNNER_PORT": str(RUNNER_PORT),
+            "SANDCELL_RUNNER_SESSIONS": "1",
+        }
+        if spec.egress_allowlist == ("*",):
+            env["SANDCELL_RUNNER_ALLOW_NETWORK"] = "1"
+        sandbox_uuid = spec.labels.get(UUID_LABEL) or uuid.uuid4().hex
+        labels = {key: value for key, value in spec.labels.items() if key.startswith("sandcell.")}
+        labels.update({SANDBOX_LABEL: "1", UUID_LABEL: sandbox_uuid})
+        port = f"{RUNNER_PORT}/tcp"
+        body: dict[str, Any] = {
+            "Image": image,
+            "Env": [f"{key}={value}" for key, value in env.items()],
+            "Labels": labels,
+            "ExposedPorts": {port: {}},
+            # We poll /health ourselves; podman's healthcheck timers need systemd.
+            "Healthcheck": {"Test": ["NONE"]},
+            "StopTimeout": 2,
+            "HostConfig": {
+                "PortBindings": {port: [{"HostIp": "127.0.0.1", "HostPort": ""}]},
+                "Ulimits": [
+                    {
+                        "Name": "nofile",
+                        "Soft": self._settings.nofile,
+                        "Hard": self._settings.nofile,
+                    },
+                    {"Name": "nproc", "Soft": self._settings.nproc, "Hard": self._settings.nproc},
+                ],
+                **self._limits(spec),
+                **_privileges(self._settings.privileges, traits),
+            },
+        }
+        if self._settings.network:
+            body["HostConfig"]["NetworkMode"] = self._settings.network
+        return body, token
+
+    def _limits(self, spec: SandboxSpec) -> dict[str, int]:
+        memory_mib = spec.limits.memory_mib or self._settings.memory_mib
+        cpus = spec.limits.cpus or self._settings.cpus
+        return {
+            "Memory": memory_mib * 1024 * 1024,
+            # Equal to Memory: no swap on top of the limit.
+            "MemorySwap": memory_mib * 1024 * 1024,
+            "PidsLimit": spec.limits.pids or self._settings.pids,
+            "NanoCpus": int(cpus * 1e9),
+        }
+
+    async def _engine_traits(self) -> _EngineTraits:
+        if self._traits is None:
+            async with self._traits_lock:
+                if self._traits is None:
+                    with _engine_errors():
+                        version = await self._engine.version()
+                        info = await self._engine.info()
+                    components = version.get("Components") or []
+                    names = " ".join(str(c.get("Name", "")) for c in components)
+                    options = " ".join(str(o) for o in info.get("SecurityOptions") or [])
+                    self._traits = _EngineTraits(
+                        podman="podman" in names.lower(),
+                        apparmor="name=apparmor" in options,
+                        selinux="name=selinux" in options,
+                    )
+        return self._traits
+
+    async def _create(self, body: dict[str, Any], image: str) -> str:
+        try:
+            return await self._engine.create_container(body)
+        except EngineAPIError as exc:
+            if exc.status == 404 or "no such image" in exc.message.lower():
+                raise ConfigError(
+                    f"SANDCELL_DOCKER_IMAGE: image {image!r} not found in the docker engine at"
+                    f" {self._settings.docker_host} (build it: scripts/build-runner-image)"
+                ) from None
+            raise _engine_error(exc, f"creating a container from {image!r}") from None
+
+    async def _start(self, container_id: str, image: str) -> None:
+        try:
+            await self._engine.start_container(container_id)
+        except EngineAPIError as exc:
+            lowered = exc.message.lower()
+            if "already allocated" in lowered or "address already in use" in lowered:
+                raise _PortConflictError(exc.message) from None
+            raise _engine_error(exc, f"starting a container from {image!r}") from None
+
+    async def _running(self, container_id: str, *, token: str) -> _Container:
+        with _engine_errors():
+            info = await self._engine.inspect_container(container_id)
+        if info is None:
+            raise SandboxUnavailableError(f"docker container {container_id[:12]} vanished on start")
+        container = _container_from(info)
+        if container.token != token:
+            raise SandboxUnavailableError("docker: the container's runner token did not round-trip")
+        return container
+
+    async def _wait_ready(self, handle: SandboxHandle, container_id: str, *, token: str) -> None:
+        """Poll ``/health`` until ok; fail fast (with the log tail) if the container exits."""
+        deadline = anyio.current_time() + self._settings.ready_timeout_s
+        while True:
+            remaining = deadline - anyio.current_time()
+            try:
+                await handle.runner.wait_ready(timeout_s=max(min(_READY_SLICE_S, remaining), 0.01))
+            except ProtocolMismatchError:
+                raise
+            except SandboxUnavailableError as exc:
+                with _engine_errors():
+                    info = await self._engine.inspect_container(container_id)
+                running = info is not None and bool(info.get("State", {}).get("Running"))
+                if running and anyio.current_time() < deadline:
+                    continue
+                tail = await self._log_tail(container_id, token=token)
+                why = "exited" if not running else f"not ready in {self._settings.ready_timeout_s}s"
+                raise SandboxUnavailableError(
+                    f"docker runner container {container_id[:12]} {why}: {exc}; log tail:\n{tail}"
+                ) from None
+            return
+
+    async def _log_tail(self, container_id: str, *, token: str) -> str:
+        """The container's last lines (the runner never prints its token; belt and braces)."""
+        text = await self._engine.container_logs(container_id)
+        return text.replace(token, "[redacted]")[-_LOG_TAIL_CHARS:]
+
+    async def _remove_quietly(self, container_id: str) -> None:
+        """Best-effort removal of a container we made; never raises, survives cancellation."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._engine.remove_container(container_id)
+            except (EngineAPIError, SandboxUnavailableError) as exc:
+                log.warning("docker: could not remove container %s: %s", container_id[:12], exc)
+
+    def _handle(self, container: _Container) -> SandboxHandle:
+        return SandboxHandle(
+            sandbox_id=container.container_id,
+            provider=self.name,
+            runner=RunnerClient(container.url, token=container.token),
+            session_id=container.session_id,
+            endpoint=container.url,
+        )
+
+
+class _PortConflictError(SandboxUnavailableError):
+    """The engine could not publish the runner port; a new container gets another."""
+
+
+@contextlib.contextmanager
+def _engine_errors() -> Iterator[None]:
+    """An engine answer no caller handled becomes ``SandboxUnavailableError``."""
+    try:
+        yield
+    except EngineAPIError as exc:
+        raise _engine_error(exc, exc.operation) from None
+
+
+def _engine_error(exc: EngineAPIError, doing: str) -> SandboxUnavailableError:
+    return SandboxUnavailableError(f"docker engine error while {doing}: {exc.status} {exc.message}")
+
+
+def _privileges(mode: Privileges, traits: _EngineTraits) -> dict[str, Any]:
+    """HostConfig for what nsjail needs; the reasons are in images/README.md.
+
+    nsjail mounts a fresh /proc for each job's pid namespace. The kernel allows that
+    only if the container's own /proc is fully visible, so the engine's masked and
+    read-only /proc paths must go (podman: ``unmask=/proc/*``; Docker: empty
+    ``ReadonlyPaths`` and ``MaskedPaths`` without the /proc entries).
+    """
+    if mode == "privileged":
+        return {"Privileged": True, "CgroupnsMode": "private"}
+    security_opt: list[str] = []
+    config: dict[str, Any] = {}
+    if traits.podman:
+        security_opt.append("unmask=/proc/*")
+    else:
+        config["MaskedPaths"] = list(_MASKED_OUTSIDE_PROC)
+        config["ReadonlyPaths"] = []
+    if traits.apparmor:
+        security_opt.append("apparmor=unconfined")  # docker-default denies mount
+    if traits.selinux:
+        security_opt.append("label=disable")
+    if mode == "cap-sys-admin":
+        # mount (tmpfs workspace quotas, cgroup remount) and namespace creation.
+        config["CapAdd"] = ["SYS_ADMIN"]
+    else:
+        # No added capability: the default seccomp profile then refuses the
+        # namespace flags nsjail needs, so it goes; nsjail's own filter still applies.
+        security_opt.append("seccomp=unconfined")
+    config["SecurityOpt"] = security_opt
+    return config
+
+
+def _labels(info: Mapping[str, Any]) -> dict[str, str]:
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def _env_of(info: Mapping[str, Any]) -> dict[str, str]:
+    pairs = (info.get("Config") or {}).get("Env") or []
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = str(pair).partition("=")
+        if sep:
+            env[key] = value
+    return env
+
+
+def _container_from(info: Mapping[str, Any]) -> _Container:
+    """Port, token and session id of an inspected runner container."""
+    container_id = str(info.get("Id", ""))
+    token = _env_of(info).get("SANDCELL_RUNNER_TOKEN")
+    if not token:
+        raise SandboxNotFoundError(f"docker container {container_id[:12]} has no runner token")
+    ports = ((info.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{RUNNER_PORT}/tcp")
+    host_port = next(
+        (str(b.get("HostPort")) for b in ports or [] if str(b.get("HostPort", "")).isdigit()),
+        None,
+    )
+    if host_port is None:
+        raise SandboxUnavailableError(
+            f"docker container {container_id[:12]}: runner port {RUNNER_PORT} is not published"
+        )
+    session_id = _labels(info).get(SESSION_LABEL) or sandbox_session_id(container_id)
+    return _Container(container_id, int(host_port), token, session_id)
+
+
+class _Reader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def number(self, name: str, default: float, *, minimum: float = 0.001) -> float:
+        raw = self._env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}: must be a number, got {raw[:40]!r}") from None
+        if not value >= minimum:
+            raise ConfigError(f"{name}: must be >= {minimum:g}, got {raw[:40]!r}")
+        return value
+
+    def choice(self, name: str, options: tuple[T, ...], default: T) -> T:
+        raw = self._env.get(name, "").strip()
+        if not raw:
+            return default
+        for option in options:
+            if raw == option:
+                return option
+        raise ConfigError(
+            f"{name}: must be one of {', '.join(map(str, options))}, got {raw[:40]!r}"
+        )
+
+    def flag(self, name: str) -> bool:
+        raw = self._env.get(name, "").strip().lower()
+        if raw in ("", "0", "false", "no", "off"):
+            return False
+        if raw in ("1", "true", "yes", "on"):
+            return True
+        raise ConfigError(f"{name}: must be 0 or 1, got {raw[:40]!r}")
