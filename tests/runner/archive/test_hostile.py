@@ -61,6 +61,12 @@ def gnu_longname() -> bytes:
     return info.tobuf(tarfile.GNU_FORMAT, "utf-8", "strict") + b"x" + bytes(511)
 
 
+def two_pax_headers() -> bytes:
+    blocks = tar_with([(pax_info("workspace/f", type_=REG, pax={"mtime": "1.5"}), None)])
+    pax, header = blocks[: 2 * tarfile.BLOCKSIZE], blocks[2 * tarfile.BLOCKSIZE : 1536]
+    return pax + pax + header
+
+
 def ustar_raw_name(raw: bytes) -> bytes:
     info = tarfile.TarInfo(raw.decode("utf-8", "surrogateescape"))
     info.size = 0
@@ -216,6 +222,13 @@ CASES: dict[str, Hostile] = {
             ]
         ],
         DOTDOT,
+    ),
+    "two PAX headers in a row": Hostile(lambda a: [two_pax_headers()], "two PAX headers"),
+    "PAX mtime that is not a number": Hostile(
+        lambda a: [
+            tar_with([(pax_info("workspace/f", type_=REG, pax={"mtime": "nan"}), None)])[:1536]
+        ],
+        "bad mtime",
     ),
     "oversized PAX header": Hostile(
         lambda a: [member("././@PaxHeader", b"9" * (64 << 10), type_=tarfile.XHDTYPE)],

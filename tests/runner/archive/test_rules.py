@@ -18,7 +18,7 @@ from sandcell_runner.checkpoint import (
 )
 from sandcell_runner.compression import choose_encoding
 from sandcell_runner.errors import ArchiveRejectedError
-from sandcell_runner.restore_child import parse_pax_records
+from sandcell_runner.restore import parse_pax_records
 from tests.runner.archive import META, Arena, chunked, restore_bytes
 
 

@@ -21,14 +21,15 @@ Hard-linked files are stored as independent copies.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import tarfile
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, ParamSpec, TypeVar
 
 import anyio.to_thread
 import msgspec
@@ -64,8 +65,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 # The workload may still be changing the tree: an entry that vanished or changed
 # type between the scan and the open is passed over, not fatal.
-_RACE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO})
+# (EINVAL: readlink of what is no longer a symlink.)
+_RACE_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENXIO, errno.EINVAL})
 
+P = ParamSpec("P")
+T = TypeVar("T")
 Kind = Literal["dir", "file", "symlink", "other", "badname"]
 
 
@@ -198,66 +202,73 @@ def _plan(root_fd: int, limits: ArchiveLimits) -> list[str]:
     members = 2  # the metadata member and the root directory
     file_bytes = 0
     skipped: list[str] = []
-    for relpath, parent_fd, name, kind in _walk(root_fd):
-        members += 1
-        if members > limits.max_members:
-            raise ArchiveRejectedError(f"workspace has more than {limits.max_members} entries")
-        if kind in ("other", "badname"):
-            skipped.append(_printable(relpath))
-        elif kind == "symlink":
-            target = _readlink(name, parent_fd)
-            if target is not None and not symlink_target_inside(relpath, target):
+    with contextlib.closing(_walk(root_fd)) as entries:
+        for relpath, parent_fd, name, kind in entries:
+            members += 1
+            if members > limits.max_members:
+                raise ArchiveRejectedError(f"workspace has more than {limits.max_members} entries")
+            if kind == "file":
+                st = _unless_raced(os.stat, name, dir_fd=parent_fd, follow_symlinks=False)
+                file_bytes += 0 if st is None else st.st_size
+                if file_bytes > limits.max_bytes:
+                    raise ArchiveRejectedError(
+                        f"workspace holds more than {limits.max_bytes} bytes"
+                    )
+            elif kind == "symlink":
+                target = _unless_raced(os.readlink, name, dir_fd=parent_fd)
+                if target is not None and not symlink_target_inside(relpath, target):
+                    skipped.append(_printable(relpath))
+            elif kind != "dir":
                 skipped.append(_printable(relpath))
-        elif kind == "file":
-            st = _lstat(name, parent_fd)
-            file_bytes += 0 if st is None else st.st_size
-            if file_bytes > limits.max_bytes:
-                raise ArchiveRejectedError(f"workspace holds more than {limits.max_bytes} bytes")
     return skipped
 
 
 def _stream_entries(root_fd: int, out: _TarOutput, limits: ArchiveLimits) -> Iterator[bytes]:
+    """Second pass: the entries as tar members; the caps are checked again as it goes."""
     members = 2
     file_bytes = 0
-    for relpath, parent_fd, name, kind in _walk(root_fd):
-        member = _WORKSPACE_MEMBER_PREFIX + relpath
-        if kind == "dir":
-            st = _lstat(name, parent_fd)
-            if st is None:
-                continue
-            out.add(_header(member, tarfile.DIRTYPE, st.st_mode, st.st_mtime_ns))
-        elif kind == "symlink":
-            target = _readlink(name, parent_fd)
-            if target is None or not symlink_target_inside(relpath, target):
-                continue
-            st = _lstat(name, parent_fd)
-            if st is None:
-                continue
-            out.add(_header(member, tarfile.SYMTYPE, 0o777, st.st_mtime_ns, linkname=target))
-        elif kind == "file":
-            budget = limits.max_bytes - file_bytes
-            written = yield from _stream_file(out, member, name, parent_fd, budget)
-            if written is None:
-                continue
-            file_bytes += written
-        else:
-            continue
-        members += 1
-        if members > limits.max_members:
-            raise ArchiveRejectedError(f"workspace has more than {limits.max_members} entries")
-        yield from out.take()
+    with contextlib.closing(_walk(root_fd)) as entries:
+        for relpath, parent_fd, name, kind in entries:
+            member = _WORKSPACE_MEMBER_PREFIX + relpath
+            if kind == "file":
+                budget = limits.max_bytes - file_bytes
+                written = yield from _stream_file(out, member, name, parent_fd, budget)
+                file_bytes += written or 0
+                stored = written is not None
+            else:
+                stored = _add_entry(out, member, relpath, name, parent_fd, kind)
+            members += stored
+            if members > limits.max_members:
+                raise ArchiveRejectedError(f"workspace has more than {limits.max_members} entries")
+            yield from out.take()
+
+
+def _add_entry(
+    out: _TarOutput, member: str, relpath: str, name: str, parent_fd: int, kind: Kind
+) -> bool:
+    """Add a directory or symlink header; False when the entry is passed over."""
+    if kind not in ("dir", "symlink"):
+        return False
+    target = ""
+    if kind == "symlink":
+        target = _unless_raced(os.readlink, name, dir_fd=parent_fd) or ""
+        if not symlink_target_inside(relpath, target):
+            return False
+    st = _unless_raced(os.stat, name, dir_fd=parent_fd, follow_symlinks=False)
+    if st is None:
+        return False
+    type_ = tarfile.DIRTYPE if kind == "dir" else tarfile.SYMTYPE
+    out.add(_header(member, type_, st.st_mode, st.st_mtime_ns, linkname=target))
+    return True
 
 
 def _stream_file(
     out: _TarOutput, member: str, name: str, parent_fd: int, budget: int
 ) -> Generator[bytes, None, int | None]:
     """Emit one regular file; the generator's return value is its size (None: passed over)."""
-    try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=parent_fd)
-    except OSError as exc:
-        if exc.errno in _RACE_ERRNOS:
-            return None
-        raise
+    fd = _unless_raced(os.open, name, _FILE_FLAGS, dir_fd=parent_fd)
+    if fd is None:
+        return None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -281,7 +292,7 @@ def _stream_file(
         os.close(fd)
 
 
-def _walk(root_fd: int) -> Iterator[tuple[str, int, str, Kind]]:
+def _walk(root_fd: int) -> Generator[tuple[str, int, str, Kind], None, None]:
     """Pre-order walk yielding ``(relpath, parent_fd, name, kind)``, names sorted.
 
     Only fds of the directories on the current path are open, each opened with
@@ -304,7 +315,7 @@ def _walk(root_fd: int) -> Iterator[tuple[str, int, str, Kind]]:
             if not _valid_name(relpath):
                 kind = "badname"
             if kind == "dir":
-                child_fd = _open_child_dir(name, dir_fd)
+                child_fd = _unless_raced(os.open, name, _DIR_FLAGS, dir_fd=dir_fd)
                 if child_fd is None:
                     continue
                 try:
@@ -338,29 +349,12 @@ def _scan(dir_fd: int) -> list[tuple[str, Kind]]:
     return listing
 
 
-def _open_child_dir(name: str, parent_fd: int) -> int | None:
+def _unless_raced(call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
+    """``call``, or None if its entry vanished or changed type since the scan."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+        return call(*args, **kwargs)
     except OSError as exc:
         if exc.errno in _RACE_ERRNOS:
-            return None
-        raise
-
-
-def _lstat(name: str, parent_fd: int) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno in _RACE_ERRNOS:
-            return None
-        raise
-
-
-def _readlink(name: str, parent_fd: int) -> str | None:
-    try:
-        return os.readlink(name, dir_fd=parent_fd)
-    except OSError as exc:
-        if exc.errno in _RACE_ERRNOS or exc.errno == errno.EINVAL:
             return None
         raise
 

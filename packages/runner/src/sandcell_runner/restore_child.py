@@ -15,12 +15,12 @@ truncation, hard links to symlinks), with fixes not in 3.11.7. Here tarfile only
 parses the stream and its data filter is a first check; on top of it:
 
 - member types other than regular file, directory, symlink and a per-member PAX
-  header are refused while the header is parsed, before any data is read;
-- PAX records are parsed here, strictly and in linear time (no global headers,
-  known keys only, at most 16 KiB), not by tarfile's backtracking regexes;
-- names must be normalized workspace paths under ``workspace/``, each member
-  unique; symlink targets must provably stay inside (``symlink_target_inside``);
-  hard links are refused outright;
+  header are refused while the header is parsed, before any data is read, and
+  PAX records are parsed strictly in linear time (``restore.StrictTarInfo``);
+- names must be normalized workspace paths under ``workspace/``
+  (``restore.workspace_relpath``), each member unique; symlink targets must
+  provably stay inside (``checkpoint.symlink_target_inside``); hard links are
+  refused outright;
 - entries are created with ``*at()`` calls relative to directory fds opened with
   O_NOFOLLOW (leaves with O_EXCL), so no path is resolved through a symlink;
 - members, file bytes actually read and metadata bytes per member are counted,
@@ -35,7 +35,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import re
 import resource
 import sys
 import tarfile
@@ -44,138 +43,24 @@ from typing import IO, Any, NamedTuple
 
 import msgspec
 
-from sandcell_protocol import CheckpointMeta, ProtocolError, decode, validate_workspace_path
+from sandcell_protocol import CheckpointMeta, ProtocolError, decode
 from sandcell_protocol.routes import CHECKPOINT_META_MEMBER, CHECKPOINT_WORKSPACE_PREFIX
 
 from .checkpoint import MAX_META_BYTES, PERMISSION_BITS, symlink_target_inside
 from .compression import DecompressingReader, Encoding, RawSource
 from .errors import ArchiveRejectedError
+from .restore import ChildResult, StrictTarInfo, member_mtime_ns, shown, workspace_relpath
 
-__all__ = ["ChildResult", "main"]
+__all__ = ["extract", "main"]
 
-_PAX_MAX_BYTES = 16 << 10
 _TAR_BUFSIZE = 64 << 10
 # Decompressed bytes one member's headers may take: a PAX header (at most 16 KiB),
 # two header blocks, padding, plus tarfile's read-ahead of up to _TAR_BUFSIZE.
 _HEADER_ALLOWANCE = 2 * _TAR_BUFSIZE
 _TRAILER_ALLOWANCE = 64 << 10
 _COPY_BYTES = 1 << 20
-_MTIME_RE = re.compile(r"(-?)([0-9]{1,12})(?:\.([0-9]{1,9}))?")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_PAX_KEYS = frozenset({"path", "linkpath", "mtime", "size"})
-_ALLOWED_TYPES = frozenset(
-    {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.XHDTYPE}
-)
-_REFUSED_TYPES = {
-    tarfile.LNKTYPE: "hard links are not allowed",
-    tarfile.CHRTYPE: "character devices are not allowed",
-    tarfile.BLKTYPE: "block devices are not allowed",
-    tarfile.FIFOTYPE: "FIFOs are not allowed",
-    tarfile.XGLTYPE: "global PAX headers are not allowed",
-    tarfile.GNUTYPE_SPARSE: "sparse members are not allowed",
-}
-
-
-class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The child's verdict: ``meta`` (CheckpointMeta JSON) when ``ok``, else ``reason``."""
-
-    ok: bool
-    meta: str | None = None
-    reason: str | None = None
-
-
-class _StrictTarInfo(tarfile.TarInfo):
-    """A TarInfo that refuses, at parse time, everything a checkpoint never holds."""
-
-    @classmethod
-    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> _StrictTarInfo:
-        if len(buf) == tarfile.BLOCKSIZE and not buf.strip(b"\0"):
-            # The end-of-archive marker: tarfile raises its EOF error, which ends
-            # the member loop; the trailer is checked after it.
-            return super().frombuf(buf, encoding, errors)
-        try:
-            info = super().frombuf(buf, encoding, errors)
-        except tarfile.HeaderError as exc:
-            # tarfile would end the archive quietly at a bad or missing header
-            # past the first; a checkpoint that stops early is a truncated one.
-            raise ArchiveRejectedError(f"tar: {exc} (corrupt or truncated archive)") from None
-        except UnicodeError:
-            raise ArchiveRejectedError("tar: a member name is not UTF-8") from None
-        if info.type in _REFUSED_TYPES:
-            raise ArchiveRejectedError(f"tar: {_REFUSED_TYPES[info.type]} ({info.name!r})")
-        if info.type not in _ALLOWED_TYPES:
-            raise ArchiveRejectedError(f"tar: unsupported member type {info.type!r}")
-        if info.size < 0 or (info.type in (tarfile.DIRTYPE, tarfile.SYMTYPE) and info.size):
-            raise ArchiveRejectedError(f"tar: bad size in header of {info.name!r}")
-        if info.type == tarfile.XHDTYPE and info.size > _PAX_MAX_BYTES:
-            raise ArchiveRejectedError("tar: PAX header too large")
-        return info
-
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
-        # tarfile documents _proc_member as the subclass hook for member types.
-        if self.type != tarfile.XHDTYPE:
-            return super()._proc_member(tarfile_)  # type: ignore[misc, no-any-return]
-        return self._proc_strict_pax(tarfile_)
-
-    def _proc_strict_pax(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
-        fileobj: Any = tarfile_.fileobj
-        blocks = -(-self.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-        buf = fileobj.read(blocks)
-        if len(buf) != blocks:
-            raise ArchiveRejectedError("tar: truncated PAX header")
-        records = parse_pax_records(buf[: self.size])
-        try:
-            member = self.fromtarfile(tarfile_)
-        except tarfile.HeaderError:
-            raise ArchiveRejectedError("tar: PAX header not followed by a member") from None
-        if member.type == tarfile.XHDTYPE:
-            raise ArchiveRejectedError("tar: two PAX headers in a row")
-        if "path" in records:
-            member.name = records["path"]
-            if member.isdir():
-                member.name = member.name.rstrip("/")
-        if "linkpath" in records:
-            member.linkname = records["linkpath"]
-        if "size" in records:
-            if not member.isreg():
-                raise ArchiveRejectedError("tar: PAX size on a member without data")
-            member.size = _parse_decimal(records["size"], "size")
-            # Same bookkeeping tarfile's own PAX handling does for a size record.
-            tarfile_.offset = member.offset_data + -(-member.size // 512) * 512
-        member.pax_headers = records
-        member.offset = self.offset
-        return member
-
-
-def parse_pax_records(buf: bytes) -> dict[str, str]:
-    """Parse ``"<len> <key>=<value>\\n"`` records strictly; any deviation is refused."""
-    records: dict[str, str] = {}
-    pos = 0
-    while pos < len(buf):
-        space = buf.find(b" ", pos, pos + 8)
-        digits = buf[pos:space] if space > pos else b""
-        if not digits.isdigit() or digits.startswith(b"0"):
-            raise ArchiveRejectedError("tar: malformed PAX record length")
-        end = pos + int(digits)
-        if end > len(buf) or buf[end - 1 : end] != b"\n":
-            raise ArchiveRejectedError("tar: PAX record overruns its header")
-        key, eq, value = buf[space + 1 : end - 1].partition(b"=")
-        try:
-            key_text, value_text = key.decode("ascii"), value.decode("utf-8")
-        except UnicodeError:
-            raise ArchiveRejectedError("tar: PAX record is not UTF-8") from None
-        if not eq or key_text not in _PAX_KEYS or key_text in records:
-            raise ArchiveRejectedError(f"tar: unexpected PAX record {key_text!r}")
-        records[key_text] = value_text
-        pos = end
-    return records
-
-
-def _parse_decimal(text: str, field: str) -> int:
-    if not text.isascii() or not text.isdigit() or len(text) > 20:
-        raise ArchiveRejectedError(f"tar: bad PAX {field}")
-    return int(text)
 
 
 def extract(
@@ -239,7 +124,7 @@ class _Extractor:
                 fileobj=self._reader,  # type: ignore[call-overload]
                 mode="r|",
                 bufsize=_TAR_BUFSIZE,
-                tarinfo=_StrictTarInfo,
+                tarinfo=StrictTarInfo,
                 encoding="utf-8",
                 errors="strict",
             )
@@ -261,20 +146,20 @@ class _Extractor:
         name = member.name
         digest = hashlib.blake2b(name.encode("utf-8"), digest_size=16).digest()
         if digest in self._seen:
-            raise ArchiveRejectedError(f"duplicate member {_shown(name)}")
+            raise ArchiveRejectedError(f"duplicate member {shown(name)}")
         self._seen.add(digest)
         if name == CHECKPOINT_META_MEMBER:
             self._meta = self._read_meta(tar, member)
             return
-        relpath = _workspace_relpath(name)
+        relpath = workspace_relpath(name)
         try:
             tarfile.data_filter(member.replace(name=relpath or ".", deep=False), self._staging_path)
         except tarfile.FilterError as exc:
             # The class names the problem; its message would echo host paths.
             raise ArchiveRejectedError(
-                f"data filter: {type(exc).__name__} ({_shown(name)})"
+                f"data filter: {type(exc).__name__} ({shown(name)})"
             ) from None
-        attrs = _Attrs(member.mode & PERMISSION_BITS, _mtime_ns(member))
+        attrs = _Attrs(member.mode & PERMISSION_BITS, member_mtime_ns(member))
         if relpath is None:
             if not member.isdir():
                 raise ArchiveRejectedError(f"{CHECKPOINT_WORKSPACE_PREFIX} is not a directory")
@@ -286,12 +171,12 @@ class _Extractor:
                 self._tree.make_dir(parts, attrs)
             elif member.issym():
                 if not symlink_target_inside(relpath, member.linkname):
-                    raise ArchiveRejectedError(f"symlink {_shown(relpath)} points outside")
+                    raise ArchiveRejectedError(f"symlink {shown(relpath)} points outside")
                 self._tree.symlink(parts, member.linkname, attrs.mtime_ns)
             else:
                 self._write_file(tar, member, parts, attrs)
         except FileExistsError:
-            raise ArchiveRejectedError(f"{_shown(relpath)} already exists") from None
+            raise ArchiveRejectedError(f"{shown(relpath)} already exists") from None
 
     def _read_meta(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
         if not member.isreg() or member.size > MAX_META_BYTES:
@@ -392,7 +277,7 @@ class _DirStack:
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise ArchiveRejectedError(
-                    f"{_shown(name)} is a symlink or file, not a directory"
+                    f"{shown(name)} is a symlink or file, not a directory"
                 ) from None
             raise
         self._open.append(_OpenDir(name, fd, attrs))
@@ -415,7 +300,7 @@ def _apply(fd: int, attrs: _Attrs) -> None:
 def _member_data(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
     data = tar.extractfile(member)
     if data is None:  # only for non-regular members, which never get here
-        raise ArchiveRejectedError(f"{_shown(member.name)} has no data")
+        raise ArchiveRejectedError(f"{shown(member.name)} has no data")
     return data
 
 
@@ -423,43 +308,6 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _workspace_relpath(name: str) -> str | None:
-    """``workspace/<relpath>`` to ``relpath``, ``workspace`` to None; refuse anything else."""
-    if name.startswith("/"):
-        raise ArchiveRejectedError(f"absolute member name {_shown(name)}")
-    if ".." in name.split("/"):
-        raise ArchiveRejectedError(f"member name {_shown(name)} contains '..'")
-    if name == CHECKPOINT_WORKSPACE_PREFIX:
-        return None
-    prefix = CHECKPOINT_WORKSPACE_PREFIX + "/"
-    if not name.startswith(prefix):
-        raise ArchiveRejectedError(f"member {_shown(name)} is outside {prefix}")
-    relpath = name[len(prefix) :]
-    try:
-        normalized = validate_workspace_path(relpath)
-    except ProtocolError as exc:
-        raise ArchiveRejectedError(f"member {_shown(name)}: {exc}") from None
-    if normalized != relpath:
-        raise ArchiveRejectedError(f"member name {_shown(name)} is not normalized")
-    return relpath
-
-
-def _mtime_ns(member: tarfile.TarInfo) -> int:
-    text = member.pax_headers.get("mtime")
-    if text is None:
-        return int(member.mtime) * 1_000_000_000
-    match = _MTIME_RE.fullmatch(text)
-    if match is None:
-        raise ArchiveRejectedError(f"bad mtime {text[:40]!r}")
-    sign, seconds, fraction = match.groups()
-    value = int(seconds) * 1_000_000_000 + int((fraction or "").ljust(9, "0"))
-    return -value if sign else value
-
-
-def _shown(name: str) -> str:
-    return repr(name if len(name) <= 120 else name[:120] + "...")
 
 
 def _drop_privileges(uid: int, gid: int) -> None:
