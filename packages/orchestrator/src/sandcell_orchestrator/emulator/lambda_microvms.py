@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -130,6 +131,8 @@ class MicrovmEmulator:
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         self.fleet.base_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+        # Job UIDs traverse every ancestor of a runner's workspace root.
+        os.chmod(self.fleet.base_dir, 0o711)  # noqa: S103
         timeout = httpx.Timeout(None, connect=2.0)
         async with (
             httpx.AsyncClient(timeout=timeout, trust_env=False) as self.proxy.client,
@@ -281,12 +284,13 @@ class MicrovmEmulator:
     # -- admin ------------------------------------------------------------------------------
 
     async def set_faults(self, request: Request) -> Response:
-        """Merge the posted fields into the faults (``boot_death_on_launch`` as a list)."""
+        """Merge the posted fields into the faults (sets of launch numbers as lists)."""
         body = await request.json()
         for name, value in body.items():
-            if not hasattr(self.faults, name):
+            current = getattr(self.faults, name, None)
+            if current is None and name != "token_lifetime_s":
                 return JSONResponse({"message": f"unknown fault {name!r}"}, status_code=400)
-            setattr(self.faults, name, set(value) if name == "boot_death_on_launch" else value)
+            setattr(self.faults, name, set(value) if isinstance(current, set) else value)
         return JSONResponse(
             {k: sorted(v) if isinstance(v, set) else v for k, v in asdict(self.faults).items()}
         )

@@ -99,6 +99,8 @@ class Faults:
 
     boot_death_on_launch: set[int] = field(default_factory=set)
     """1-based launch numbers whose VM terminates before it runs."""
+    runner_exits_on_launch: set[int] = field(default_factory=set)
+    """1-based launch numbers whose VM terminates after RUNNING, before its runner listens."""
     throttle: dict[str, int] = field(default_factory=dict)
     """Operation name (or ``"*"``) → how many upcoming calls answer ThrottlingException."""
     boot_delay_s: float = 0.0
@@ -343,6 +345,9 @@ class MicrovmFleet:
             if self.faults.listener_delay_s > 0:
                 await anyio.sleep(self.faults.listener_delay_s)
             if vm.state in TERMINAL:
+                return
+            if launch_number in self.faults.runner_exits_on_launch:
+                await self.terminate(vm, reason="Runtime.ExitError: the application exited")
                 return
             vm.process = await anyio.to_thread.run_sync(self._spawn, vm)
             if vm.state is VmState.SUSPENDED:

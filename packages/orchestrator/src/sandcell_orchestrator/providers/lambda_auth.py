@@ -154,6 +154,8 @@ class MicrovmProxyAuth(httpx.Auth):
         self, request: httpx.Request
     ) -> AsyncGenerator[httpx.Request, httpx.Response]:
         """Send with the cached token; after a proxy refusal, re-mint once and resend."""
+        # Judged before sending: a transport may buffer the stream while sending it.
+        replayable = isinstance(request.stream, httpx.ByteStream)
         token = await self._tokens.current()
         self._apply(request, token)
         response = yield request
@@ -163,7 +165,7 @@ class MicrovmProxyAuth(httpx.Auth):
         if _is_runner_refusal(response.content):
             # The runner refused its bearer token: a new proxy token would not help.
             return
-        if not isinstance(request.stream, httpx.ByteStream):
+        if not replayable:
             # A streamed body cannot be sent twice; the next request gets a new token.
             self._tokens.discard(token)
             return

@@ -1,0 +1,1 @@
+"""Tests of the Lambda MicroVM provider, against the emulator and botocore stubs."""

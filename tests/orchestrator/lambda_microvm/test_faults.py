@@ -1,0 +1,173 @@
+"""Launch and traffic failures, injected in the emulator: what is retried, what is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandcell_orchestrator.emulator import Faults, MicrovmEmulator, VmState
+from sandcell_orchestrator.errors import SandboxUnavailableError
+from sandcell_orchestrator.handle import SandboxHandle
+from sandcell_orchestrator.provider import SandboxSpec
+from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
+from sandcell_protocol import ExecuteRequest
+
+from .conftest import ProviderFactory
+
+
+def operations(emulator: MicrovmEmulator, name: str) -> list[str | None]:
+    """The client tokens (or VM ids) of every recorded call to ``name``."""
+    return [c.client_token or c.microvm_id for c in emulator.calls if c.operation == name]
+
+
+async def test_boot_death_is_retried_once_with_a_new_client_token(
+    provider: LambdaMicrovmProvider,
+    emulator: MicrovmEmulator,
+    faults: Faults,
+    handles: list[SandboxHandle],
+) -> None:
+    """The first VM dies while PENDING; one replacement launch, with a fresh clientToken."""
+    faults.boot_death_on_launch = {1}
+    handle = await provider.create(SandboxSpec())
+    handles.append(handle)
+
+    tokens = operations(emulator, "RunMicrovm")
+    assert len(tokens) == 2
+    assert len(set(tokens)) == 2
+    assert all(tokens)
+    states = sorted(vm.state for vm in emulator.fleet.vms.values())
+    assert states == [VmState.RUNNING, VmState.TERMINATED]
+    assert provider.metrics.launches_retried == 1
+    assert provider.metrics.launches_ok == 0
+    assert (await handle.runner.health()).status == "ok"
+
+
+async def test_a_second_boot_death_is_not_retried_again(
+    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator, faults: Faults
+) -> None:
+    """Exactly one retry: two deaths raise a retryable error after two launches."""
+    faults.boot_death_on_launch = {1, 2}
+    with pytest.raises(SandboxUnavailableError) as caught:
+        await provider.create(SandboxSpec())
+    assert caught.value.retryable
+    assert len(operations(emulator, "RunMicrovm")) == 2
+    assert provider.metrics.launches_failed == 1
+
+
+async def test_throttled_launch_is_not_retried(
+    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator, faults: Faults
+) -> None:
+    """ThrottlingException on RunMicrovm: one call, a retryable error, a counted throttle."""
+    faults.throttle = {"RunMicrovm": 5}
+    with pytest.raises(SandboxUnavailableError) as caught:
+        await provider.create(SandboxSpec())
+    assert caught.value.retryable
+    assert "ThrottlingException" in str(caught.value)
+    assert len(emulator.calls) == 1
+    assert emulator.calls[0].throttled
+    assert provider.metrics.throttles == 1
+    assert provider.metrics.launches_failed == 1
+    assert not emulator.fleet.vms
+
+
+async def test_throttled_status_poll_terminates_the_launched_vm(
+    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator, faults: Faults
+) -> None:
+    """A throttle after RunMicrovm surfaces, and the VM it launched is not left behind."""
+    faults.boot_delay_s = 0.3
+    faults.throttle = {"GetMicrovm": 1}
+    with pytest.raises(SandboxUnavailableError):
+        await provider.create(SandboxSpec())
+    assert len(operations(emulator, "RunMicrovm")) == 1
+    assert len(operations(emulator, "TerminateMicrovm")) == 1
+    assert [vm.state for vm in emulator.fleet.vms.values()] == [VmState.TERMINATED]
+
+
+async def test_boot_deadline_is_retryable_and_cleans_up(
+    provider_factory: ProviderFactory, emulator: MicrovmEmulator, faults: Faults
+) -> None:
+    """A VM still PENDING at SANDCELL_MICROVM_BOOT_TIMEOUT_S: terminated, no second launch."""
+    provider = provider_factory(boot_timeout_s=0.5)
+    faults.boot_delay_s = 3.0
+    with pytest.raises(SandboxUnavailableError) as caught:
+        await provider.create(SandboxSpec())
+    assert "not RUNNING" in str(caught.value)
+    assert len(operations(emulator, "RunMicrovm")) == 1
+    assert [vm.state for vm in emulator.fleet.vms.values()] == [VmState.TERMINATED]
+
+
+async def test_an_expired_proxy_token_is_reminted(
+    provider: LambdaMicrovmProvider,
+    emulator: MicrovmEmulator,
+    handles: list[SandboxHandle],
+) -> None:
+    """The proxy refuses an expired token (403); the auth re-mints once and resends."""
+    handle = await provider.create(SandboxSpec())
+    handles.append(handle)
+    assert provider.metrics.token_mints == 1
+    # Past the hour on the emulator's clock; the provider's clock still trusts its token.
+    emulator.clock.advance(3601)
+
+    result = await handle.runner.execute(ExecuteRequest(language="python", code="print('ok')"))
+
+    assert result.stdout == "ok\n"
+    assert provider.metrics.token_mints == 2
+    assert len(operations(emulator, "CreateMicrovmAuthToken")) == 2
+
+
+async def test_a_token_near_expiry_is_replaced_before_use(
+    provider_factory: ProviderFactory,
+    emulator: MicrovmEmulator,
+    handles: list[SandboxHandle],
+) -> None:
+    """The provider's own clock re-mints ahead of expiry, so no request is refused."""
+    now = [1000.0]
+    provider = provider_factory(clock=lambda: now[0], token_minutes=10)
+    handle = await provider.create(SandboxSpec())
+    handles.append(handle)
+    now[0] += 10 * 60 - 30  # inside the re-mint margin
+    await handle.runner.health()
+    assert provider.metrics.token_mints == 2
+
+
+async def test_a_long_readiness_poll_survives_token_expiry(
+    provider: LambdaMicrovmProvider,
+    emulator: MicrovmEmulator,
+    faults: Faults,
+    handles: list[SandboxHandle],
+) -> None:
+    """RUNNING long before the runner listens, tokens expiring meanwhile: still ready."""
+    faults.listener_delay_s = 2.0
+    faults.token_lifetime_s = 0.4
+    handle = await provider.create(SandboxSpec())
+    handles.append(handle)
+    assert provider.metrics.token_mints >= 3
+    assert provider.metrics.launches_ok == 1
+    assert len(operations(emulator, "RunMicrovm")) == 1
+
+
+async def test_a_vm_dying_while_its_runner_starts_is_replaced(
+    provider: LambdaMicrovmProvider,
+    emulator: MicrovmEmulator,
+    faults: Faults,
+    handles: list[SandboxHandle],
+) -> None:
+    """RUNNING, then TERMINATED before /health answered: counts as a boot death."""
+    faults.listener_delay_s = 1.5
+    faults.runner_exits_on_launch = {1}
+    handle = await provider.create(SandboxSpec())
+    handles.append(handle)
+    assert provider.metrics.launches_retried == 1
+    assert len(operations(emulator, "RunMicrovm")) == 2
+
+
+async def test_the_tps_budget_spaces_control_plane_calls(
+    provider_factory: ProviderFactory, emulator: MicrovmEmulator, handles: list[SandboxHandle]
+) -> None:
+    """With SANDCELL_MICROVM_TPS=2, launches are paced instead of bursting."""
+    provider = provider_factory(tps=2.0)
+    started = emulator.clock()
+    for _ in range(3):
+        handles.append(await provider.create(SandboxSpec()))
+    # Three RunMicrovm at 2/s with a burst of 2: the third waits ~0.5 s.
+    assert emulator.clock() - started >= 0.45
+    assert not any(call.throttled for call in emulator.calls)
