@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Benchmark checkpoint and restore through the runner's HTTP routes against tar.
+
+One generated tree of >= 200 MiB (about a thousand small source files, large
+compressible CSV, incompressible random data) in a session workspace. In one run:
+checkpoint (gzip and zstd) and restore throughput in MB/s of workspace, against
+`tar cf` / `tar xf` of the same tree, plus the runner's peak RSS growth.
+
+Usage: .venv/bin/python scripts/bench_checkpoint.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures.paths import traversable_dir  # noqa: E402
+from tests.fixtures.runner_process import RunnerProcess, start_runner  # noqa: E402
+
+from sandcell_protocol import runtime_session_id  # noqa: E402
+
+GENERATE = r"""
+import os, random
+random.seed(7)
+os.makedirs('src', exist_ok=True)
+for i in range(1000):
+    d = f'src/pkg{i % 40}'
+    os.makedirs(d, exist_ok=True)
+    with open(f'{d}/module_{i}.py', 'w') as f:
+        f.write(''.join(f'def func_{i}_{j}(x):\n    return x * {j} + {i}\n\n' for j in range(40)))
+os.makedirs('data', exist_ok=True)
+for n in range(4):
+    with open(f'data/table{n}.csv', 'w') as f:
+        f.write('id,name,value,flag\n')
+        line = 0
+        while f.tell() < 30 * 1024 * 1024:
+            f.write(f'{line},name-{line % 977},{(line * 7919) % 100000},{line % 2}\n' * 100)
+            line += 100
+with open('data/random.bin', 'wb') as f:
+    for _ in range(80):
+        f.write(os.urandom(1024 * 1024))
+"""
+
+MB = 1_000_000
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def timed(fn: object) -> float:
+    started = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - started
+
+
+class RssSampler:
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.baseline = self.process.memory_info().rss
+        self.peak = self.baseline
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.01)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+def checkpoint(runner: RunnerProcess, session: str, encoding: str, out: Path) -> tuple[float, int]:
+    headers = {**runner.headers(), "X-Runtime-Session-Id": session, "Accept-Encoding": encoding}
+    started = time.perf_counter()
+    size = 0
+    with (
+        httpx.stream(
+            "GET", runner.url + "/v1/session/checkpoint", headers=headers, timeout=600
+        ) as response,
+        out.open("wb") as sink,
+    ):
+        response.raise_for_status()
+        for chunk in response.iter_raw():
+            sink.write(chunk)
+            size += len(chunk)
+    return time.perf_counter() - started, size
+
+
+def restore(runner: RunnerProcess, session: str, archive: Path) -> float:
+    headers = {**runner.headers(), "X-Runtime-Session-Id": session}
+
+    def body() -> object:
+        with archive.open("rb") as source:
+            while chunk := source.read(1 << 20):
+                yield chunk
+
+    started = time.perf_counter()
+    response = httpx.post(
+        runner.url + "/v1/session/restore", content=body(), headers=headers, timeout=600
+    )
+    response.raise_for_status()
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    session = runtime_session_id("bench", "user", "checkpoint")
+    env = {"SANDCELL_RUNNER_SESSIONS": "1", "SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB": "2048"}
+    with traversable_dir("benchcp-") as base, tempfile.TemporaryDirectory() as scratch:
+        source = start_runner(base / "a", env=env)
+        target = start_runner(base / "b", env=env)
+        try:
+            made = httpx.post(
+                source.url + "/v1/execute",
+                json={
+                    "language": "python",
+                    "code": GENERATE,
+                    "timeout_ms": 600_000,
+                    "limits": {"memory_mib": 2048, "stdout_bytes": 1000},
+                },
+                headers={**source.headers(), "X-Runtime-Session-Id": session},
+                timeout=900,
+            ).json()
+            assert made["status"] == "ok", made
+            workspace = next((source.workspace_root / "session").glob("ws-*"))
+            size = tree_bytes(workspace)
+            tar_path = Path(scratch) / "tree.tar"
+            tar_c = timed(
+                lambda: subprocess.run(
+                    ["tar", "cf", str(tar_path), "-C", str(workspace), "."], check=True
+                )
+            )
+            extract_dir = base / "extract"
+            extract_dir.mkdir()
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(extract_dir)], check=True
+            )
+            try:
+                tar_x = timed(
+                    lambda: subprocess.run(
+                        ["tar", "xf", str(tar_path), "-C", str(extract_dir)], check=True
+                    )
+                )
+            finally:
+                subprocess.run(["umount", str(extract_dir)], check=True)
+            results = {}
+            for encoding in ("zstd", "gzip"):
+                archive = Path(scratch) / f"cp.{encoding}"
+                with RssSampler(source.process.pid) as rss:
+                    seconds, compressed = checkpoint(source, session, encoding, archive)
+                restore_s = restore(target, session, archive)
+                results[encoding] = (seconds, compressed, restore_s, rss.peak - rss.baseline)
+        finally:
+            source.stop()
+            target.stop()
+    print(f"tree: {size / MB:.0f} MB ({size / 2**20:.0f} MiB)")
+    print(f"tar cf  {size / MB / tar_c:8.1f} MB/s")
+    print(f"tar xf  {size / MB / tar_x:8.1f} MB/s (into tmpfs)")
+    for encoding, (seconds, compressed, restore_s, growth) in results.items():
+        print(
+            f"{encoding:5} checkpoint {size / MB / seconds:7.1f} MB/s ({size / MB / seconds / (size / MB / tar_c):.2f}x tar cf)"
+            f"  restore {size / MB / restore_s:7.1f} MB/s ({tar_x / restore_s:.2f}x tar xf)"
+            f"  archive {compressed / MB:.0f} MB  runner RSS growth {growth / 2**20:.0f} MiB"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    raise SystemExit(main())
