@@ -174,8 +174,9 @@ def main() -> int:
     print(f"tar cf  {size / MB / tar_c:8.1f} MB/s")
     print(f"tar xf  {size / MB / tar_x:8.1f} MB/s (into tmpfs)")
     for encoding, (seconds, compressed, restore_s, growth) in results.items():
+        rate = size / MB / seconds
         print(
-            f"{encoding:5} checkpoint {size / MB / seconds:7.1f} MB/s ({size / MB / seconds / (size / MB / tar_c):.2f}x tar cf)"
+            f"{encoding:5} checkpoint {rate:7.1f} MB/s ({tar_c / seconds:.2f}x tar cf)"
             f"  restore {size / MB / restore_s:7.1f} MB/s ({tar_x / restore_s:.2f}x tar xf)"
             f"  archive {compressed / MB:.0f} MB  runner RSS growth {growth / 2**20:.0f} MiB"
         )
