@@ -263,9 +263,10 @@ def job_exit_code(result: ExecuteResult) -> int:
         return 124
     if result.status in (RunStatus.MEMORY_LIMIT, RunStatus.SIGNALED):
         return 137
-    if result.exit_code is not None and (result.exit_code != 0 or result.status == RunStatus.OK):
-        return result.exit_code & 0xFF
-    return 0 if result.status == RunStatus.OK else 1
+    ok = result.status == RunStatus.OK
+    code = (result.exit_code or 0) & 0xFF
+    # A failure must never read as success, even when its code wraps to 0.
+    return code if ok or code else 1
 
 
 # -- sessions ------------------------------------------------------------------------

@@ -182,6 +182,19 @@ def _api_keys(settings: OrchestratorSettings) -> _ApiKeys:
     return _ApiKeys({}, insecure=True)
 
 
+# First match wins; the message is the error's own (orchestrator errors carry no
+# secrets) and retryability its class's.
+_DIRECT: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, ErrorCode], ...] = (
+    (ProtocolError, 400, ErrorCode.BAD_REQUEST),
+    (SessionRequiredError, 400, ErrorCode.SESSION_REQUIRED),
+    (SessionBusyError, 409, ErrorCode.SESSION_BUSY),
+    (SessionConflictError, 409, ErrorCode.SESSION_CONFLICT),
+    (InputMissingError, 400, ErrorCode.INPUT_MISSING),
+    ((ProtocolMismatchError, PeerProtocolMismatchError), 502, ErrorCode.PROTOCOL_MISMATCH),
+    ((SandboxUnavailableError, LockLostError, RegistryError), 503, ErrorCode.BUSY),
+)
+
+
 def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
     """The HTTP status and ``ErrorBody`` an exception becomes; total over exceptions."""
     if isinstance(exc, _Unauthorized):
@@ -190,18 +203,10 @@ def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
         return 413, error_body(
             ErrorCode.PAYLOAD_TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes"
         )
-    if isinstance(exc, ProtocolError):
-        return 400, error_body(ErrorCode.BAD_REQUEST, str(exc))
-    if isinstance(exc, SessionRequiredError):
-        return 400, error_body(ErrorCode.SESSION_REQUIRED, str(exc))
-    if isinstance(exc, SessionBusyError):
-        return 409, error_body(ErrorCode.SESSION_BUSY, str(exc), retryable=True)
-    if isinstance(exc, SessionConflictError):
-        return 409, error_body(ErrorCode.SESSION_CONFLICT, str(exc))
-    if isinstance(exc, InputMissingError):
-        return 400, error_body(ErrorCode.INPUT_MISSING, str(exc))
-    if isinstance(exc, ProtocolMismatchError | PeerProtocolMismatchError):
-        return 502, error_body(ErrorCode.PROTOCOL_MISMATCH, str(exc))
+    for kinds, status, code in _DIRECT:
+        if isinstance(exc, kinds):
+            retryable = bool(getattr(exc, "retryable", False))
+            return status, error_body(code, str(exc), retryable=retryable)
     if isinstance(exc, RunnerRequestError):
         try:
             code = ErrorCode(exc.code)
@@ -218,8 +223,6 @@ def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
         return 504, error_body(
             ErrorCode.BUSY, "the sandbox did not answer in time", retryable=False
         )
-    if isinstance(exc, SandboxUnavailableError | LockLostError | RegistryError):
-        return 503, error_body(ErrorCode.BUSY, str(exc), retryable=True)
     if isinstance(exc, CheckpointError):
         log.error("session state could not be restored: %s", exc)
         return 500, error_body(

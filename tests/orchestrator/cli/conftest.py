@@ -1,0 +1,107 @@
+"""Fixtures for the ``sandcell`` CLI and service tests: a fresh ``SANDCELL_HOME`` each.
+
+The CLI runs as real subprocesses (each ``sandcell exec`` is its own process,
+which is the point: sessions cross processes through the snapshot store), and
+the service runs in-process under a real uvicorn. Both launch real runners
+through the local provider, under a runtime directory job UIDs can traverse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.fixtures.paths import traversable_dir
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "scripts" / "sandcell"
+
+
+def clean_environ(**overrides: str) -> dict[str, str]:
+    """This process's environment without any ``SANDCELL_*`` variable, plus overrides."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDCELL_")}
+    env.update(overrides)
+    return env
+
+
+def runner_processes(runtime_dir: Path) -> list[psutil.Process]:
+    """Live processes started for sandboxes under ``runtime_dir`` (runners and their jails)."""
+    marker = str(runtime_dir)
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if marker in " ".join(process.cmdline()) or any(
+                marker in value for value in process.environ().values()
+            ):
+                found.append(process)
+    return found
+
+
+def stop_leftovers(runtime_dir: Path) -> list[psutil.Process]:
+    """Kill what a failed test left under ``runtime_dir`` (only ours); returns them."""
+    leftovers = runner_processes(runtime_dir)
+    for process in leftovers:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(leftovers, timeout=10)
+    return leftovers
+
+
+@dataclass
+class Cli:
+    """Runs ``sandcell`` as a subprocess against one fresh ``SANDCELL_HOME``."""
+
+    home: Path
+    runtime_dir: Path
+    env: dict[str, str]
+
+    def run(
+        self,
+        *args: str,
+        stdin: str | None = None,
+        script: bool = False,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        command = [str(SCRIPT)] if script else [sys.executable, "-m", "sandcell_orchestrator"]
+        return subprocess.run(
+            [*command, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env={**self.env, **(env or {})},
+            cwd=cwd or self.home.parent,
+            timeout=300,
+            check=False,
+        )
+
+    def checkpoint_path(self, session_id: str) -> Path:
+        return self.home / "snapshots" / "checkpoints" / f"{session_id}.tar.gz"
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    """Where the local provider keeps runner roots; nothing may be left running there."""
+    with traversable_dir("cli-") as base:
+        path = base / "sandboxes"
+        yield path
+        leftovers = stop_leftovers(path)
+        assert not leftovers, f"runner processes left behind: {leftovers}"
+
+
+@pytest.fixture
+def cli(tmp_path: Path, runtime_dir: Path) -> Cli:
+    home = tmp_path / "home"
+    env = clean_environ(SANDCELL_HOME=str(home), SANDCELL_LOCAL_RUNTIME_DIR=str(runtime_dir))
+    return Cli(home=home, runtime_dir=runtime_dir, env=env)

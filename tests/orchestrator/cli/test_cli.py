@@ -1,0 +1,141 @@
+"""The ``sandcell`` CLI's main job, as a user runs it: separate processes, fresh home."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+from pathlib import Path
+
+import pytest
+
+from sandcell_orchestrator.cli import CLI_NAMESPACE
+from sandcell_protocol import ExecuteResult, RunStatus, decode, runtime_session_id
+
+from .conftest import Cli, runner_processes
+
+
+def session_id(hint: str) -> str:
+    return runtime_session_id(CLI_NAMESPACE, pwd.getpwuid(os.getuid()).pw_name, hint)
+
+
+def assert_clean(cli: Cli) -> None:
+    """After a CLI call: no runner process and no runner root left behind."""
+    assert runner_processes(cli.runtime_dir) == []
+    assert not cli.runtime_dir.exists() or list(cli.runtime_dir.iterdir()) == []
+
+
+def test_main_job_from_any_directory(cli: Cli, tmp_path: Path) -> None:
+    """``scripts/sandcell exec "print(6*7)"`` prints 42 and exits 0, run from elsewhere."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = cli.run("exec", "print(6*7)", script=True, cwd=elsewhere)
+    assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
+    assert "Traceback" not in done.stderr
+    assert_clean(cli)
+
+
+def test_session_files_persist_across_processes(cli: Cli) -> None:
+    """Two calls with one --session see each other's files, though each is its own process."""
+    first = cli.run("exec", "--session", "demo", "open('notes.txt', 'w').write('kept')")
+    assert first.returncode == 0, first.stderr
+    assert "sandcell: files: notes.txt" in first.stderr
+    assert_clean(cli)
+    assert cli.checkpoint_path(session_id("demo")).is_file()
+
+    second = cli.run("exec", "--session", "demo", "print(open('notes.txt').read())")
+    assert (second.returncode, second.stdout) == (0, "kept\n"), second.stderr
+    other = cli.run("exec", "--session", "other", "import os; print(os.listdir('.'))")
+    assert (other.returncode, other.stdout) == (0, "[]\n"), other.stderr
+    assert_clean(cli)
+
+
+def test_file_is_delivered(cli: Cli, tmp_path: Path) -> None:
+    """--file PATH puts the file in the workspace under its base name."""
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    done = cli.run("exec", "--file", str(data), "print(open('data.csv').read(), end='')")
+    assert (done.returncode, done.stdout) == (0, "a,b\n1,2\n"), done.stderr
+
+
+def test_missing_file_is_one_line(cli: Cli, tmp_path: Path) -> None:
+    done = cli.run("exec", "--file", str(tmp_path / "absent"), "print(1)")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert "absent" in done.stderr
+
+
+def test_json_output_decodes_as_execute_result(cli: Cli) -> None:
+    done = cli.run("exec", "--json", "print('hi')")
+    assert done.returncode == 0, done.stderr
+    result = decode(done.stdout, ExecuteResult)
+    assert (result.status, result.stdout, result.exit_code) == (RunStatus.OK, "hi\n", 0)
+
+
+def test_code_from_stdin(cli: Cli) -> None:
+    done = cli.run("exec", "-", stdin="import sys\nprint(sys.argv[0] != '', 2 + 2)\n")
+    assert (done.returncode, done.stdout) == (0, "True 4\n"), done.stderr
+
+
+def test_exit_code_mirrors_the_job(cli: Cli) -> None:
+    """exit(3) exits 3, with the job's stderr and a status line on stderr."""
+    done = cli.run("exec", "import sys; print('out'); print('err', file=sys.stderr); exit(3)")
+    assert done.returncode == 3
+    assert done.stdout == "out\n"
+    assert done.stderr.startswith("err\n")
+    assert "sandcell: status error, exit code 3" in done.stderr
+
+
+def test_timeout_exits_124(cli: Cli) -> None:
+    done = cli.run("exec", "--timeout-s", "0.5", "while True: pass")
+    assert done.returncode == 124, done.stderr
+    assert "status timeout" in done.stderr
+    assert_clean(cli)
+
+
+def test_sessions_list_and_destroy(cli: Cli) -> None:
+    """list shows the session; destroy removes it and its checkpoint."""
+    assert cli.run("exec", "--session", "demo", "open('f', 'w').write('x')").returncode == 0
+    sid = session_id("demo")
+
+    listing = cli.run("sessions", "list")
+    assert listing.returncode == 0, listing.stderr
+    assert f"{sid}  saved" in listing.stdout
+    assert listing.stdout.rstrip().endswith("demo")
+    rows = json.loads(cli.run("sessions", "list", "--json").stdout)
+    assert [(r["session_id"], r["hint"], r["checkpoint"]) for r in rows] == [(sid, "demo", True)]
+
+    destroyed = cli.run("sessions", "destroy", "demo")
+    assert (destroyed.returncode, destroyed.stdout) == (0, f"destroyed {sid}\n"), destroyed.stderr
+    assert not cli.checkpoint_path(sid).exists()
+    assert sid not in cli.run("sessions", "list").stdout
+    again = cli.run("sessions", "destroy", sid)
+    assert again.returncode == 1
+    assert "no session" in again.stderr
+
+    fresh = cli.run("exec", "--session", "demo", "import os; print(os.listdir('.'))")
+    assert fresh.stdout == "[]\n", fresh.stderr
+    assert_clean(cli)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["exec", "--session", "no spaces", "print(1)"], {}, "--session"),
+        (["exec", "print(1)"], {"SANDCELL_PROVIDER": "nope"}, "SANDCELL_PROVIDER"),
+        (["exec", "print(1)"], {"SANDCELL_RUNTIME_SESSION_MODE": "strict"}, "session hint"),
+        (["exec", "--language", "cobol", "print(1)"], {}, "cobol"),
+        (["sessions", "destroy", "not a hint"], {}, "--session"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(
+    cli: Cli, args: list[str], env: dict[str, str], message: str
+) -> None:
+    """Errors from sandcell are one clear line on stderr and exit 2; never a traceback."""
+    done = cli.run(*args, env=env)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("sandcell: "), done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert_clean(cli)
