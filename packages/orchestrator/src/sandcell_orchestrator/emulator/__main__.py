@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One line per proxied request is noise; the emulator logs VM state changes.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     emulator = MicrovmEmulator(base_dir=base_dir)
     logging.getLogger(__name__).info(
         "MicroVM emulator on http://%s:%d (VMs under %s)", args.host, args.port, base_dir

@@ -152,7 +152,8 @@ class LambdaMicrovmProvider:
         self._new_client_token = new_client_token
         key = settings.runner_key
         if key is None:
-            log.warning(
+            # Production refuses to start without a key; elsewhere this is a note.
+            log.info(
                 "%s is unset: runner tokens come from a per-process key, so only this "
                 "process can reach the MicroVMs it launches",
                 ENV.RUNNER_KEY,

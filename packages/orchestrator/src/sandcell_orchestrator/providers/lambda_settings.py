@@ -7,6 +7,7 @@ an invalid configuration cannot exist: every ``ConfigError`` names the variable.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -67,7 +68,7 @@ class LambdaMicrovmSettings:
     endpoint_url: str | None = None
     region: str | None = None
     token_minutes: int = MAX_TOKEN_MINUTES
-    boot_timeout_s: float = 120.0
+    boot_timeout_s: float = 60.0
     max_duration_s: int = _MAX_DURATION_S
     retention_s: int = 3_600
     tps: float = 5.0
@@ -99,11 +100,11 @@ class LambdaMicrovmSettings:
             endpoint_url=read.text(ENV.ENDPOINT_URL),
             region=read.text(ENV.REGION),
             token_minutes=read.number(ENV.TOKEN_MINUTES, MAX_TOKEN_MINUTES, int),
-            boot_timeout_s=read.number(ENV.BOOT_TIMEOUT_S, 120.0, float),
+            boot_timeout_s=read.number(ENV.BOOT_TIMEOUT_S, 60.0, float),
             max_duration_s=read.number(ENV.MAX_DURATION_S, _MAX_DURATION_S, int),
             retention_s=read.number(ENV.RETENTION_S, 3_600, int),
             tps=read.number(ENV.TPS, 5.0, float),
-            idle_timeout_s=read.number(ENV.IDLE_TIMEOUT_S, 1_800, int),
+            idle_timeout_s=read.number(ENV.IDLE_TIMEOUT_S, 1_800, _whole_seconds),
             runner_port=read.number(ENV.RUNNER_PORT, 8080, int),
             poll_interval_s=read.number(ENV.POLL_INTERVAL_S, 1.0, float),
             runner_key=read.text(ENV.RUNNER_KEY),
@@ -173,6 +174,11 @@ def _check_policy(s: LambdaMicrovmSettings) -> None:
             f"{ENV.RUNNER_KEY} is required under {ENV.SANDCELL_ENV}=production: every "
             "worker derives a VM's runner token from it"
         )
+
+
+def _whole_seconds(raw: str) -> int:
+    """Seconds as the orchestrator's settings read them (a float), rounded up."""
+    return math.ceil(float(raw))
 
 
 class _Reader:
