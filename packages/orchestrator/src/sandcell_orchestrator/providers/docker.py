@@ -53,7 +53,7 @@ from ..provider import (
     SnapshotRef,
 )
 from ..runner_client import RunnerClient
-from ..snapshots import SnapshotStore
+from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from .docker_api import EngineAPIError, EngineClient, parse_docker_host
 
 __all__ = ["PROVIDER_NAME", "DockerProvider", "DockerSettings", "sandbox_session_id"]
@@ -284,6 +284,10 @@ class DockerProvider:
     async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
         if isinstance(ref, NativeSnapshot):
             raise SandboxNotFoundError("the docker provider has no native snapshots")
+        # A missing snapshot fails before a container is made for it (a HEAD, not an
+        # open GET held idle while the container starts).
+        if not await self._store.exists(ref.key):
+            raise SnapshotNotFoundError(f"snapshot {ref.key!r} is not in the store")
         handle = await self.create(spec)
         try:
             async with self._store.get(

@@ -1,0 +1,274 @@
+"""The Docker provider against a real engine: container shape, isolation, cleanup, errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sandcell_orchestrator.errors import (
+    CheckpointError,
+    ConfigError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+)
+from sandcell_orchestrator.provider import ObjectSnapshot, SandboxSpec
+from sandcell_orchestrator.providers.docker import (
+    SESSION_LABEL,
+    DockerProvider,
+    sandbox_session_id,
+)
+from sandcell_orchestrator.snapshots import DirectorySnapshotStore
+from sandcell_protocol import ExecuteRequest, Limits, RunStatus, runtime_session_id
+
+from .conftest import RUN_ID, RUN_LABEL, Engine, MakeProvider
+
+UUID_LABEL = "sandcell.uuid"
+
+
+def _with(spec: SandboxSpec, **labels: str) -> SandboxSpec:
+    return dataclasses.replace(spec, labels={**spec.labels, **labels})
+
+
+async def test_container_shape(engine: Engine, provider: DockerProvider, spec: SandboxSpec) -> None:
+    """Labels, limits, ulimits, a loopback-only random port, the minimum privileges."""
+    session = runtime_session_id("docker", "user", "shape")
+    sandbox_uuid = uuid.uuid4().hex
+    handle = await provider.create(
+        _with(spec, **{SESSION_LABEL: session, UUID_LABEL: sandbox_uuid})
+    )
+    try:
+        info = await engine.inspect(handle.sandbox_id)
+        assert info is not None
+        labels = info["Config"]["Labels"]
+        assert labels["sandcell.sandbox"] == "1"
+        assert labels[UUID_LABEL] == sandbox_uuid
+        assert labels[SESSION_LABEL] == session
+        assert labels[RUN_LABEL] == RUN_ID
+        host = info["HostConfig"]
+        assert host["Memory"] == 1024 * 1024 * 1024
+        assert host["PidsLimit"] == 512
+        assert host["NanoCpus"] == 1_000_000_000
+        assert host["Privileged"] is False
+        assert host["CapAdd"] == ["SYS_ADMIN"] or host["CapAdd"] == ["CAP_SYS_ADMIN"]
+        ulimits = {u["Name"].removeprefix("RLIMIT_").lower(): u for u in host["Ulimits"]}
+        assert ulimits["nofile"]["Hard"] == provider._settings.nofile
+        assert ulimits["nproc"]["Hard"] == provider._settings.nproc
+        (binding,) = info["NetworkSettings"]["Ports"]["8080/tcp"]
+        assert binding["HostIp"] == "127.0.0.1"
+        assert handle.endpoint == f"http://127.0.0.1:{binding['HostPort']}"
+        token = next(
+            e.partition("=")[2]
+            for e in info["Config"]["Env"]
+            if e.startswith("SANDCELL_RUNNER_TOKEN=")
+        )
+        assert len(token) >= 32
+        assert token not in repr(handle) + repr(handle.runner) + repr(provider)
+        assert all(token not in value for value in labels.values())
+        assert handle.session_id == session
+    finally:
+        await handle.close()
+        await provider.destroy(handle.sandbox_id)
+    assert await engine.inspect(handle.sandbox_id) is None
+
+
+async def test_runner_isolation_is_complete(provider: DockerProvider, spec: SandboxSpec) -> None:
+    """With CAP_SYS_ADMIN and /proc unmasked the runner reports no weakened isolation:
+    jobs run jailed as an unprivileged UID, and per-job memory cgroups catch an OOM."""
+    handle = await provider.create(spec)
+    try:
+        health = await handle.runner.health()
+        assert health.warnings == []
+        assert {"python", "bash"} <= set(health.languages)
+        who = await handle.runner.execute(
+            ExecuteRequest(language="bash", code="id -u; cat /proc/1/cmdline | tr '\\0' ' '")
+        )
+        uid, _, init = who.stdout.partition("\n")
+        assert who.status is RunStatus.OK, who.stderr
+        assert int(uid) >= 1000
+        assert "sandcell" not in init  # a pid namespace of its own: the runner is invisible
+        hog = await handle.runner.execute(
+            ExecuteRequest(
+                language="python",
+                code="x = bytearray(400 * 1024 * 1024)",
+                limits=Limits(memory_mib=128),
+            )
+        )
+        assert hog.status is RunStatus.MEMORY_LIMIT
+    finally:
+        await handle.close()
+        await provider.destroy(handle.sandbox_id)
+
+
+@pytest.mark.parametrize("privileges", ["no-caps", "privileged"])
+async def test_other_privilege_modes_run_jailed_jobs(
+    make_provider: MakeProvider, spec: SandboxSpec, privileges: str
+) -> None:
+    """The documented alternatives work too; no-caps says what it gives up."""
+    provider = make_provider(privileges=privileges)
+    handle = await provider.create(spec)
+    try:
+        health = await handle.runner.health()
+        if privileges == "no-caps":
+            assert any("cgroups unavailable" in warning for warning in health.warnings)
+        else:
+            assert health.warnings == []
+        result = await handle.runner.execute(ExecuteRequest(language="bash", code="id -u"))
+        assert result.status is RunStatus.OK, result.stderr
+        assert int(result.stdout) >= 1000
+    finally:
+        await handle.close()
+        await provider.destroy(handle.sandbox_id)
+
+
+async def test_session_id_without_a_label_is_derived_and_recovered(
+    make_provider: MakeProvider, spec: SandboxSpec
+) -> None:
+    """No session label: the id derives from the container id, and a fresh provider's
+    connect derives the same one. Two concurrent creates get different ports."""
+    provider = make_provider()
+    async with anyio.create_task_group() as group:
+        handles = []
+
+        async def create() -> None:
+            handles.append(await provider.create(spec))
+
+        group.start_soon(create)
+        group.start_soon(create)
+    try:
+        first, second = handles
+        assert first.endpoint != second.endpoint
+        assert first.session_id == sandbox_session_id(first.sandbox_id)
+        connected = await make_provider().connect(first.sandbox_id)
+        try:
+            assert connected.session_id == first.session_id
+            assert connected.endpoint == first.endpoint
+            result = await connected.runner.execute(
+                ExecuteRequest(language="python", code="print('hi')"),
+                session_id=connected.session_id,
+            )
+            assert result.stdout == "hi\n"
+        finally:
+            await connected.close()
+    finally:
+        for handle in handles:
+            await handle.close()
+            await provider.destroy(handle.sandbox_id)
+
+
+async def test_a_runner_that_never_gets_healthy_is_removed(
+    engine: Engine, provider: DockerProvider, spec: SandboxSpec
+) -> None:
+    """A runner that exits at start-up fails create quickly, with its log, and no orphan."""
+    sandbox_uuid = uuid.uuid4().hex
+    broken = dataclasses.replace(
+        _with(spec, **{UUID_LABEL: sandbox_uuid}), env={"SANDCELL_RUNNER_TIMEOUT_MS": "soon"}
+    )
+    with anyio.fail_after(20):
+        with pytest.raises(SandboxUnavailableError, match="exited") as caught:
+            await provider.create(broken)
+    assert "SANDCELL_RUNNER_TIMEOUT_MS" in str(caught.value)  # the log tail says why
+    assert await engine.containers(**{UUID_LABEL: sandbox_uuid}) == []
+
+
+async def test_a_cancelled_create_leaves_no_container(
+    engine: Engine, provider: DockerProvider, spec: SandboxSpec
+) -> None:
+    """Cancelled while waiting for /health: the container is removed anyway."""
+    sandbox_uuid = uuid.uuid4().hex
+    labelled = _with(spec, **{UUID_LABEL: sandbox_uuid})
+    with anyio.move_on_after(0.4):
+        await provider.create(labelled)
+        pytest.fail("create finished before the cancellation; nothing was tested")
+    assert await engine.containers(**{UUID_LABEL: sandbox_uuid}) == []
+
+
+async def test_missing_image_is_a_config_error(provider: DockerProvider, spec: SandboxSpec) -> None:
+    """The message names the image and how to build it."""
+    missing = dataclasses.replace(spec, image="localhost/sandcell-no-such-image:none")
+    with pytest.raises(ConfigError, match=r"sandcell-no-such-image:none.*build-runner-image"):
+        await provider.create(missing)
+
+
+async def test_destroy_and_connect_leave_foreign_containers_alone(
+    engine: Engine, provider: DockerProvider
+) -> None:
+    """A container without the sandcell label is neither removed nor connected to."""
+    async with engine.client() as client:
+        created = await client.post(
+            "/containers/create",
+            json={"Image": engine.image, "Labels": {RUN_LABEL: RUN_ID}},
+        )
+        created.raise_for_status()
+        container_id = created.json()["Id"]
+    await provider.destroy(container_id)
+    assert await engine.inspect(container_id) is not None
+    with pytest.raises(SandboxNotFoundError):
+        await provider.connect(container_id)
+    # the session teardown removes it (it carries this run's label)
+
+
+async def test_connect_to_a_stopped_or_missing_sandbox(
+    provider: DockerProvider, spec: SandboxSpec
+) -> None:
+    """Gone means SandboxNotFoundError, also for ids that are not container ids."""
+    for bad in ("0" * 64, "../../containers/json", "short"):
+        with pytest.raises(SandboxNotFoundError):
+            await provider.connect(bad)
+        await provider.destroy(bad)
+
+
+def test_sandcell_exec_with_the_docker_provider(engine: Engine, tmp_path: Path) -> None:
+    """The documented command: two `sandcell exec` calls share a session's files."""
+    env = {
+        **os.environ,
+        "SANDCELL_HOME": str(tmp_path / "home"),
+        "SANDCELL_PROVIDER": "docker",
+        "DOCKER_HOST": engine.docker_host,
+        "SANDCELL_DOCKER_IMAGE": engine.image,
+    }
+    cli = [sys.executable, "-m", "sandcell_orchestrator", "exec", "--session", "demo"]
+    first = subprocess.run(
+        [*cli, "open('answer.txt', 'w').write(str(6 * 7))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run(
+        [*cli, "print(open('answer.txt').read())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "42"
+
+
+async def test_a_failed_restore_leaves_no_container(
+    engine: Engine, provider: DockerProvider, spec: SandboxSpec, store: DirectorySnapshotStore
+) -> None:
+    """resume of a corrupt snapshot: the runner rejects it, the new container is removed."""
+
+    async def garbage() -> AsyncIterator[bytes]:
+        yield b"this is not a checkpoint archive" * 100
+
+    info = await store.put("corrupt/one.tar", garbage(), max_bytes=1 << 20)
+    sandbox_uuid = uuid.uuid4().hex
+    session = runtime_session_id("docker", "user", "corrupt")
+    labelled = _with(spec, **{SESSION_LABEL: session, UUID_LABEL: sandbox_uuid})
+    ref = ObjectSnapshot(key=info.key, sha256=info.sha256, size=info.size)
+    with pytest.raises(CheckpointError):
+        await provider.resume(ref, labelled)
+    assert await engine.containers(**{UUID_LABEL: sandbox_uuid}) == []
