@@ -30,7 +30,7 @@ from .providers.local import LocalProvider, LocalSettings
 from .registry import SessionRegistry
 from .snapshots import SnapshotStore, open_snapshot_store
 
-__all__ = ["Services", "open_provider", "open_services"]
+__all__ = ["Services", "open_provider", "open_registry", "open_services"]
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,6 @@ class Services:
     inputs: DirectoryInputSource
     metrics: Metrics
     execution: ExecutionService
-
-    @property
-    def embedded_registry(self) -> bool:
-        """True when the registry lives in this process (and dies with it)."""
-        return self.settings.registry_url is None
 
 
 def open_registry(settings: OrchestratorSettings) -> SessionRegistry:

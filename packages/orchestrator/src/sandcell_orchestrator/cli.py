@@ -196,12 +196,12 @@ async def _exec(
         **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
     )
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
-    if hint is not None:
-        session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
-        # Recorded before the turn: a turn that dies after its checkpoint still
-        # leaves a session the user can list and destroy.
-        await asyncio.to_thread(_CliSessions(settings.home).touch, session_id, hint=hint)
     async with open_services(settings) as services:
+        if hint is not None:
+            session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
+            # Recorded before the turn: a turn that dies after its checkpoint still
+            # leaves a session the user can list and destroy.
+            await asyncio.to_thread(_CliSessions(settings.home).touch, session_id, hint=hint)
         result = await services.execution.execute(request, identity, hint=hint)
     if args.json:
         out.write(encode(result).decode() + "\n")
