@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import anyio
 import pytest
-import redis
 import redis.asyncio
 
 from sandcell_orchestrator.errors import SandboxUnavailableError
@@ -22,6 +16,7 @@ from sandcell_orchestrator.providers.ratelimit import (
     RateLimiter,
     RedisRateLimiter,
 )
+from tests.fixtures.runner_process import free_port
 
 
 class FakeTime:
@@ -78,50 +73,6 @@ async def test_a_wait_longer_than_max_wait_is_refused_and_reserves_nothing() -> 
 # -- Redis ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``$SANDCELL_TEST_REDIS_URL`` (scripts/test), or a private redis-server."""
-    url = os.environ.get("SANDCELL_TEST_REDIS_URL")
-    if url:
-        yield url
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("SANDCELL_TEST_REDIS_URL is unset and redis-server is not installed")
-    port = _free_port()
-    workdir: Path = tmp_path_factory.mktemp("redis")
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    proc = subprocess.Popen(
-        [*argv, "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        probe = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                probe.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                assert time.monotonic() < deadline
-                assert proc.poll() is None
-                time.sleep(0.05)
-        probe.close()
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 @pytest.fixture
 async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
     client = redis.asyncio.Redis.from_url(redis_url)
@@ -158,7 +109,7 @@ async def test_redis_down_falls_back_to_an_in_process_bucket(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Rate limiting is about speed: an unreachable Redis must not fail the call."""
-    limiter = RedisRateLimiter.from_url(f"redis://127.0.0.1:{_free_port()}/0", tps=100)
+    limiter = RedisRateLimiter.from_url(f"redis://127.0.0.1:{free_port()}/0", tps=100)
     try:
         with anyio.fail_after(10):
             await limiter.acquire("RunMicrovm")
