@@ -12,7 +12,7 @@ MB/s are workspace (uncompressed) megabytes per second; ratios compare against
 tar in the same run, because these machines are noisy. Run as root or not: the
 restore extracts as the current UID.
 
-Usage: .venv/bin/python scripts/bench_checkpoint_raw.py [--mib 200] [--repeat 3]
+Usage: .venv/bin/python scripts/bench_checkpoint_raw.py [--mib 200] [--repeat 3] [--dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -144,9 +144,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", help="scratch directory (e.g. /dev/shm to leave the disk out)")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-", dir=args.dir) as tmp:
         scratch = Path(tmp)
         workspace = scratch / "workspace"
         total = generate(workspace, args.mib)

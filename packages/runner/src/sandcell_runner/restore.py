@@ -6,6 +6,10 @@ before it reads a byte: a parser bug can then write only what that UID may,
 and nothing of it runs in the runner's address space. This side streams the
 request body into the child's stdin with backpressure, hashes what it sent,
 and turns the child's verdict into ``CheckpointMeta`` or ``ArchiveRejectedError``.
+
+The second half of this module states what a restore accepts at the tar level
+(``StrictTarInfo``, ``workspace_relpath``, ``member_mtime_ns``); the child
+parses with it.
 """
 
 from __future__ import annotations
