@@ -415,6 +415,6 @@ class _TarOutput:
         elif len(self._pending) < _CHUNK_BYTES:
             return
         pending, self._pending = self._pending, bytearray()
-        # A threaded zstd compressor releases whole jobs (MiBs) at once.
+        # One compress() call may release far more than a chunk (a whole zstd block).
         for start in range(0, len(pending), 2 * _CHUNK_BYTES):
             yield bytes(pending[start : start + 2 * _CHUNK_BYTES])
