@@ -243,12 +243,26 @@ def test_sigkill_of_runner_leaves_no_jail_behind(runner_factory: StartRunner) ->
         assert first == {"type": "stdout", "data": "up\n"}
         parent = psutil.Process(runner.process.pid)
         descendants = parent.children(recursive=True)
-        assert any("nsjail" in " ".join(p.cmdline()) for p in descendants)
+        assert any("nsjail" in " ".join(_cmdline(p)) for p in descendants)
         os.kill(runner.process.pid, signal.SIGKILL)
         runner.process.wait(timeout=10)
     deadline = time.monotonic() + 10
     alive = descendants
     while alive and time.monotonic() < deadline:
-        alive = [p for p in descendants if p.is_running() and p.status() != "zombie"]
+        alive = [p for p in descendants if _alive(p)]
         time.sleep(0.05)
-    assert not alive, [p.cmdline() for p in alive]
+    assert not alive, [_cmdline(p) for p in alive]
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # exited, or a zombie not yet reaped
+        return []
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
