@@ -7,7 +7,20 @@ from __future__ import annotations
 
 from importlib.metadata import version as _dist_version
 
-from . import headers, routes
+from . import app_messages, headers, routes
+from .app_messages import (
+    AnalysisResult,
+    Diagnostic,
+    LogLine,
+    LogLines,
+    ProcessInfo,
+    ProcessList,
+    ProcessStart,
+    RuntimeErrorRecord,
+    RuntimeErrorReport,
+    RuntimeErrors,
+    ToolStatus,
+)
 from .codec import decode, decode_event, encode, encode_event, error_body
 from .derivations import (
     checkpoint_key,
@@ -63,7 +76,9 @@ __version__ = _dist_version("sandcell-protocol")
 __all__ = [
     "ERROR_SEMANTICS",
     "PROTOCOL_VERSION",
+    "AnalysisResult",
     "CheckpointMeta",
+    "Diagnostic",
     "ErrorBody",
     "ErrorCode",
     "ErrorDetail",
@@ -84,19 +99,29 @@ __all__ = [
     "Language",
     "Languages",
     "Limits",
+    "LogLine",
+    "LogLines",
     "OutputFile",
     "PrimedInput",
+    "ProcessInfo",
+    "ProcessList",
+    "ProcessStart",
     "ProtocolError",
     "ProtocolMismatchError",
     "RestoreResult",
     "ResultEvent",
     "RunStatus",
+    "RuntimeErrorRecord",
+    "RuntimeErrorReport",
+    "RuntimeErrors",
     "SandcellProtocolError",
     "StderrEvent",
     "StdoutEvent",
     "StreamEvent",
     "SurfacedOutput",
+    "ToolStatus",
     "__version__",
+    "app_messages",
     "check_compatible",
     "checkpoint_key",
     "decode",
