@@ -1,0 +1,312 @@
+"""``/preview/{instance_id}/{path}``: HTTP and WebSocket proxy to an instance's dev server.
+
+Requests go to the runner's ``/v1/session/ports/{port}/{path}`` with the runner's
+bearer token and session header (never the caller's credentials), and with
+``X-Forwarded-Prefix: /preview/<id>/`` so the runner's injected error reporter
+posts back through this proxy (``POST /preview/<id>/__sandcell/runtime-errors``
+is forwarded like any other path, then wakes the webhook check).
+
+Access: an unguessable per-instance token, accepted as ``?token=`` (and then
+stripped before forwarding) or from the ``sandcell_preview`` cookie that the
+first tokened response sets: HttpOnly, SameSite=Lax, Path=/preview/<id>/,
+Secure when the public URL is https. A missing or wrong token and an unknown
+instance get the same 401.
+
+Every request and WebSocket message counts as activity for idle shutdown.
+
+Limits worth knowing: previews share the service's origin, so a preview's
+scripts can request another preview's path from the same browser (cookie paths
+do not isolate scripts); serve mutually untrusted previews from separate hosts.
+Apps must use relative URLs (or the forwarded prefix) to stay under the prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from urllib.parse import unquote
+
+import websockets
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection, connect
+
+from sandcell_protocol import ErrorCode, encode, error_body
+
+from ..errors import SandcellError
+from .instances import AppInstances, Instance
+
+__all__ = ["COOKIE_NAME", "PreviewProxy"]
+
+log = logging.getLogger(__name__)
+
+COOKIE_NAME = "sandcell_preview"
+RUNTIME_ERRORS_PATH = "__sandcell/runtime-errors"
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Never forwarded upstream: ours (auth, the runner's protocol headers) or rebuilt here.
+_DROPPED_REQUEST = _HOP_BY_HOP | {
+    "host",
+    "authorization",
+    "cookie",
+    "x-runtime-session-id",
+    "x-sandcell-protocol",
+    "x-request-id",
+    "x-forwarded-prefix",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-for",
+}
+_WS_MAX_BYTES = 16 << 20
+
+
+class _QuietHandshake(logging.Filter):
+    """websockets logs handshake headers at DEBUG; ours carry the runner's token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("> ", "< "))
+
+
+_WS_LOG = logging.getLogger(__name__ + ".websocket")
+_WS_LOG.addFilter(_QuietHandshake())
+
+
+def _json_error(status: int, code: ErrorCode, message: str) -> Response:
+    return Response(
+        encode(error_body(code, message)), status_code=status, media_type="application/json"
+    )
+
+
+def _unauthorized() -> Response:
+    return _json_error(401, ErrorCode.UNAUTHORIZED, "preview token missing or invalid")
+
+
+def _forward_path(raw_path: bytes, instance_id: str) -> str | None:
+    """The still-encoded path below the prefix, or ``None`` if it could escape it."""
+    prefix = f"/preview/{instance_id}/"
+    path = raw_path.decode("latin-1")
+    if not path.startswith(prefix):
+        return None
+    rest = path[len(prefix) :]
+    # The runner resolves dot segments: '..' (however encoded) could climb out of
+    # the ports route into the runner's own routes with our token.
+    if any(unquote(part) in (".", "..") for part in rest.split("/")):
+        return None
+    return rest
+
+
+def _forward_query(raw_query: bytes) -> str:
+    """The query string without our ``token`` parameter, otherwise byte for byte."""
+    parts = raw_query.decode("latin-1").split("&") if raw_query else []
+    return "&".join(p for p in parts if p and unquote(p.split("=", 1)[0]) != "token")
+
+
+def _cookie_header(raw: str | None) -> str | None:
+    """The app's cookies, minus ours."""
+    if not raw:
+        return None
+    kept = [
+        c.strip() for c in raw.split(";") if c.strip() and c.strip().split("=", 1)[0] != COOKIE_NAME
+    ]
+    return "; ".join(kept) or None
+
+
+class PreviewProxy:
+    """The preview routes; ``instances`` is read per request (it exists once serving)."""
+
+    def __init__(
+        self,
+        instances: Callable[[], AppInstances],
+        *,
+        on_browser_report: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._instances = instances
+        self._on_browser_report = on_browser_report
+
+    def routes(self) -> list[BaseRoute]:
+        """Starlette routes: the prefix redirect, HTTP, and WebSocket."""
+        return [
+            Route("/preview/{instance_id}", self.redirect, methods=_METHODS),
+            Route("/preview/{instance_id}/{path:path}", self.http, methods=_METHODS),
+            WebSocketRoute("/preview/{instance_id}/{path:path}", self.websocket),
+        ]
+
+    def _authorize(
+        self, instance_id: str, query_token: str | None, cookie: str | None
+    ) -> tuple[Instance | None, bool]:
+        instances = self._instances()
+        if query_token:
+            found = instances.authorize_preview(instance_id, query_token)
+            if found is not None:
+                return found, True
+        return instances.authorize_preview(instance_id, cookie), False
+
+    async def redirect(self, request: Request) -> Response:
+        """``/preview/<id>`` → ``/preview/<id>/`` (query kept), so relative URLs resolve."""
+        target = f"/preview/{request.path_params['instance_id']}/"
+        if request.url.query:
+            target += "?" + request.url.query
+        return RedirectResponse(target, status_code=307)
+
+    async def http(self, request: Request) -> Response:
+        """Proxy one HTTP request to the instance's preview port."""
+        instance_id = request.path_params["instance_id"]
+        instance, via_query = self._authorize(
+            instance_id, request.query_params.get("token"), request.cookies.get(COOKIE_NAME)
+        )
+        if instance is None:
+            return _unauthorized()
+        path = _forward_path(
+            request.scope.get("raw_path") or request.url.path.encode(), instance_id
+        )
+        if path is None:
+            return _json_error(400, ErrorCode.INVALID_PATH, "preview path may not contain . or ..")
+        instances = self._instances()
+        instances.touch(instance)
+        upstream_headers = {
+            k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_REQUEST
+        }
+        cookies = _cookie_header(request.headers.get("cookie"))
+        if cookies:
+            upstream_headers["cookie"] = cookies
+        upstream_headers["x-forwarded-prefix"] = instance.preview_prefix
+        upstream_headers["x-forwarded-proto"] = request.url.scheme
+        if "host" in request.headers:
+            upstream_headers["x-forwarded-host"] = request.headers["host"]
+        has_body = request.method not in ("GET", "HEAD") or "content-length" in request.headers
+        try:
+            upstream = await instance.runner.port_request(
+                request.method,
+                instance.manifest.preview_port,
+                path,
+                query=_forward_query(request.scope.get("query_string", b"")),
+                request_headers=upstream_headers,
+                content=request.stream() if has_body else None,
+            )
+        except SandcellError as exc:
+            log.info("preview %s: upstream failed: %s", instance.instance_id, type(exc).__name__)
+            return _json_error(502, ErrorCode.BUSY, "the preview is not reachable right now")
+        headers = {
+            k: v
+            for k, v in upstream.headers.multi_items()
+            if k.lower() not in _HOP_BY_HOP and k.lower() != "set-cookie"
+        }
+        response = StreamingResponse(
+            upstream.aiter_raw(),
+            status_code=upstream.status_code,
+            headers=headers,
+            background=BackgroundTask(upstream.aclose),
+        )
+        for value in upstream.headers.get_list("set-cookie"):
+            response.raw_headers.append((b"set-cookie", value.encode("latin-1")))
+        if via_query:
+            response.set_cookie(
+                COOKIE_NAME,
+                instance.preview_token,
+                path=instance.preview_prefix,
+                httponly=True,
+                samesite="lax",
+                secure=instances.settings.public_url.startswith("https:"),
+            )
+            # The URL carries the token: keep it out of Referer headers to other sites.
+            response.headers["referrer-policy"] = "same-origin"
+        if request.method == "POST" and path == RUNTIME_ERRORS_PATH:
+            self._on_browser_report()
+        return response
+
+    async def websocket(self, websocket: WebSocket) -> None:
+        """Proxy a WebSocket (dev-server hot reload) to the instance's preview port."""
+        instance_id = websocket.path_params["instance_id"]
+        instance, _ = self._authorize(
+            instance_id, websocket.query_params.get("token"), websocket.cookies.get(COOKIE_NAME)
+        )
+        raw_path = websocket.scope.get("raw_path") or websocket.url.path.encode()
+        path = _forward_path(raw_path, instance_id) if instance is not None else None
+        if instance is None or path is None:
+            await websocket.close(code=1008)
+            return
+        instances = self._instances()
+        instances.touch(instance)
+        runner = instance.runner
+        target = runner.websocket_target(
+            instance.manifest.preview_port,
+            path,
+            query=_forward_query(websocket.scope.get("query_string", b"")),
+        )
+        extra = {**runner.auth_headers(), "X-Forwarded-Prefix": instance.preview_prefix}
+        subprotocols = websocket.scope.get("subprotocols") or None
+        try:
+            upstream = await connect(
+                target,
+                additional_headers=extra,
+                subprotocols=subprotocols,
+                proxy=None,
+                max_size=_WS_MAX_BYTES,
+                logger=_WS_LOG,
+                open_timeout=10,
+            )
+        except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
+            log.info("preview %s: websocket upstream failed: %s", instance_id, type(exc).__name__)
+            await websocket.close(code=1011)
+            return
+        async with upstream:
+            await websocket.accept(subprotocol=upstream.subprotocol)
+            await _pump(websocket, upstream, touch=lambda: instances.touch(instance))
+
+
+async def _pump(
+    websocket: WebSocket, upstream: ClientConnection, *, touch: Callable[[], None]
+) -> None:
+    async def downstream_to_upstream() -> None:
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                touch()
+                if message.get("text") is not None:
+                    await upstream.send(message["text"])
+                elif message.get("bytes") is not None:
+                    await upstream.send(message["bytes"])
+        except WebSocketDisconnect:
+            return
+
+    async def upstream_to_downstream() -> None:
+        with contextlib.suppress(websockets.exceptions.ConnectionClosed):
+            async for data in upstream:
+                touch()
+                if isinstance(data, str):
+                    await websocket.send_text(data)
+                else:
+                    await websocket.send_bytes(data)
+
+    tasks = [
+        asyncio.create_task(downstream_to_upstream()),
+        asyncio.create_task(upstream_to_downstream()),
+    ]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        code = upstream.close_code or 1000
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await websocket.close(code=code if code != 1006 else 1011)

@@ -1,0 +1,299 @@
+"""The app-instance API on ``sandcell serve`` (bearer API key; errors are ``ErrorBody``).
+
+    POST   /v1/instances                     CreateInstance -> InstanceCreated
+    GET    /v1/instances                     InstanceList (the caller's namespace)
+    GET    /v1/instances/{id}                InstanceInfo
+    DELETE /v1/instances/{id}                204: dev server stopped, sandbox destroyed
+    POST   /v1/instances/{id}/files          WriteFiles -> FilesWritten
+    POST   /v1/instances/{id}/commands       RunCommands -> CommandResults (policy first)
+    GET    /v1/instances/{id}/analysis       AnalysisResult
+    GET    /v1/instances/{id}/runtime-errors RuntimeErrors (?since=epoch seconds)
+    DELETE /v1/instances/{id}/runtime-errors 204
+    GET    /v1/instances/{id}/logs           LogLines (?lines=N&filter=regex)
+    *      /preview/{id}/{path}              the dev server (preview token, see preview.py)
+
+Wiring into the serve app (``service_app.create_app``)::
+
+    install_app_routes(app, settings, services=lambda: service.services,
+                       namespace_of=service.keys.namespace)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from sandcell_protocol import ERROR_SEMANTICS, ErrorBody, ErrorCode, decode, encode, error_body
+
+from ..bootstrap import Services
+from ..config import OrchestratorSettings
+from ..manager import SandboxManager
+from .errors import AppRequestError, InstanceStartError
+from .instances import AppInstances, Instance
+from .lifecycle import InstanceSupervisor
+from .messages import CreateInstance, InstanceInfo, InstanceList, RunCommands, WriteFiles
+from .policy import CommandDeniedError
+from .preview import PreviewProxy
+from .settings import AppSettings
+from .templates import TemplateError, TemplateNotFoundError, TemplateRegistry
+from .webhooks import WebhookSender
+
+__all__ = ["MAX_BODY_BYTES", "AppService", "install_app_routes"]
+
+MAX_BODY_BYTES = 32 << 20
+_JSON = "application/json"
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def app_error(exc: BaseException) -> tuple[int, ErrorBody] | None:
+    """The status and body of this module's own errors; ``None`` for anything else."""
+    if isinstance(exc, _TooLarge):
+        message = f"the body exceeds {MAX_BODY_BYTES} bytes"
+        return 413, error_body(ErrorCode.PAYLOAD_TOO_LARGE, message)
+    if isinstance(exc, AppRequestError):
+        return ERROR_SEMANTICS[exc.code].http_status, error_body(exc.code, str(exc))
+    if isinstance(exc, CommandDeniedError | TemplateNotFoundError):
+        return 400, error_body(ErrorCode.BAD_REQUEST, str(exc))
+    if isinstance(exc, TemplateError | InstanceStartError):
+        # The template's own failure (its output is the caller's to read), not a bug here.
+        return 500, error_body(ErrorCode.INTERNAL, str(exc))
+    return None
+
+
+class AppService:
+    """The app-instance API's routes and the lifespan that runs its instances."""
+
+    def __init__(
+        self,
+        settings: OrchestratorSettings,
+        *,
+        namespace_of: Callable[[Request], str],
+        app_settings: AppSettings | None = None,
+    ) -> None:
+        # Imported here: service_app imports this module to install it.
+        from ..service_app import map_error
+
+        self.settings = settings
+        self.app_settings = app_settings or AppSettings.from_orchestrator(settings)
+        self._namespace_of = namespace_of
+        self._map_error = map_error
+        self._instances: AppInstances | None = None
+        self._supervisor: InstanceSupervisor | None = None
+        self.preview = PreviewProxy(lambda: self.instances, on_browser_report=self._poke)
+
+    def __repr__(self) -> str:
+        return f"AppService(running={self._instances is not None})"
+
+    @property
+    def instances(self) -> AppInstances:
+        if self._instances is None:
+            raise RuntimeError("the app-instance API is not started (its lifespan has not run)")
+        return self._instances
+
+    @property
+    def supervisor(self) -> InstanceSupervisor:
+        if self._supervisor is None:
+            raise RuntimeError("the app-instance API is not started (its lifespan has not run)")
+        return self._supervisor
+
+    def _poke(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.poke()
+
+    @contextlib.asynccontextmanager
+    async def running(self, services: Services) -> AsyncIterator[AppInstances]:
+        """Run instances on ``services`` for the block; every instance is shut down after."""
+        config = self.app_settings
+        async with contextlib.AsyncExitStack() as stack:
+            webhooks = None
+            if config.webhook_secret is not None:
+                webhooks = WebhookSender(secret=config.webhook_secret)
+                await stack.enter_async_context(webhooks)
+            instances = AppInstances(
+                SandboxManager(services.provider, services.registry),
+                store=services.store,
+                templates=TemplateRegistry(config.templates),
+                settings=config,
+                webhooks=webhooks,
+                checkpoint_max_bytes=self.settings.checkpoint_max_bytes,
+            )
+            stack.push_async_callback(instances.aclose)
+            supervisor = InstanceSupervisor(instances)
+            await stack.enter_async_context(supervisor.running())
+            self._instances, self._supervisor = instances, supervisor
+            try:
+                yield instances
+            finally:
+                self._instances = self._supervisor = None
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _guard(self, endpoint: Endpoint) -> Endpoint:
+        async def guarded(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except Exception as exc:
+                mapped = app_error(exc) or self._map_error(exc)
+                status, body = mapped
+                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+                return Response(encode(body), status_code=status, media_type=_JSON, headers=headers)
+
+        return guarded
+
+    def routes(self) -> list[BaseRoute]:
+        """Every route of the API and the preview."""
+        guard = self._guard
+        base = "/v1/instances"
+        one = base + "/{instance_id}"
+        return [
+            Route(base, guard(self.create), methods=["POST"]),
+            Route(base, guard(self.list_instances), methods=["GET"]),
+            Route(one, guard(self.info), methods=["GET"]),
+            Route(one, guard(self.destroy), methods=["DELETE"]),
+            Route(one + "/files", guard(self.write_files), methods=["POST"]),
+            Route(one + "/commands", guard(self.run_commands), methods=["POST"]),
+            Route(one + "/analysis", guard(self.analysis), methods=["GET"]),
+            Route(one + "/runtime-errors", guard(self.runtime_errors), methods=["GET"]),
+            Route(one + "/runtime-errors", guard(self.clear_errors), methods=["DELETE"]),
+            Route(one + "/logs", guard(self.logs), methods=["GET"]),
+            *self.preview.routes(),
+        ]
+
+    # -- endpoints ----------------------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        body = decode(await _read_body(request), CreateInstance)
+        created = await self.instances.create(body, owner=owner)
+        return _json(created, status=201)
+
+    async def list_instances(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        instances = self.instances
+        found = [self._info(item) for item in instances.owned_by(owner)]
+        return _json(InstanceList(instances=found))
+
+    async def info(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        return _json(self._info(self.instances.get(_id(request), owner=owner)))
+
+    def _info(self, instance: Instance) -> InstanceInfo:
+        status: Any = instance.status if instance.status != "stopped" else "degraded"
+        return InstanceInfo(
+            instance_id=instance.instance_id,
+            template=instance.template,
+            project_name=instance.project_name,
+            status=status,
+            dev_server="unknown",
+            idle_s=round(self.instances.clock() - instance.last_active, 3),
+        )
+
+    async def destroy(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        await self.instances.destroy(_id(request), owner=owner)
+        return Response(status_code=204)
+
+    async def write_files(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        instance_id = _id(request)
+        self.instances.get(instance_id, owner=owner)
+        body = decode(await _read_body(request), WriteFiles)
+        return _json(await self.instances.write_files(instance_id, body, owner=owner))
+
+    async def run_commands(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        instance_id = _id(request)
+        self.instances.get(instance_id, owner=owner)
+        body = decode(await _read_body(request), RunCommands)
+        return _json(await self.instances.run_commands(instance_id, body, owner=owner))
+
+    async def analysis(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        return _json(await self.instances.analysis(_id(request), owner=owner))
+
+    async def runtime_errors(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        since = _query_number(request, "since", float)
+        found = await self.instances.runtime_errors(_id(request), owner=owner, since=since)
+        return _json(found)
+
+    async def clear_errors(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        await self.instances.clear_runtime_errors(_id(request), owner=owner)
+        return Response(status_code=204)
+
+    async def logs(self, request: Request) -> Response:
+        owner = self._namespace_of(request)
+        lines = _query_number(request, "lines", int)
+        pattern = request.query_params.get("filter")
+        found = await self.instances.logs(_id(request), owner=owner, lines=lines, filter=pattern)
+        return _json(found)
+
+
+def install_app_routes(
+    app: Starlette,
+    settings: OrchestratorSettings,
+    *,
+    services: Callable[[], Services],
+    namespace_of: Callable[[Request], str],
+    app_settings: AppSettings | None = None,
+) -> AppService:
+    """Add the app-instance routes to ``app`` and run its instances inside ``app``'s lifespan.
+
+    ``services`` is called once the app's own lifespan has opened them;
+    ``namespace_of`` authenticates a request (bearer API key -> tenant namespace).
+    """
+    service = AppService(settings, namespace_of=namespace_of, app_settings=app_settings)
+    app.router.routes.extend(service.routes())
+    outer = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(target: Any) -> AsyncIterator[Any]:
+        async with outer(target) as state, service.running(services()):
+            yield state
+
+    app.router.lifespan_context = lifespan
+    return service
+
+
+def _id(request: Request) -> str:
+    value: str = request.path_params["instance_id"]
+    return value
+
+
+def _json(value: object, *, status: int = 200) -> Response:
+    return Response(encode(value), status_code=status, media_type=_JSON)
+
+
+def _query_number(request: Request, name: str, kind: type[int] | type[float]) -> Any:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return kind(raw)
+    except ValueError:
+        raise AppRequestError(f"{name}: expected a number, got {raw[:40]!r}") from None
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _TooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
