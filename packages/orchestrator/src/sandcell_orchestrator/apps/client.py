@@ -15,24 +15,29 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterable, Mapping
-from typing import TypeVar
-from urllib.parse import quote
+from typing import Literal, TypeVar
 
 import httpx
 
-from sandcell_protocol import PROTOCOL_VERSION, ProtocolError, decode, encode, headers, routes
-
-from ..errors import SandboxUnavailableError
-from ..handle import SandboxHandle
-from ..runner_errors import Redactor, error_from_response, map_transport_errors
-from .wire import (
+from sandcell_protocol import (
+    PROTOCOL_VERSION,
     AnalysisResult,
     LogLines,
     ProcessInfo,
     ProcessList,
     ProcessStart,
+    ProtocolError,
     RuntimeErrors,
+    decode,
+    encode,
+    headers,
+    routes,
 )
+from sandcell_protocol.app_messages import port_path, process_path
+
+from ..errors import RunnerRequestError, SandboxUnavailableError
+from ..handle import SandboxHandle
+from ..runner_errors import Redactor, error_from_response, map_transport_errors
 
 __all__ = ["AppRunnerClient"]
 
@@ -154,7 +159,7 @@ class AppRunnerClient:
 
     async def stop_process(self, tag: str) -> None:
         """``DELETE /v1/session/processes/{tag}``: TERM, then KILL after the runner's grace."""
-        await self._call("DELETE", f"{routes.SESSION_PROCESSES}/{quote(tag, safe='')}")
+        await self._call("DELETE", _tag_path(tag))
 
     async def logs(
         self, tag: str, *, lines: int | None = None, filter: str | None = None
@@ -165,7 +170,7 @@ class AppRunnerClient:
             params["lines"] = str(lines)
         if filter is not None:
             params["filter"] = filter
-        route = f"{routes.SESSION_PROCESSES}/{quote(tag, safe='')}/logs"
+        route = _tag_path(tag, "logs")
         return self._decode(await self._call("GET", route, params=params), LogLines)
 
     # -- diagnostics ------------------------------------------------------------------
@@ -189,10 +194,6 @@ class AppRunnerClient:
 
     # -- ports --------------------------------------------------------------------------
 
-    def port_path(self, port: int, raw_path: str) -> str:
-        """The runner route of ``raw_path`` (still percent-encoded) on ``port``."""
-        return f"{routes.SESSION_PORTS_PREFIX}{port}/{raw_path.lstrip('/')}"
-
     async def port_request(
         self,
         method: str,
@@ -209,7 +210,7 @@ class AppRunnerClient:
         Transport failures still map to ``SandboxUnavailableError``; the caller
         closes the response.
         """
-        url = self.base_url + self.port_path(port, raw_path) + (f"?{query}" if query else "")
+        url = self.base_url + port_path(port, raw_path) + (f"?{query}" if query else "")
         request = self._client.build_request(
             method,
             httpx.URL(url),
@@ -227,5 +228,12 @@ class AppRunnerClient:
         """The ``ws://`` URL of ``raw_path`` on ``port`` (send ``auth_headers()`` with it)."""
         scheme = "wss" if self.base_url.startswith("https:") else "ws"
         rest = self.base_url.split("://", 1)[1]
-        target = f"{scheme}://{rest}{self.port_path(port, raw_path)}"
+        target = f"{scheme}://{rest}{port_path(port, raw_path)}"
         return target + (f"?{query}" if query else "")
+
+
+def _tag_path(tag: str, suffix: Literal["", "logs", "stdin"] = "") -> str:
+    try:
+        return process_path(tag, suffix)
+    except ValueError as exc:
+        raise RunnerRequestError(f"refused before sending: {exc}", code="bad_request") from None

@@ -27,7 +27,15 @@ from dataclasses import dataclass, field
 import anyio
 import msgspec
 
-from sandcell_protocol import ErrorCode, ExecuteRequest, ProtocolError, validate_workspace_path
+from sandcell_protocol import (
+    AnalysisResult,
+    ErrorCode,
+    ExecuteRequest,
+    LogLines,
+    ProtocolError,
+    RuntimeErrors,
+    validate_workspace_path,
+)
 
 from ..errors import SandboxNotFoundError, SandcellError
 from ..handle import SandboxHandle
@@ -51,7 +59,6 @@ from .policy import CommandPolicy
 from .settings import AppSettings
 from .templates import TemplateManifest, TemplateRegistry
 from .webhooks import WebhookSender
-from .wire import AnalysisResult, LogLines, RuntimeErrors
 
 __all__ = ["AppInstances", "Instance"]
 

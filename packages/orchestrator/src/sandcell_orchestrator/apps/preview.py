@@ -37,6 +37,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
 
 from sandcell_protocol import ErrorCode, encode, error_body
+from sandcell_protocol.app_messages import BROWSER_ERRORS_PATH, FORWARDED_PREFIX_HEADER
 
 from ..errors import SandcellError
 from .instances import AppInstances, Instance
@@ -46,7 +47,6 @@ __all__ = ["COOKIE_NAME", "PreviewProxy"]
 log = logging.getLogger(__name__)
 
 COOKIE_NAME = "sandcell_preview"
-RUNTIME_ERRORS_PATH = "__sandcell/runtime-errors"
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _HOP_BY_HOP = frozenset(
     {
@@ -186,7 +186,7 @@ class PreviewProxy:
         cookies = _cookie_header(request.headers.get("cookie"))
         if cookies:
             upstream_headers["cookie"] = cookies
-        upstream_headers["x-forwarded-prefix"] = instance.preview_prefix
+        upstream_headers[FORWARDED_PREFIX_HEADER.lower()] = instance.preview_prefix
         upstream_headers["x-forwarded-proto"] = request.url.scheme
         if "host" in request.headers:
             upstream_headers["x-forwarded-host"] = request.headers["host"]
@@ -227,7 +227,7 @@ class PreviewProxy:
             )
             # The URL carries the token: keep it out of Referer headers to other sites.
             response.headers["referrer-policy"] = "same-origin"
-        if request.method == "POST" and path == RUNTIME_ERRORS_PATH:
+        if request.method == "POST" and path == BROWSER_ERRORS_PATH:
             self._on_browser_report()
         return response
 
@@ -250,7 +250,7 @@ class PreviewProxy:
             path,
             query=_forward_query(websocket.scope.get("query_string", b"")),
         )
-        extra = {**runner.auth_headers(), "X-Forwarded-Prefix": instance.preview_prefix}
+        extra = {**runner.auth_headers(), FORWARDED_PREFIX_HEADER: instance.preview_prefix}
         subprotocols = websocket.scope.get("subprotocols") or None
         try:
             upstream = await connect(

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 
 import anyio
 
+from sandcell_protocol import ProcessStart
+
 from ..errors import (
     SandboxCommandError,
     SandboxTimeoutError,
@@ -24,7 +26,6 @@ from .client import AppRunnerClient
 from .errors import InstanceStartError
 from .settings import GitAuthor
 from .templates import Template, TemplateManifest
-from .wire import ProcessStart
 
 __all__ = [
     "DEV_TAG",
