@@ -33,6 +33,7 @@ from sandcell_protocol import ERROR_SEMANTICS, ErrorBody, ErrorCode, decode, enc
 
 from ..bootstrap import Services
 from ..config import OrchestratorSettings
+from ..errors import SandcellError
 from ..manager import SandboxManager
 from .errors import AppRequestError, InstanceStartError
 from .instances import AppInstances, Instance
@@ -40,6 +41,7 @@ from .lifecycle import InstanceSupervisor
 from .messages import CreateInstance, InstanceInfo, InstanceList, RunCommands, WriteFiles
 from .policy import CommandDeniedError
 from .preview import PreviewProxy
+from .provision import DEV_TAG
 from .settings import AppSettings
 from .templates import TemplateError, TemplateNotFoundError, TemplateRegistry
 from .webhooks import WebhookSender
@@ -179,22 +181,28 @@ class AppService:
 
     async def list_instances(self, request: Request) -> Response:
         owner = self._namespace_of(request)
-        instances = self.instances
-        found = [self._info(item) for item in instances.owned_by(owner)]
+        found = [self._info(item) for item in self.instances.owned_by(owner)]
         return _json(InstanceList(instances=found))
 
     async def info(self, request: Request) -> Response:
+        """One instance, with its dev server's state asked of the runner."""
         owner = self._namespace_of(request)
-        return _json(self._info(self.instances.get(_id(request), owner=owner)))
+        instance = self.instances.get(_id(request), owner=owner)
+        dev_server: Any = "unknown"
+        with contextlib.suppress(SandcellError):
+            process = await instance.runner.process(DEV_TAG)
+            dev_server = process.state if process is not None else "exited"
+        return _json(self._info(instance, dev_server=dev_server))
 
-    def _info(self, instance: Instance) -> InstanceInfo:
+    def _info(self, instance: Instance, *, dev_server: Any = "unknown") -> InstanceInfo:
+        # Not a touch: looking at an instance is not using it.
         status: Any = instance.status if instance.status != "stopped" else "degraded"
         return InstanceInfo(
             instance_id=instance.instance_id,
             template=instance.template,
             project_name=instance.project_name,
             status=status,
-            dev_server="unknown",
+            dev_server=dev_server,
             idle_s=round(self.instances.clock() - instance.last_active, 3),
         )
 
@@ -252,9 +260,11 @@ def install_app_routes(
 
     ``services`` is called once the app's own lifespan has opened them;
     ``namespace_of`` authenticates a request (bearer API key -> tenant namespace).
+    The returned ``AppService`` is also ``app.state.apps``.
     """
     service = AppService(settings, namespace_of=namespace_of, app_settings=app_settings)
     app.router.routes.extend(service.routes())
+    app.state.apps = service
     outer = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
