@@ -24,7 +24,7 @@ def secrets_of(emulator: MicrovmEmulator, handles: list[SandboxHandle]) -> set[s
     found = {
         RUNNER_KEY,
         os.environ["AWS_SECRET_ACCESS_KEY"],
-        *emulator.fleet._tokens,
+        *emulator.proxy.tokens.values(),
         *(
             derive_runner_token(RUNNER_KEY.encode(), h.sandbox_id.rpartition("~")[2])
             for h in handles
@@ -69,7 +69,6 @@ async def test_debug_logs_and_errors_hold_no_credential(
         await handle.runner.health()
     except SandcellError as exc:
         errors.append(exc)
-    # A terminated VM's proxy tokens are forgotten: collect them while it lives.
     known = secrets_of(emulator, handles)
     async with httpx.AsyncClient(trust_env=False) as admin:
         await admin.post(f"{emulator_url}/_emulator/vms/{vm_id_of(handle)}/kill")

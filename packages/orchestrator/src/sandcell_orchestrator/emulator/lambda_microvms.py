@@ -182,7 +182,7 @@ class MicrovmEmulator:
         return vm
 
     def _describe(self, request: Request, vm: EmulatedVm) -> dict[str, object]:
-        return vm.describe(f"{str(request.base_url).rstrip('/')}/vm/{vm.microvm_id}")
+        return describe_vm(vm, f"{str(request.base_url).rstrip('/')}/vm/{vm.microvm_id}")
 
     def _image_arn(self, name: str) -> str:
         return f"arn:aws:lambda:{self.region}:{self.account}:microvm-image:{name}"
@@ -265,7 +265,8 @@ class MicrovmEmulator:
             raise ServiceError(400, "ValidationException", "expirationInMinutes must be 1..60")
         if vm.state in TERMINAL:
             raise ServiceError(409, "ConflictException", f"the MicroVM is {vm.state}")
-        value = self.fleet.mint(vm, minutes=minutes, ports=_allowed_ports(body.get("allowedPorts")))
+        ports = _allowed_ports(body.get("allowedPorts"))
+        value = self.proxy.tokens.mint(vm, minutes=minutes, ports=ports)
         return 200, {"authToken": {"X-aws-proxy-auth": value}}
 
     async def create_image(self, request: Request, body: Body) -> tuple[int, object]:
@@ -317,6 +318,34 @@ class MicrovmEmulator:
 
     async def list_calls(self, request: Request) -> Response:
         return JSONResponse([asdict(call) for call in self.calls])
+
+
+def describe_vm(vm: EmulatedVm, endpoint: str) -> dict[str, object]:
+    """The GetMicrovm / RunMicrovm answer."""
+    answer: dict[str, object] = {
+        "microvmId": vm.microvm_id,
+        "state": vm.state.value,
+        "endpoint": endpoint,
+        "imageArn": vm.image_arn,
+        "imageVersion": vm.image_version,
+        "maximumDurationInSeconds": vm.max_duration_s,
+        "startedAt": vm.started_at,
+        "egressNetworkConnectors": list(vm.egress),
+        "ingressNetworkConnectors": list(vm.ingress),
+    }
+    if vm.idle is not None:
+        answer["idlePolicy"] = {
+            "maxIdleDurationSeconds": vm.idle.max_idle_s,
+            "suspendedDurationSeconds": vm.idle.suspended_s,
+            "autoResumeEnabled": vm.idle.auto_resume,
+        }
+    if vm.execution_role_arn:
+        answer["executionRoleArn"] = vm.execution_role_arn
+    if vm.state_reason:
+        answer["stateReason"] = vm.state_reason
+    if vm.terminated_at is not None:
+        answer["terminatedAt"] = vm.terminated_at
+    return answer
 
 
 async def _json_object(request: Request) -> Body:

@@ -9,15 +9,17 @@ and the proxy's own headers are not forwarded.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .vm import TERMINAL, EmulatedVm, MicrovmFleet, VmState
+from .vm import TERMINAL, EmulatedVm, EmulatorClock, Faults, MicrovmFleet, VmState
 
-__all__ = ["PROXY_METHODS", "VmProxy"]
+__all__ = ["PROXY_METHODS", "ProxyTokens", "VmProxy"]
 
 PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _DEFAULT_PORT = 8080
@@ -39,6 +41,45 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Token:
+    vm_id: str
+    expires_at: float
+    ports: frozenset[int] | None  # None: every port
+
+
+class ProxyTokens:
+    """``X-aws-proxy-auth`` values: each bound to one VM, some ports, an expiry."""
+
+    def __init__(self, *, clock: EmulatorClock, faults: Faults) -> None:
+        self._clock = clock
+        self._faults = faults
+        self._tokens: dict[str, _Token] = {}
+
+    def mint(self, vm: EmulatedVm, *, minutes: int, ports: frozenset[int] | None) -> str:
+        """CreateMicrovmAuthToken's value (``Faults.token_lifetime_s`` overrides its life)."""
+        # Never pruned: an emulator mints a few per VM, and tests audit them all.
+        value = secrets.token_urlsafe(32)
+        lifetime_s = self._faults.token_lifetime_s or minutes * 60.0
+        self._tokens[value] = _Token(vm.microvm_id, self._clock() + lifetime_s, ports)
+        return value
+
+    def refusal(self, vm: EmulatedVm, value: str, *, port: int) -> str | None:
+        """Why ``value`` does not open ``port`` of ``vm`` (None if it does)."""
+        token = self._tokens.get(value)
+        if token is None or token.vm_id != vm.microvm_id:
+            return "invalid proxy token"
+        if self._clock() >= token.expires_at:
+            return "expired proxy token"
+        if token.ports is not None and port not in token.ports:
+            return f"the proxy token does not allow port {port}"
+        return None
+
+    def values(self) -> list[str]:
+        """Every token ever minted (tests check that none leaks)."""
+        return list(self._tokens)
+
+
 def _refuse(status: int, message: str) -> Response:
     # Not a runner ErrorBody: callers can tell the proxy's refusals from the runner's.
     return JSONResponse({"message": message}, status_code=status)
@@ -53,6 +94,7 @@ class VmProxy:
 
     def __init__(self, fleet: MicrovmFleet) -> None:
         self.fleet = fleet
+        self.tokens = ProxyTokens(clock=fleet.clock, faults=fleet.faults)
         self.client: httpx.AsyncClient | None = None
 
     async def handle(self, request: Request) -> Response:
@@ -64,7 +106,7 @@ class VmProxy:
         if value is None:
             return _refuse(401, "missing X-aws-proxy-auth")
         port = request.headers.get("x-aws-proxy-port", str(_DEFAULT_PORT))
-        problem = self.fleet.check_token(vm, value, port=int(port) if port.isdigit() else -1)
+        problem = self.tokens.refusal(vm, value, port=int(port) if port.isdigit() else -1)
         if problem is not None:
             return _refuse(403, problem)
         if vm.state in TERMINAL:

@@ -7,7 +7,7 @@ Suspend freezes the runner's whole process tree with SIGSTOP, resume thaws it
 with SIGCONT, so memory, processes and files survive exactly as on a MicroVM.
 
 ``MicrovmFleet`` owns the VMs and their state machine (PENDING → RUNNING ⇄
-SUSPENDED → TERMINATED), the proxy tokens, the idle policy and the faults.
+SUSPENDED → TERMINATED), the idle policy and the faults.
 """
 
 from __future__ import annotations
@@ -128,13 +128,6 @@ class IdlePolicy:
     auto_resume: bool
 
 
-@dataclass(frozen=True, slots=True)
-class _ProxyToken:
-    vm_id: str
-    expires_at: float
-    ports: frozenset[int] | None  # None: every port
-
-
 @dataclass(eq=False)
 class EmulatedVm:
     """One emulated MicroVM and its runner process."""
@@ -163,33 +156,6 @@ class EmulatedVm:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
-
-    def describe(self, endpoint: str) -> dict[str, object]:
-        """The GetMicrovm / RunMicrovm answer."""
-        answer: dict[str, object] = {
-            "microvmId": self.microvm_id,
-            "state": self.state.value,
-            "endpoint": endpoint,
-            "imageArn": self.image_arn,
-            "imageVersion": self.image_version,
-            "maximumDurationInSeconds": self.max_duration_s,
-            "startedAt": self.started_at,
-            "egressNetworkConnectors": list(self.egress),
-            "ingressNetworkConnectors": list(self.ingress),
-        }
-        if self.idle is not None:
-            answer["idlePolicy"] = {
-                "maxIdleDurationSeconds": self.idle.max_idle_s,
-                "suspendedDurationSeconds": self.idle.suspended_s,
-                "autoResumeEnabled": self.idle.auto_resume,
-            }
-        if self.execution_role_arn:
-            answer["executionRoleArn"] = self.execution_role_arn
-        if self.state_reason:
-            answer["stateReason"] = self.state_reason
-        if self.terminated_at is not None:
-            answer["terminatedAt"] = self.terminated_at
-        return answer
 
 
 # -- processes -------------------------------------------------------------------------
@@ -260,7 +226,6 @@ class MicrovmFleet:
         self.wall_clock = wall_clock
         self.vms: dict[str, EmulatedVm] = {}
         self.launches = 0
-        self._tokens: dict[str, _ProxyToken] = {}
         self._tasks: anyio.abc.TaskGroup | None = None
 
     def attach(self, tasks: anyio.abc.TaskGroup) -> None:
@@ -375,8 +340,6 @@ class MicrovmFleet:
         vm.state = VmState.TERMINATED
         vm.state_reason = reason
         vm.terminated_at = self.wall_clock()
-        for value in [v for v, t in self._tokens.items() if t.vm_id == vm.microvm_id]:
-            del self._tokens[value]
 
     async def terminate(self, vm: EmulatedVm, *, reason: str) -> None:
         """Kill the runner, remove its files; TERMINATED. Idempotent."""
@@ -412,26 +375,6 @@ class MicrovmFleet:
         """Terminate every VM (the emulator is going away)."""
         for vm in list(self.vms.values()):
             await self.terminate(vm, reason="the emulator shut down")
-
-    # -- proxy tokens -----------------------------------------------------------------------
-
-    def mint(self, vm: EmulatedVm, *, minutes: int, ports: frozenset[int] | None) -> str:
-        """A proxy token for ``vm`` (``X-aws-proxy-auth``)."""
-        lifetime_s = self.faults.token_lifetime_s or minutes * 60.0
-        value = secrets.token_urlsafe(32)
-        self._tokens[value] = _ProxyToken(vm.microvm_id, self.clock() + lifetime_s, ports)
-        return value
-
-    def check_token(self, vm: EmulatedVm, value: str, *, port: int) -> str | None:
-        """Why ``value`` does not open ``port`` of ``vm`` (None if it does)."""
-        token = self._tokens.get(value)
-        if token is None or token.vm_id != vm.microvm_id:
-            return "invalid proxy token"
-        if self.clock() >= token.expires_at:
-            return "expired proxy token"
-        if token.ports is not None and port not in token.ports:
-            return f"the proxy token does not allow port {port}"
-        return None
 
     # -- time ---------------------------------------------------------------------------
 

@@ -14,12 +14,13 @@ the key reaches any VM and no token is ever stored.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
@@ -61,21 +62,10 @@ _READY_CHECK_S = 1.0
 """How often a readiness wait asks the control plane whether the VM still lives."""
 
 
-@dataclass(frozen=True, slots=True)
-class MicrovmMetrics:
-    """Counters since the provider started (a snapshot; the provider keeps counting)."""
-
-    launches_ok: int = 0
-    launches_retried: int = 0
-    launches_failed: int = 0
-    suspends: int = 0
-    resumes: int = 0
-    token_mints: int = 0
-    throttles: int = 0
-
-
 @dataclass(slots=True)
-class _Counters:
+class MicrovmMetrics:
+    """Counters since the provider started; ``provider.metrics`` hands out copies."""
+
     launches_ok: int = 0
     launches_retried: int = 0
     launches_failed: int = 0
@@ -161,7 +151,7 @@ class LambdaMicrovmProvider:
             key = secrets.token_urlsafe(32)
         self._runner_key = key.encode()
         self._tokens: dict[str, ProxyTokenCache] = {}
-        self._counters = _Counters()
+        self._counters = MicrovmMetrics()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -175,8 +165,8 @@ class LambdaMicrovmProvider:
 
     @property
     def metrics(self) -> MicrovmMetrics:
-        """Launch outcomes, suspends, resumes, token mints and throttles so far."""
-        return MicrovmMetrics(**asdict(self._counters))
+        """Launch outcomes, suspends, resumes, token mints and throttles so far (a copy)."""
+        return dataclasses.replace(self._counters)
 
     def _count_throttle(self) -> None:
         self._counters.throttles += 1
