@@ -13,9 +13,11 @@ from tests.fixtures.runner_process import free_port
 
 
 @contextlib.asynccontextmanager
-async def serve_asgi(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
+async def serve_asgi(
+    app: Any, *, lifespan: str = "off", port: int | None = None
+) -> AsyncIterator[str]:
     """Yield the base URL (``http://127.0.0.1:PORT``) while ``app`` serves there."""
-    port = free_port()
+    port = port or free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan=lifespan, log_config=None)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

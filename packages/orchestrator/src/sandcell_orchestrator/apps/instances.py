@@ -213,6 +213,7 @@ class AppInstances:
                     await self.manager.destroy(sandbox_uuid)
             raise
         instance.status = "ready"
+        self.touch(instance)  # idle time counts from ready, not from the request
         self._instances[instance_id] = instance
         log.info("app instance %s created from template %s", instance_id, template.name)
         return InstanceCreated(
