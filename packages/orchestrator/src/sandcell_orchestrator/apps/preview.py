@@ -26,21 +26,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-import websockets
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from websockets.asyncio.client import ClientConnection, connect
 
 from sandcell_protocol import ErrorCode, encode, error_body
 from sandcell_protocol.app_messages import BROWSER_ERRORS_PATH, FORWARDED_PREFIX_HEADER
 
 from ..errors import SandcellError
 from .instances import AppInstances, Instance
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 __all__ = ["COOKIE_NAME", "PreviewProxy"]
 
@@ -250,6 +252,10 @@ class PreviewProxy:
             path,
             query=_forward_query(websocket.scope.get("query_string", b"")),
         )
+        # Imported here: only WebSocket previews need the library.
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import WebSocketException
+
         extra = {**runner.auth_headers(), FORWARDED_PREFIX_HEADER: instance.preview_prefix}
         subprotocols = websocket.scope.get("subprotocols") or None
         try:
@@ -262,7 +268,7 @@ class PreviewProxy:
                 logger=_WS_LOG,
                 open_timeout=10,
             )
-        except (OSError, TimeoutError, websockets.exceptions.WebSocketException) as exc:
+        except (OSError, TimeoutError, WebSocketException) as exc:
             log.info("preview %s: websocket upstream failed: %s", instance_id, type(exc).__name__)
             await websocket.close(code=1011)
             return
@@ -288,8 +294,10 @@ async def _pump(
         except WebSocketDisconnect:
             return
 
+    from websockets.exceptions import ConnectionClosed
+
     async def upstream_to_downstream() -> None:
-        with contextlib.suppress(websockets.exceptions.ConnectionClosed):
+        with contextlib.suppress(ConnectionClosed):
             async for data in upstream:
                 touch()
                 if isinstance(data, str):
