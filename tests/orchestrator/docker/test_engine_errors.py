@@ -168,3 +168,36 @@ def test_log_frames_are_demultiplexed() -> None:
     framed = b"\x01\x00\x00\x00\x00\x00\x00\x03out" + b"\x02\x00\x00\x00\x00\x00\x00\x04err\n"
     assert _demultiplex(framed) == b"outerr\n"
     assert _demultiplex(b"plain text") == b"plain text"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        httpx.ConnectError,
+        httpx.ReadError,
+        httpx.WriteError,
+        httpx.CloseError,
+        httpx.RemoteProtocolError,
+        httpx.LocalProtocolError,
+        httpx.ProxyError,
+        httpx.UnsupportedProtocol,
+        httpx.ConnectTimeout,
+        httpx.ReadTimeout,
+        httpx.WriteTimeout,
+        httpx.PoolTimeout,
+    ],
+)
+async def test_every_transport_failure_is_unavailable(
+    error: type[httpx.TransportError], tmp_path: Path
+) -> None:
+    """The transport map is total: no httpx error escapes the engine client."""
+
+    def fail(request: httpx.Request) -> httpx.Response:
+        raise error("boom", request=request)
+
+    client = EngineClient("unix:///fake/docker.sock", transport=httpx.MockTransport(fail))
+    with pytest.raises(SandboxUnavailableError, match="docker engine") as caught:
+        await client.ping()
+    assert caught.value.retryable
+    assert isinstance(caught.value.__cause__, httpx.TransportError)
+    await client.close()
