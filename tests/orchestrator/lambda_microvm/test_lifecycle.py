@@ -109,14 +109,15 @@ async def test_traffic_resumes_a_vm_the_idle_policy_suspended(
     handles.append(handle)
     vm = emulator.fleet.vms[vm_id_of(handle)]
     await handle.runner.execute(py("open('f', 'w').write('x')"), session_id=session_id)
-
+    # Idle counts from the end of the last proxied request, as the emulator sees it.
+    await _wait_for(lambda: vm.in_flight == 0)
     emulator.clock.advance(121)
     await _wait_for(lambda: vm.state is VmState.SUSPENDED)
     assert process_state(runner_pid(emulator, vm.microvm_id)) == "T"
     result = await handle.runner.execute(py("print(open('f').read())"), session_id=session_id)
     assert result.stdout == "x\n"
     assert vm.state is VmState.RUNNING
-
+    await _wait_for(lambda: vm.in_flight == 0)
     emulator.clock.advance(121)
     await _wait_for(lambda: vm.state is VmState.SUSPENDED)
     emulator.clock.advance(601)
