@@ -39,8 +39,10 @@ from .errors import (
     LockLostError,
     SandboxError,
     SandboxNotFoundError,
+    SandboxTimeoutError,
     SandboxUnavailableError,
     SessionBusyError,
+    SessionConflictError,
     SessionRequiredError,
 )
 from .handle import SandboxHandle
@@ -149,8 +151,11 @@ class ExecutionService:
             launched = True
         assert record is not None
         try:
-            if launched:
-                await self._restore(handle, session_id, record)
+            if launched and await self._restore(handle, session_id, record):
+                # The restored checkpoint is the current one: a turn that changes
+                # nothing need not upload it again.
+                record = msgspec.structs.replace(record, checkpoint_key=checkpoint_key(session_id))
+                await self.registry.put(lease, record)
             await self._deliver_inputs(handle, request, session_id=session_id)
             result = await handle.runner.execute(
                 request, session_id=session_id, timeout_s=self._turn_timeout(request)
@@ -160,7 +165,8 @@ class ExecutionService:
             # recycle the sandbox instead of reusing one that may be dirty.
             await self._shielded(self._recycle(session_id, handle, lease, record))
             raise
-        except SandboxUnavailableError:
+        except (SandboxUnavailableError, SandboxTimeoutError):
+            # Unreachable, or timed out while the job may still run: never reuse it.
             await self._shielded(self._recycle(session_id, handle, lease, record))
             raise
         self.metrics.inc("sandcell_executions_total", status=str(result.status))
@@ -230,12 +236,15 @@ class ExecutionService:
         self._handles[session_id] = handle
         return handle, record
 
-    async def _restore(self, handle: SandboxHandle, session_id: str, record: SessionRecord) -> None:
-        """Restore before the first execute; never let the turn run on an empty workspace."""
+    async def _restore(self, handle: SandboxHandle, session_id: str, record: SessionRecord) -> bool:
+        """Restore before the first execute; never let the turn run on an empty workspace.
+
+        Returns whether a checkpoint was restored (False: the session has none yet).
+        """
         key = checkpoint_key(session_id)
         try:
             if record.checkpoint_key is None and not await self.store.exists(key):
-                return
+                return False
             async with self.store.get(key, max_bytes=self.checkpoint_max_bytes) as snapshot:
                 await handle.runner.restore(
                     snapshot.chunks,
@@ -245,7 +254,7 @@ class ExecutionService:
                 )
         except SnapshotNotFoundError:
             if record.checkpoint_key is None:
-                return
+                return False
             self.metrics.inc("sandcell_restores_total", outcome="missing")
             await self._drop(session_id, handle)
             raise CheckpointError(f"session {session_id[:11]}: its checkpoint is missing") from None
@@ -260,6 +269,7 @@ class ExecutionService:
                 f"restore failed ({type(exc).__name__}); the turn did not run, retry"
             ) from exc
         self.metrics.inc("sandcell_restores_total", outcome="ok")
+        return True
 
     async def _checkpoint(
         self,
@@ -287,7 +297,13 @@ class ExecutionService:
                     info = await self.store.put(key, chunks, max_bytes=self.checkpoint_max_bytes)
         except LockLostError:
             raise
-        except (CheckpointError, SandboxError, TimeoutError) as exc:
+        except (
+            CheckpointError,
+            SandboxError,
+            SessionBusyError,
+            SessionConflictError,
+            TimeoutError,
+        ) as exc:
             self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
             log.warning(
                 "session %s: checkpoint failed (%s); keeping the previous one",

@@ -263,7 +263,9 @@ class LocalProvider:
                 ref.key, max_bytes=self._settings.checkpoint_max_bytes
             ) as snap:
                 await handle.runner.restore(
-                    snap.chunks, session_id=handle.session_id or "", sha256=snap.info.sha256
+                    snap.chunks,
+                    session_id=handle.session_id or sandbox_session_id(handle.sandbox_id),
+                    sha256=snap.info.sha256,
                 )
         except BaseException:
             await handle.close()
