@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Benchmark the orchestrator's overhead on the local provider, in one run.
+
+- warm-session execute through ExecutionService vs a direct RunnerClient execute on
+  the same runner (a turn that changes nothing; and the checkpoint's share of one
+  that changes a file)
+- cold session to first result (launch + execute, no restore): p50 / p95
+- acquire from the warm pool (SANDCELL_LOCAL_POOL_SIZE)
+- restore of a 200 MiB workspace on top of a turn
+- per-turn checkpoint time and bytes
+
+Usage: .venv/bin/python scripts/bench_orchestrator.py [--turns 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures.paths import traversable_dir  # noqa: E402
+
+from sandcell_orchestrator.execution import ExecutionService, Identity  # noqa: E402
+from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings  # noqa: E402
+from sandcell_orchestrator.registry import InProcessRegistry  # noqa: E402
+from sandcell_orchestrator.snapshots import DirectorySnapshotStore  # noqa: E402
+from sandcell_protocol import ExecuteRequest, checkpoint_key, runtime_session_id  # noqa: E402
+
+WHO = Identity("bench", "user")
+NOOP = ExecuteRequest(language="python", code="pass")
+BIG = ExecuteRequest(
+    language="python",
+    code=(
+        "import os\n"
+        "for i in range(100):\n"
+        "    open(f'f{i}.bin', 'wb').write(os.urandom(2 * 1024 * 1024))\n"
+    ),
+    timeout_ms=120_000,
+    limits=None,
+)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+async def timed(coro: object) -> float:
+    started = time.perf_counter()
+    await coro  # type: ignore[misc]
+    return (time.perf_counter() - started) * 1000
+
+
+async def main(turns: int) -> None:
+    with traversable_dir("benchorch-") as root:
+        store = DirectorySnapshotStore(root / "snapshots")
+        env = {"SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB": "1024"}
+        provider = LocalProvider(
+            LocalSettings(runtime_dir=root / "rt", runner_env={**env}), store=store
+        )
+        service = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
+        try:
+            # Warm session vs direct client on the same runner.
+            await service.execute(NOOP, WHO, hint="warm")
+            session_id = runtime_session_id(WHO.namespace, WHO.user_id, "warm")
+            handle = service._handles[session_id]
+            for _ in range(5):
+                await service.execute(NOOP, WHO, hint="warm")
+                await handle.runner.execute(NOOP, session_id=session_id)
+            direct, through = [], []
+            for _ in range(turns):
+                direct.append(await timed(handle.runner.execute(NOOP, session_id=session_id)))
+                through.append(await timed(service.execute(NOOP, WHO, hint="warm")))
+            change = ExecuteRequest(language="python", code="open('n.txt','w').write('x')")
+            changed = [await timed(service.execute(change, WHO, hint="warm")) for _ in range(10)]
+            checkpoint_ms = []
+            for _ in range(10):
+                started = time.perf_counter()
+                async with handle.runner.checkpoint(session_id=session_id) as chunks:
+                    info = await store.put(checkpoint_key(session_id), chunks, max_bytes=1 << 30)
+                checkpoint_ms.append((time.perf_counter() - started) * 1000)
+
+            # Cold session to first result (fresh sandbox, no checkpoint to restore).
+            cold = [await timed(service.execute(NOOP, WHO, hint=f"cold-{i}")) for i in range(10)]
+
+            # Restore of a 200 MiB workspace on top of a turn.
+            await service.execute(BIG, WHO, hint="big")
+            await service.aclose(destroy_sandboxes=True)
+            fresh = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
+            restore_turn = await timed(fresh.execute(NOOP, WHO, hint="big"))
+            await fresh.aclose(destroy_sandboxes=True)
+
+            # Acquire from a warm pool.
+            pooled = LocalProvider(
+                LocalSettings(runtime_dir=root / "pool", pool_size=2), store=store
+            )
+            acquire = []
+            for _ in range(5):
+                await pooled.start_pool()
+                started = time.perf_counter()
+                handle2 = await pooled.create(service.spec)
+                acquire.append((time.perf_counter() - started) * 1000)
+                await handle2.close()
+                await pooled.destroy(handle2.sandbox_id)
+            await pooled.close()
+        finally:
+            await service.aclose(destroy_sandboxes=True)
+            await provider.close()
+
+    p50d, p50t = statistics.median(direct), statistics.median(through)
+    print(
+        f"warm turn, no change: direct p50 {p50d:.1f} ms, ExecutionService p50 {p50t:.1f} ms"
+        f" -> {p50t / p50d:.2f}x"
+    )
+    print(
+        f"warm turn changing a file: p50 {statistics.median(changed):.1f} ms; checkpoint alone"
+        f" p50 {statistics.median(checkpoint_ms):.1f} ms ({info.size} bytes),"
+        f" {statistics.median(checkpoint_ms) / statistics.median(changed):.0%} of the turn"
+    )
+    print(
+        f"cold session to first result: p50 {statistics.median(cold):.0f} ms,"
+        f" p95 {pct(cold, 95):.0f} ms"
+    )
+    restore_ms = restore_turn - statistics.median(cold)
+    print(
+        f"restore of ~200 MiB on top of a cold turn: {restore_ms:.0f} ms"
+        f" (the whole turn {restore_turn:.0f} ms)"
+    )
+    print(f"acquire from the warm pool: p50 {statistics.median(acquire):.1f} ms")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=40)
+    asyncio.run(main(parser.parse_args().turns))
