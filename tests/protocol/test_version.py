@@ -54,6 +54,18 @@ def test_sides_pin_exact_protocol_version(member: str) -> None:
     assert dist_version("sandcell-protocol") == protocol_version == sandcell_protocol.__version__
 
 
+@pytest.mark.parametrize(
+    ("module", "dist"),
+    [
+        ("sandcell_protocol", "sandcell-protocol"),
+        ("sandcell_runner", "sandcell-runner"),
+        ("sandcell_orchestrator", "sandcell-orchestrator"),
+    ],
+)
+def test_version_constants_match_distributions(module: str, dist: str) -> None:
+    assert __import__(module).__version__ == dist_version(dist)
+
+
 def test_schema_cli() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sandcell_protocol", "schema"],

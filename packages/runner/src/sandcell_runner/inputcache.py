@@ -25,10 +25,10 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import anyio
-import httpx
 
 from sandcell_protocol import (
     FileRef,
@@ -42,6 +42,9 @@ from sandcell_protocol import (
 
 from .errors import BadRequestError, ConfigError, InputMissingError, PayloadTooLargeError
 from .inputupload import TEMP_PREFIX, StagedObject, StagingFile, receive_upload
+
+if TYPE_CHECKING:
+    import httpx
 
 SIDECAR_SUFFIX = ".json"
 _MAX_SIDECAR_BYTES = 4096
@@ -91,6 +94,8 @@ def _fsync_dir(path: Path) -> None:
 @contextlib.contextmanager
 def _map_pull_errors(ref: FileRef) -> Iterator[None]:
     # Only the exception's type goes into the message: its text can carry the URL.
+    import httpx  # lazily: pulls are rare, and httpx costs ~25 ms of every start-up
+
     try:
         yield
     except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
@@ -326,6 +331,8 @@ class InputCache:
 
     async def _fetch_into(self, staging: StagingFile, ref: FileRef, url: str) -> str:
         """Stream ``url`` into ``staging``; return the sha256 of what arrived."""
+        import httpx
+
         with _map_pull_errors(ref):
             # trust_env=False: proxies and .netrc come from settings, never the environment.
             async with (

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,20 +77,30 @@ def _version_of(binary: str, flag: list[str]) -> str:
 
 
 def discover_languages(*, jailed: bool = True) -> dict[str, LanguageSpec]:
-    """Find each language's interpreter and its version (run once at start-up)."""
-    found: dict[str, LanguageSpec] = {}
+    """Find each language's interpreter and its version (run once at start-up).
+
+    The ``--version`` probes run in parallel: they are most of a cold start's
+    discovery cost, and a runner's start-up is on the path of every cold session.
+    """
+    binaries: dict[str, tuple[str, str, list[str]]] = {}
     for name, (candidates, entry, flag) in _CANDIDATES.items():
         for candidate in candidates:
             if jailed and not candidate.startswith(MOUNTED_PREFIXES):
                 continue
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                found[name] = LanguageSpec(
-                    name=name,
-                    version=_version_of(candidate, flag),
-                    binary=candidate,
-                    entry_name=entry,
-                )
+                binaries[name] = (candidate, entry, flag)
                 break
         else:
             log.info("language %s not offered: no interpreter found", name)
-    return found
+    with ThreadPoolExecutor(max_workers=max(1, len(binaries))) as pool:
+        versions = dict(
+            zip(
+                binaries,
+                pool.map(lambda item: _version_of(item[0], item[2]), binaries.values()),
+                strict=True,
+            )
+        )
+    return {
+        name: LanguageSpec(name=name, version=versions[name], binary=binary, entry_name=entry)
+        for name, (binary, entry, _) in binaries.items()
+    }
