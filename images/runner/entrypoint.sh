@@ -27,4 +27,10 @@ done
 export SANDCELL_RUNNER_HOST="${SANDCELL_RUNNER_HOST:-0.0.0.0}"
 export SANDCELL_RUNNER_PORT="${SANDCELL_RUNNER_PORT:-8080}"
 
+# MicroVM images get the runner's token from the run hook, never from the image:
+# they start the hook listener, which starts the runner once the token arrives.
+if [ "${SANDCELL_RUNNER_VIA_HOOK:-0}" = 1 ]; then
+    exec /opt/sandcell/bin/python -m sandcell_runner.microvm_hook "$@"
+fi
+
 exec /opt/sandcell/bin/sandcell-runner "$@"

@@ -1,0 +1,158 @@
+"""The Lambda MicroVM lifecycle-hook listener: ``python -m sandcell_runner.microvm_hook``.
+
+A MicroVM image holds no secret, so the runner cannot start at boot: its token
+arrives in the ``runHookPayload`` of ``RunMicrovm``, which the service delivers to
+the image's ``/run`` hook (port 9000 by default). This listener answers ``/ready``
+(image builds call it whenever any hook is enabled), and on ``/run`` validates
+the payload ``{"sandcell": 1, "runner_token": "<64 hex>"}`` and starts
+``sandcell-runner`` with ``SANDCELL_RUNNER_TOKEN`` set, exactly once. Other hooks
+(``/resume``, ``/suspend``, ``/terminate``) are acknowledged.
+
+Standard library only (``http.server``): it runs before the runner and must not
+pay the runner's import cost or share its process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = logging.getLogger("sandcell_runner.microvm_hook")
+
+_TOKEN_RE = re.compile(r"[0-9a-f]{64}")
+_MAX_PAYLOAD_BYTES = 64 * 1024
+_ACKNOWLEDGED = ("/resume", "/suspend", "/terminate")
+_HOOK_PREFIX = "/aws/lambda-microvms/runtime/v1"
+
+RunnerLauncher = Callable[[str], subprocess.Popen[bytes]]
+
+
+def parse_payload(body: bytes) -> str:
+    """The runner token from a run-hook payload; ``ValueError`` naming what is wrong."""
+    if len(body) > _MAX_PAYLOAD_BYTES:
+        raise ValueError("payload too large")
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("payload is not JSON") from None
+    # The service may wrap the payload; accept it bare or under "runHookPayload".
+    if isinstance(payload, dict) and "runHookPayload" in payload:
+        inner = payload["runHookPayload"]
+        payload = json.loads(inner) if isinstance(inner, str) else inner
+    if not isinstance(payload, dict) or payload.get("sandcell") != 1:
+        raise ValueError("not a sandcell payload")
+    token = payload.get("runner_token")
+    if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+        raise ValueError("runner_token must be 64 lowercase hex digits")
+    return token
+
+
+def launch_runner(token: str, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start the runner with ``token``; its other settings come from the image's environment."""
+    child_env = {**(env if env is not None else os.environ), "SANDCELL_RUNNER_TOKEN": token}
+    return subprocess.Popen(
+        [sys.executable, "-m", "sandcell_runner"],
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class HookState:
+    """The one runner this VM runs; started by the first valid ``/run``."""
+
+    def __init__(self, launcher: RunnerLauncher) -> None:
+        self._launcher = launcher
+        self._lock = threading.Lock()
+        self.runner: subprocess.Popen[bytes] | None = None
+
+    def start(self, token: str) -> bool:
+        """Start the runner; False when one is already running (a repeated hook)."""
+        with self._lock:
+            if self.runner is not None and self.runner.poll() is None:
+                return False
+            self.runner = self._launcher(token)
+            return True
+
+
+def make_handler(state: HookState) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "sandcell-hook"
+
+        def _answer(self, status: int, message: str) -> None:
+            body = json.dumps({"message": message}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _hook(self) -> str:
+            path = self.path.split("?", 1)[0]
+            return path.removeprefix(_HOOK_PREFIX) or "/"
+
+        def do_GET(self) -> None:
+            if self._hook() == "/ready":
+                self._answer(200, "ready")
+            else:
+                self._answer(404, "no such hook")
+
+        def do_POST(self) -> None:
+            hook = self._hook()
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > _MAX_PAYLOAD_BYTES:
+                self._answer(413, "payload too large")
+                return
+            body = self.rfile.read(length) if length else b""
+            if hook == "/ready":
+                self._answer(200, "ready")
+            elif hook == "/run":
+                try:
+                    token = parse_payload(body)
+                except ValueError as exc:
+                    # The message names the problem, never the payload (it holds the token).
+                    log.warning("run hook refused: %s", exc)
+                    self._answer(400, str(exc))
+                    return
+                started = state.start(token)
+                self._answer(200, "runner started" if started else "runner already running")
+            elif hook in _ACKNOWLEDGED:
+                self._answer(200, "ok")
+            else:
+                self._answer(404, "no such hook")
+
+        def log_message(self, format: str, *args: object) -> None:
+            log.info("hook %s", format % args)
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="MicroVM lifecycle-hook listener")
+    parser.add_argument("--host", default="0.0.0.0")  # noqa: S104 - the VM's hook interface
+    parser.add_argument(
+        "--port", type=int, default=int(os.environ.get("SANDCELL_HOOK_PORT", "9000"))
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    state = HookState(lambda token: launch_runner(token))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
+    log.info("listening for lifecycle hooks on %s:%d", args.host, args.port)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
