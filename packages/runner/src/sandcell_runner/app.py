@@ -37,6 +37,7 @@ from sandcell_protocol import (
 from sandcell_protocol import ProtocolMismatchError as WireMismatch
 
 from . import __version__
+from .app_routes import AppRoutes, RunnerStarlette
 from .errors import (
     BadRequestError,
     BusyError,
@@ -228,7 +229,8 @@ class RunnerApp:
     def build(self) -> Starlette:
         g = self.guarded
         s = SessionRoutes(self)
-        return Starlette(
+        a = AppRoutes(self)
+        return RunnerStarlette(
             routes=[
                 Route(routes.HEALTH, g(self.get_health, auth=False), methods=["GET"]),
                 Route(routes.LANGUAGES, g(self.get_languages), methods=["GET"]),
@@ -241,7 +243,9 @@ class RunnerApp:
                 Route(routes.SESSION_FILES, g(s.delete_file), methods=["DELETE"]),
                 Route(routes.INPUTS_PROBE, g(s.post_probe), methods=["POST"]),
                 Route(routes.INPUTS, g(s.post_inputs), methods=["POST"]),
+                *a.routes(),
             ],
+            upgrade=a.upgrade,
             lifespan=self.lifespan,
             exception_handlers={
                 404: _not_found,

@@ -6,12 +6,19 @@ and network namespaces; the job's UID is mapped to the same unprivileged UID out
 Memory and pids are limited by the job cgroup (``cgroups.py``); wall time by the
 runner's own timer (so a timeout is known, not guessed), with nsjail's ``time_limit``
 as a backstop.
+
+A session's jobs share one network namespace instead (``netns.py``): the spawner
+child joins it and nsjail runs with ``clone_newnet: false``, so a dev server and a
+later command meet on the session's own ``localhost`` and still reach nothing else.
+``launch`` starts a long-running job (no wall time unless its caller keeps one)
+that the caller signals and waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -24,6 +31,7 @@ from pathlib import Path
 from .cgroups import CgroupManager, JobCgroup, JobCgroupStats
 from .errors import JailError
 from .languages import JOB_DIR, WORKSPACE_DIR
+from .launched import LaunchedJob
 from .spawner import Spawner, SpawnRequest, wait_process
 
 MIB = 1024 * 1024
@@ -86,6 +94,12 @@ class JobSpec:
     stdin: bytes | None = None
     network: bool = False
     readonly_binds: Sequence[tuple[Path, str]] = ()
+    netns_fd: int | None = None
+    """Run in this network namespace (None: a fresh one, or the session's; see ``Jail``)."""
+    long_running: bool = False
+    """No nsjail time or CPU limit; fatal signals to nsjail are forwarded to the job."""
+    pass_fds: Sequence[int] = ()
+    """Extra descriptors the job inherits under the same numbers."""
 
 
 OutputCallback = Callable[[str, bytes], None]
@@ -159,6 +173,9 @@ class Jail:
         self._spawner = spawner
         self._run_dir = run_dir
         self._counter = 0
+        self.netns_for: Callable[[Path], int | None] | None = None
+        """Which network namespace a job in this workspace joins (the session's);
+        set by the service. Jobs with ``network`` or an explicit ``netns_fd`` skip it."""
 
     @property
     def jailed(self) -> bool:
@@ -180,14 +197,14 @@ class Jail:
             'hostname: "sandbox"',
             f'cwd: "{WORKSPACE_DIR}"',
             # Backstop only: the runner's own timer kills at the exact deadline.
-            f"time_limit: {timeout_s + 2}",
+            f"time_limit: {0 if spec.long_running else timeout_s + 2}",
             # INFO: the last line says "exited with status: N" or "terminated with
             # signal: SIGX (N)", the only way to tell `exit 137` from a SIGKILL.
             "log_level: INFO",
             "keep_env: false",
             "keep_caps: false",
             "disable_no_new_privs: false",
-            f"clone_newnet: {'false' if spec.network else 'true'}",
+            f"clone_newnet: {'false' if spec.network or spec.netns_fd is not None else 'true'}",
             "clone_newuser: true",
             "clone_newns: true",
             "clone_newpid: true",
@@ -196,7 +213,7 @@ class Jail:
             "clone_newcgroup: true",
             f'uidmap {{ inside_id: "{spec.uid}" outside_id: "{spec.uid}" count: 1 }}',
             f'gidmap {{ inside_id: "{spec.gid}" outside_id: "{spec.gid}" count: 1 }}',
-            f"rlimit_cpu: {timeout_s + 1}",
+            "rlimit_cpu_type: INF" if spec.long_running else f"rlimit_cpu: {timeout_s + 1}",
             f"rlimit_fsize: {limits.file_size_mib}",
             f"rlimit_nofile: {limits.open_files}",
             "rlimit_core: 0",
@@ -208,6 +225,9 @@ class Jail:
             # Without a memory cgroup, address space is the only memory bound left.
             lines.append(f"rlimit_as: {max(64, limits.memory_bytes // MIB)}")
             lines.append(f"rlimit_nproc: {limits.pids}")
+        if spec.long_running:
+            lines.append("forward_signals: true")
+        lines += [f"pass_fd: {fd}" for fd in spec.pass_fds]
         for key, value in spec.env.items():
             lines.append(f"envar: {_quote(f'{key}={value}')}")
         lines.append("mount_proc: true")
@@ -216,6 +236,9 @@ class Jail:
         if spec.network:
             for source in _NETWORK_MOUNTS:
                 lines.append(_bind(source, source, rw=False, mandatory=False))
+        elif spec.netns_fd is not None:
+            # Without it "localhost" does not resolve, and dev servers bind to it.
+            lines.append(_bind("/etc/hosts", "/etc/hosts", rw=False, mandatory=False))
         lines += [
             'mount { dst: "/dev" fstype: "tmpfs" options: "size=1048576,mode=755" rw: true '
             "nosuid: true noexec: true }",
@@ -242,6 +265,7 @@ class Jail:
 
     async def run(self, spec: JobSpec, *, on_output: OutputCallback | None = None) -> JobOutcome:
         """Run the job to completion (or its limits) and report what happened."""
+        spec = self._with_netns(spec)
         self._counter += 1
         cgroup: JobCgroup | None = None
         if self._cgroups.available:
@@ -301,6 +325,7 @@ class Jail:
             cgroup_fds=cgroup_fds,
             user=spec.uid if self._nsjail is None and os.geteuid() == 0 else None,
             group=spec.gid if self._nsjail is None and os.geteuid() == 0 else None,
+            netns_fd=spec.netns_fd,
         )
         started = time.monotonic()
         try:
@@ -387,6 +412,62 @@ class Jail:
             jail_log=_warnings_only(log_text),
         )
 
+    def _with_netns(self, spec: JobSpec) -> JobSpec:
+        if spec.network or spec.netns_fd is not None or self.netns_for is None:
+            return spec
+        fd = self.netns_for(spec.workspace)
+        return spec if fd is None else dataclasses.replace(spec, netns_fd=fd)
+
+    async def launch(self, spec: JobSpec, *, stdin_fd: int, output_fd: int) -> LaunchedJob:
+        """Start a job that outlives the call: stdin from ``stdin_fd``, stdout and stderr
+        both to ``output_fd`` (the caller keeps and closes both)."""
+        spec = self._with_netns(spec)
+        self._counter += 1
+        cgroup: JobCgroup | None = None
+        if self._cgroups.available:
+            cgroup = await asyncio.to_thread(
+                self._cgroups.create,
+                f"{os.getpid()}-{self._counter}",
+                memory_bytes=spec.limits.memory_bytes,
+                pids=spec.limits.pids,
+            )
+        log_r, log_w = os.pipe()
+        close_after: list[int] = [log_w]
+        try:
+            argv, pass_fds, config_fds = self._argv_and_fds(spec)
+            close_after += config_fds
+            cgroup_fds = cgroup.open_procs_fds() if cgroup is not None else []
+            close_after += cgroup_fds
+            if self._nsjail is not None:
+                argv = [argv[0], "--log_fd", str(log_w), *argv[1:]]
+                pass_fds = [*pass_fds, log_w]
+            unjailed_root = self._nsjail is None and os.geteuid() == 0
+            request = SpawnRequest(
+                argv=argv,
+                stdin=stdin_fd,
+                stdout=output_fd,
+                stderr=output_fd,
+                env=self._spawn_env(spec),
+                cwd=str(spec.workspace) if self._nsjail is None else None,
+                pass_fds=[*pass_fds, *spec.pass_fds],
+                cgroup_fds=cgroup_fds,
+                user=spec.uid if unjailed_root else None,
+                group=spec.gid if unjailed_root else None,
+                netns_fd=spec.netns_fd,
+            )
+            process = await self._spawner.spawn(request)
+        except BaseException:
+            os.close(log_r)
+            if cgroup is not None:
+                await asyncio.shield(asyncio.to_thread(cgroup.destroy))
+            raise
+        finally:
+            for fd in close_after:
+                os.close(fd)
+        return LaunchedJob(
+            process, cgroup, log_r, status_of=_launch_status if self._nsjail is not None else None
+        )
+
     def _stdin_fd(self, spec: JobSpec) -> int:
         if spec.stdin is None:
             return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -443,6 +524,15 @@ def _job_status_from_log(
         if match := _SIGNALED_RE.search(line):
             return None, _signal_name(int(match.group(1)))
     raise _JailFailed(log_text)
+
+
+def _launch_status(log_text: str, status: int) -> tuple[int | None, str | None, bool]:
+    """(exit code, signal, whether nsjail never reported the job's end) of a launched job."""
+    exit_code, signame = _decode_status(status)
+    try:
+        return (*_job_status_from_log(log_text, exit_code, signame), False)
+    except _JailFailed:
+        return exit_code, signame, True
 
 
 class _JailFailed(Exception):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sandcell_protocol import ExecuteResult
 
+from .apps import AppManager
 from .cgroups import CgroupManager
 from .config import MIB, RunnerSettings
 from .errors import BusyError
@@ -83,12 +84,20 @@ class RunnerService:
             file_server_url=settings.file_server_url,
         )
         self.primer = Primer(self.inputs)
+        self.apps = AppManager(
+            settings, jail=self.jail, workspaces=self.workspaces, languages=self.languages
+        )
         self.sessions = SessionManager(
             enabled=settings.sessions_enabled,
             workspaces=self.workspaces,
             uids=self.uids,
             wait_ms=settings.session_wait_ms,
+            netns_factory=self.apps.create_netns if settings.sessions_enabled else None,
         )
+        # A session's processes end before its workspace is wiped, and its jobs share
+        # its network namespace.
+        self.sessions.release_hooks.append(self.apps.release)
+        self.jail.netns_for = self.sessions.netns_fd_for
         self.warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._active_jobs: set[Path] = set()
@@ -190,7 +199,7 @@ class RunnerService:
 
     def reap(self) -> list[Path]:
         """Remove leftover per-job directories; never the session's, staging, or the cache."""
-        keep = self.sessions.keep_paths() | set(self._active_jobs)
+        keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
         return self.workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
 
     async def reaper_loop(self) -> None:
@@ -201,7 +210,9 @@ class RunnerService:
             await asyncio.sleep(self.settings.reap_interval_s)
 
     async def shutdown(self) -> None:
-        """Wipe the bound session on a graceful stop (tmpfs workspaces hold memory)."""
+        """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""
+        with contextlib.suppress(Exception):
+            await self.apps.shutdown()
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
 

@@ -4,6 +4,11 @@ A runner is bound to at most one session, on the first request that names one
 (``X-Runtime-Session-Id``). Calls in the session are serialized by one lock that
 executions, checkpoints, restores and file operations all take, so a checkpoint
 never sees a half-run job and a restore never swaps a workspace under one.
+
+A bound session also gets its own network namespace (when the runner can make
+one), which every job of the session joins; release runs the release hooks (the
+app layer stops the session's processes) before the workspace is wiped, and
+closes the namespace last.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +35,7 @@ from .errors import (
     SessionBusyError,
     SessionConflictError,
 )
+from .netns import SessionNetns
 from .uidpool import UidPool
 from .workspace import WorkspaceManager
 
@@ -48,6 +54,8 @@ class SessionState:
     primed: dict[str, PrimedInput] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     staging: set[Path] = field(default_factory=set)
+    netns: SessionNetns | None = None
+    """The session's network namespace (None: each job gets a fresh one)."""
 
     def metadata(self) -> CheckpointMeta:
         """Checkpoint metadata of the current state (``skipped`` is filled by export)."""
@@ -74,8 +82,12 @@ class SessionManager:
         workspaces: WorkspaceManager,
         uids: UidPool,
         wait_ms: int,
+        netns_factory: Callable[[], SessionNetns | None] | None = None,
     ) -> None:
         self.enabled = enabled
+        self._netns_factory = netns_factory
+        self.release_hooks: list[Callable[[SessionState], Awaitable[None]]] = []
+        """Run under the session lock before the workspace is wiped."""
         self._workspaces = workspaces
         self._uids = uids
         self._wait_s = wait_ms / 1000
@@ -126,7 +138,10 @@ class SessionManager:
             except BaseException:
                 self._uids.release(uid)
                 raise
-            self.bound = SessionState(session_id=session_id, uid=uid, workspace=path)
+            netns = None
+            if self._netns_factory is not None:
+                netns = await asyncio.to_thread(self._netns_factory)
+            self.bound = SessionState(session_id=session_id, uid=uid, workspace=path, netns=netns)
             log.info("bound to runtime session %s (uid %d)", session_id[:11], uid)
             return self.bound
 
@@ -196,6 +211,8 @@ class SessionManager:
             except TimeoutError:
                 raise SessionBusyError("a call in this session is running; retry") from None
             try:
+                for hook in self.release_hooks:
+                    await hook(state)
                 for path in (state.workspace, *state.staging):
                     await asyncio.to_thread(self._workspaces.remove_workspace, path)
             except OSError as exc:
@@ -204,15 +221,29 @@ class SessionManager:
                 self.quarantined = True
                 self.quarantine_reason = f"workspace wipe failed: {exc.strerror or exc}"
                 log.exception("quarantined: %s", self.quarantine_reason)
+                _close_netns(state)
                 raise QuarantinedError("workspace wipe failed; runner quarantined") from None
             finally:
                 state.lock.release()
+            _close_netns(state)
             self._uids.release(state.uid)
             self.bound = None
             log.info("released runtime session %s", state.session_id[:11])
+
+    def netns_fd_for(self, workspace: Path) -> int | None:
+        """The namespace fd jobs in ``workspace`` join: the bound session's, for its workspace."""
+        state = self.bound
+        if state is None or state.netns is None or state.netns.closed:
+            return None
+        return state.netns.fd if workspace == state.workspace else None
 
     def keep_paths(self) -> set[Path]:
         """What the reaper must never touch."""
         if self.bound is None:
             return set()
         return {self.bound.workspace, *self.bound.staging}
+
+
+def _close_netns(state: SessionState) -> None:
+    if state.netns is not None:
+        state.netns.close()

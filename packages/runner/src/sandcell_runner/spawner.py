@@ -6,7 +6,9 @@ would SIGKILL healthy jobs. One dedicated thread that lives as long as the runne
 does the forking, so nsjail dies with the runner and never outlives it.
 
 The child also joins its job cgroup before exec (writing ``0`` to ``cgroup.procs``
-moves the writer), so nothing nsjail forks can escape the cgroup's accounting.
+moves the writer), so nothing nsjail forks can escape the cgroup's accounting, and,
+for a session job, ``setns``es into the session's network namespace, so nsjail (run
+with ``clone_newnet: false``) puts the job there instead of in a fresh one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 _PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -44,9 +47,11 @@ class SpawnRequest:
     user: int | None = None
     group: int | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    netns_fd: int | None = None
+    """An open ``/proc/…/ns/net`` the child joins before exec (None: stay in ours)."""
 
 
-def _child_setup(cgroup_fds: Sequence[int]) -> Callable[[], None]:
+def _child_setup(cgroup_fds: Sequence[int], netns_fd: int | None = None) -> Callable[[], None]:
     parent_pid = os.getpid()
 
     def setup() -> None:
@@ -57,6 +62,8 @@ def _child_setup(cgroup_fds: Sequence[int]) -> Callable[[], None]:
             os._exit(126)
         for fd in cgroup_fds:
             os.write(fd, b"0")
+        if netns_fd is not None and _libc.setns(netns_fd, _CLONE_NEWNET) != 0:
+            os._exit(126)
 
     return setup
 
@@ -85,7 +92,7 @@ class Spawner:
                     cwd=request.cwd,
                     pass_fds=tuple(request.pass_fds),
                     start_new_session=request.new_session,
-                    preexec_fn=_child_setup(request.cgroup_fds),
+                    preexec_fn=_child_setup(request.cgroup_fds, request.netns_fd),
                     user=request.user,
                     group=request.group,
                     extra_groups=[] if request.group is not None else None,
