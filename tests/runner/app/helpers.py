@@ -6,14 +6,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import secrets
 import socket
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.fixtures.runner_process import RunnerProcess
+from tests.fixtures.runner_process import RunnerProcess, free_port, wait_healthy
 from tests.runner.session.helpers import SessionClient
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -213,7 +217,7 @@ def ws_connect(
         head += chunk
     if head.startswith(b"HTTP/1.1 101"):
         expected = base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
-        assert b"sec-websocket-accept: " + expected in head.lower(), head
+        assert (b"sec-websocket-accept: " + expected).lower() in head.lower(), head
     return sock, head
 
 
@@ -246,3 +250,46 @@ def ws_recv(sock: socket.socket) -> tuple[int, bytes]:
     elif size == 127:
         size = struct.unpack(">Q", need(8))[0]
     return b1 & 0x0F, need(size)
+
+
+# The runner as __main__ serves it, but with uvicorn's WebSocket support off: how it
+# runs where no WebSocket library is installed (the runner does not depend on one).
+_NO_WS_LAUNCHER = """
+import os, uvicorn
+from sandcell_runner.app import create_app
+from sandcell_runner.config import RunnerSettings
+from sandcell_runner.service import RunnerService
+settings = RunnerSettings.from_env(os.environ)
+os.environ.pop("SANDCELL_RUNNER_TOKEN", None)
+uvicorn.run(create_app(RunnerService(settings)), host=settings.host, port=settings.port,
+            loop="asyncio", http="httptools", ws="none", lifespan="on", log_level="info")
+"""
+
+
+def start_runner_without_ws(root: Path) -> RunnerProcess:
+    """A session runner whose uvicorn has no WebSocket protocol (the raw tunnel path)."""
+    root.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_hex(24)
+    port = free_port()
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "SANDCELL_RUNNER_TOKEN": token,
+        "SANDCELL_RUNNER_PORT": str(port),
+        "SANDCELL_WORKSPACE_ROOT": str(root / "workspaces"),
+        "SANDCELL_INPUT_CACHE_DIR": str(root / "input-cache"),
+        "SANDCELL_RUNNER_REAP_INTERVAL_S": "3600",
+        "SANDCELL_RUNNER_SESSIONS": "1",
+    }
+    log_path = root / "runner.log"
+    with log_path.open("ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _NO_WS_LAUNCHER],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    runner = RunnerProcess(process, port, token, root, log_path, env)
+    wait_healthy(runner)
+    return runner

@@ -6,8 +6,11 @@ analysis take the session lock (they use the workspace); listing, logs, stdin,
 stopping and the preview do not, so a dev server stays reachable while a long
 command runs in the same session.
 
-WebSocket upgrades to a preview port arrive through ``RunnerStarlette`` before
-the middleware stack (``preview_ws.py`` says why) and pass the same checks.
+WebSocket to a preview port comes one of two ways, with the same checks: as a
+``websocket`` scope when uvicorn has a WebSocket library (relayed message by
+message, ``preview_wsrelay.py``), else as a plain upgrade request, which
+``RunnerStarlette`` takes before the middleware stack and tunnels byte for byte
+(``preview_ws.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import socket
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -22,18 +26,20 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from sandcell_protocol import app_messages as am
 from sandcell_protocol import encode, headers, routes
 
 from . import logfilter
 from .apps import SessionApp
-from .errors import BadRequestError, BusyError
+from .errors import BadRequestError, BusyError, RunnerError
 from .preview import HOP_BY_HOP, RUNNER_ONLY
 from .preview_inject import reporter_prefix
 from .preview_ws import can_take_over, handshake, is_upgrade
+from .preview_wsrelay import UpstreamRefusedError, connect_upstream, relay
 from .runtime_errors import from_browser
 from .session import SessionState
 
@@ -46,6 +52,7 @@ _TAG_RE = re.compile(am.PROCESS_TAG_PATTERN)
 _BROWSER_ERRORS = b"/" + am.BROWSER_ERRORS_PATH.encode()
 _MAX_LOG_LINES = 10_000
 _MAX_STDIN_BYTES = 1024 * 1024
+_PROXIED_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _PORT_PATH_RE = re.compile(r"(\d{1,5})(/.*)?", re.DOTALL)
 
 
@@ -70,7 +77,8 @@ class AppRoutes:
             Route(routes.SESSION_RUNTIME_ERRORS, g(self.get_runtime_errors), methods=["GET"]),
             Route(routes.SESSION_RUNTIME_ERRORS, g(self.delete_runtime_errors), methods=["DELETE"]),
             Route(routes.SESSION_ANALYSIS, g(self.get_analysis), methods=["GET"]),
-            Route(am.SESSION_PORTS, g(self.proxy)),
+            Route(am.SESSION_PORTS, g(self.proxy), methods=_PROXIED_METHODS),
+            WebSocketRoute(am.SESSION_PORTS, self.websocket),
         ]
 
     # -- plumbing -------------------------------------------------------------
@@ -213,39 +221,73 @@ class AppRoutes:
             "preview unavailable: this runner cannot create network namespaces (needs root)"
         )
 
+    async def _upstream_socket(self, request: Request) -> tuple[int, socket.socket]:
+        """Checks of a WebSocket to a preview port; the port and a socket connected to it."""
+        state, app = await self._session(request)
+        path = request.scope["path"][len(routes.SESSION_PORTS_PREFIX) :]
+        match = _PORT_PATH_RE.fullmatch(path)
+        if match is None:
+            raise BadRequestError("expected /v1/session/ports/{port}/{path}")
+        port = _port(int(match.group(1)))
+        if app.upstream is None or state.netns is None:
+            raise BadRequestError(self._no_preview())
+        try:
+            return port, await state.netns.connect(port)
+        except (OSError, TimeoutError):
+            raise BusyError(f"nothing is listening on port {port} in the session yet") from None
+
+    @staticmethod
+    def _forwarded(scope: Scope) -> list[tuple[bytes, bytes]]:
+        return [
+            (name, value)
+            for name, value in scope["headers"]
+            if name not in RUNNER_ONLY
+            and (name not in HOP_BY_HOP or name in (b"connection", b"upgrade"))
+        ]
+
     async def upgrade(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """An ``Upgrade`` request to a preview port: relayed, then tunnelled on ``101``."""
+        """A plain ``Upgrade`` request to a preview port: relayed, tunnelled on ``101``."""
 
         async def prepare(request: Request) -> Response:
-            state, app = await self._session(request)
-            match = _PORT_PATH_RE.fullmatch(scope["path"][len(routes.SESSION_PORTS_PREFIX) :])
-            if match is None:
-                raise BadRequestError("expected /v1/session/ports/{port}/{path}")
-            port = _port(int(match.group(1)))
-            if app.upstream is None or state.netns is None:
-                raise BadRequestError(self._no_preview())
             if not can_take_over(send):
                 raise BadRequestError("WebSocket proxying needs the runner's own uvicorn server")
-            try:
-                sock = await state.netns.connect(port)
-            except (OSError, TimeoutError):
-                raise BusyError(f"nothing is listening on port {port} in the session yet") from None
-            kept = [
-                (name, value)
-                for name, value in scope["headers"]
-                if name not in RUNNER_ONLY
-                and (name not in HOP_BY_HOP or name in (b"connection", b"upgrade"))
-            ]
+            port, sock = await self._upstream_socket(request)
             return await handshake(
                 sock,
                 method=scope["method"],
                 port=port,
                 target=_target(scope, port),
-                request_headers=kept,
+                request_headers=self._forwarded(scope),
             )
 
         response = await self.app.guarded(prepare)(Request(scope, receive, send))
         await response(scope, receive, send)
+
+    async def websocket(self, websocket: WebSocket) -> None:
+        """A ``websocket`` scope to a preview port: a relay to the upstream's own WebSocket."""
+        scope = websocket.scope
+        try:
+            request = Request({**scope, "type": "http", "method": "GET"})
+            self.app.authorize(request)
+            port, sock = await self._upstream_socket(request)
+            upstream, subprotocol = await connect_upstream(
+                sock, port=port, target=_target(scope, port), request_headers=self._forwarded(scope)
+            )
+        except RunnerError as exc:
+            # app.py imports this module; its error shape is reused, not copied.
+            from .app import error_response
+
+            await _deny(websocket, error_response(exc), reason=str(exc))
+            return
+        except UpstreamRefusedError as refused:
+            answer = Response(refused.body, status_code=refused.status)
+            answer.raw_headers = [
+                (k, v) for k, v in refused.headers if k not in HOP_BY_HOP and k != b"content-length"
+            ]
+            answer.raw_headers.append((b"content-length", str(len(refused.body)).encode()))
+            await _deny(websocket, answer, reason=str(refused))
+            return
+        await relay(websocket, upstream, subprotocol)
 
 
 class RunnerStarlette(Starlette):
@@ -273,6 +315,14 @@ class RunnerStarlette(Starlette):
                     await Response(status_code=500)(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+
+async def _deny(websocket: WebSocket, response: Response, *, reason: str) -> None:
+    """Refuse with an HTTP response where the server can send one, else close (1008)."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(response)
+    else:
+        await websocket.close(code=1008, reason=reason[:120])
 
 
 def _port(port: int) -> int:

@@ -124,7 +124,7 @@ class Handshake(Response):
             if self.status_code == 101 and transport is not None:
                 await _pipe(transport, self._head, self._reader, self._writer)
                 return
-            body = await _read_body(self._reader, self._upstream_headers)
+            body = await read_body(self._reader, self._upstream_headers)
             status = 502 if self.status_code == 101 else self.status_code
             answer = Response(body, status_code=status)
             answer.raw_headers = [
@@ -157,7 +157,7 @@ async def handshake(
         async with asyncio.timeout(10):
             await writer.drain()
             response_head = await reader.readuntil(b"\r\n\r\n")
-        status, headers = _parse_head(response_head)
+        status, headers = parse_head(response_head)
     except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
         writer.close()
         raise BusyError(f"port {port} did not answer the upgrade request") from None
@@ -200,7 +200,7 @@ async def _pipe(
             await pump
 
 
-def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
+def parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
     lines = head.rstrip(b"\r\n").split(b"\r\n")
     parts = lines[0].split(b" ", 2)
     try:
@@ -214,7 +214,7 @@ def _parse_head(head: bytes) -> tuple[int, list[tuple[bytes, bytes]]]:
     return status, headers
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[bytes, bytes]]) -> bytes:
+async def read_body(reader: asyncio.StreamReader, headers: list[tuple[bytes, bytes]]) -> bytes:
     """The body of a refused upgrade: by Content-Length, else what comes before EOF."""
     length = dict(headers).get(b"content-length")
     chunks: list[bytes] = []
@@ -231,4 +231,4 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[bytes, by
     return b"".join(chunks)[:_BODY_LIMIT]
 
 
-__all__ = ["Handshake", "can_take_over", "handshake", "is_upgrade"]
+__all__ = ["Handshake", "can_take_over", "handshake", "is_upgrade", "parse_head", "read_body"]
