@@ -344,3 +344,34 @@ async def test_no_secret_in_logs_or_errors(
     text = caplog.text + "\n".join(errors)
     for secret in [*tokens, S3_SECRET]:
         assert secret not in text
+
+
+async def test_idle_sweeper_suspends_and_forgets_lost_sandboxes(
+    local_provider: LocalProvider, dir_store: SnapshotStore, runtime_dir: Path
+) -> None:
+    registry = InProcessRegistry()
+    service = ExecutionService(provider=local_provider, registry=registry, store=dir_store)
+    await service.execute(py("open('a','w').write('1')"), ALICE, hint="idle")
+    await service.execute(py("open('b','w').write('2')"), ALICE, hint="gone")
+    idle_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "idle")
+    gone_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "gone")
+    await registry.touch(gone_id, at_s=service._now() + 3600)  # recently seen: not idle
+    gone = await registry.get(gone_id)
+    assert gone is not None
+    await local_provider.destroy(gone.sandbox_id)  # lost behind the registry's back
+    suspended = await service.sweep_idle(idle_s=60)
+    assert suspended == 0  # nothing idle for a minute yet
+    idle_record = await registry.get(idle_id)
+    gone_record = await registry.get(gone_id)
+    assert idle_record is not None
+    assert idle_record.state == "active"
+    assert gone_record is not None
+    assert gone_record.state == "suspended"
+    assert await service.sweep_idle(idle_s=0.001) == 1
+    idle_record = await registry.get(idle_id)
+    assert idle_record is not None
+    assert idle_record.state == "suspended"
+    assert runner_pids(runtime_dir) == []
+    again = await service.execute(py("print(open('a').read())"), ALICE, hint="idle")
+    assert again.stdout == "1\n"
+    await service.aclose(destroy_sandboxes=True)

@@ -450,7 +450,41 @@ class ExecutionService:
                     self.metrics.inc("sandcell_idle_suspends_total")
             except (SessionBusyError, SandboxError) as exc:
                 log.info("idle sweep skipped %s: %s", session_id[:11], type(exc).__name__)
+        await self._forget_lost_sandboxes()
         return count
+
+    async def _forget_lost_sandboxes(self) -> None:
+        """Mark rows whose sandbox is gone as suspended: the next turn restores."""
+        for record in await self.registry.list_records():
+            if record.state != "active" or record.provider != self.provider.name:
+                continue
+            try:
+                handle = await self.provider.connect(record.sandbox_id)
+            except SandboxNotFoundError:
+                handle = None
+            except SandboxError:
+                continue  # unreachable for now is not gone
+            if handle is not None:
+                await handle.close()
+                continue
+            try:
+                async with hold_session(
+                    self.registry, record.session_id, ttl_ms=self.lock_ttl_ms
+                ) as lease:
+                    current = await self.registry.get(record.session_id)
+                    if current is not None and current.sandbox_id == record.sandbox_id:
+                        stale = self._handles.pop(record.session_id, None)
+                        if stale is not None:
+                            await stale.close()
+                        await self.registry.put(
+                            lease,
+                            msgspec.structs.replace(
+                                current, state="suspended", updated_at_s=self._now()
+                            ),
+                        )
+                        self.metrics.inc("sandcell_fallbacks_total", reason="sandbox_gone")
+            except SessionBusyError:
+                continue
 
     async def aclose(self, *, destroy_sandboxes: bool) -> None:
         """Close clients; with ``destroy_sandboxes`` also destroy every active sandbox.
