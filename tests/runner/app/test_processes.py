@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import httpx
+import psutil
 import pytest
 
 from tests.fixtures.runner_process import RunnerProcess
@@ -219,3 +221,52 @@ def test_release_kills_the_session_processes(fresh_runner: RunnerProcess) -> Non
             os.kill(pid, 0)
         # A new session on this runner starts with no processes.
         assert client.http.get("/v1/session/processes").json() == {"processes": []}
+
+
+def test_processes_do_not_outlive_a_killed_runner(fresh_runner: RunnerProcess) -> None:
+    """SIGKILL of the runner takes its background processes with it (no orphans)."""
+    with AppClient(fresh_runner) as client:
+        info = client.start("orphan", "sleep 1000 & sleep 1000; wait")
+        jail = psutil.Process(info["pid"])
+        deadline = time.monotonic() + 10
+        tree = [jail]
+        while len(tree) < 5 and time.monotonic() < deadline:  # nsjail, init, bash, 2 sleeps
+            tree = [jail, *jail.children(recursive=True)]
+            time.sleep(0.05)
+        assert len(tree) >= 5, tree
+        os.kill(fresh_runner.process.pid, signal.SIGKILL)
+        fresh_runner.process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    alive = tree
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in tree if _alive(p)]
+        time.sleep(0.05)
+    assert not alive
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_in_place_restore_leaves_processes_running(fresh_runner: RunnerProcess) -> None:
+    """A restore swaps the workspace under the lock but stops nothing: a running process
+    keeps the tree it started with, new commands see the restored one (and still reach
+    the process on localhost)."""
+    with AppClient(fresh_runner) as client:
+        client.put("page.txt", "before")
+        archive = client.checkpoint()
+        client.put("page.txt", "after")
+        client.start("files", "exec python3 -m http.server 8111 --bind 127.0.0.1")
+        client.wait_log("files", "Serving HTTP")
+        assert client.restore(archive).status_code == 200
+        assert client.process("files")["state"] == "running"
+        assert client.preview(8111, "page.txt").text == "after"
+        result = client.execute(
+            "import urllib.request\n"
+            "print(open('page.txt').read())\n"
+            "print(urllib.request.urlopen('http://127.0.0.1:8111/page.txt').read().decode())\n"
+        )
+        assert result["stdout"] == "before\nafter\n", result

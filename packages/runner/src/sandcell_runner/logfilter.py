@@ -116,6 +116,8 @@ async def filter_stream(
             except TimeoutError:
                 yield f"[sandcell] filter took longer than {budget_s:g}s on a line; stream ended"
                 return
+            except (BrokenPipeError, ConnectionResetError):
+                return
             if answer.strip() == b"1":
                 yield line
             elif not answer:
