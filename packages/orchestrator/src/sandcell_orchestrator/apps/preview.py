@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -44,7 +45,7 @@ from .instances import AppInstances, Instance
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
 
-__all__ = ["COOKIE_NAME", "PreviewProxy"]
+__all__ = ["COOKIE_NAME", "PreviewProxy", "RedactPreviewTokens", "redact_access_logs"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,28 @@ class _QuietHandshake(logging.Filter):
 
 _WS_LOG = logging.getLogger(__name__ + ".websocket")
 _WS_LOG.addFilter(_QuietHandshake())
+_TOKEN_QUERY_RE = re.compile(r"((?:^|[?&])token=)[^&\s\"]*")
+
+
+class RedactPreviewTokens(logging.Filter):
+    """Scrubs ``token=...`` from access-log lines: a first preview request carries one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                _TOKEN_QUERY_RE.sub(r"\1[redacted]", arg) if isinstance(arg, str) else arg
+                for arg in record.args
+            )
+        if isinstance(record.msg, str):
+            record.msg = _TOKEN_QUERY_RE.sub(r"\1[redacted]", record.msg)
+        return True
+
+
+def redact_access_logs(logger_name: str = "uvicorn.access") -> None:
+    """Install ``RedactPreviewTokens`` on the server's access logger (idempotent)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(item, RedactPreviewTokens) for item in logger.filters):
+        logger.addFilter(RedactPreviewTokens())
 
 
 def _json_error(status: int, code: ErrorCode, message: str) -> Response:

@@ -1,0 +1,77 @@
+"""No secret (API key, runner token, preview token, webhook secret) reaches a log or a repr."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import pytest
+
+from sandcell_orchestrator.apps.preview import RedactPreviewTokens
+
+from .conftest import KEY_A, WEBHOOK_SECRET, StartApi
+from .test_diagnostics import THROWING_JS
+from .test_instances import eventually
+
+
+def test_access_log_lines_lose_their_token() -> None:
+    record = logging.LogRecord(
+        "uvicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:1", "GET", "/preview/app_1/?a=1&token=SECRET-abc&b=2", "1.1", 200),
+        None,
+    )
+    assert RedactPreviewTokens().filter(record)
+    assert "SECRET" not in record.getMessage()
+    assert "/preview/app_1/?a=1&token=[redacted]&b=2" in record.getMessage()
+
+
+async def test_a_full_flow_logs_no_secret(
+    start_api: StartApi, browser: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Create, preview in a browser, error + webhook, commands, delete: every record is clean."""
+    caplog.set_level(logging.DEBUG)
+    api = await start_api()
+    created = await api.create("static-site", webhook_url=f"{api.receiver_url}/hook")
+    instance_id = created["instance_id"]
+    (instance,) = api.apps.instances.all()
+    preview_token = instance.preview_token
+    runner_token = instance.runner._token
+    await api.write(instance_id, {"app.js": THROWING_JS}, message="Throw")
+    page = await browser.new_page()
+    await page.goto(created["url"])
+    await api.receiver.wait_for(1)
+    await api.run(instance_id, "echo hi", "exit 2")
+    await api.run(instance_id, "sudo id")
+    async with httpx.AsyncClient() as client:
+        await client.get(created["url"])
+
+    async def deleted() -> bool:
+        answer = await api.client.delete(f"/v1/instances/{instance_id}", headers=api.auth())
+        return answer.status_code in (204, 404)
+
+    await eventually(deleted)
+    secrets = {
+        "api key": KEY_A,
+        "runner token": runner_token,
+        "preview token": preview_token,
+        "webhook secret": WEBHOOK_SECRET,
+    }
+    # httpx/httpcore records come from this test's own clients too, which are sent
+    # the cookie and use the tokened URL, like a browser; httpcore never logs
+    # request headers, so the service's runner client cannot leak through them.
+    records = [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
+    assert any(r.name.startswith("uvicorn.access") for r in records)
+    assert any(r.name.startswith("sandcell_orchestrator") for r in records)
+    assert any("token=[redacted]" in r.getMessage() for r in records)
+    for record in records:
+        text = record.getMessage() + repr(record.args)
+        for name, value in secrets.items():
+            assert value not in text, f"{name} in a {record.name} log record"
+    for thing in (instance, api.apps.instances, api.apps, api.apps.instances.settings):
+        for name, value in secrets.items():
+            assert value not in repr(thing), f"{name} in repr of {type(thing).__name__}"
