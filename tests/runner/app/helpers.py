@@ -1,5 +1,5 @@
-"""Helpers for app tests: a session client with process helpers, servers to run, a raw
-WebSocket client (the test environment has no WebSocket library)."""
+"""Helpers for app tests: a session client with process helpers, servers to run, and a
+raw-socket WebSocket client (it sees the exact bytes a tunnel passes on)."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def ws_recv(sock: socket.socket) -> tuple[int, bytes]:
 
 
 # The runner as __main__ serves it, but with uvicorn's WebSocket support off: how it
-# runs where no WebSocket library is installed (the runner does not depend on one).
+# runs where no WebSocket library is installed.
 _NO_WS_LAUNCHER = """
 import os, uvicorn
 from sandcell_runner.app import create_app

@@ -1,7 +1,8 @@
 """WebSocket through the preview where uvicorn has no WebSocket library: a raw tunnel.
 
-The runner does not depend on a WebSocket library; without one uvicorn passes an
-upgrade request on as plain HTTP, and the preview takes the connection over.
+Without one (an image built without ``websockets``, or ``ws="none"`` as here)
+uvicorn passes an upgrade request on as plain HTTP, and the preview takes the
+connection over.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from .preview_inject import inject, reporter_tag
 HOP_BY_HOP = frozenset(
     {
         b"connection",
+        b"expect",
         b"keep-alive",
         b"proxy-authenticate",
         b"proxy-authorization",

@@ -1,16 +1,19 @@
-"""WebSocket (any ``Upgrade``) through the preview: a raw byte tunnel after the handshake.
+"""An ``Upgrade`` request through the preview as a raw byte tunnel after the handshake.
 
-ASGI offers no way to hand a connection over, and the runner ships no WebSocket
-library (uvicorn would need one to speak the ``websocket`` scope, and a proxy
-only needs the bytes anyway). So an upgrade request to a preview port is taken
-before Starlette's middleware: the request head goes upstream (minus the runner's
-own headers), and if the server answers ``101`` the client's transport is
-switched to a protocol that pipes bytes both ways until either side closes. Any
-other answer is relayed as a plain response and the connection is not taken.
+uvicorn speaks the ASGI ``websocket`` scope only with a WebSocket library
+installed (the runner declares ``websockets``; ``preview_wsrelay.py`` serves that
+case). Without one (an image built without it, ``ws="none"``) or for any other
+protocol (``Upgrade: h2c``…), the upgrade arrives as a plain HTTP request, and
+ASGI has no way to hand the connection over. So such a request to a preview port
+is taken before Starlette's middleware: the request head goes upstream (minus the
+runner's own headers), and if the server answers ``101`` the client's transport
+is switched to a protocol that pipes bytes both ways until either side closes.
+Any other answer is relayed as a plain response and the connection is not taken.
 
 Taking the transport relies on uvicorn's HTTP protocols (httptools and h11),
 whose ``send`` is bound to a cycle holding it; under another server the tunnel
-answers with an error rather than misbehave.
+answers with an error rather than misbehave. uvicorn still logs "Unsupported
+upgrade request" for each such request: it parses the head before the app runs.
 """
 
 from __future__ import annotations

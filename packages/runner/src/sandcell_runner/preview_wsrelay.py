@@ -1,13 +1,15 @@
 """WebSocket through the preview when the ASGI server speaks WebSocket itself.
 
-With a WebSocket library installed, uvicorn completes the client's handshake and
-hands the app a ``websocket`` scope, so there is no raw connection to tunnel
-(``preview_ws.py`` covers servers without one). The app then opens its own
-WebSocket to the upstream inside the session's namespace (a minimal RFC 6455
-client: masked frames out, fragmented messages reassembled, pings answered) and
-relays whole messages both ways. The upstream's subprotocol is passed on at
-accept; compression extensions are not negotiated upstream (the client side may
-still use them with uvicorn).
+With a WebSocket library installed (the runner depends on ``websockets``), uvicorn
+completes the client's handshake and hands the app a ``websocket`` scope, so
+there is no raw connection to tunnel (``preview_ws.py`` covers servers without
+one). The app then opens its own WebSocket to the upstream inside the session's
+namespace and relays whole messages both ways. The upstream end is a minimal RFC
+6455 client (masked frames out, fragments reassembled, pings answered) rather
+than the library's: a dev server that refuses the upgrade often answers in
+HTTP/1.0, which a strict client rejects, and the preview relays that answer to
+the browser as it came. The upstream's subprotocol is passed on at accept;
+compression is not negotiated upstream (the browser's side may still use it).
 """
 
 from __future__ import annotations
