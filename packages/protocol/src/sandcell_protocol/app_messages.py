@@ -73,7 +73,9 @@ class ProcessInfo(Message, frozen=True, kw_only=True):
     """One background process; an exited one keeps its status until replaced.
 
     ``exit_code`` is set when it exited by itself, ``signal`` (``SIGTERM``…) when
-    a signal ended it. Times are epoch seconds.
+    a signal ended it. ``pid`` is the host pid of the process's jail while it
+    runs (inside the jail the command has its own pid namespace). Times are
+    epoch seconds.
     """
 
     tag: str
