@@ -98,6 +98,13 @@ class AppRunnerClient:
         """Close the connection pool; idempotent."""
         await self._client.aclose()
 
+    def _check_open(self) -> None:
+        # A recovery or shutdown closed this client: the instance moved on or went.
+        if self._client.is_closed:
+            raise SandboxUnavailableError(
+                "this sandbox's client is closed (recovered or shut down)"
+            )
+
     # -- plumbing -----------------------------------------------------------------
 
     async def _call(
@@ -109,6 +116,7 @@ class AppRunnerClient:
         params: Mapping[str, str] | None = None,
         read_timeout_s: float | None = None,
     ) -> httpx.Response:
+        self._check_open()
         request_headers = self.auth_headers()
         content = None
         if message is not None:
@@ -210,6 +218,7 @@ class AppRunnerClient:
         Transport failures still map to ``SandboxUnavailableError``; the caller
         closes the response.
         """
+        self._check_open()
         url = self.base_url + port_path(port, raw_path) + (f"?{query}" if query else "")
         request = self._client.build_request(
             method,

@@ -21,7 +21,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -167,6 +167,15 @@ class AppInstances:
         """Count activity (API call or preview traffic) for idle shutdown."""
         instance.last_active = self.clock()
 
+    @contextlib.asynccontextmanager
+    async def _using(self, instance: Instance) -> AsyncIterator[Instance]:
+        """Hold the instance's lock for one API call; it may have stopped while we waited."""
+        async with instance.lock:
+            if instance.status == "stopped":
+                raise InstanceNotFoundError(instance.instance_id)
+            self.touch(instance)
+            yield instance
+
     # -- create / destroy --------------------------------------------------------------
 
     async def create(self, request: CreateInstance, *, owner: str) -> InstanceCreated:
@@ -203,7 +212,6 @@ class AppInstances:
             await provision.install(handle, template.manifest, instance.env)
             await provision.start_dev_server(runner, template.manifest, instance.env)
             await provision.wait_ready(runner, template.manifest, clock=self.clock)
-            await self.checkpoint(instance)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 if runner is not None:
@@ -213,8 +221,13 @@ class AppInstances:
                     await self.manager.destroy(sandbox_uuid)
             raise
         instance.status = "ready"
-        self.touch(instance)  # idle time counts from ready, not from the request
         self._instances[instance_id] = instance
+        try:
+            await self.checkpoint(instance)
+        except SandcellError as exc:
+            # Open on speed: the health loop retries while the instance is dirty.
+            log.warning("app instance %s: first checkpoint failed: %s", instance_id, exc)
+        self.touch(instance)  # idle time counts from ready, not from the request
         log.info("app instance %s created from template %s", instance_id, template.name)
         return InstanceCreated(
             instance_id=instance_id, url=self.preview_url(instance), status="ready"
@@ -229,17 +242,20 @@ class AppInstances:
         """Remove ``instance`` and destroy its sandbox and checkpoint (idempotent)."""
         if self._instances.pop(instance.instance_id, None) is None:
             return
-        instance.status = "stopped"
+        # The lock waits out a call or a recovery in flight, so neither can bring a
+        # sandbox back after this destroyed it.
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(SandcellError):
-                with anyio.fail_after(10):
-                    await instance.runner.stop_process(provision.DEV_TAG)
-            await instance.runner.close()
-            await instance.handle.close()
-            try:
-                await self.manager.destroy(instance.sandbox_uuid)
-            except SandcellError as exc:
-                log.warning("app instance %s: destroy failed: %s", instance.instance_id, exc)
+            async with instance.lock:
+                instance.status = "stopped"
+                with contextlib.suppress(SandcellError, TimeoutError):
+                    with anyio.fail_after(10):
+                        await instance.runner.stop_process(provision.DEV_TAG)
+                await instance.runner.close()
+                await instance.handle.close()
+                try:
+                    await self.manager.destroy(instance.sandbox_uuid)
+                except SandcellError as exc:
+                    log.warning("app instance %s: destroy failed: %s", instance.instance_id, exc)
         log.info("app instance %s shut down", instance.instance_id)
 
     async def aclose(self) -> None:
@@ -258,8 +274,7 @@ class AppInstances:
             (_file_path(item.path), _file_bytes(item.content, item.encoding))
             for item in request.files
         ]
-        async with instance.lock:
-            self.touch(instance)
+        async with self._using(instance):
             for path, data in prepared:
                 await instance.handle.files.write(path, data)
             instance.dirty = True
@@ -290,8 +305,7 @@ class AppInstances:
         instance = self.get(instance_id, owner=owner)
         self.policy.check_all(request.commands)
         results: list[CommandOutcome] = []
-        async with instance.lock:
-            self.touch(instance)
+        async with self._using(instance):
             for command in request.commands:
                 job = ExecuteRequest(
                     language="bash",
@@ -321,8 +335,7 @@ class AppInstances:
     async def analysis(self, instance_id: str, *, owner: str) -> AnalysisResult:
         """Static analysis of the workspace, run by the runner inside the jail."""
         instance = self.get(instance_id, owner=owner)
-        async with instance.lock:
-            self.touch(instance)
+        async with self._using(instance):
             return await instance.runner.analysis()
 
     async def runtime_errors(
