@@ -162,8 +162,10 @@ class InstanceSupervisor:
                 raise SandboxNotFoundError(f"app instance {instance.instance_id}: no sandbox row")
             if record.checkpoint_key is None:
                 raise CheckpointError(f"app instance {instance.instance_id}: no checkpoint")
+            # Destroy even a row already marked suspended (the execution service's
+            # sweeper marks lost sandboxes so): its runner's root still needs removing.
+            await manager.provider.destroy(record.sandbox_id)
             if record.state == "active":
-                await manager.provider.destroy(record.sandbox_id)
                 suspended = msgspec.structs.replace(
                     record, state="suspended", updated_at_s=time.time()
                 )
