@@ -336,8 +336,10 @@ async def test_no_secret_in_logs_or_errors(
             )
             try:
                 await fresh.execute(py("1"), ALICE, hint="sec")
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - collecting every message
                 errors += [str(exc), repr(exc), str(exc.__cause__), repr(exc.__cause__)]
+            finally:
+                await fresh.aclose(destroy_sandboxes=True)
         finally:
             s3_server.start()
     assert tokens

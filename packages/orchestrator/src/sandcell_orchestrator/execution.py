@@ -179,7 +179,12 @@ class ExecutionService:
         if record is None or record.state != "active" or record.provider != self.provider.name:
             return None
         handle = self._handles.get(session_id)
-        if handle is None or handle.sandbox_id != record.sandbox_id:
+        if handle is not None and handle.sandbox_id != record.sandbox_id:
+            # Another worker relaunched the session: our client points at a dead sandbox.
+            del self._handles[session_id]
+            await handle.close()
+            handle = None
+        if handle is None:
             try:
                 handle = rebind(await self.provider.connect(record.sandbox_id), session_id)
             except (SandboxNotFoundError, SandboxUnavailableError):
