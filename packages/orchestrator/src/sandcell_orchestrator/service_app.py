@@ -416,7 +416,14 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         Route("/metrics", _guarded(service.metrics), methods=["GET"]),
     ]
     handlers: dict[Any, Any] = {HTTPException: _http_error}
-    return Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)
+    app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)
+    # The app-instance API (issue 8) shares the services, keys and lifespan.
+    from .apps.routes import install_app_routes
+
+    install_app_routes(
+        app, settings, services=lambda: service.services, namespace_of=service.keys.namespace
+    )
+    return app
 
 
 def serve(
