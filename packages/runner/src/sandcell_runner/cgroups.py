@@ -49,6 +49,17 @@ class JobCgroup:
         """File descriptors a freshly forked child writes ``0`` into to join the cgroup."""
         return [os.open(d / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for d in self._dirs]
 
+    def thread_join_paths(self) -> list[Path] | None:
+        """v1 ``tasks`` files a *thread* can move itself into (None on v2, which has none).
+
+        A child inherits the cgroup of the thread that forked it, so the spawner
+        thread steps into the job cgroup, forks without ``preexec_fn`` (cheap vfork),
+        and steps back.
+        """
+        if self._version != 1:
+            return None
+        return [d / "tasks" for d in self._dirs]
+
     def stats(self) -> JobCgroupStats:
         if self._version == 1:
             memory = next((d for d in self._dirs if d.parent.parent.parent.name == "memory"), None)

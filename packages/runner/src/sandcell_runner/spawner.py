@@ -14,17 +14,20 @@ with ``clone_newnet: false``) puts the job there instead of in a fresh one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import queue
 import resource
+import shutil
 import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000
@@ -49,6 +52,8 @@ class SpawnRequest:
     extra: dict[str, str] = field(default_factory=dict)
     netns_fd: int | None = None
     """An open ``/proc/…/ns/net`` the child joins before exec (None: stay in ours)."""
+    cgroup_tasks: Sequence[Path] | None = None
+    """cgroup v1 ``tasks`` files for the fast path (None: join through ``cgroup_fds``)."""
 
 
 def _child_setup(cgroup_fds: Sequence[int], netns_fd: int | None = None) -> Callable[[], None]:
@@ -69,39 +74,90 @@ def _child_setup(cgroup_fds: Sequence[int], netns_fd: int | None = None) -> Call
 
 
 class Spawner:
-    """A single thread that forks every child; ``spawn`` is safe to call from any thread."""
+    """A single thread that forks every child; ``spawn`` is safe to call from any thread.
+
+    Two paths. The fast one avoids ``preexec_fn``, which forces a full ``fork()``
+    whose cost grows with the runner's RSS (2.4 ms at 30 MiB, 12 ms at 230 MiB,
+    measured here) where ``vfork()`` costs ~0.15 ms at any size: the spawner
+    thread itself steps into the job's cgroup (v1 ``tasks``) and network namespace
+    (``setns`` is per thread), the child inherits both, and ``setpriv --pdeathsig``
+    sets the death signal before exec'ing nsjail; then the thread steps back. The
+    other path (cgroup v2, no ``setpriv``, a UID switch) does all of it in a
+    ``preexec_fn``.
+    """
 
     def __init__(self) -> None:
         self._requests: queue.SimpleQueue[tuple[SpawnRequest, Future[subprocess.Popen[bytes]]]]
         self._requests = queue.SimpleQueue()
+        found = shutil.which("setpriv", path="/usr/bin:/bin")
+        self._setpriv = found if found and _setpriv_has_pdeathsig(found) else None
         self._thread = threading.Thread(target=self._loop, name="sandcell-spawner", daemon=True)
         self._thread.start()
 
+    @property
+    def fast(self) -> bool:
+        return self._setpriv is not None
+
     def _loop(self) -> None:
+        home = _ThreadHome()
         while True:
             request, future = self._requests.get()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                process = subprocess.Popen(
-                    list(request.argv),
-                    stdin=request.stdin,
-                    stdout=request.stdout,
-                    stderr=request.stderr,
-                    env=dict(request.env),
-                    cwd=request.cwd,
-                    pass_fds=tuple(request.pass_fds),
-                    start_new_session=request.new_session,
-                    preexec_fn=_child_setup(request.cgroup_fds, request.netns_fd),
-                    user=request.user,
-                    group=request.group,
-                    extra_groups=[] if request.group is not None else None,
-                    close_fds=True,
-                )
+                if (
+                    self._setpriv is not None
+                    and request.user is None
+                    and (not request.cgroup_fds or request.cgroup_tasks is not None)
+                ):
+                    process = self._spawn_fast(request, home, self._setpriv)
+                else:
+                    process = self._spawn_forked(request)
             except BaseException as exc:
                 future.set_exception(exc)
             else:
                 future.set_result(process)
+
+    def _spawn_fast(
+        self, request: SpawnRequest, home: _ThreadHome, setpriv: str
+    ) -> subprocess.Popen[bytes]:
+        tid = str(threading.get_native_id()).encode()
+        try:
+            for path in request.cgroup_tasks or ():
+                _write(path, tid)
+            if request.netns_fd is not None and _libc.setns(request.netns_fd, _CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into the session namespace: {os.strerror(err)}")
+            return subprocess.Popen(
+                [setpriv, "--pdeathsig", "KILL", "--", *request.argv],
+                stdin=request.stdin,
+                stdout=request.stdout,
+                stderr=request.stderr,
+                env=dict(request.env),
+                cwd=request.cwd,
+                pass_fds=tuple(request.pass_fds),
+                start_new_session=request.new_session,
+                close_fds=True,
+            )
+        finally:
+            home.restore(tid)
+
+    def _spawn_forked(self, request: SpawnRequest) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(request.argv),
+            stdin=request.stdin,
+            stdout=request.stdout,
+            stderr=request.stderr,
+            env=dict(request.env),
+            cwd=request.cwd,
+            pass_fds=tuple(request.pass_fds),
+            start_new_session=request.new_session,
+            preexec_fn=_child_setup(request.cgroup_fds, request.netns_fd),
+            user=request.user,
+            group=request.group,
+            extra_groups=[] if request.group is not None else None,
+            close_fds=True,
+        )
 
     def submit(self, request: SpawnRequest) -> Future[subprocess.Popen[bytes]]:
         future: Future[subprocess.Popen[bytes]] = Future()
@@ -111,6 +167,54 @@ class Spawner:
     async def spawn(self, request: SpawnRequest) -> subprocess.Popen[bytes]:
         """Fork and exec from the spawner thread; returns the running process."""
         return await asyncio.wrap_future(self.submit(request))
+
+
+class _ThreadHome:
+    """The spawner thread's own cgroups and network namespace, to step back into."""
+
+    def __init__(self) -> None:
+        self.netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self.tasks: list[Path] = []
+        try:
+            lines = Path("/proc/thread-self/cgroup").read_text().splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            for controller in ("memory", "pids"):
+                if controller in controllers.split(","):
+                    tasks = Path("/sys/fs/cgroup") / controller / path.lstrip("/") / "tasks"
+                    if tasks.exists():
+                        self.tasks.append(tasks)
+
+    def restore(self, tid: bytes) -> None:
+        for path in self.tasks:
+            with contextlib.suppress(OSError):
+                _write(path, tid)
+        if _libc.setns(self.netns, _CLONE_NEWNET) != 0:
+            # A spawner stuck in a job's namespace would leak it into later jobs.
+            os.abort()
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _setpriv_has_pdeathsig(binary: str) -> bool:
+    try:
+        probe = subprocess.run(
+            [binary, "--pdeathsig", "KILL", "--", "true"],
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
 
 
 async def wait_process(
