@@ -44,6 +44,8 @@ class JobCgroup:
     def __init__(self, dirs: list[Path], *, version: int) -> None:
         self._dirs = dirs
         self._version = version
+        # Counters are cumulative; a reused cgroup reports what changed since begin().
+        self._baseline = (0, 0)
 
     def open_procs_fds(self) -> list[int]:
         """File descriptors a freshly forked child writes ``0`` into to join the cgroup."""
@@ -60,21 +62,44 @@ class JobCgroup:
             return None
         return [d / "tasks" for d in self._dirs]
 
-    def stats(self) -> JobCgroupStats:
+    def _counters(self) -> tuple[int, int]:
+        """(oom kills, pids-limit hits) so far."""
         if self._version == 1:
             memory = next((d for d in self._dirs if d.parent.parent.parent.name == "memory"), None)
             pids = next((d for d in self._dirs if d.parent.parent.parent.name == "pids"), None)
             oom = _read_keyed(memory / "memory.oom_control").get("oom_kill", 0) if memory else 0
-            peak = _read_int(memory / "memory.max_usage_in_bytes") if memory else None
-            pids_max = _read_keyed(pids / "pids.events").get("max", 0) if pids else 0
-        else:
-            (only,) = self._dirs
-            oom = _read_keyed(only / "memory.events").get("oom_kill", 0)
-            peak = _read_int(only / "memory.peak")
-            pids_max = _read_keyed(only / "pids.events").get("max", 0)
-        return JobCgroupStats(
-            oom_killed=oom > 0, pids_exhausted=pids_max > 0, memory_peak_bytes=peak
+            hits = _read_keyed(pids / "pids.events").get("max", 0) if pids else 0
+            return oom, hits
+        (only,) = self._dirs
+        return (
+            _read_keyed(only / "memory.events").get("oom_kill", 0),
+            _read_keyed(only / "pids.events").get("max", 0),
         )
+
+    def begin(self, *, memory_bytes: int, pids: int) -> None:
+        """Prepare a reused cgroup for its next job: limits set, counters baselined."""
+        for directory in self._dirs:
+            _apply_limits(directory, self._version, memory_bytes=memory_bytes, pids=pids)
+            if self._version == 1 and directory.parent.parent.parent.name == "memory":
+                with contextlib.suppress(OSError):
+                    (directory / "memory.max_usage_in_bytes").write_text("0")
+        self._baseline = self._counters()
+
+    def stats(self) -> JobCgroupStats:
+        oom, hits = self._counters()
+        peak = self._peak()
+        return JobCgroupStats(
+            oom_killed=oom > self._baseline[0],
+            pids_exhausted=hits > self._baseline[1],
+            memory_peak_bytes=peak,
+        )
+
+    def _peak(self) -> int | None:
+        if self._version == 1:
+            memory = next((d for d in self._dirs if d.parent.parent.parent.name == "memory"), None)
+            return _read_int(memory / "memory.max_usage_in_bytes") if memory else None
+        (only,) = self._dirs
+        return _read_int(only / "memory.peak")
 
     def kill_all(self) -> None:
         """SIGKILL every process left in the cgroup (a timeout, or leftovers)."""
@@ -83,8 +108,10 @@ class JobCgroup:
                 with contextlib.suppress(OSError):
                     (directory / "cgroup.kill").write_text("1")
                 continue
+            own = os.getpid()
             for _ in range(50):
-                pids = _read_pids(directory / "cgroup.procs")
+                # A resident spawner thread puts the runner itself in cgroup.procs.
+                pids = [pid for pid in _read_pids(directory / "cgroup.procs") if pid != own]
                 if not pids:
                     break
                 for pid in pids:
@@ -115,6 +142,7 @@ class CgroupManager:
     def __init__(self, instance: str, *, root: Path = CGROUP_ROOT) -> None:
         self._instance = instance
         self._root = root
+        self._pool: dict[str, JobCgroup] = {}
         self.version = 0
         self._parents: list[Path] = []
         self.reason = ""
@@ -162,6 +190,31 @@ class CgroupManager:
                     count += 1
         return count
 
+    def acquire(self, key: str, *, memory_bytes: int, pids: int) -> JobCgroup:
+        """A reusable cgroup ``job-<key>`` (one per job UID), limits set for the next job.
+
+        Reusing beats create + rmdir per job: removing a memory cgroup queues kernel
+        work that holds the cgroup mutex, and the next job's attach waited ~7 ms on
+        it after a Python job. Callers must never run two jobs under one key at once
+        (a UID is never shared by two live jobs).
+        """
+        cgroup = self._pool.get(key)
+        if cgroup is None:
+            cgroup = self.create(f"pool-{key}", memory_bytes=memory_bytes, pids=pids)
+            self._pool[key] = cgroup
+        cgroup.begin(memory_bytes=memory_bytes, pids=pids)
+        return cgroup
+
+    def release_all(self) -> None:
+        """Destroy pooled cgroups and this runner's parent (at shutdown)."""
+        pooled, self._pool = self._pool, {}
+        for cgroup in pooled.values():
+            cgroup.destroy()
+        for parent in self._parents:
+            # Empty unless a launched process is still being torn down; leave it then.
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+
     def create(self, name: str, *, memory_bytes: int, pids: int) -> JobCgroup:
         """Make ``job-<name>`` with the given limits (swap disabled)."""
         dirs: list[Path] = []
@@ -177,22 +230,32 @@ class CgroupManager:
         return JobCgroup(dirs, version=self.version)
 
     def _apply_limits(self, directory: Path, *, memory_bytes: int, pids: int) -> None:
-        controller = directory.parent.parent.parent.name
-        if self.version == 1:
-            if controller == "memory":
-                (directory / "memory.limit_in_bytes").write_text(str(memory_bytes))
-                memsw = directory / "memory.memsw.limit_in_bytes"
-                if memsw.exists():
-                    memsw.write_text(str(memory_bytes))
-                with contextlib.suppress(OSError):
-                    (directory / "memory.swappiness").write_text("0")
-            elif controller == "pids":
-                (directory / "pids.max").write_text(str(pids))
-            return
-        (directory / "memory.max").write_text(str(memory_bytes))
-        with contextlib.suppress(OSError):
-            (directory / "memory.swap.max").write_text("0")
-        (directory / "pids.max").write_text(str(pids))
+        _apply_limits(directory, self.version, memory_bytes=memory_bytes, pids=pids)
+
+
+def _apply_limits(directory: Path, version: int, *, memory_bytes: int, pids: int) -> None:
+    controller = directory.parent.parent.parent.name
+    if version == 1:
+        if controller == "memory":
+            limit = directory / "memory.limit_in_bytes"
+            memsw = directory / "memory.memsw.limit_in_bytes"
+            # memory <= memory+swap at every step: raise memsw first, lower it last.
+            try:
+                limit.write_text(str(memory_bytes))
+            except OSError:
+                memsw.write_text(str(memory_bytes))
+                limit.write_text(str(memory_bytes))
+            if memsw.exists():
+                memsw.write_text(str(memory_bytes))
+            with contextlib.suppress(OSError):
+                (directory / "memory.swappiness").write_text("0")
+        elif controller == "pids":
+            (directory / "pids.max").write_text(str(pids))
+        return
+    (directory / "memory.max").write_text(str(memory_bytes))
+    with contextlib.suppress(OSError):
+        (directory / "memory.swap.max").write_text("0")
+    (directory / "pids.max").write_text(str(pids))
 
 
 def _read_keyed(path: Path) -> dict[str, int]:

@@ -269,9 +269,10 @@ class Jail:
         self._counter += 1
         cgroup: JobCgroup | None = None
         if self._cgroups.available:
+            # One reusable cgroup per job UID: a UID never runs two one-shot jobs at once.
             cgroup = await asyncio.to_thread(
-                self._cgroups.create,
-                f"{os.getpid()}-{self._counter}",
+                self._cgroups.acquire,
+                f"u{spec.uid}",
                 memory_bytes=spec.limits.memory_bytes,
                 pids=spec.limits.pids,
             )
@@ -279,7 +280,8 @@ class Jail:
             return await self._run_in(spec, cgroup, on_output)
         finally:
             if cgroup is not None:
-                await asyncio.to_thread(cgroup.destroy)
+                # Nothing may outlive the job into the next one of this UID.
+                await asyncio.to_thread(cgroup.kill_all)
 
     def _argv_and_fds(self, spec: JobSpec) -> tuple[list[str], list[int], list[int]]:
         """nsjail argv with its config pipe; returns (argv, fds to pass, fds to close)."""
@@ -324,6 +326,7 @@ class Jail:
             pass_fds=pass_fds,
             cgroup_fds=cgroup_fds,
             cgroup_tasks=cgroup.thread_join_paths() if cgroup is not None else None,
+            resident_key=f"u{spec.uid}" if cgroup is not None else None,
             user=spec.uid if self._nsjail is None and os.geteuid() == 0 else None,
             group=spec.gid if self._nsjail is None and os.geteuid() == 0 else None,
             netns_fd=spec.netns_fd,

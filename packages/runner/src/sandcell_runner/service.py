@@ -215,6 +215,9 @@ class RunnerService:
             await self.apps.shutdown()
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.spawner.close)
+            await asyncio.to_thread(self.cgroups.release_all)
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]
