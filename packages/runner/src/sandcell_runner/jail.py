@@ -502,6 +502,10 @@ def _bind(source: str, target: str, *, rw: bool, mandatory: bool = True) -> str:
 
 def _quote(value: str) -> str:
     """A protobuf text-format string literal (escapes everything but printable ASCII)."""
+    # Fast path: most values (paths, seccomp rules) need no escaping; the per-byte
+    # loop below cost ~0.7 ms of CPU per job when run on every line.
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return f'"{value}"'
     out = ['"']
     for byte in value.encode("utf-8"):
         char = chr(byte)
