@@ -261,7 +261,7 @@ async def test_runner_killed_between_turns_relaunches_and_restores(
 
 
 async def test_corrupt_record_reads_as_missing(
-    local_provider: LocalProvider, dir_store: SnapshotStore
+    local_provider: LocalProvider, dir_store: SnapshotStore, runtime_dir: Path
 ) -> None:
     registry = InProcessRegistry()
     service = ExecutionService(provider=local_provider, registry=registry, store=dir_store)
@@ -269,8 +269,10 @@ async def test_corrupt_record_reads_as_missing(
     session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "c")
     registry._records[session_id] = b"{not json"  # what a corrupted store returns
     result = await service.execute(py("print(open('f').read())"), ALICE, hint="c")
-    # Treated as missing: a new sandbox, restored from the checkpoint.
+    # Treated as missing: a new sandbox, restored from the checkpoint; the old one,
+    # which no record points at any more, is not left running.
     assert result.stdout == "x\n"
+    assert len(runner_pids(runtime_dir)) == 1
     await service.aclose(destroy_sandboxes=True)
 
 

@@ -47,9 +47,9 @@ from .errors import (
 )
 from .handle import SandboxHandle
 from .inputs import InputSource
-from .manager import SESSION_LABEL, rebind
+from .manager import rebind
 from .metrics import Metrics
-from .provider import PersistentWorkspace, SandboxProvider, SandboxSpec
+from .provider import SESSION_LABEL, PersistentWorkspace, SandboxProvider, SandboxSpec
 from .registry import FencedError, Lease, SessionRecord, SessionRegistry
 from .registry.lease import hold_session
 from .registry.ttl import lock_ttl_ms
@@ -214,6 +214,10 @@ class ExecutionService:
     async def _launch_for_session(
         self, session_id: str, previous: SessionRecord | None, lease: Lease
     ) -> tuple[SandboxHandle, SessionRecord]:
+        stale = self._handles.pop(session_id, None)
+        if stale is not None:
+            # Ours, but no record points at it any more (lost or corrupt): never orphan it.
+            await self._shielded(self._discard(stale))
         generation = await self.registry.next_generation(session_id)
         spec = dataclasses.replace(
             self.spec, labels={**self.spec.labels, SESSION_LABEL: session_id}

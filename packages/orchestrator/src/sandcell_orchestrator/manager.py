@@ -22,6 +22,7 @@ import msgspec
 from .errors import SandboxNotFoundError
 from .handle import SandboxHandle
 from .provider import (
+    SESSION_LABEL,
     NativeSnapshot,
     ObjectSnapshot,
     PersistentWorkspace,
@@ -33,8 +34,6 @@ from .registry import SessionRecord, SessionRegistry
 from .registry.lease import hold_session
 
 log = logging.getLogger(__name__)
-
-SESSION_LABEL = "sandcell.session_id"
 
 
 def sandbox_session_key(sandbox_uuid: str) -> str:

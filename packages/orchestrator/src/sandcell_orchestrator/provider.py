@@ -6,12 +6,22 @@ Feature code (``SandboxManager``, ``ExecutionService``) sees only these types an
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .handle import SandboxHandle
+
+
+SESSION_LABEL = "sandcell.session_id"
+"""Spec label naming the runtime session a sandbox's runner binds to."""
+
+
+def sandbox_session_id(sandbox_id: str) -> str:
+    """The runtime-session id of a sandbox whose spec named none."""
+    return "rt_" + hashlib.sha256(b"sandbox\x00" + sandbox_id.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,6 @@ stored on the container so ``connect`` recovers it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import re
 import secrets
@@ -45,15 +44,18 @@ from ..errors import (
 )
 from ..handle import SandboxHandle
 from ..provider import (
+    SESSION_LABEL,
     NativeSnapshot,
     ObjectSnapshot,
     PersistentWorkspace,
     SandboxCapabilities,
     SandboxSpec,
     SnapshotRef,
+    sandbox_session_id,
 )
 from ..runner_client import RunnerClient
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
+from .checkpoints import persist_to_store, restore_from_store
 from .docker_api import EngineAPIError, EngineClient, parse_docker_host
 
 __all__ = ["PROVIDER_NAME", "DockerProvider", "DockerSettings", "sandbox_session_id"]
@@ -66,7 +68,6 @@ DEFAULT_IMAGE = "localhost/sandcell-runner:runner-latest"
 """What ``scripts/build-runner-image`` tags its latest runner build."""
 DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 RUNNER_PORT = 8080
-SESSION_LABEL = "sandcell.session_id"
 SANDBOX_LABEL = "sandcell.sandbox"
 UUID_LABEL = "sandcell.uuid"
 
@@ -90,11 +91,6 @@ _CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
 _READY_SLICE_S = 1.0
 """How often a readiness wait checks that the container is still running."""
 _LOG_TAIL_CHARS = 1500
-
-
-def sandbox_session_id(sandbox_id: str) -> str:
-    """The runtime-session id of a sandbox whose spec named none (same as the local provider)."""
-    return "rt_" + hashlib.sha256(b"sandbox\x00" + sandbox_id.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,10 +272,9 @@ class DockerProvider:
     ) -> SnapshotRef:
         """Stream the session workspace's checkpoint into the store (all of it: the
         runner's checkpoint has no include/exclude yet, so ``workspace`` is not used)."""
-        session_id = handle.session_id or sandbox_session_id(handle.sandbox_id)
-        async with handle.runner.checkpoint(session_id=session_id) as chunks:
-            info = await self._store.put(key, chunks, max_bytes=self._settings.checkpoint_max_bytes)
-        return ObjectSnapshot(key=info.key, sha256=info.sha256, size=info.size)
+        return await persist_to_store(
+            handle, self._store, key=key, max_bytes=self._settings.checkpoint_max_bytes
+        )
 
     async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
         if isinstance(ref, NativeSnapshot):
@@ -290,14 +285,9 @@ class DockerProvider:
             raise SnapshotNotFoundError(f"snapshot {ref.key!r} is not in the store")
         handle = await self.create(spec)
         try:
-            async with self._store.get(
-                ref.key, max_bytes=self._settings.checkpoint_max_bytes
-            ) as snapshot:
-                await handle.runner.restore(
-                    snapshot.chunks,
-                    session_id=handle.session_id or sandbox_session_id(handle.sandbox_id),
-                    sha256=ref.sha256 or snapshot.info.sha256,
-                )
+            await restore_from_store(
+                handle, self._store, ref, max_bytes=self._settings.checkpoint_max_bytes
+            )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await handle.close()

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import hashlib
 import json
 import logging
 import os
@@ -40,19 +39,21 @@ import psutil
 from ..errors import ConfigError, SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
 from ..provider import (
+    SESSION_LABEL,
     NativeSnapshot,
     ObjectSnapshot,
     PersistentWorkspace,
     SandboxCapabilities,
     SandboxSpec,
     SnapshotRef,
+    sandbox_session_id,
 )
 from ..runner_client import RunnerClient
 from ..snapshots import SnapshotStore
+from .checkpoints import persist_to_store, restore_from_store
 
 log = logging.getLogger(__name__)
 
-SESSION_LABEL = "sandcell.session_id"
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -61,11 +62,6 @@ def default_runtime_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/sandcell/sandboxes")
     return Path(f"/tmp/sandcell-{os.getuid()}/sandboxes")  # noqa: S108
-
-
-def sandbox_session_id(sandbox_id: str) -> str:
-    """The runtime-session id a sandbox's runner binds to when no caller names one."""
-    return "rt_" + hashlib.sha256(b"sandbox\x00" + sandbox_id.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,24 +245,18 @@ class LocalProvider:
     async def persist(
         self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
     ) -> SnapshotRef:
-        session_id = handle.session_id or sandbox_session_id(handle.sandbox_id)
-        async with handle.runner.checkpoint(session_id=session_id) as chunks:
-            info = await self._store.put(key, chunks, max_bytes=self._settings.checkpoint_max_bytes)
-        return ObjectSnapshot(key=info.key, sha256=info.sha256, size=info.size)
+        return await persist_to_store(
+            handle, self._store, key=key, max_bytes=self._settings.checkpoint_max_bytes
+        )
 
     async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
         if isinstance(ref, NativeSnapshot):
             raise SandboxNotFoundError("the local provider has no native snapshots")
         handle = await self.create(spec)
         try:
-            async with self._store.get(
-                ref.key, max_bytes=self._settings.checkpoint_max_bytes
-            ) as snap:
-                await handle.runner.restore(
-                    snap.chunks,
-                    session_id=handle.session_id or sandbox_session_id(handle.sandbox_id),
-                    sha256=snap.info.sha256,
-                )
+            await restore_from_store(
+                handle, self._store, ref, max_bytes=self._settings.checkpoint_max_bytes
+            )
         except BaseException:
             await handle.close()
             await self.destroy(handle.sandbox_id)
