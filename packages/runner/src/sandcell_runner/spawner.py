@@ -204,7 +204,8 @@ class Spawner:
                 close_fds=True,
             )
         finally:
-            home.restore_netns()
+            if request.netns_fd is not None:
+                home.restore_netns()
             if moved:
                 if resident is not None:
                     for path in resident:
@@ -263,10 +264,10 @@ class _ThreadHome:
                         self.tasks.append(tasks)
 
     def restore(self, tid: bytes) -> None:
+        """Step back into the thread's original cgroups (its namespace is restored apart)."""
         for path in self.tasks:
             with contextlib.suppress(OSError):
                 _write(path, tid)
-        self.restore_netns()
 
     def restore_netns(self) -> None:
         if _libc.setns(self.netns, _CLONE_NEWNET) != 0:
