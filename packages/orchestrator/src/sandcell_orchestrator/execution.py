@@ -150,8 +150,10 @@ class ExecutionService:
             handle, record = await self._launch_for_session(session_id, record, lease)
             launched = True
         assert record is not None
+        restored = False
         try:
             if launched and await self._restore(handle, session_id, record):
+                restored = True
                 # The restored checkpoint is the current one: a turn that changes
                 # nothing need not upload it again.
                 record = msgspec.structs.replace(record, checkpoint_key=checkpoint_key(session_id))
@@ -170,7 +172,12 @@ class ExecutionService:
             await self._shielded(self._recycle(session_id, handle, lease, record))
             raise
         self.metrics.inc("sandcell_executions_total", status=str(result.status))
-        record = await self._checkpoint(handle, session_id, lease, record, result)
+        # A fresh sandbox that restored nothing and received no inputs holds only what
+        # the job made: if it changed nothing, there is nothing to save.
+        pristine = launched and not restored and not request.files and not request.inline_files
+        record = await self._checkpoint(
+            handle, session_id, lease, record, result, pristine=pristine
+        )
         await self.registry.touch(session_id, at_s=self._now())
         return result
 
@@ -287,9 +294,11 @@ class ExecutionService:
         lease: Lease,
         record: SessionRecord,
         result: ExecuteResult,
+        *,
+        pristine: bool = False,
     ) -> SessionRecord:
         """Best-effort: a failure is logged and counted; the previous checkpoint stays."""
-        if result.workspace_changed is False and record.checkpoint_key is not None:
+        if result.workspace_changed is False and (record.checkpoint_key is not None or pristine):
             self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
             return record
         key = checkpoint_key(session_id)

@@ -157,7 +157,8 @@ class LocalProvider:
             runner = _Runner(sandbox_id, process.pid, port, token, root)
             client = RunnerClient(runner.url, token=token)
             try:
-                await client.wait_ready(timeout_s=self._settings.ready_timeout_s)
+                # Polled tightly: every cold session waits on this.
+                await client.wait_ready(timeout_s=self._settings.ready_timeout_s, interval_s=0.01)
             except SandboxUnavailableError:
                 await asyncio.sleep(0.2)
                 exited = process.poll() is not None
