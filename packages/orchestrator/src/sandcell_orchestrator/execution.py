@@ -49,11 +49,12 @@ from .handle import SandboxHandle
 from .inputs import InputSource
 from .manager import rebind
 from .metrics import Metrics
-from .provider import SESSION_LABEL, PersistentWorkspace, SandboxProvider, SandboxSpec
+from .provider import SESSION_LABEL, SandboxProvider, SandboxSpec
 from .registry import FencedError, Lease, SessionRecord, SessionRegistry
 from .registry.lease import hold_session
 from .registry.ttl import lock_ttl_ms
 from .runner_client import InputPayload
+from .session_admin import SessionAdmin
 from .snapshots import SnapshotNotFoundError, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class Identity:
     user_id: str
 
 
-class ExecutionService:
+class ExecutionService(SessionAdmin):
     """Runs ``ExecuteRequest``s in sandboxes, statelessly or in runtime sessions."""
 
     def __init__(
@@ -412,97 +413,6 @@ class ExecutionService:
 
     def _turn_timeout(self, request: ExecuteRequest) -> float:
         return request.timeout_ms / 1000 + self.budgets.health_s
-
-    # -- sessions admin -------------------------------------------------------------
-
-    async def list_sessions(self) -> list[SessionRecord]:
-        return await self.registry.list_records()
-
-    async def destroy_session(self, session_id: str) -> bool:
-        """Destroy the session's sandbox, delete its checkpoint and record."""
-        async with hold_session(self.registry, session_id, ttl_ms=self.lock_ttl_ms) as lease:
-            record = await self.registry.get(session_id)
-            handle = self._handles.pop(session_id, None)
-            if handle is not None:
-                await handle.close()
-            if record is not None and record.state == "active":
-                await self.provider.destroy(record.sandbox_id)
-            await self.store.delete(checkpoint_key(session_id))
-            if record is None:
-                return False
-            await self.registry.delete(lease, session_id, generation=record.generation)
-            return True
-
-    async def suspend_session(self, session_id: str) -> bool:
-        """Suspend an idle session: its checkpoint is current, so the sandbox can go."""
-        async with hold_session(self.registry, session_id, ttl_ms=self.lock_ttl_ms) as lease:
-            record = await self.registry.get(session_id)
-            if record is None or record.state != "active":
-                return False
-            handle = self._handles.pop(session_id, None)
-            if handle is not None:
-                await handle.close()
-            if self.provider.capabilities.pause_resume:
-                try:
-                    connected = await self.provider.connect(record.sandbox_id)
-                except SandboxNotFoundError:
-                    connected = None
-                if connected is not None:
-                    await self.provider.persist(connected, PersistentWorkspace(), key="")
-                    await connected.close()
-                    # A natively suspended sandbox resumes on traffic: keep it active.
-                    return True
-            await self.provider.destroy(record.sandbox_id)
-            await self.registry.put(
-                lease, msgspec.structs.replace(record, state="suspended", updated_at_s=self._now())
-            )
-            return True
-
-    async def sweep_idle(self, *, idle_s: float) -> int:
-        """Suspend sessions idle past ``idle_s``; clean rows whose sandbox is gone."""
-        count = 0
-        for session_id in await self.registry.idle_sessions(older_than_s=idle_s, now_s=self._now()):
-            try:
-                if await self.suspend_session(session_id):
-                    count += 1
-                    self.metrics.inc("sandcell_idle_suspends_total")
-            except (SessionBusyError, SandboxError) as exc:
-                log.info("idle sweep skipped %s: %s", session_id[:11], type(exc).__name__)
-        await self._forget_lost_sandboxes()
-        return count
-
-    async def _forget_lost_sandboxes(self) -> None:
-        """Mark rows whose sandbox is gone as suspended: the next turn restores."""
-        for record in await self.registry.list_records():
-            if record.state != "active" or record.provider != self.provider.name:
-                continue
-            try:
-                handle = await self.provider.connect(record.sandbox_id)
-            except SandboxNotFoundError:
-                handle = None
-            except SandboxError:
-                continue  # unreachable for now is not gone
-            if handle is not None:
-                await handle.close()
-                continue
-            try:
-                async with hold_session(
-                    self.registry, record.session_id, ttl_ms=self.lock_ttl_ms
-                ) as lease:
-                    current = await self.registry.get(record.session_id)
-                    if current is not None and current.sandbox_id == record.sandbox_id:
-                        stale = self._handles.pop(record.session_id, None)
-                        if stale is not None:
-                            await stale.close()
-                        await self.registry.put(
-                            lease,
-                            msgspec.structs.replace(
-                                current, state="suspended", updated_at_s=self._now()
-                            ),
-                        )
-                        self.metrics.inc("sandcell_fallbacks_total", reason="sandbox_gone")
-            except SessionBusyError:
-                continue
 
     async def aclose(self, *, destroy_sandboxes: bool) -> None:
         """Close clients; with ``destroy_sandboxes`` also destroy every active sandbox.
