@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 
@@ -42,6 +43,20 @@ class Metrics:
             suffix = f"{{{label_text}}}" if label_text else ""
             lines.append(f"{name}{suffix} {value:g}")
         return "\n".join(lines) + "\n"
+
+
+def render_provider_counters(provider_name: str, counters: object) -> str:
+    """Prometheus lines for a provider's own counter dataclass (e.g. MicroVM launches)."""
+    if not dataclasses.is_dataclass(counters) or isinstance(counters, type):
+        return ""
+    lines = []
+    label = f'provider="{_escape(provider_name)}"'
+    for field in dataclasses.fields(counters):
+        value = getattr(counters, field.name)
+        if isinstance(value, int | float):
+            name = f"sandcell_provider_{field.name}_total"
+            lines += [f"# TYPE {name} counter", f"{name}{{{label}}} {value:g}"]
+    return "\n".join(lines) + ("\n" if lines else "")
 
 
 def _escape(value: str) -> str:

@@ -69,6 +69,7 @@ from .errors import (
     SessionRequiredError,
 )
 from .execution import ExecutionService, Identity
+from .metrics import render_provider_counters
 
 __all__ = [
     "INSECURE_NO_AUTH_ENV",
@@ -384,9 +385,11 @@ class _Service:
         return Response(b'{"status":"ok"}', media_type=_JSON)
 
     async def metrics(self, _request: Request) -> Response:
-        return Response(
-            self.services.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        provider = self.services.provider
+        text = self.services.metrics.render() + render_provider_counters(
+            provider.name, getattr(provider, "metrics", None)
         )
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _error_response(status: int, code: ErrorCode, message: str) -> Response:
