@@ -91,3 +91,24 @@ async def test_provider_contract_shape(env: tuple[LocalProvider, SnapshotStore, 
     await provider.destroy("local-0000000000000000")  # a missing sandbox is a no-op
     with pytest.raises(SandboxNotFoundError):
         await provider.connect("local-0000000000000000")
+
+
+async def test_suspend_keeps_only_the_persistent_workspace(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    from sandcell_orchestrator.provider import PersistentWorkspace
+
+    provider, _, _ = env
+    manager = SandboxManager(provider, InProcessRegistry())
+    sandbox_uuid, handle = await manager.acquire(SandboxSpec(), owner="carol")
+    await handle.files.write("keep/notes.txt", "kept")
+    await handle.files.write("cache/blob.bin", "dropped")
+    await manager.suspend(
+        handle, sandbox_uuid=sandbox_uuid, workspace=PersistentWorkspace(exclude=("cache",))
+    )
+    await handle.close()
+    resumed = await manager.resume(sandbox_uuid, SandboxSpec())
+    names = {entry.name for entry in await resumed.files.list()}
+    assert names == {"keep"}
+    await resumed.close()
+    await manager.destroy(sandbox_uuid)

@@ -182,3 +182,34 @@ def test_checkpoint_memory_is_bounded(session_runner: RunnerProcess) -> None:
             sampler.join()
         assert size > 200 * 1024 * 1024
         assert peak - baseline < 64 * 1024 * 1024, (baseline, peak)
+
+
+def test_checkpoint_include_exclude(session_runner: RunnerProcess) -> None:
+    """A PersistentWorkspace's globs decide what the checkpoint keeps."""
+    import io
+
+    import zstandard
+
+    with SessionClient(session_runner) as session:
+        session.execute(
+            "mkdir -p src/pkg cache/deep node_modules/x && touch src/pkg/a.py src/b.txt "
+            "cache/deep/blob node_modules/x/i.js top.py",
+            language="bash",
+        )
+        response = session.http.get(
+            "/v1/session/checkpoint",
+            params=[("include", "**/*.py"), ("include", "src/**"), ("exclude", "cache")],
+            headers={"Accept-Encoding": "zstd"},
+        )
+        assert response.status_code == 200
+        raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(response.content)).read()
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            names = {m.name for m in tar.getmembers() if not m.isdir()}
+        assert names == {
+            ".sandcell-checkpoint.json",
+            "workspace/src/pkg/a.py",
+            "workspace/src/b.txt",
+            "workspace/top.py",
+        }
+        bad = session.http.get("/v1/session/checkpoint", params={"include": "../etc"})
+        assert bad.status_code == 400

@@ -438,18 +438,26 @@ class RunnerClient:
 
     @contextlib.asynccontextmanager
     async def checkpoint(
-        self, *, session_id: str, encoding: CheckpointEncoding = "zstd"
+        self,
+        *,
+        session_id: str,
+        encoding: CheckpointEncoding = "zstd",
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
     ) -> AsyncIterator[CheckpointStream]:
         """``GET /v1/session/checkpoint``: yields the compressed archive as sent.
 
         ``encoding`` is a preference; the yielded stream's ``encoding`` says which arrived.
+        ``include`` / ``exclude`` are workspace globs (a ``PersistentWorkspace``).
         """
+        params = [("include", p) for p in include] + [("exclude", p) for p in exclude]
         response = await self._request(
             "GET",
             routes.SESSION_CHECKPOINT,
             session_id=session_id,
             extra_headers={"Accept-Encoding": encoding},
             stream=True,
+            params=params or None,
         )
         try:
             arrived = _checkpoint_encoding(response)

@@ -39,6 +39,7 @@ from sandcell_protocol.routes import CHECKPOINT_META_MEMBER, CHECKPOINT_WORKSPAC
 
 from .compression import Compressor, Encoding, new_compressor
 from .errors import ArchiveRejectedError
+from .selection import WorkspaceSelection
 
 __all__ = [
     "MAX_META_BYTES",
@@ -121,7 +122,12 @@ def format_mtime_ns(mtime_ns: int) -> str:
 
 
 def export_checkpoint(
-    workspace: Path, meta: CheckpointMeta, *, encoding: Encoding, limits: ArchiveLimits
+    workspace: Path,
+    meta: CheckpointMeta,
+    *,
+    encoding: Encoding,
+    limits: ArchiveLimits,
+    selection: WorkspaceSelection | None = None,
 ) -> Generator[bytes, None, None]:
     """Yield the compressed checkpoint archive of ``workspace`` in ~128 KiB chunks.
 
@@ -133,7 +139,8 @@ def export_checkpoint(
     """
     root_fd = _open_root(workspace)
     try:
-        skipped = _plan(root_fd, limits)
+        select = selection if selection is not None and not selection.selects_all else None
+        skipped = _plan(root_fd, limits, select)
         meta_bytes = encode(msgspec.structs.replace(meta, skipped=skipped))
         if len(meta_bytes) > MAX_META_BYTES:
             raise ArchiveRejectedError(f"checkpoint metadata exceeds {MAX_META_BYTES} bytes")
@@ -145,7 +152,7 @@ def export_checkpoint(
         out.add(
             _header(CHECKPOINT_WORKSPACE_PREFIX, tarfile.DIRTYPE, root.st_mode, root.st_mtime_ns)
         )
-        yield from _stream_entries(root_fd, out, limits)
+        yield from _stream_entries(root_fd, out, limits, select)
         out.end()
         yield from out.take(final=True)
     except OSError as exc:
@@ -161,6 +168,7 @@ async def stream_checkpoint(
     encoding: Encoding,
     limits: ArchiveLimits,
     batch_bytes: int = 1 << 20,
+    selection: WorkspaceSelection | None = None,
 ) -> AsyncIterator[bytes]:
     """``export_checkpoint`` driven from a worker thread, for an async response body.
 
@@ -168,7 +176,9 @@ async def stream_checkpoint(
     client holds back the export itself (nothing is produced ahead of demand)
     and the event loop only ever relays finished chunks.
     """
-    chunks = export_checkpoint(workspace, meta, encoding=encoding, limits=limits)
+    chunks = export_checkpoint(
+        workspace, meta, encoding=encoding, limits=limits, selection=selection
+    )
     try:
         while batch := await anyio.to_thread.run_sync(_next_batch, chunks, batch_bytes):
             for chunk in batch:
@@ -197,12 +207,12 @@ def _open_root(workspace: Path) -> int:
         raise ArchiveRejectedError(f"workspace is not a directory: {exc.strerror}") from exc
 
 
-def _plan(root_fd: int, limits: ArchiveLimits) -> list[str]:
+def _plan(root_fd: int, limits: ArchiveLimits, select: WorkspaceSelection | None) -> list[str]:
     """First pass: enforce the caps up front and collect what will be skipped."""
     members = 2  # the metadata member and the root directory
     file_bytes = 0
     skipped: list[str] = []
-    with contextlib.closing(_walk(root_fd)) as entries:
+    with contextlib.closing(_walk(root_fd, select)) as entries:
         for relpath, parent_fd, name, kind in entries:
             members += 1
             if members > limits.max_members:
@@ -223,11 +233,13 @@ def _plan(root_fd: int, limits: ArchiveLimits) -> list[str]:
     return skipped
 
 
-def _stream_entries(root_fd: int, out: _TarOutput, limits: ArchiveLimits) -> Iterator[bytes]:
+def _stream_entries(
+    root_fd: int, out: _TarOutput, limits: ArchiveLimits, select: WorkspaceSelection | None
+) -> Iterator[bytes]:
     """Second pass: the entries as tar members; the caps are checked again as it goes."""
     members = 2
     file_bytes = 0
-    with contextlib.closing(_walk(root_fd)) as entries:
+    with contextlib.closing(_walk(root_fd, select)) as entries:
         for relpath, parent_fd, name, kind in entries:
             member = _WORKSPACE_MEMBER_PREFIX + relpath
             if kind == "file":
@@ -292,7 +304,9 @@ def _stream_file(
         os.close(fd)
 
 
-def _walk(root_fd: int) -> Generator[tuple[str, int, str, Kind], None, None]:
+def _walk(
+    root_fd: int, select: WorkspaceSelection | None = None
+) -> Generator[tuple[str, int, str, Kind], None, None]:
     """Pre-order walk yielding ``(relpath, parent_fd, name, kind)``, names sorted.
 
     Only fds of the directories on the current path are open, each opened with
@@ -312,6 +326,8 @@ def _walk(root_fd: int) -> Generator[tuple[str, int, str, Kind], None, None]:
                 continue
             name, kind = entry
             relpath = prefix + name
+            if select is not None and not select.keeps(relpath, is_dir=kind == "dir"):
+                continue  # not part of the persistent workspace
             if not _valid_name(relpath):
                 kind = "badname"
             if kind == "dir":

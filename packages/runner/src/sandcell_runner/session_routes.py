@@ -39,6 +39,7 @@ from .errors import (
     RunnerError,
 )
 from .restore import restore_checkpoint
+from .selection import WorkspaceSelection
 from .session import SessionState
 
 if TYPE_CHECKING:
@@ -114,11 +115,18 @@ class SessionRoutes:
     async def get_checkpoint(self, request: Request) -> Response:
         session_id = self._session_id(request)
         encoding = choose_encoding(request.headers.get("accept-encoding"))
+        selection = WorkspaceSelection.parse(
+            request.query_params.getlist("include"), request.query_params.getlist("exclude")
+        )
         stack = contextlib.AsyncExitStack()
         state: SessionState = await stack.enter_async_context(self.sessions.locked(session_id))
         try:
             chunks = stream_checkpoint(
-                state.workspace, state.metadata(), encoding=encoding, limits=self._limits()
+                state.workspace,
+                state.metadata(),
+                encoding=encoding,
+                limits=self._limits(),
+                selection=selection,
             )
             # Pull the first chunk before answering: export's size checks fail here,
             # and then the caller gets a 4xx, not a truncated 200.

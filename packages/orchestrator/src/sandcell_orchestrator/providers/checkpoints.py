@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 from ..handle import SandboxHandle
-from ..provider import ObjectSnapshot, sandbox_session_id
+from ..provider import ObjectSnapshot, PersistentWorkspace, sandbox_session_id
 from ..snapshots import SnapshotStore
 
 
 async def persist_to_store(
-    handle: SandboxHandle, store: SnapshotStore, *, key: str, max_bytes: int
+    handle: SandboxHandle,
+    store: SnapshotStore,
+    *,
+    key: str,
+    max_bytes: int,
+    workspace: PersistentWorkspace | None = None,
 ) -> ObjectSnapshot:
-    """Stream the sandbox's session checkpoint into ``store`` under ``key``."""
+    """Stream the sandbox's session checkpoint (what ``workspace`` keeps) into ``store``."""
     session_id = handle.session_id or sandbox_session_id(handle.sandbox_id)
-    async with handle.runner.checkpoint(session_id=session_id) as chunks:
+    selection = workspace or PersistentWorkspace()
+    async with handle.runner.checkpoint(
+        session_id=session_id, include=selection.include, exclude=selection.exclude
+    ) as chunks:
         info = await store.put(key, chunks, max_bytes=max_bytes)
     return ObjectSnapshot(key=info.key, sha256=info.sha256, size=info.size)
 

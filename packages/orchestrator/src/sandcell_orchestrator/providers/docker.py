@@ -270,10 +270,13 @@ class DockerProvider:
     async def persist(
         self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
     ) -> SnapshotRef:
-        """Stream the session workspace's checkpoint into the store (all of it: the
-        runner's checkpoint has no include/exclude yet, so ``workspace`` is not used)."""
+        """Stream the session workspace's checkpoint (what ``workspace`` keeps) into the store."""
         return await persist_to_store(
-            handle, self._store, key=key, max_bytes=self._settings.checkpoint_max_bytes
+            handle,
+            self._store,
+            key=key,
+            max_bytes=self._settings.checkpoint_max_bytes,
+            workspace=workspace,
         )
 
     async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:

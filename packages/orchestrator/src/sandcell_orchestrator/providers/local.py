@@ -247,7 +247,11 @@ class LocalProvider:
         self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
     ) -> SnapshotRef:
         return await persist_to_store(
-            handle, self._store, key=key, max_bytes=self._settings.checkpoint_max_bytes
+            handle,
+            self._store,
+            key=key,
+            max_bytes=self._settings.checkpoint_max_bytes,
+            workspace=workspace,
         )
 
     async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
