@@ -24,6 +24,7 @@ import pytest
 from sandcell_orchestrator.errors import CheckpointError, SandboxNotFoundError
 from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.provider import (
+    SESSION_LABEL,
     ObjectSnapshot,
     PersistentWorkspace,
     SandboxProvider,
@@ -31,8 +32,6 @@ from sandcell_orchestrator.provider import (
 )
 from sandcell_orchestrator.snapshots import SnapshotStore
 from sandcell_protocol import ExecuteRequest, ExecuteResult, RunStatus, runtime_session_id
-
-SESSION_LABEL = "sandcell.session_id"
 
 
 @dataclass

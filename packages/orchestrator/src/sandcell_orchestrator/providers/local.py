@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +110,7 @@ class _Runner:
     port: int
     token: str = field(repr=False)
     root: Path
+    session_id: str | None = None
 
     @property
     def url(self) -> str:
@@ -124,7 +127,6 @@ class LocalProvider:
         self._settings = settings
         self._store = store
         self._pool: list[_Runner] = []
-        self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._fill: asyncio.Task[None] | None = None
         self._closed = False
         settings.runtime_dir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +180,7 @@ class LocalProvider:
                 with anyio.CancelScope(shield=True):
                     await client.close()
             await asyncio.to_thread(_write_state, runner)
-            self._processes[sandbox_id] = process
+            _reap_in_background(process)
             return runner
         raise SandboxUnavailableError("local runner could not bind a port")
 
@@ -226,19 +228,23 @@ class LocalProvider:
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         runner = self._pool.pop(0) if self._pool else await self._launch()
         self._schedule_refill()
-        return self._handle(runner, spec.labels.get(SESSION_LABEL))
+        session_id = spec.labels.get(SESSION_LABEL)
+        if session_id is not None:
+            # Recorded so that connect() from another process binds to the same session.
+            runner = dataclasses.replace(runner, session_id=session_id)
+            await asyncio.to_thread(_write_state, runner)
+        return self._handle(runner, session_id)
 
     async def connect(self, sandbox_id: str) -> SandboxHandle:
         runner = await asyncio.to_thread(self._read_state, sandbox_id)
         if runner is None or not _alive(runner):
             raise SandboxNotFoundError(f"local sandbox {sandbox_id} is gone")
-        return self._handle(runner, None)
+        return self._handle(runner, runner.session_id)
 
     async def destroy(self, sandbox_id: str) -> None:
         runner = await asyncio.to_thread(self._read_state, sandbox_id)
         if runner is not None:
             await self._kill(runner)
-        await self._reap(sandbox_id)
         root = self._root(sandbox_id)
         if root is not None:
             await asyncio.to_thread(_remove_root, root)
@@ -296,8 +302,14 @@ class LocalProvider:
             return None
         try:
             data = json.loads((root / "sandbox.json").read_text())
+            session = data.get("session_id")
             return _Runner(
-                sandbox_id, int(data["pid"]), int(data["port"]), str(data["token"]), root
+                sandbox_id,
+                int(data["pid"]),
+                int(data["port"]),
+                str(data["token"]),
+                root,
+                str(session) if session is not None else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -322,11 +334,14 @@ class LocalProvider:
             os.killpg(process.pid, signal.SIGKILL)
         await asyncio.to_thread(process.wait)
 
-    async def _reap(self, sandbox_id: str) -> None:
-        process = self._processes.pop(sandbox_id, None)
-        if process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(process.wait, 10)
+
+def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
+    """Wait for the runner in a daemon thread, whoever ends it (this or another process).
+
+    No Popen is kept per sandbox: one left un-waited becomes a zombie and a
+    ResourceWarning, and a provider instance may never be the one that destroys it.
+    """
+    threading.Thread(target=process.wait, name=f"reap-{process.pid}", daemon=True).start()
 
 
 def _die_with_parent() -> None:
@@ -347,7 +362,15 @@ def _write_state(runner: _Runner) -> None:
     path = runner.root / "sandbox.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump({"pid": runner.pid, "port": runner.port, "token": runner.token}, out)
+        json.dump(
+            {
+                "pid": runner.pid,
+                "port": runner.port,
+                "token": runner.token,
+                "session_id": runner.session_id,
+            },
+            out,
+        )
 
 
 def _remove_root(root: Path) -> None:
