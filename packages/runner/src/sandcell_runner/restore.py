@@ -21,9 +21,8 @@ import re
 import subprocess
 import sys
 import tarfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -212,8 +211,8 @@ class _ChildRun:
                 process.kill()
 
 
-# -- What a restore accepts. The extractor (restore_child) parses with these.
-# tarfile only splits the stream into members; these rules sit on top of it.
+# -- What a restore accepts. The extractor (restore_child) parses with these:
+# tarfile only parses header blocks; these rules sit on top of it.
 
 _PAX_MAX_BYTES = 16 << 10
 _PAX_KEYS = frozenset({"path", "linkpath", "mtime", "size"})
@@ -232,21 +231,28 @@ _REFUSED_TYPES = {
 }
 
 
+ReadExact = Callable[[int], bytes]
+"""``read(n)`` of the decompressed tar stream: ``n`` bytes, fewer only where it ends."""
+
+
 class StrictTarInfo(tarfile.TarInfo):
     """A TarInfo that refuses, at parse time, everything a checkpoint never holds.
 
-    On top of tarfile's parser: member types are checked from the header before
-    any data is read; a bad or missing header past the first fails instead of
-    quietly ending the archive; PAX headers (per-member only, at most 16 KiB,
-    known keys only) are parsed by ``parse_pax_records`` in linear time instead
-    of tarfile's backtracking regexes (CVE-2024-6232 is not fixed in 3.11.7).
+    tarfile parses each header block (``frombuf``); ``next_member`` walks the
+    stream instead of tarfile's stream reader, so that the extractor can copy
+    member data straight from the decompressor. On top of tarfile's header
+    parser: member types are checked from the header before any data is read;
+    a bad or missing header past the first fails instead of quietly ending the
+    archive; PAX headers (per-member only, at most 16 KiB, known keys only) are
+    parsed by ``parse_pax_records`` in linear time instead of tarfile's
+    backtracking regexes (CVE-2024-6232 is not fixed in 3.11.7).
     """
 
     @classmethod
     def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> StrictTarInfo:
         if len(buf) == tarfile.BLOCKSIZE and not buf.strip(b"\0"):
-            # The end-of-archive marker: tarfile raises its EOF error, which ends
-            # the member loop; the extractor checks the trailer after it.
+            # The end-of-archive marker: tarfile raises its EOF error. Only a
+            # PAX header's member can get here (next_member stops before).
             return super().frombuf(buf, encoding, errors)
         try:
             info = super().frombuf(buf, encoding, errors)
@@ -262,27 +268,36 @@ class StrictTarInfo(tarfile.TarInfo):
             raise ArchiveRejectedError(f"tar: bad size in header of {shown(info.name)}")
         if info.type == tarfile.XHDTYPE and info.size > _PAX_MAX_BYTES:
             raise ArchiveRejectedError("tar: PAX header too large")
+        if info.isdir():
+            # What tarfile's member processing does after frombuf: a ustar
+            # prefix joined to an empty name leaves a trailing slash.
+            info.name = info.name.rstrip("/")
         return info
 
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
-        # tarfile documents _proc_member as the subclass hook for member types.
-        if self.type != tarfile.XHDTYPE:
-            return super()._proc_member(tarfile_)  # type: ignore[misc, no-any-return]
-        fileobj: Any = tarfile_.fileobj
-        padded = _padded(self.size)
-        buf = fileobj.read(padded)
-        if len(buf) != padded:
+    @classmethod
+    def next_member(cls, read: ReadExact) -> StrictTarInfo | None:
+        """The next member's header (and PAX header), or None at the end-of-archive marker.
+
+        Reads headers only: the caller then reads ``size`` bytes of data and
+        the padding to the next 512-byte block.
+        """
+        buf = read(tarfile.BLOCKSIZE)
+        if len(buf) == tarfile.BLOCKSIZE and not buf.strip(b"\0"):
+            return None
+        info = cls.frombuf(buf, "utf-8", "strict")
+        if info.type != tarfile.XHDTYPE:
+            return info
+        padded = _padded(info.size)
+        pax = read(padded)
+        if len(pax) != padded:
             raise ArchiveRejectedError("tar: truncated PAX header")
-        records = parse_pax_records(buf[: self.size])
+        records = parse_pax_records(pax[: info.size])
         try:
-            member = self.frombuf(fileobj.read(tarfile.BLOCKSIZE), "utf-8", "strict")
+            member = cls.frombuf(read(tarfile.BLOCKSIZE), "utf-8", "strict")
         except tarfile.HeaderError:
             raise ArchiveRejectedError("tar: PAX header not followed by a member") from None
         if member.type == tarfile.XHDTYPE:
             raise ArchiveRejectedError("tar: two PAX headers in a row")
-        member.offset = self.offset
-        # tarfile's own processing of the plain member: offset_data, tarfile_.offset.
-        member = cast(StrictTarInfo, member._proc_member(tarfile_))
         if "path" in records:
             member.name = records["path"].rstrip("/") if member.isdir() else records["path"]
         if "linkpath" in records:
@@ -292,8 +307,6 @@ class StrictTarInfo(tarfile.TarInfo):
             if not member.isreg() or not (size.isascii() and size.isdigit() and len(size) < 20):
                 raise ArchiveRejectedError("tar: bad PAX size")
             member.size = int(size)
-            # The same bookkeeping tarfile's own PAX handling does for a size record.
-            tarfile_.offset = member.offset_data + _padded(member.size)
         member.pax_headers = records
         return member
 
