@@ -31,7 +31,10 @@ ZSTD_MAX_WINDOW_BYTES = 8 << 20
 
 # Large chunks keep the per-chunk Python work (a frame-tracker pass, a slice, a
 # write) small next to the bytes moved; the decompressors themselves run at GB/s.
-_RAW_READ_BYTES = 256 << 10
+# gzip reads less at a time: zlib copies the unconsumed rest of its input into
+# a new bytes object on every call, and that copy grows with the read.
+_ZSTD_RAW_READ_BYTES = 256 << 10
+_GZIP_RAW_READ_BYTES = 64 << 10
 _ZSTD_OUT_BYTES = 1 << 20
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_MAX_BLOCK_BYTES = 128 << 10
@@ -101,9 +104,9 @@ class DecompressingReader:
     def read(self, size: int) -> memoryview:
         """Up to ``size`` decompressed bytes; empty once the stream ended cleanly.
 
-        A view, not a copy: the bytes under it are never reused, so it stays
-        valid, and a member's data goes from the decompressor to ``os.write``
-        without passing through another buffer.
+        A view, not a copy, valid until the next ``read`` (the buffer under it
+        may be reused): a member's data goes from the decompressor to
+        ``os.write`` without passing through another buffer.
         """
         size = min(size, self.limit - self.delivered)
         if size <= 0:
@@ -128,7 +131,7 @@ class _GzipInflater:
                 self._check_end()
                 return memoryview(b"")
             if not self._pending:
-                self._pending = self._source(_RAW_READ_BYTES)
+                self._pending = self._source(_GZIP_RAW_READ_BYTES)
                 if not self._pending:
                     raise ArchiveRejectedError("gzip: stream truncated")
             try:
@@ -153,32 +156,30 @@ class _ZstdInflater:
     def __init__(self, source: RawSource) -> None:
         self._source = _TrackedSource(source)
         decompressor = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW_BYTES)
-        self._chunks = decompressor.read_to_iter(
+        self._reader = decompressor.stream_reader(
             cast(IO[bytes], self._source),
-            read_size=_RAW_READ_BYTES,
-            write_size=_ZSTD_OUT_BYTES,
+            read_size=_ZSTD_RAW_READ_BYTES,
+            read_across_frames=False,
+            closefd=False,
         )
-        self._buffer = memoryview(b"")
+        # One output buffer for the whole stream: a fresh 1 MiB bytes object per
+        # chunk is mmap'ed and page-faulted anew each time, ~20% of a restore.
+        self._out = memoryview(bytearray(_ZSTD_OUT_BYTES))
         self._ended = False
 
     def read(self, size: int) -> memoryview:
-        while not self._buffer:
-            if self._ended:
-                return self._buffer
-            try:
-                self._buffer = memoryview(next(self._chunks))
-            except StopIteration:
-                self._finish()
-                return self._buffer
-            except zstandard.ZstdError as exc:
-                raise ArchiveRejectedError(f"zstd: corrupt stream ({exc})") from None
-        # Each chunk is a fresh bytes object zstandard never touches again.
-        out = self._buffer[:size]
-        self._buffer = self._buffer[size:]
-        return out
+        if self._ended:
+            return self._out[:0]
+        try:
+            filled = self._reader.readinto(self._out[: min(size, len(self._out))])
+        except zstandard.ZstdError as exc:
+            raise ArchiveRejectedError(f"zstd: corrupt stream ({exc})") from None
+        if not filled:
+            self._finish()
+        return self._out[:filled]
 
     def _finish(self) -> None:
-        # read_to_iter stops quietly at the end of its input, complete frame or
+        # The reader stops quietly at the end of its input, complete frame or
         # not, and may stop at the frame's end without reading what follows.
         self._source.read(1)
         if not self._source.frame.done:
