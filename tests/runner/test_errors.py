@@ -42,7 +42,8 @@ def test_bad_requests(runner: RunnerProcess, body: bytes, code: str) -> None:
     assert response.status_code == 400
     assert error_code(response) == code
     decode(response.content, ErrorBody)
-    assert job_dirs(runner) == before
+    # Nothing new (an earlier job's directory may still be going away).
+    assert set(job_dirs(runner)) <= set(before)
 
 
 @pytest.mark.parametrize("name", ["../x", "/etc/passwd", "a/../../b", "a\x00b", "", "a\\b"])
@@ -59,7 +60,8 @@ def test_bad_file_names_rejected_before_disk(runner: RunnerProcess, name: str) -
         assert error_code(response) in ("invalid_path", "bad_request")
         if name:
             assert error_code(response) == "invalid_path"
-    assert job_dirs(runner) == before
+    # Nothing new (an earlier job's directory may still be going away).
+    assert set(job_dirs(runner)) <= set(before)
     assert not Path("/x").exists()
 
 

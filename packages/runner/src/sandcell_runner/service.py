@@ -101,6 +101,7 @@ class RunnerService:
         self.warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._active_jobs: set[Path] = set()
+        self._cleanups: set[asyncio.Task[None]] = set()
         self._collect_warnings()
 
     def _collect_warnings(self) -> None:
@@ -137,9 +138,20 @@ class RunnerService:
             self._active_jobs.add(dirs.job_dir.parent)
             yield JobWorkspace(path=dirs.workspace, uid=uid, gid=uid, job_dir=dirs.job_dir)
         finally:
+            # Removal runs after the answer has gone out: it is off the latency path,
+            # and the UID returns to the pool only once its files are gone.
+            cleanup = asyncio.create_task(self._remove_fresh(dirs, uid))
+            self._cleanups.add(cleanup)
+            cleanup.add_done_callback(self._cleanups.discard)
+
+    async def _remove_fresh(self, dirs: JobDirs | None, uid: int) -> None:
+        try:
             if dirs is not None:
-                await asyncio.shield(asyncio.to_thread(self.workspaces.remove_job, dirs))
+                await asyncio.to_thread(self.workspaces.remove_job, dirs)
                 self._active_jobs.discard(dirs.job_dir.parent)
+        except OSError as exc:
+            log.warning("fresh workspace not removed (the reaper will retry): %s", exc)
+        finally:
             self.uids.release(uid)
 
     @contextlib.asynccontextmanager
@@ -211,6 +223,8 @@ class RunnerService:
 
     async def shutdown(self) -> None:
         """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""
+        if self._cleanups:
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.apps.shutdown()
         with contextlib.suppress(Exception):
