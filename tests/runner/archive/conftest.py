@@ -13,7 +13,7 @@ from tests.runner.archive import Arena, make_arena
 @pytest.fixture(autouse=True)
 def _require_root() -> None:
     if os.geteuid() != 0:
-        pytest.skip("archive tests extract as another UID and need root")
+        pytest.fail("archive tests extract as another UID and need root (run scripts/test as root)")
 
 
 @pytest.fixture

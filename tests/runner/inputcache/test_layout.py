@@ -114,7 +114,7 @@ def test_existing_directory_is_tightened_to_0700(tmp_path: Path) -> None:
 def test_directory_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
     """The cache refuses a directory another user owns (they could swap its entries)."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to chown")
+        pytest.fail("needs root to chown (run scripts/test as root)")
     root = tmp_path / "cache"
     root.mkdir()
     os.chown(root, 65534, 65534)
