@@ -77,8 +77,12 @@ async def test_files_are_committed_and_the_preview_shows_the_change(start_api: S
     assert lines[1].split("|")[1] == "Start from template python-web"
 
     async with httpx.AsyncClient() as browserless:
-        shown = await browserless.get(created["url"])
-        assert "Changed" in shown.text
+        # The write touched app.py too, so the dev server may be restarting: wait for it.
+        async def page_changed() -> bool:
+            shown = await browserless.get(created["url"])
+            return shown.status_code == 200 and "Changed" in shown.text
+
+        await eventually(page_changed)
 
         async def reloaded() -> bool:
             answer = await browserless.get(f"{api.url}/preview/{instance_id}/api/hello")
