@@ -81,9 +81,7 @@ class RawJail:
         settings = RunnerSettings.from_env({"SANDCELL_RUNNER_INSECURE_NO_AUTH": "1"})
         assert settings.nsjail_path is not None
         self.nsjail = settings.nsjail_path
-        self.jail = Jail(
-            nsjail=self.nsjail, cgroups=CgroupManager("bench-raw"), spawner=None, run_dir=root
-        )  # type: ignore[arg-type]
+        self.jail = Jail(nsjail=self.nsjail, cgroups=CgroupManager("bench-raw"), spawner=None)  # type: ignore[arg-type]
         self.root = root
         self.uid = 20_999
         limits = settings.limits

@@ -282,8 +282,3 @@ def _read_all(fd: int, size_hint: int) -> bytes:
     while chunk := os.read(fd, max(_CHUNK, size_hint)):
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def tree_usage_bytes(root: Path) -> int:
-    """Apparent bytes of every regular file under ``root`` (links not followed)."""
-    return sum(entry.size for entry in scan(root) if entry.kind == "file")

@@ -25,7 +25,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .cgroups import CgroupManager, JobCgroup, JobCgroupStats
@@ -122,7 +122,6 @@ class JobOutcome:
     max_rss_kib: int | None
     cgroup: JobCgroupStats | None
     jail_log: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 class _Capture:
@@ -166,12 +165,10 @@ class Jail:
         nsjail: Path | None,
         cgroups: CgroupManager,
         spawner: Spawner,
-        run_dir: Path,
     ) -> None:
         self._nsjail = nsjail
         self._cgroups = cgroups
         self._spawner = spawner
-        self._run_dir = run_dir
         self._counter = 0
         self.netns_for: Callable[[Path], int | None] | None = None
         """Which network namespace a job in this workspace joins (the session's);

@@ -69,7 +69,6 @@ class RunnerService:
             nsjail=settings.nsjail_path if settings.jail_mode == "nsjail" else None,
             cgroups=self.cgroups,
             spawner=self.spawner,
-            run_dir=settings.workspace_root,
         )
         self.uids = UidPool(settings.uid_min, settings.uid_max)
         self.languages = (

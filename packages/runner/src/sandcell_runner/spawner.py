@@ -26,7 +26,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -49,7 +49,6 @@ class SpawnRequest:
     new_session: bool = True
     user: int | None = None
     group: int | None = None
-    extra: dict[str, str] = field(default_factory=dict)
     netns_fd: int | None = None
     """An open ``/proc/…/ns/net`` the child joins before exec (None: stay in ours)."""
     cgroup_tasks: Sequence[Path] | None = None
