@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -22,7 +22,7 @@ from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_orchestrator.registry import InProcessRegistry, Lease, RedisRegistry, SessionRegistry
 from sandcell_orchestrator.snapshots import S3SnapshotStore, SnapshotStore
 from sandcell_protocol import ExecuteRequest, checkpoint_key, runtime_session_id
-from tests.orchestrator.execution.conftest import BUCKET, S3_ACCESS, S3_SECRET, S3Server
+from tests.orchestrator.conftest import S3Server
 
 from .conftest import ProviderFactory
 
@@ -35,27 +35,6 @@ def py(code: str) -> ExecuteRequest:
 
 def run_calls(emulator: MicrovmEmulator) -> int:
     return sum(1 for call in emulator.calls if call.operation == "RunMicrovm")
-
-
-@pytest.fixture
-def s3_server() -> Iterator[S3Server]:
-    import boto3
-
-    server = S3Server()
-    server.start()
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=S3_ACCESS,
-        aws_secret_access_key=S3_SECRET,
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket=BUCKET)
-    client.close()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
