@@ -11,6 +11,7 @@ Usage: .venv/bin/python scripts/bench_checkpoint.py
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from tests.fixtures.paths import traversable_dir  # noqa: E402
 from tests.fixtures.runner_process import RunnerProcess, start_runner  # noqa: E402
 
+from sandcell_protocol import headers as protocol_headers  # noqa: E402
 from sandcell_protocol import runtime_session_id  # noqa: E402
 
 GENERATE = r"""
@@ -105,7 +107,13 @@ def checkpoint(runner: RunnerProcess, session: str, encoding: str, out: Path) ->
 
 
 def restore(runner: RunnerProcess, session: str, archive: Path) -> float:
-    headers = {**runner.headers(), "X-Runtime-Session-Id": session}
+    # The digest travels as the orchestrator sends it, so the runner's check is measured too.
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    headers = {
+        **runner.headers(),
+        "X-Runtime-Session-Id": session,
+        protocol_headers.CHECKPOINT_SHA256: digest,
+    }
 
     def body() -> object:
         with archive.open("rb") as source:

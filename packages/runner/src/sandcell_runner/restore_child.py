@@ -1,12 +1,12 @@
 """The hardened extractor, run by ``restore.py`` as a child process.
 
-    python -I -X utf8 -m sandcell_runner.restore_child --staging-fd FD --staging-path PATH
+    python -I -X utf8 -m sandcell_runner.restore_child --staging-fd FD
         --encoding gzip|zstd --max-bytes N --max-members N [--uid UID --gid GID]
 
-It drops to the pinned UID (when given) before reading a byte of input, reads
-the compressed archive on stdin, extracts its ``workspace/`` members into the
-directory open as ``--staging-fd``, and writes one ``ChildResult`` JSON object
-on stdout. ``--staging-path`` is only handed to tarfile's data filter.
+It drops to the pinned UID (when given) before reading a byte of input, makes
+the directory open as ``--staging-fd`` its working directory, reads the
+compressed archive on stdin, extracts its ``workspace/`` members there, and
+writes one ``ChildResult`` JSON object on stdout.
 
 Why not ``TarFile.extractall(filter="data")``: the data filter resolves names
 with ``os.path.realpath`` against the live tree, which was bypassed repeatedly in
@@ -74,18 +74,22 @@ def extract(
     source: RawSource,
     staging_fd: int,
     *,
-    staging_path: str,
     encoding: Encoding,
     max_bytes: int,
     max_members: int,
 ) -> bytes:
-    """Extract the archive read from ``source`` into ``staging_fd``; return the meta member."""
+    """Extract the archive read from ``source`` into ``staging_fd``; return the meta member.
+
+    ``staging_fd`` must also be the working directory: tarfile's data filter
+    resolves names against ``.``, which costs a ``stat`` per name component
+    instead of one per component of the staging directory's absolute path too.
+    """
     if os.listdir(staging_fd):
         raise ArchiveRejectedError("staging directory is not empty")
+    if not os.path.samestat(os.fstat(staging_fd), os.stat(".")):
+        raise ArchiveRejectedError("extractor: the staging directory is not the working directory")
     reader = DecompressingReader(source, encoding=encoding)
-    extractor = _Extractor(
-        reader, staging_fd, staging_path=staging_path, max_bytes=max_bytes, max_members=max_members
-    )
+    extractor = _Extractor(reader, staging_fd, max_bytes=max_bytes, max_members=max_members)
     try:
         meta = extractor.run()
     except tarfile.TarError as exc:
@@ -108,13 +112,11 @@ class _Extractor:
         reader: DecompressingReader,
         staging_fd: int,
         *,
-        staging_path: str,
         max_bytes: int,
         max_members: int,
     ) -> None:
         self._reader = reader
         self._tree = _DirStack(staging_fd)
-        self._staging_path = staging_path
         self._max_bytes = max_bytes
         self._max_members = max_members
         self._members = 0
@@ -152,7 +154,7 @@ class _Extractor:
             return
         relpath = workspace_relpath(name)
         try:
-            tarfile.data_filter(member.replace(name=relpath or ".", deep=False), self._staging_path)
+            tarfile.data_filter(member.replace(name=relpath or ".", deep=False), ".")
         except tarfile.FilterError as exc:
             # The class names the problem; its message would echo host paths.
             raise ArchiveRejectedError(
@@ -335,8 +337,10 @@ def _grow_stdin_pipe() -> None:
     # The default 64 KiB pipe makes the parent and this process take turns in
     # 64 KiB steps; 1 MiB (the unprivileged maximum) lets each run longer.
     # stdin may also be a file (tests, benchmarks): then there is nothing to grow.
+    # The runner may have made it larger already: never shrink it.
     with contextlib.suppress(OSError):
-        fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+        if fcntl.fcntl(0, fcntl.F_GETPIPE_SZ) < _PIPE_BYTES:
+            fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 def _raise_fd_limit() -> None:
@@ -350,7 +354,6 @@ def _raise_fd_limit() -> None:
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sandcell_runner.restore_child")
     parser.add_argument("--staging-fd", type=int, required=True)
-    parser.add_argument("--staging-path", required=True)
     parser.add_argument("--encoding", choices=("gzip", "zstd"), required=True)
     parser.add_argument("--max-bytes", type=int, required=True)
     parser.add_argument("--max-members", type=int, required=True)
@@ -367,11 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.uid is not None:
         _drop_privileges(args.uid, args.gid if args.gid is not None else args.uid)
     os.umask(0o077)
+    os.fchdir(args.staging_fd)
     try:
         meta = extract(
             lambda size: os.read(0, size),
             args.staging_fd,
-            staging_path=args.staging_path,
             encoding=args.encoding,
             max_bytes=args.max_bytes,
             max_members=args.max_members,
