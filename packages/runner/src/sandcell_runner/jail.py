@@ -267,17 +267,21 @@ class Jail:
         cgroup: JobCgroup | None = None
         if self._cgroups.available:
             # One reusable cgroup per job UID: a UID never runs two one-shot jobs at once.
-            cgroup = await asyncio.to_thread(
-                self._cgroups.acquire,
-                f"u{spec.uid}",
-                memory_bytes=spec.limits.memory_bytes,
-                pids=spec.limits.pids,
-            )
+            key, memory, pids = f"u{spec.uid}", spec.limits.memory_bytes, spec.limits.pids
+            cgroup = self._cgroups.pooled(key, memory_bytes=memory, pids=pids)
+            if cgroup is not None:
+                # Unchanged limits: a counter reset, cheaper inline than a thread hop.
+                cgroup.begin(memory_bytes=memory, pids=pids)
+            else:
+                cgroup = await asyncio.to_thread(
+                    self._cgroups.acquire, key, memory_bytes=memory, pids=pids
+                )
         try:
             return await self._run_in(spec, cgroup, on_output)
         finally:
-            if cgroup is not None:
-                # Nothing may outlive the job into the next one of this UID.
+            # Nothing may outlive the job into the next one of this UID. Usually
+            # nothing is left (the pid namespace died with nsjail): one read says so.
+            if cgroup is not None and cgroup.signal_leftovers():
                 await asyncio.to_thread(cgroup.kill_all)
 
     def _argv_and_fds(self, spec: JobSpec) -> tuple[list[str], list[int], list[int]]:
@@ -384,7 +388,8 @@ class Jail:
                 loop.remove_reader(fd)
                 os.close(fd)
         wall_ms = int((time.monotonic() - started) * 1000)
-        stats = await asyncio.to_thread(cgroup.stats) if cgroup is not None else None
+        # Three reads of a few bytes of sysfs (~70 us): inline, not a thread hop.
+        stats = cgroup.stats() if cgroup is not None else None
         log_text = jail_log.value().decode("utf-8", "replace")
         exit_code, signame = _decode_status(status)
         if self._nsjail is not None:

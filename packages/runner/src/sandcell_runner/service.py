@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import logging
 import resource
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from sandcell_protocol import ExecuteResult
@@ -128,14 +128,33 @@ class RunnerService:
             yield
 
     @contextlib.asynccontextmanager
-    async def fresh_workspace(self) -> AsyncIterator[JobWorkspace]:
-        """A fresh per-job workspace and UID, removed and released afterwards."""
+    async def fresh_workspace(
+        self, fill: Callable[[JobWorkspace], None] | None = None
+    ) -> AsyncIterator[JobWorkspace]:
+        """A fresh per-job workspace and UID, removed and released afterwards.
+
+        ``fill`` (blocking) writes into it in the same thread hop that creates it.
+        """
         uid = self.uids.allocate()
+        made: list[JobDirs] = []
+
+        def create() -> JobWorkspace:
+            dirs = self.workspaces.create_job(uid=uid, gid=uid)
+            made.append(dirs)
+            workspace = JobWorkspace(path=dirs.workspace, uid=uid, gid=uid, job_dir=dirs.job_dir)
+            if fill is not None:
+                fill(workspace)
+            return workspace
+
         dirs: JobDirs | None = None
         try:
-            dirs = await asyncio.to_thread(self.workspaces.create_job, uid=uid, gid=uid)
-            self._active_jobs.add(dirs.job_dir.parent)
-            yield JobWorkspace(path=dirs.workspace, uid=uid, gid=uid, job_dir=dirs.job_dir)
+            try:
+                workspace = await asyncio.to_thread(create)
+            finally:
+                dirs = made[0] if made else None
+                if dirs is not None:
+                    self._active_jobs.add(dirs.job_dir.parent)
+            yield workspace
         finally:
             # Removal runs after the answer has gone out: it is off the latency path,
             # and the UID returns to the pool only once its files are gone.
@@ -154,13 +173,20 @@ class RunnerService:
             self.uids.release(uid)
 
     @contextlib.asynccontextmanager
-    async def session_workspace(self, session_id: str) -> AsyncIterator[JobWorkspace]:
-        """The bound session's workspace and pinned UID, holding the session lock."""
+    async def session_workspace(
+        self, session_id: str, fill: Callable[[JobWorkspace], None] | None = None
+    ) -> AsyncIterator[JobWorkspace]:
+        """The bound session's workspace and pinned UID, holding the session lock.
+
+        ``fill`` (blocking) writes into it in the same thread hop that makes the job directory.
+        """
         async with self.sessions.locked(session_id) as state:
-            job_dir = await asyncio.to_thread(self.workspaces.create_session_job_dir)
-            self._active_jobs.add(job_dir)
-            try:
-                yield JobWorkspace(
+            made: list[Path] = []
+
+            def create() -> JobWorkspace:
+                job_dir = self.workspaces.create_session_job_dir()
+                made.append(job_dir)
+                workspace = JobWorkspace(
                     path=state.workspace,
                     uid=state.uid,
                     gid=state.uid,
@@ -168,6 +194,20 @@ class RunnerService:
                     surfaced=state.surfaced,
                     session_id=session_id,
                 )
+                if fill is not None:
+                    fill(workspace)
+                return workspace
+
+            try:
+                workspace = await asyncio.to_thread(create)
+            except BaseException:
+                for job_dir in made:
+                    await asyncio.shield(asyncio.to_thread(self.workspaces.remove_dir, job_dir))
+                raise
+            job_dir = made[0]
+            self._active_jobs.add(job_dir)
+            try:
+                yield workspace
             finally:
                 await asyncio.shield(asyncio.to_thread(self.workspaces.remove_dir, job_dir))
                 self._active_jobs.discard(job_dir)
@@ -186,13 +226,16 @@ class RunnerService:
         """
         self.sessions.require_not_quarantined()
         await stack.enter_async_context(self.job_slot())
+
+        def fill(workspace: JobWorkspace) -> None:
+            self.executor.write_inputs(prepared, workspace)
+
         if session_id is not None:
-            workspace = await stack.enter_async_context(self.session_workspace(session_id))
+            workspace = await stack.enter_async_context(self.session_workspace(session_id, fill))
             primed = self.sessions.bound.primed if self.sessions.bound else None
         else:
-            workspace = await stack.enter_async_context(self.fresh_workspace())
+            workspace = await stack.enter_async_context(self.fresh_workspace(fill))
             primed = None
-        await asyncio.to_thread(self.executor.write_inputs, prepared, workspace)
         await self.primer.prime(prepared.refs, workspace, primed=primed)
         return workspace
 
