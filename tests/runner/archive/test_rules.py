@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sandcell_runner.archive_rules import parse_pax_records
 from sandcell_runner.checkpoint import (
     ArchiveLimits,
     export_checkpoint,
@@ -18,7 +19,6 @@ from sandcell_runner.checkpoint import (
 )
 from sandcell_runner.compression import choose_encoding
 from sandcell_runner.errors import ArchiveRejectedError
-from sandcell_runner.restore import parse_pax_records
 from tests.runner.archive import META, Arena, chunked, restore_bytes
 
 

@@ -16,9 +16,9 @@ parses header blocks and its data filter is a first check; on top of it:
 
 - member types other than regular file, directory, symlink and a per-member PAX
   header are refused while the header is parsed, before any data is read, and
-  PAX records are parsed strictly in linear time (``restore.StrictTarInfo``);
+  PAX records are parsed strictly in linear time (``archive_rules.StrictTarInfo``);
 - names must be normalized workspace paths under ``workspace/``
-  (``restore.workspace_relpath``), each member unique; symlink targets must
+  (``archive_rules.workspace_relpath``), each member unique; symlink targets must
   provably stay inside (``checkpoint.symlink_target_inside``); hard links are
   refused outright;
 - entries are created with ``*at()`` calls relative to directory fds opened with
@@ -51,10 +51,11 @@ import msgspec
 from sandcell_protocol import CheckpointMeta, ProtocolError, decode
 from sandcell_protocol.routes import CHECKPOINT_META_MEMBER, CHECKPOINT_WORKSPACE_PREFIX
 
+from .archive_rules import StrictTarInfo, member_mtime_ns, shown, workspace_relpath
 from .checkpoint import MAX_META_BYTES, PERMISSION_BITS, symlink_target_inside
 from .compression import DecompressingReader, Encoding, RawSource
 from .errors import ArchiveRejectedError
-from .restore import ChildResult, StrictTarInfo, member_mtime_ns, shown, workspace_relpath
+from .restore import ChildResult
 
 __all__ = ["extract", "main"]
 
