@@ -26,7 +26,8 @@ from sandcell_protocol.app_messages import AnalysisResult, Diagnostic, ToolStatu
 
 from .config import MIB, RunnerSettings
 from .executor import JobWorkspace
-from .jail import Jail, JobLimits, JobOutcome, JobSpec
+from .jail import Jail, JobOutcome
+from .job_spec import JobLimits, JobSpec
 
 RUFF_INSIDE = "/opt/sandcell/bin/ruff"
 _NO_TSC = "__sandcell_no_tsc__"

@@ -28,7 +28,8 @@ from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
 from . import fsops
 from .config import MIB, RunnerSettings
 from .errors import BadRequestError, InvalidPathError, NotFoundError, SessionConflictError
-from .jail import Jail, JobLimits, JobSpec
+from .jail import Jail
+from .job_spec import JobLimits, JobSpec
 from .launched import LaunchedJob, LaunchOutcome
 from .logbuffer import LineBuffer
 from .procinit import INIT_SOURCE, parse_report
