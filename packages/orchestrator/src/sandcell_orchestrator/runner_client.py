@@ -4,7 +4,8 @@ One pooled ``httpx.AsyncClient`` per sandbox. The transport is injectable, so
 the same client talks to a runner on loopback, an in-process ASGI app, or a
 cloud proxy (with an ``httpx.Auth`` adding the proxy's header). Every method
 maps 1:1 onto one runner route; the higher layers (``SandboxHandle``,
-``SandboxManager``, ``ExecutionService``) are built on it.
+``SandboxManager``, ``ExecutionService``) are built on it. The input-cache and
+workspace-file routes, and ``CheckpointStream``, live in ``runner_transfers``.
 
 Secrets: the bearer token and any header an injected auth adds never reach an
 exception message, a ``repr`` or a log line; transport errors are re-raised
@@ -14,24 +15,18 @@ exception message, a ``repr`` or a log line; transport errors are re-raised
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import re
 import time
 import uuid
 from collections.abc import (
-    AsyncIterable,
     AsyncIterator,
     Callable,
     Mapping,
-    Sequence,
 )
-from dataclasses import dataclass
-from typing import Literal, TypeVar
-from urllib.parse import quote
+from typing import TypeVar
 
 import anyio
-import anyio.to_thread
 import httpx
 import msgspec
 
@@ -39,17 +34,8 @@ from sandcell_protocol import (
     PROTOCOL_VERSION,
     ExecuteRequest,
     ExecuteResult,
-    FileEntry,
-    FileListing,
-    FileRef,
     Health,
-    InputManifest,
-    InputObject,
-    InputProbe,
-    InputProbeResult,
-    InputUploadResult,
     ProtocolError,
-    RestoreResult,
     ResultEvent,
     StreamEvent,
     check_compatible,
@@ -57,17 +43,14 @@ from sandcell_protocol import (
     decode_event,
     encode,
     headers,
-    input_cache_key,
     is_runtime_session_id,
     routes,
-    validate_workspace_path,
 )
 from sandcell_protocol import ProtocolMismatchError as WireMismatch
 
 from .errors import (
     ConfigError,
     ProtocolMismatchError,
-    RunnerRequestError,
     SandboxTimeoutError,
     SandboxUnavailableError,
 )
@@ -76,6 +59,14 @@ from .runner_errors import (
     Redactor,
     error_from_response,
     map_transport_errors,
+    refused_before_sending,
+)
+from .runner_transfers import (
+    JSON,
+    CheckpointEncoding,
+    CheckpointStream,
+    InputPayload,
+    RunnerTransfers,
 )
 
 __all__ = ["CheckpointEncoding", "CheckpointStream", "InputPayload", "RunnerClient"]
@@ -83,32 +74,10 @@ __all__ = ["CheckpointEncoding", "CheckpointStream", "InputPayload", "RunnerClie
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-CheckpointEncoding = Literal["zstd", "gzip"]
 
-JSON = "application/json"
-OCTET_STREAM = "application/octet-stream"
 EXECUTE_MARGIN_S = 10.0
 """Read-timeout slack past a job's own deadline: the runner still reaps and collects."""
-_HASH_INLINE_MAX_BYTES = 1 << 20
-"""Hash bigger pushes in a worker thread so the event loop keeps serving."""
 _B64TOKEN_RE = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
-
-
-@dataclass(frozen=True, slots=True)
-class InputPayload:
-    """One input object to push into a runner's input cache."""
-
-    storage_session: str
-    object_id: str
-    data: bytes
-    read_only: bool = False
-
-    def __repr__(self) -> str:
-        # The bytes are user data: keep them out of reprs and logs.
-        return (
-            f"InputPayload(storage_session={self.storage_session!r}, "
-            f"object_id={self.object_id!r}, size={len(self.data)}, read_only={self.read_only})"
-        )
 
 
 class _ProtocolOnly(msgspec.Struct):
@@ -117,72 +86,11 @@ class _ProtocolOnly(msgspec.Struct):
     protocol: str
 
 
-class CheckpointStream:
-    """The compressed checkpoint bytes as the runner sent them, hashed on the way through.
-
-    ``sha256`` and ``size_bytes`` describe what has been read so far; ``complete``
-    turns true once the runner's stream ended cleanly.
-    """
-
-    def __init__(
-        self,
-        response: httpx.Response,
-        *,
-        encoding: CheckpointEncoding,
-        mapper: Callable[[], contextlib.AbstractContextManager[None]],
-    ) -> None:
-        self.encoding: CheckpointEncoding = encoding
-        self.size_bytes = 0
-        self.complete = False
-        self._chunks = response.aiter_raw()
-        self._hash = hashlib.sha256()
-        self._mapper = mapper
-
-    def __repr__(self) -> str:
-        return f"CheckpointStream(encoding={self.encoding!r}, size_bytes={self.size_bytes})"
-
-    @property
-    def sha256(self) -> str:
-        """Hex sha256 of the bytes read so far (of the whole checkpoint once ``complete``)."""
-        return self._hash.hexdigest()
-
-    def __aiter__(self) -> CheckpointStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        with self._mapper():
-            try:
-                chunk = await anext(self._chunks)
-            except StopAsyncIteration:
-                self.complete = True
-                raise
-        self._hash.update(chunk)
-        self.size_bytes += len(chunk)
-        return chunk
-
-
 def _new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def _invalid(code: str, message: str) -> RunnerRequestError:
-    """A request refused before it left: the same error the runner would have given."""
-    return RunnerRequestError(f"refused before sending: {message}", code=code)
-
-
-def _file_route(path: str, *, allow_root: bool = False) -> str:
-    if allow_root and path in ("", ".", "/"):
-        return routes.SESSION_FILES_PREFIX
-    try:
-        normalized = validate_workspace_path(path)
-    except ProtocolError as exc:
-        raise _invalid("invalid_path", str(exc)) from None
-    return routes.SESSION_FILES_PREFIX + "/".join(
-        quote(part, safe="") for part in normalized.split("/")
-    )
-
-
-class RunnerClient:
+class RunnerClient(RunnerTransfers):
     """An HTTP client of one runner. Use as ``async with`` or call ``close()``."""
 
     def __init__(
@@ -254,7 +162,9 @@ class RunnerClient:
         request_headers[headers.AUTHORIZATION] = headers.BEARER_PREFIX + self._token
         if session_id is not None:
             if not is_runtime_session_id(session_id):
-                raise _invalid("bad_request", "session_id must match ^rt_[0-9a-f]{64}$")
+                raise refused_before_sending(
+                    "bad_request", "session_id must match ^rt_[0-9a-f]{64}$"
+                )
             request_headers[headers.RUNTIME_SESSION_ID] = session_id
         if message is not None:
             kwargs["content"] = encode(message)
@@ -434,149 +344,11 @@ class RunnerClient:
         finally:
             await response.aclose()
 
-    # -- checkpoint / restore / release ----------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def checkpoint(
-        self,
-        *,
-        session_id: str,
-        encoding: CheckpointEncoding = "zstd",
-        include: Sequence[str] = (),
-        exclude: Sequence[str] = (),
-    ) -> AsyncIterator[CheckpointStream]:
-        """``GET /v1/session/checkpoint``: yields the compressed archive as sent.
-
-        ``encoding`` is a preference; the yielded stream's ``encoding`` says which arrived.
-        ``include`` / ``exclude`` are workspace globs (a ``PersistentWorkspace``).
-        """
-        params = [("include", p) for p in include] + [("exclude", p) for p in exclude]
-        response = await self._request(
-            "GET",
-            routes.SESSION_CHECKPOINT,
-            session_id=session_id,
-            extra_headers={"Accept-Encoding": encoding},
-            stream=True,
-            params=params or None,
-        )
-        try:
-            arrived = _checkpoint_encoding(response)
-            yield CheckpointStream(
-                response, encoding=arrived, mapper=lambda: self._mapping(response.request)
-            )
-        finally:
-            await response.aclose()
-
-    async def restore(
-        self,
-        chunks: AsyncIterable[bytes],
-        *,
-        session_id: str,
-        sha256: str | None = None,
-        timeout_s: float | None = None,
-    ) -> RestoreResult:
-        """``POST /v1/session/restore``, streaming ``chunks`` (the runner sniffs gzip/zstd).
-
-        With ``sha256`` the runner rejects a body whose digest differs.
-        """
-        extra = {"Content-Type": OCTET_STREAM}
-        if sha256 is not None:
-            extra[headers.CHECKPOINT_SHA256] = sha256
-        response = await self._request(
-            "POST",
-            routes.SESSION_RESTORE,
-            session_id=session_id,
-            content=chunks,
-            extra_headers=extra,
-            read_timeout_s=timeout_s,
-        )
-        return self._decode(response, RestoreResult)
+    # -- session ----------------------------------------------------------------
 
     async def release_session(self, *, session_id: str) -> None:
         """``DELETE /v1/session``: wipe the session workspace and unbind the runner."""
         await self._request("DELETE", routes.SESSION, session_id=session_id)
-
-    # -- inputs ---------------------------------------------------------------
-
-    async def probe_inputs(
-        self, refs: Sequence[FileRef], *, session_id: str | None = None
-    ) -> list[FileRef]:
-        """``POST /v1/inputs/probe``: the refs whose objects the runner's cache lacks."""
-        probe = InputProbe(refs=list(refs))
-        response = await self._request(
-            "POST", routes.INPUTS_PROBE, session_id=session_id, message=probe
-        )
-        return self._decode(response, InputProbeResult).missing
-
-    async def push_inputs(
-        self, objects: Sequence[InputPayload], *, session_id: str | None = None
-    ) -> list[str]:
-        """``POST /v1/inputs`` (multipart: manifest first, one part per object); stored keys."""
-        unique: dict[str, InputPayload] = {}
-        for item in objects:
-            try:
-                unique.setdefault(input_cache_key(item.storage_session, item.object_id), item)
-            except ProtocolError as exc:
-                raise _invalid("bad_request", str(exc)) from None
-        if not unique:
-            return []
-        if sum(len(item.data) for item in unique.values()) > _HASH_INLINE_MAX_BYTES:
-            manifest = await anyio.to_thread.run_sync(_manifest, unique)
-        else:
-            manifest = _manifest(unique)
-        response = await self._request(
-            "POST",
-            routes.INPUTS,
-            session_id=session_id,
-            # httpx writes data fields before file parts: the manifest goes first.
-            data={"manifest": encode(manifest).decode()},
-            files=[("object", (key, item.data, OCTET_STREAM)) for key, item in unique.items()],
-        )
-        return self._decode(response, InputUploadResult).stored
-
-    # -- session files ----------------------------------------------------------
-
-    async def read_file(self, path: str, *, session_id: str) -> bytes:
-        """``GET /v1/session/files/{path}``: a regular file's bytes."""
-        response = await self._request("GET", _file_route(path), session_id=session_id)
-        if _is_json(response):
-            raise RunnerRequestError(f"GET {path}: is a directory", code="invalid_path")
-        return response.content
-
-    async def list_files(self, path: str = "", *, session_id: str) -> FileListing:
-        """``GET /v1/session/files/{dir}``: the direct entries of a directory ("" = root)."""
-        route = _file_route(path, allow_root=True)
-        response = await self._request("GET", route, session_id=session_id)
-        if not _is_json(response):
-            raise RunnerRequestError(f"GET {path}: not a directory", code="invalid_path")
-        return self._decode(response, FileListing)
-
-    async def write_file(
-        self, path: str, data: bytes, *, session_id: str, mode: int | None = None
-    ) -> FileEntry:
-        """``PUT /v1/session/files/{path}`` with the raw bytes; ``mode``: permission bits."""
-        params: dict[str, str] = {}
-        if mode is not None:
-            if not 0 <= mode <= 0o777:
-                raise _invalid("bad_request", f"mode {mode:#o}: only permission bits 0..0o777")
-            params["mode"] = f"{mode:04o}"
-        response = await self._request(
-            "PUT",
-            _file_route(path),
-            session_id=session_id,
-            content=data,
-            params=params,
-            extra_headers={"Content-Type": OCTET_STREAM},
-        )
-        return self._decode(response, FileEntry)
-
-    async def delete_file(self, path: str, *, session_id: str) -> None:
-        """``DELETE /v1/session/files/{path}``; ``not_found`` if absent."""
-        await self._request("DELETE", _file_route(path), session_id=session_id)
-
-
-def _is_json(response: httpx.Response) -> bool:
-    return str(response.headers.get("content-type", "")).startswith(JSON)
 
 
 def _decode_event(line: str) -> StreamEvent:
@@ -584,28 +356,3 @@ def _decode_event(line: str) -> StreamEvent:
         return decode_event(line)
     except ProtocolError as exc:
         raise SandboxUnavailableError(f"POST {routes.EXECUTE}: malformed event: {exc}") from None
-
-
-def _checkpoint_encoding(response: httpx.Response) -> CheckpointEncoding:
-    media = response.headers.get("content-type", "").split(";")[0].strip().lower()
-    content_encoding = response.headers.get("content-encoding", "").strip().lower()
-    if media == routes.ZSTD or content_encoding == "zstd":
-        return "zstd"
-    if media == routes.GZIP or content_encoding == "gzip":
-        return "gzip"
-    raise SandboxUnavailableError(
-        f"GET {routes.SESSION_CHECKPOINT}: not a checkpoint (content type {media[:64]!r})"
-    )
-
-
-def _manifest(objects: Mapping[str, InputPayload]) -> InputManifest:
-    return InputManifest(
-        objects={
-            key: InputObject(
-                size=len(item.data),
-                sha256=hashlib.sha256(item.data).hexdigest(),
-                read_only=item.read_only,
-            )
-            for key, item in objects.items()
-        }
-    )

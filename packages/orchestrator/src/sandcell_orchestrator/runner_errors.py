@@ -38,6 +38,7 @@ from .errors import (
 )
 
 __all__ = [
+    "refused_before_sending",
     "ERROR_CODE_MAP",
     "TRANSPORT_ERROR_MAP",
     "HeaderGuard",
@@ -238,3 +239,8 @@ def error_from_response(
     if issubclass(error_cls, RunnerRequestError):
         return RunnerRequestError(message, code=detail.code.value, retryable=detail.retryable)
     return error_cls(message)
+
+
+def refused_before_sending(code: str, message: str) -> RunnerRequestError:
+    """A request refused before it left: the same error the runner would have given."""
+    return RunnerRequestError(f"refused before sending: {message}", code=code)
