@@ -2,9 +2,10 @@
 
 Owns the checkpoint and restore routes (with ``CheckpointStream``, the archive
 as it arrives), the input-cache routes (probe which objects are missing, push
-them) and the session workspace-file routes (read, list, write, delete). A mixin of ``RunnerClient``: it sends
-through the client's ``_request`` / ``_decode`` plumbing and holds no state,
-token or header of its own.
+them) and the session workspace-file routes (read, list, write, delete).
+
+A mixin of ``RunnerClient``: it sends through the client's ``_request`` /
+``_decode`` plumbing and holds no state, token or header of its own.
 """
 
 from __future__ import annotations
