@@ -161,13 +161,13 @@ async def start_api(tmp_path: Path, runtime_dir: Path) -> AsyncIterator[StartApi
             app = create_app(settings, services=services)
             if not hasattr(app.state, "apps"):
                 # Until create_app installs the app routes itself.
-                from sandcell_orchestrator.service_app import _api_keys
+                from sandcell_orchestrator.service_auth import load_api_keys
 
                 install_app_routes(
                     app,
                     settings,
                     services=lambda: services,
-                    namespace_of=_api_keys(settings).namespace,
+                    namespace_of=load_api_keys(settings).namespace,
                 )
             url = await stack.enter_async_context(serve_asgi(app, lifespan="on", port=port))
             client = await stack.enter_async_context(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandcell_orchestrator.errors import ConfigError
-from sandcell_orchestrator.providers.docker import (
+from sandcell_orchestrator.providers.docker_settings import (
     DEFAULT_DOCKER_HOST,
     DEFAULT_IMAGE,
     DockerSettings,

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +33,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sandcell_protocol import (
-    ERROR_SEMANTICS,
-    ErrorBody,
     ErrorCode,
     ExecCall,
     ExecuteRequest,
@@ -44,32 +40,25 @@ from sandcell_protocol import (
     checkpoint_key,
     decode,
     encode,
-    error_body,
     is_runtime_session_id,
     runtime_session_id,
 )
-from sandcell_protocol import ProtocolMismatchError as PeerProtocolMismatchError
 
 from .bootstrap import Services, open_services
 from .config import OrchestratorSettings
-from .errors import (
-    CheckpointError,
-    ConfigError,
-    InputMissingError,
-    LockLostError,
-    ProtocolMismatchError,
-    RegistryError,
-    RunnerRequestError,
-    SandboxError,
-    SandboxTimeoutError,
-    SandboxUnavailableError,
-    SandcellError,
-    SessionBusyError,
-    SessionConflictError,
-    SessionRequiredError,
-)
+from .errors import SandcellError
 from .execution import ExecutionService, Identity
 from .metrics import render_provider_counters
+from .service_auth import INSECURE_NO_AUTH_ENV, load_api_keys
+from .service_errors import (
+    JSON_MEDIA_TYPE,
+    MAX_BODY_BYTES,
+    PayloadTooLargeError,
+    error_response,
+    guarded,
+    http_error_response,
+    map_error,
+)
 
 __all__ = [
     "INSECURE_NO_AUTH_ENV",
@@ -82,24 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-INSECURE_NO_AUTH_ENV = "SANDCELL_SERVE_INSECURE_NO_AUTH"
-INSECURE_NAMESPACE = "default"
-MAX_BODY_BYTES = 32 << 20
-"""The largest accepted request body: inline files travel in it, base64-encoded."""
-_JSON = "application/json"
-# Runner codes that describe the caller's request; any other code the runner
-# refused us with is this service's own failure, not the caller's.
-_CALLER_CODES = frozenset(
-    {
-        ErrorCode.BAD_REQUEST,
-        ErrorCode.PAYLOAD_TOO_LARGE,
-        ErrorCode.UNSUPPORTED_LANGUAGE,
-        ErrorCode.INVALID_PATH,
-        ErrorCode.QUARANTINED,
-        ErrorCode.BUSY,
-    }
-)
 
 
 class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,146 +98,16 @@ class _Owner:
     hint: str
 
 
-class _Unauthorized(Exception):
-    pass
-
-
-class _PayloadTooLarge(Exception):
-    pass
-
-
-class _ApiKeys:
-    """Bearer API key -> namespace, compared in constant time over every key."""
-
-    def __init__(self, keys: Mapping[str, str], *, insecure: bool) -> None:
-        # Digests have one length, so compare_digest's time says nothing about a
-        # key's length either.
-        self._digests = [(_digest(key), namespace) for key, namespace in keys.items()]
-        self._insecure = insecure
-
-    def __repr__(self) -> str:
-        return f"_ApiKeys(<{len(self._digests)} keys>, insecure={self._insecure})"
-
-    def namespace(self, request: Request) -> str:
-        if self._insecure:
-            return INSECURE_NAMESPACE
-        scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not credential.strip():
-            raise _Unauthorized
-        offered = _digest(credential.strip())
-        found = None
-        for digest, namespace in self._digests:
-            if hmac.compare_digest(offered, digest) and found is None:
-                found = namespace
-        if found is None:
-            raise _Unauthorized
-        return found
-
-
-def _digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
-
-
-def _api_keys(settings: OrchestratorSettings) -> _ApiKeys:
-    """Refuse to serve without keys, unless explicitly told to (never in production)."""
-    insecure = settings.env.get(INSECURE_NO_AUTH_ENV, "") == "1"
-    if settings.api_keys:
-        return _ApiKeys(settings.api_keys, insecure=False)
-    if not insecure:
-        raise ConfigError(
-            f"sandcell serve needs SANDCELL_API_KEYS (key=namespace,...); "
-            f"{INSECURE_NO_AUTH_ENV}=1 serves without auth outside production"
-        )
-    if settings.production:
-        raise ConfigError(f"{INSECURE_NO_AUTH_ENV}=1 is refused when SANDCELL_ENV=production")
-    log.warning("serving WITHOUT authentication (%s=1)", INSECURE_NO_AUTH_ENV)
-    return _ApiKeys({}, insecure=True)
-
-
-# First match wins; the message is the error's own (orchestrator errors carry no
-# secrets) and retryability its class's.
-_DIRECT: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, ErrorCode], ...] = (
-    (ProtocolError, 400, ErrorCode.BAD_REQUEST),
-    (SessionRequiredError, 400, ErrorCode.SESSION_REQUIRED),
-    (SessionBusyError, 409, ErrorCode.SESSION_BUSY),
-    (SessionConflictError, 409, ErrorCode.SESSION_CONFLICT),
-    (InputMissingError, 400, ErrorCode.INPUT_MISSING),
-    ((ProtocolMismatchError, PeerProtocolMismatchError), 502, ErrorCode.PROTOCOL_MISMATCH),
-    ((SandboxUnavailableError, LockLostError, RegistryError), 503, ErrorCode.BUSY),
-)
-
-
-def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
-    """The HTTP status and ``ErrorBody`` an exception becomes; total over exceptions."""
-    if isinstance(exc, _Unauthorized):
-        return 401, error_body(ErrorCode.UNAUTHORIZED, "a valid bearer API key is required")
-    if isinstance(exc, _PayloadTooLarge):
-        return 413, error_body(
-            ErrorCode.PAYLOAD_TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes"
-        )
-    for kinds, status, code in _DIRECT:
-        if isinstance(exc, kinds):
-            retryable = bool(getattr(exc, "retryable", False))
-            return status, error_body(code, str(exc), retryable=retryable)
-    if isinstance(exc, RunnerRequestError):
-        try:
-            code = ErrorCode(exc.code)
-        except ValueError:
-            code = ErrorCode.INTERNAL
-        if code in _CALLER_CODES:
-            status = ERROR_SEMANTICS[code].http_status
-            return status, error_body(code, str(exc), retryable=exc.retryable)
-        log.error("the runner refused a request: %s", exc)
-        return 500, error_body(ErrorCode.INTERNAL, "internal error")
-    if isinstance(exc, SandboxTimeoutError):
-        # The sandbox accepted the job and went quiet: its effects are unknown,
-        # so this is not a blind-retry case.
-        return 504, error_body(
-            ErrorCode.BUSY, "the sandbox did not answer in time", retryable=False
-        )
-    if isinstance(exc, CheckpointError):
-        log.error("session state could not be restored: %s", exc)
-        return 500, error_body(
-            ErrorCode.INTERNAL, "the session's saved state could not be restored"
-        )
-    if isinstance(exc, SandcellError) and exc.retryable:
-        return 503, error_body(ErrorCode.BUSY, str(exc), retryable=True)
-    if isinstance(exc, SandboxError):
-        log.error("sandbox failure: %s", exc)
-        return 503, error_body(ErrorCode.BUSY, "the sandbox failed; retry", retryable=True)
-    log.error("unexpected %s", type(exc).__name__, exc_info=exc)
-    return 500, error_body(ErrorCode.INTERNAL, "internal error")
-
-
-def _error(exc: BaseException) -> Response:
-    status, body = map_error(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return Response(encode(body), status_code=status, media_type=_JSON, headers=headers)
-
-
-Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def _guarded(endpoint: Endpoint) -> Endpoint:
-    async def guarded(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except Exception as exc:
-            return _error(exc)
-
-    return guarded
-
-
 async def _read_body(request: Request) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _PayloadTooLarge
+        raise PayloadTooLargeError
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise _PayloadTooLarge
+            raise PayloadTooLargeError
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -283,7 +124,7 @@ class _Service:
 
     def __init__(self, settings: OrchestratorSettings, services: Services | None) -> None:
         self.settings = settings
-        self.keys = _api_keys(settings)
+        self.keys = load_api_keys(settings)
         self._given = services
         self._services = services
         self._owners: dict[str, _Owner] = {}
@@ -343,7 +184,7 @@ class _Service:
         result = await self.execution.execute(
             run, Identity(namespace=namespace, user_id=call.user_id), hint=hint
         )
-        return Response(encode(result), media_type=_JSON)
+        return Response(encode(result), media_type=JSON_MEDIA_TYPE)
 
     async def list_sessions(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
@@ -366,7 +207,7 @@ class _Service:
                     updated_at_s=record.updated_at_s if record else None,
                 )
             )
-        return Response(encode(SessionList(sessions=sessions)), media_type=_JSON)
+        return Response(encode(SessionList(sessions=sessions)), media_type=JSON_MEDIA_TYPE)
 
     async def destroy_session(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
@@ -376,13 +217,13 @@ class _Service:
         owner = self._owners.get(session_id)
         if owner is None or owner.namespace != namespace:
             # Another tenant's session and an unknown one look alike.
-            return _error_response(404, ErrorCode.NOT_FOUND, "no such session")
+            return error_response(404, ErrorCode.NOT_FOUND, "no such session")
         await self.execution.destroy_session(session_id)
         self._owners.pop(session_id, None)
         return Response(status_code=204)
 
     async def healthz(self, _request: Request) -> Response:
-        return Response(b'{"status":"ok"}', media_type=_JSON)
+        return Response(b'{"status":"ok"}', media_type=JSON_MEDIA_TYPE)
 
     async def metrics(self, _request: Request) -> Response:
         provider = self.services.provider
@@ -392,19 +233,6 @@ class _Service:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def _error_response(status: int, code: ErrorCode, message: str) -> Response:
-    return Response(encode(error_body(code, message)), status_code=status, media_type=_JSON)
-
-
-async def _http_error(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        return _error_response(404, ErrorCode.NOT_FOUND, "no such route")
-    if exc.status_code == 405:
-        return _error_response(405, ErrorCode.BAD_REQUEST, "method not allowed")
-    return _error_response(exc.status_code, ErrorCode.BAD_REQUEST, "bad request")
-
-
 def create_app(settings: OrchestratorSettings, *, services: Services | None = None) -> Starlette:
     """The Starlette app. It opens (and closes) its own ``Services`` unless given some.
 
@@ -412,13 +240,13 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
     """
     service = _Service(settings, services)
     routes = [
-        Route("/v1/exec", _guarded(service.exec), methods=["POST"]),
-        Route("/v1/sessions", _guarded(service.list_sessions), methods=["GET"]),
-        Route("/v1/sessions/{session_id}", _guarded(service.destroy_session), methods=["DELETE"]),
-        Route("/healthz", _guarded(service.healthz), methods=["GET"]),
-        Route("/metrics", _guarded(service.metrics), methods=["GET"]),
+        Route("/v1/exec", guarded(service.exec), methods=["POST"]),
+        Route("/v1/sessions", guarded(service.list_sessions), methods=["GET"]),
+        Route("/v1/sessions/{session_id}", guarded(service.destroy_session), methods=["DELETE"]),
+        Route("/healthz", guarded(service.healthz), methods=["GET"]),
+        Route("/metrics", guarded(service.metrics), methods=["GET"]),
     ]
-    handlers: dict[Any, Any] = {HTTPException: _http_error}
+    handlers: dict[Any, Any] = {HTTPException: http_error_response}
     app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)
     # The app-instance API (issue 8) shares the services, keys and lifespan.
     from .apps.routes import install_app_routes

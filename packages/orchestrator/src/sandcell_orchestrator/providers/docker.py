@@ -32,7 +32,7 @@ import secrets
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import anyio
 
@@ -56,121 +56,24 @@ from ..provider import (
 from ..runner_client import RunnerClient
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from .checkpoints import persist_to_store, restore_from_store
-from .docker_api import EngineAPIError, EngineClient, parse_docker_host
+from .docker_api import EngineAPIError, EngineClient
+from .docker_settings import RESERVED_ENV, DockerSettings, Privileges
 
 __all__ = ["PROVIDER_NAME", "DockerProvider", "DockerSettings", "sandbox_session_id"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 PROVIDER_NAME = "docker"
-DEFAULT_IMAGE = "localhost/sandcell-runner:runner-latest"
-"""What ``scripts/build-runner-image`` tags its latest runner build."""
-DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 RUNNER_PORT = 8080
 SANDBOX_LABEL = "sandcell.sandbox"
 UUID_LABEL = "sandcell.uuid"
 
-Privileges = Literal["cap-sys-admin", "no-caps", "privileged"]
-_PRIVILEGES: tuple[Privileges, ...] = ("cap-sys-admin", "no-caps", "privileged")
-
-# Variables the provider owns; neither the environment nor a spec may set them.
-_RESERVED_ENV = frozenset(
-    {
-        "SANDCELL_RUNNER_TOKEN",
-        "SANDCELL_RUNNER_HOST",
-        "SANDCELL_RUNNER_PORT",
-        "SANDCELL_RUNNER_SESSIONS",
-        "SANDCELL_WORKSPACE_ROOT",
-        "SANDCELL_INPUT_CACHE_DIR",
-    }
-)
 # Docker's default masked paths outside /proc (the /proc ones must go: see _host_config).
 _MASKED_OUTSIDE_PROC = ("/sys/firmware", "/sys/devices/virtual/powercap")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
 _READY_SLICE_S = 1.0
 """How often a readiness wait checks that the container is still running."""
 _LOG_TAIL_CHARS = 1500
-
-
-@dataclass(frozen=True, slots=True)
-class DockerSettings:
-    """How runner containers are made. Build with ``from_env``; see images/README.md.
-
-    ``nofile``/``nproc`` are set explicitly on every container: engine defaults
-    (often 1048576) can exceed the host's hard limits, and runc then cannot start
-    the container at all.
-    """
-
-    image: str = DEFAULT_IMAGE
-    docker_host: str = DEFAULT_DOCKER_HOST
-    network: str | None = None
-    production: bool = False
-    allow_production: bool = False
-    privileges: Privileges = "cap-sys-admin"
-    memory_mib: int = 2048
-    pids: int = 1024
-    cpus: float = 1.0
-    nofile: int = 16384
-    nproc: int = 8192
-    ready_timeout_s: float = 30.0
-    api_timeout_s: float = 30.0
-    checkpoint_max_bytes: int = 1 << 30
-    runner_env: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        parse_docker_host(self.docker_host)
-        if self.production and not self.allow_production:
-            raise ConfigError(
-                "SANDCELL_DOCKER_ALLOW_PRODUCTION: the docker provider isolates sandboxes with"
-                " runc containers only; set SANDCELL_DOCKER_ALLOW_PRODUCTION=1 to run it under"
-                " SANDCELL_ENV=production"
-            )
-        if not self.image.strip():
-            raise ConfigError("SANDCELL_DOCKER_IMAGE: must name an image")
-        if self.privileges not in _PRIVILEGES:
-            raise ConfigError(
-                f"SANDCELL_DOCKER_PRIVILEGES: must be one of {', '.join(_PRIVILEGES)}"
-            )
-        reserved = sorted(_RESERVED_ENV.intersection(self.runner_env))
-        if reserved:
-            raise ConfigError(f"{reserved[0]}: set by the docker provider itself")
-
-    @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, checkpoint_max_bytes: int = 1 << 30
-    ) -> DockerSettings:
-        """Read ``SANDCELL_DOCKER_*`` and ``DOCKER_HOST``; ``ConfigError`` names the variable.
-
-        ``SANDCELL_RUNNER_*`` variables (limits, jail settings) pass through to every
-        container unchanged, as for the local provider.
-        """
-        read = _Reader(env)
-        privileges = read.choice("SANDCELL_DOCKER_PRIVILEGES", _PRIVILEGES, "cap-sys-admin")
-        passthrough = {
-            key: value
-            for key, value in env.items()
-            if key.startswith("SANDCELL_RUNNER_") and key not in _RESERVED_ENV
-        }
-        if "SANDCELL_ENV" in env:
-            passthrough["SANDCELL_ENV"] = env["SANDCELL_ENV"]
-        return cls(
-            image=env.get("SANDCELL_DOCKER_IMAGE", "").strip() or DEFAULT_IMAGE,
-            docker_host=env.get("DOCKER_HOST", "").strip() or DEFAULT_DOCKER_HOST,
-            network=env.get("SANDCELL_DOCKER_NETWORK", "").strip() or None,
-            production=env.get("SANDCELL_ENV", "").strip().lower() == "production",
-            allow_production=read.flag("SANDCELL_DOCKER_ALLOW_PRODUCTION"),
-            privileges=privileges,
-            memory_mib=int(read.number("SANDCELL_DOCKER_MEMORY_MIB", 2048, minimum=64)),
-            pids=int(read.number("SANDCELL_DOCKER_PIDS", 1024, minimum=16)),
-            cpus=read.number("SANDCELL_DOCKER_CPUS", 1.0, minimum=0.01),
-            nofile=int(read.number("SANDCELL_DOCKER_NOFILE", 16384, minimum=256)),
-            nproc=int(read.number("SANDCELL_DOCKER_NPROC", 8192, minimum=64)),
-            ready_timeout_s=read.number("SANDCELL_DOCKER_READY_TIMEOUT_S", 30.0),
-            api_timeout_s=read.number("SANDCELL_DOCKER_API_TIMEOUT_S", 30.0),
-            checkpoint_max_bytes=checkpoint_max_bytes,
-            runner_env=passthrough,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +220,7 @@ class DockerProvider:
                 "SandboxSpec.egress_allowlist: the docker provider cannot enforce a per-host"
                 " allowlist; use () for no egress, ('*',) for all, or SANDCELL_DOCKER_NETWORK"
             )
-        reserved = sorted(_RESERVED_ENV.intersection(spec.env))
+        reserved = sorted(RESERVED_ENV.intersection(spec.env))
         if reserved:
             raise ConfigError(f"SandboxSpec.env: {reserved[0]} is set by the docker provider")
         token = secrets.token_urlsafe(32)
@@ -545,39 +448,3 @@ def _container_from(info: Mapping[str, Any]) -> _Container:
         )
     session_id = _labels(info).get(SESSION_LABEL) or sandbox_session_id(container_id)
     return _Container(container_id, int(host_port), token, session_id)
-
-
-class _Reader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = env
-
-    def number(self, name: str, default: float, *, minimum: float = 0.001) -> float:
-        raw = self._env.get(name, "").strip()
-        if not raw:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name}: must be a number, got {raw[:40]!r}") from None
-        if not value >= minimum:
-            raise ConfigError(f"{name}: must be >= {minimum:g}, got {raw[:40]!r}")
-        return value
-
-    def choice(self, name: str, options: tuple[T, ...], default: T) -> T:
-        raw = self._env.get(name, "").strip()
-        if not raw:
-            return default
-        for option in options:
-            if raw == option:
-                return option
-        raise ConfigError(
-            f"{name}: must be one of {', '.join(map(str, options))}, got {raw[:40]!r}"
-        )
-
-    def flag(self, name: str) -> bool:
-        raw = self._env.get(name, "").strip().lower()
-        if raw in ("", "0", "false", "no", "off"):
-            return False
-        if raw in ("1", "true", "yes", "on"):
-            return True
-        raise ConfigError(f"{name}: must be 0 or 1, got {raw[:40]!r}")
