@@ -226,6 +226,43 @@ async def test_cancelling_a_restore_kills_the_extractor(arena: Arena) -> None:
     assert not [c for c in children if "sandcell_runner.restore_child" in " ".join(c.cmdline())]
 
 
+async def test_extractor_is_chrooted_into_staging_as_the_pinned_uid(arena: Arena) -> None:
+    """The extractor's root and working directory are the staging directory; it runs as UID."""
+    head = small_archive("zstd")[:100]
+    seen: dict[str, object] = {}
+
+    async def watched_body() -> AsyncIterator[bytes]:
+        yield head
+        with anyio.fail_after(10):
+            while not seen:
+                await anyio.sleep(0.05)
+                for child in psutil.Process().children(recursive=True):
+                    if "sandcell_runner.restore_child" not in " ".join(child.cmdline()):
+                        continue
+                    if child.uids().effective != UID:
+                        continue  # still importing, before the privilege drop
+                    seen["root"] = os.readlink(f"/proc/{child.pid}/root")
+                    seen["cwd"] = child.cwd()
+                    seen["uids"] = child.uids()
+        # Ending here truncates the archive: the restore is refused, as it should be.
+
+    with pytest.raises(ArchiveRejectedError):
+        await restore_checkpoint(
+            watched_body(),
+            arena.staging,
+            uid=UID,
+            gid=GID,
+            encoding="zstd",
+            limits=ArchiveLimits(),
+            expected_sha256=None,
+        )
+
+    staging = os.path.realpath(arena.staging)
+    assert seen["root"] == staging
+    assert seen["cwd"] == staging
+    assert tuple(seen["uids"]) == (UID, UID, UID)  # type: ignore[arg-type]
+
+
 async def test_early_rejection_does_not_wait_for_the_rest_of_the_body(arena: Arena) -> None:
     """Once the extractor has refused, a slow client's remaining body is not awaited."""
     hostile = compress(archive(member("../x", b"evil")), "gzip")

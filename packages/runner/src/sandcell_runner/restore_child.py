@@ -3,10 +3,11 @@
     python -I -X utf8 -m sandcell_runner.restore_child --staging-fd FD
         --encoding gzip|zstd --max-bytes N --max-members N [--uid UID --gid GID]
 
-It drops to the pinned UID (when given) before reading a byte of input, makes
-the directory open as ``--staging-fd`` its working directory, reads the
-compressed archive on stdin, extracts its ``workspace/`` members there, and
-writes one ``ChildResult`` JSON object on stdout.
+It makes the directory open as ``--staging-fd`` its working directory and, when
+it may (root), its root directory too; drops to the pinned UID (when given)
+before reading a byte of input; reads the compressed archive on stdin, extracts
+its ``workspace/`` members there, and writes one ``ChildResult`` JSON object on
+stdout. Everything it needs is imported before the chroot.
 
 Why not ``TarFile.extractall(filter="data")``: the data filter resolves names
 with ``os.path.realpath`` against the live tree, which was bypassed repeatedly in
@@ -25,7 +26,9 @@ parses header blocks and its data filter is a first check; on top of it:
   O_NOFOLLOW (leaves with O_EXCL), so no path is resolved through a symlink;
 - members, file bytes actually read and metadata bytes per member are counted,
   and the compressed stream must end exactly where the archive does;
-- all of it runs as the pinned UID, so even a bug here writes only what that UID may.
+- all of it runs as the pinned UID, so even a bug here writes only what that UID may,
+  and (as root) chrooted into the staging directory, so it cannot reach a path
+  outside it at all.
 
 The stream is walked here rather than by tarfile's stream mode, whose reader
 copies every chunk through bytes joins and slices: member data goes from the
@@ -82,15 +85,22 @@ def extract(
     """Extract the archive read from ``source`` into ``staging_fd``; return the meta member.
 
     ``staging_fd`` must also be the working directory: tarfile's data filter
-    resolves names against ``.``, which costs a ``stat`` per name component
-    instead of one per component of the staging directory's absolute path too.
+    resolves names against it. Chrooted there, that path is ``/`` and the
+    filter's ``realpath`` stats only the name's own components (~40 us less per
+    member than with the staging directory's whole absolute path).
     """
     if os.listdir(staging_fd):
         raise ArchiveRejectedError("staging directory is not empty")
     if not os.path.samestat(os.fstat(staging_fd), os.stat(".")):
         raise ArchiveRejectedError("extractor: the staging directory is not the working directory")
     reader = DecompressingReader(source, encoding=encoding)
-    extractor = _Extractor(reader, staging_fd, max_bytes=max_bytes, max_members=max_members)
+    extractor = _Extractor(
+        reader,
+        staging_fd,
+        filter_dest=os.getcwd(),
+        max_bytes=max_bytes,
+        max_members=max_members,
+    )
     try:
         meta = extractor.run()
     except tarfile.TarError as exc:
@@ -113,11 +123,13 @@ class _Extractor:
         reader: DecompressingReader,
         staging_fd: int,
         *,
+        filter_dest: str,
         max_bytes: int,
         max_members: int,
     ) -> None:
         self._reader = reader
         self._tree = _DirStack(staging_fd)
+        self._filter_dest = filter_dest
         self._max_bytes = max_bytes
         self._max_members = max_members
         self._members = 0
@@ -155,7 +167,7 @@ class _Extractor:
             return
         relpath = workspace_relpath(name)
         try:
-            tarfile.data_filter(member.replace(name=relpath or ".", deep=False), ".")
+            tarfile.data_filter(member.replace(name=relpath or ".", deep=False), self._filter_dest)
         except tarfile.FilterError as exc:
             # The class names the problem; its message would echo host paths.
             raise ArchiveRejectedError(
@@ -368,10 +380,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     _raise_fd_limit()
     _grow_stdin_pipe()
+    os.fchdir(args.staging_fd)
+    if os.geteuid() == 0:
+        # Before the privilege drop (chroot needs CAP_SYS_CHROOT), after every import.
+        os.chroot(".")
     if args.uid is not None:
         _drop_privileges(args.uid, args.gid if args.gid is not None else args.uid)
     os.umask(0o077)
-    os.fchdir(args.staging_fd)
     try:
         meta = extract(
             lambda size: os.read(0, size),
