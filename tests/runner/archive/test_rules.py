@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
+import tarfile
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandcell_runner.archive_rules import parse_pax_records
+from sandcell_runner.archive_rules import StrictTarInfo, parse_pax_records
 from sandcell_runner.checkpoint import (
     ArchiveLimits,
     export_checkpoint,
@@ -132,3 +134,41 @@ async def test_exported_chunks_restore_in_any_split(arena: Arena, tmp_path: Path
 
     assert (arena.staging / "f").read_bytes() == b"hello"
     assert [chunk async for chunk in chunked(b"abc", 1)] == [b"a", b"b", b"c"]
+
+
+def _pax_member_blocks(name: str, mtime: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.pax_headers = {"mtime": mtime}
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+
+
+@given(
+    name=st.from_regex(r"workspace/[a-z0-9_./-]{1,300}", fullmatch=True),
+    seconds=st.integers(min_value=0, max_value=10**10),
+    fraction=st.integers(min_value=0, max_value=999_999_999),
+    size=st.integers(min_value=0, max_value=2**33),
+)
+def test_pax_member_headers_parse_like_tarfile(
+    name: str, seconds: int, fraction: int, size: int
+) -> None:
+    """The PAX header block's own fields are read without tarfile; the member matches it."""
+    blocks = _pax_member_blocks(name, f"{seconds}.{fraction:09d}", size)
+    stream = io.BytesIO(blocks)
+    member = StrictTarInfo.next_member(stream.read)
+    expected = tarfile.TarFile(fileobj=io.BytesIO(blocks + bytes(1024))).next()
+    assert member is not None
+    assert expected is not None
+    assert (member.name, member.size) == (expected.name, expected.size)
+    assert member.pax_headers["mtime"] == expected.pax_headers["mtime"]
+
+
+@given(offset=st.integers(min_value=0, max_value=511), flip=st.integers(min_value=1, max_value=255))
+def test_a_corrupt_pax_header_block_is_refused(offset: int, flip: int) -> None:
+    """Any changed byte of a PAX header block fails its checksum (or its size) check."""
+    blocks = bytearray(_pax_member_blocks("workspace/f", "1.5", 10))
+    if 148 <= offset < 156 or offset == 156:
+        offset = 0  # the checksum field and the type flag are checked on their own
+    blocks[offset] ^= flip
+    with pytest.raises(ArchiveRejectedError):
+        StrictTarInfo.next_member(io.BytesIO(bytes(blocks)).read)
