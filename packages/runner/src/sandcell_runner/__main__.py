@@ -51,6 +51,9 @@ def main() -> int:
         # RSS; httptools parses faster than h11.
         loop="asyncio",
         http="httptools",
+        # The runner never uses the client's address; X-Forwarded-* parsing is
+        # per-request work (and trust) with nothing to gain.
+        proxy_headers=False,
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,
