@@ -37,8 +37,10 @@ __all__ = ["ChildResult", "restore_checkpoint"]
 # The meta member travels back as a JSON string: escaping at most doubles it.
 _MAX_RESULT_BYTES = 2 * MAX_META_BYTES + 4096
 _STDERR_TAIL_BYTES = 4096
-# Root may size a pipe past pipe-max-size (1 MiB): 16 MiB of body then waits in
-# the kernel while the extractor starts. Pages are only taken as data arrives.
+# With CAP_SYS_RESOURCE a pipe may grow past /proc/sys/fs/pipe-max-size (1 MiB
+# by default): 16 MiB of body then waits in the kernel while the extractor
+# starts. Without it (containers often drop it) the pipe gets pipe-max-size.
+# Pages are only taken as data arrives.
 _PIPE_BYTES_PRIVILEGED = 16 << 20
 _PIPE_BYTES = 1 << 20
 _STAGING_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
