@@ -7,15 +7,22 @@
 (d) executions per second at 1, 4 and 16 clients against the raw jail's parallel ceiling
 
 Figures are ratios against baselines measured in the same run, because these
-machines are noisy. Load comes from Debian's `wrk` (installed if missing): an
-httpx client saturates near 300-500 requests/s and would measure itself.
+machines are noisy. More than that: the noise comes in phases (a neighbour's
+load lasts tens of seconds), so raw and runner windows alternate, round after
+round, and each side's percentiles pool the samples of every round. A ratio
+then compares two distributions taken over the same minutes. Throughput ratios
+are per round (runner rate over the raw ceiling of the same round), reported as
+the median with the range. Load comes from Debian's `wrk` (installed if
+missing): an httpx client saturates near 300-500 requests/s and would measure
+itself; its Lua hook dumps the whole latency histogram for pooling.
 
-Usage: .venv/bin/python scripts/bench_runner.py [--seconds 10]
+Usage: .venv/bin/python scripts/bench_runner.py [--rounds 5] [--seconds 3] [--count 60]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -51,6 +58,14 @@ done = function(summary, latency, requests)
     latency:percentile(50) / 1000, latency:percentile(99) / 1000, summary.requests,
     summary.errors.connect + summary.errors.read + summary.errors.write
       + summary.errors.timeout, summary.errors.status, summary.duration / 1e6))
+  -- The histogram itself, for pooling: latency(i) is the i-th distinct value (us)
+  -- and how many requests took it.
+  local parts = {}
+  for i = 1, #latency do
+    local micros, count = latency(i)
+    parts[#parts + 1] = string.format("%d:%d", micros, count)
+  end
+  io.write("HIST" .. table.concat(parts, ",") .. "\\n")
 end
 """
 
@@ -153,7 +168,7 @@ class RawJail:
 
 def wrk(
     binary: str, url: str, token: str, body: dict[str, object], *, clients: int, seconds: float
-) -> dict[str, float]:
+) -> tuple[dict[str, float], list[float]]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(WRK_LUA)
     try:
@@ -180,68 +195,103 @@ def wrk(
     assert match, out
     figures: dict[str, float] = json.loads(match.group(1))
     figures["rps"] = figures["requests"] / figures["seconds"]
-    return figures
+    return figures, histogram_ms(out)
+
+
+def histogram_ms(out: str) -> list[float]:
+    """Every request's latency in ms, from the HIST line the Lua hook writes."""
+    match = re.search(r"^HIST(.*)$", out, re.MULTILINE)
+    assert match, out
+    latencies: list[float] = []
+    for pair in filter(None, match.group(1).split(",")):
+        micros, count = pair.split(":")
+        latencies += [int(micros) / 1000] * int(count)
+    return latencies
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=10)
-    parser.add_argument("--count", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3, help="one load window")
+    parser.add_argument("--count", type=int, default=60, help="raw spawns per latency window")
     args = parser.parse_args()
     binary = ensure_wrk()
     python = discover_languages()["python"].binary
+    argvs = {"true": ["/bin/true"], "python": [python, "-c", "pass"]}
+    bodies: dict[str, dict[str, object]] = {
+        "true": {"language": "bash", "code": "true"},
+        "python": {"language": "python", "code": "pass"},
+    }
+    # Per round, one list of samples per side: pooled for the percentiles,
+    # kept apart for the per-round ratios.
+    raw_latency: dict[str, list[list[float]]] = collections.defaultdict(list)
+    runner_latency: dict[str, list[list[float]]] = collections.defaultdict(list)
+    ceilings: dict[str, list[float]] = collections.defaultdict(list)
+    rates: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    errors: dict[tuple[str, int], int] = collections.defaultdict(int)
     with traversable_dir("bench-") as base:
         raw_dir = base / "raw"
         raw_dir.mkdir(mode=0o711)
         raw = RawJail(raw_dir)
-        raw_true = raw.latency(["/bin/true"], count=args.count)
-        raw_python = raw.latency([python, "-c", "pass"], count=args.count)
-        raw_ceiling_true = raw.ceiling(["/bin/true"], workers=16, seconds=args.seconds)
-        raw_ceiling_python = raw.ceiling([python, "-c", "pass"], workers=16, seconds=args.seconds)
         runner = start_runner(base / "runner", env={"SANDCELL_RUNNER_MAX_JOBS": "64"})
         try:
-            bodies = {
-                "true": {"language": "bash", "code": "true"},
-                "python": {"language": "python", "code": "pass"},
-            }
-            one = {
-                name: wrk(binary, runner.url, runner.token, body, clients=1, seconds=args.seconds)
-                for name, body in bodies.items()
-            }
-            load = {
-                (name, clients): wrk(
-                    binary, runner.url, runner.token, body, clients=clients, seconds=args.seconds
+            for body in bodies.values():  # pooled cgroups and spawner threads exist after this
+                wrk(binary, runner.url, runner.token, body, clients=16, seconds=1)
+
+            def load(name: str, clients: int) -> list[float]:
+                figures, latencies = wrk(
+                    binary,
+                    runner.url,
+                    runner.token,
+                    bodies[name],
+                    clients=clients,
+                    seconds=args.seconds,
                 )
-                for name, body in bodies.items()
-                for clients in (1, 4, 16)
-            }
+                rates[(name, clients)].append(figures["rps"])
+                errors[(name, clients)] += int(figures["errors"] + figures["non2xx"])
+                return latencies
+
+            for _ in range(args.rounds):
+                for name, argv in argvs.items():
+                    raw_latency[name].append(raw.latency(argv, count=args.count))
+                    runner_latency[name].append(load(name, 1))
+                for name, argv in argvs.items():
+                    ceilings[name].append(raw.ceiling(argv, workers=16, seconds=args.seconds))
+                    for clients in (4, 16):
+                        load(name, clients)
         finally:
             runner.stop()
 
-    def row(label: str, value: float, base_value: float, unit: str = "ms") -> None:
-        print(f"  {label:<44} {value:8.2f} {unit:<5} {value / base_value:5.2f}x")
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):5.2f}x [{min(values):.2f}-{max(values):.2f}]"
 
-    print("(a) raw jail spawn-and-wait (runner's own nsjail configuration)")
-    print(
-        f"  /bin/true      p50 {statistics.median(raw_true):.2f} ms  p99 "
-        f"{percentile(raw_true, 99):.2f} ms"
-    )
-    print(
-        f"  python -c pass p50 {statistics.median(raw_python):.2f} ms  p99 "
-        f"{percentile(raw_python, 99):.2f} ms"
-    )
-    print("(b) POST /v1/execute bash:true, one client (ratio vs (a))")
-    row("p50", one["true"]["p50"], statistics.median(raw_true))
-    row("p99", one["true"]["p99"], percentile(raw_true, 99))
-    print("(c) POST /v1/execute python:pass, one client (ratio vs raw python -c pass)")
-    row("p50", one["python"]["p50"], statistics.median(raw_python))
-    row("p99", one["python"]["p99"], percentile(raw_python, 99))
-    print("(d) executions/s (ratio vs the raw jail's 16-way parallel ceiling)")
-    print(f"  raw ceiling true {raw_ceiling_true:.1f}/s, python {raw_ceiling_python:.1f}/s")
-    for (name, clients), figures in load.items():
-        ceiling = raw_ceiling_true if name == "true" else raw_ceiling_python
-        errors = int(figures["errors"] + figures["non2xx"])
-        row(f"{name:<6} {clients:>2} clients (errors {errors})", figures["rps"], ceiling, "/s")
+    def latency_rows(name: str) -> None:
+        rounds = list(zip(raw_latency[name], runner_latency[name], strict=True))
+        pooled_raw = [v for raw_values, _ in rounds for v in raw_values]
+        pooled_runner = [v for _, runner_values in rounds for v in runner_values]
+        for label, q in (("p50", 50.0), ("p99", 99.0)):
+            base_ms, ms = percentile(pooled_raw, q), percentile(pooled_runner, q)
+            per_round = [percentile(b, q) / percentile(a, q) for a, b in rounds]
+            print(
+                f"  {label}  raw {base_ms:6.2f} ms  runner {ms:6.2f} ms"
+                f"  pooled {ms / base_ms:5.2f}x  per round {spread(per_round)}"
+            )
+
+    print(f"{args.rounds} rounds; raw and runner windows alternate; latencies pooled")
+    print("(a)+(b) bash:true through the runner, one client, vs raw jailed /bin/true")
+    latency_rows("true")
+    print("(c) python:pass through the runner, one client, vs raw jailed python -c pass")
+    latency_rows("python")
+    print("(d) executions/s vs the raw jail's 16-way ceiling of the same round: median [range]")
+    for name in argvs:
+        print(f"  raw ceiling {name:<6} {statistics.median(ceilings[name]):7.1f}/s")
+        for clients in (1, 4, 16):
+            per_round = rates[(name, clients)]
+            ratios = [r / c for r, c in zip(per_round, ceilings[name], strict=True)]
+            print(
+                f"  {name:<6} {clients:>2} clients  {statistics.median(per_round):7.1f}/s"
+                f"  {spread(ratios)}  errors {errors[(name, clients)]}"
+            )
     return 0
 
 
