@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import psutil
 import pytest
 
 from sandcell_protocol import ExecuteResult, decode
@@ -178,6 +179,20 @@ def test_killed_by_signal_is_signaled(runner: RunnerProcess) -> None:
     assert result["status"] == "signaled"
     assert result["signal"] == "SIGSEGV"
     assert result["exit_code"] is None
+
+
+def test_peak_memory_is_the_jobs_not_the_runners(runner: RunnerProcess) -> None:
+    """max_rss_kib follows the job: a tiny one stays tiny, a 96 MiB one reports it.
+
+    nsjail is vforked from the runner, so its ru_maxrss starts at the runner's
+    RSS; reporting that would make every small job look as big as the runner.
+    """
+    runner_rss_kib = psutil.Process(runner.process.pid).memory_info().rss // 1024
+    small = execute(runner, language="bash", code="true")
+    big = execute(runner, language="python", code="x = b'x' * (96 << 20)\nprint(len(x))")
+    assert small["status"] == big["status"] == "ok"
+    assert small["max_rss_kib"] < min(16 << 10, runner_rss_kib)
+    assert big["max_rss_kib"] >= 96 << 10
 
 
 def test_exit_137_is_an_error_not_a_kill(runner: RunnerProcess) -> None:

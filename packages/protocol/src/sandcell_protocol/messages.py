@@ -102,6 +102,9 @@ class ExecuteResult(Message, frozen=True):
     wall_ms: NonNegativeInt
     cpu_ms: NonNegativeInt
     max_rss_kib: NonNegativeInt | None
+    """The job's peak memory in KiB: what its cgroup was charged above the charge it
+    started with (resident memory, tmpfs files it wrote, page cache it read in),
+    the same quantity its memory limit counts. None where the runner cannot tell."""
     files: list[OutputFile]
     session_id: str | None = None
     workspace_changed: bool | None = None

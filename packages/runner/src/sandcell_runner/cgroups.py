@@ -36,6 +36,10 @@ class JobCgroupStats:
     oom_killed: bool
     pids_exhausted: bool
     memory_peak_bytes: int | None
+    """Peak memory charged to the cgroup during the job, above the charge it began with
+    (a session's workspace files, cache left by earlier jobs): the job's anonymous
+    memory, the tmpfs files it wrote, the page cache it brought in. What the memory
+    limit counts. None where the kernel keeps no resettable peak (cgroup v2 before 6.12)."""
 
 
 class JobCgroup:
@@ -48,6 +52,9 @@ class JobCgroup:
         self._baseline = (0, 0)
         self._limits: tuple[int, int] | None = None
         """(memory_bytes, pids) as last written: a pooled cgroup's next job rarely differs."""
+        self._memory_start: int | None = None
+        self._peak_fd: int | None = None
+        """v2: ``memory.peak`` held open; a write resets the peak this fd reports (6.12+)."""
 
     def open_procs_fds(self) -> list[int]:
         """File descriptors a freshly forked child writes ``0`` into to join the cgroup."""
@@ -92,11 +99,33 @@ class JobCgroup:
         for directory in self._dirs:
             if not self.has_limits(memory_bytes=memory_bytes, pids=pids):
                 _apply_limits(directory, self._version, memory_bytes=memory_bytes, pids=pids)
-            if self._version == 1 and directory.parent.parent.parent.name == "memory":
-                with contextlib.suppress(OSError):
-                    _write_small(directory / "memory.max_usage_in_bytes", b"0")
         self._limits = (memory_bytes, pids)
         self._baseline = self._counters()
+        self._reset_peak()
+
+    def _memory_dir(self) -> Path | None:
+        if self._version == 2:
+            return self._dirs[0]
+        return next((d for d in self._dirs if d.parent.parent.parent.name == "memory"), None)
+
+    def _reset_peak(self) -> None:
+        memory = self._memory_dir()
+        if memory is None:
+            return
+        if self._version == 1:
+            with contextlib.suppress(OSError):
+                _write_small(memory / "memory.max_usage_in_bytes", b"0")
+            self._memory_start = _read_int(memory / "memory.usage_in_bytes")
+            return
+        try:
+            if self._peak_fd is None:
+                self._peak_fd = os.open(memory / "memory.peak", os.O_RDWR | os.O_CLOEXEC)
+            os.write(self._peak_fd, b"reset")
+        except OSError:
+            # Read-only before Linux 6.12: the peak would be the cgroup's lifetime's.
+            self._memory_start = None
+            return
+        self._memory_start = _read_int(memory / "memory.current")
 
     def stats(self) -> JobCgroupStats:
         oom, hits = self._counters()
@@ -108,11 +137,18 @@ class JobCgroup:
         )
 
     def _peak(self) -> int | None:
+        memory = self._memory_dir()
+        if memory is None or self._memory_start is None:
+            return None
         if self._version == 1:
-            memory = next((d for d in self._dirs if d.parent.parent.parent.name == "memory"), None)
-            return _read_int(memory / "memory.max_usage_in_bytes") if memory else None
-        (only,) = self._dirs
-        return _read_int(only / "memory.peak")
+            peak = _read_int(memory / "memory.max_usage_in_bytes")
+        else:
+            assert self._peak_fd is not None
+            try:
+                peak = int(os.pread(self._peak_fd, 64, 0).decode("ascii").strip())
+            except (OSError, ValueError):
+                peak = None
+        return None if peak is None else max(0, peak - self._memory_start)
 
     def signal_leftovers(self) -> bool:
         """SIGKILL what is in the cgroup now; False when it was already empty.
@@ -151,6 +187,9 @@ class JobCgroup:
     def destroy(self) -> None:
         """Kill what is left and remove the directories; idempotent."""
         self.kill_all()
+        if self._peak_fd is not None:
+            os.close(self._peak_fd)
+            self._peak_fd = None
         for directory in self._dirs:
             for _ in range(100):
                 try:

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -193,6 +194,8 @@ class Jail:
             group=spec.gid if self._nsjail is None and os.geteuid() == 0 else None,
             netns_fd=spec.netns_fd,
         )
+        # The runner's own high-water mark so far: nsjail's ru_maxrss is at least this.
+        runner_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         try:
             process = await self._spawner.spawn(request)
@@ -274,7 +277,7 @@ class Jail:
             stderr_truncated=stderr.truncated,
             wall_ms=wall_ms,
             cpu_ms=cpu_ms,
-            max_rss_kib=rusage.ru_maxrss if rusage else None,
+            max_rss_kib=_job_peak_kib(stats, rusage, runner_peak_kib),
             cgroup=stats,
             jail_log=_warnings_only(log_text),
         )
@@ -387,6 +390,24 @@ class _JailFailed(Exception):
 def _warnings_only(log_text: str) -> str:
     kept = [line for line in log_text.splitlines() if not line.startswith("[I]")]
     return "\n".join(kept)[-8192:]
+
+
+def _job_peak_kib(
+    stats: JobCgroupStats | None, rusage: resource.struct_rusage | None, runner_peak_kib: int
+) -> int | None:
+    """The job's peak memory in KiB, for ``ExecuteResult.max_rss_kib``.
+
+    Not ``ru_maxrss`` as such: nsjail is vforked from the runner, and exec records
+    the borrowed address space's high-water mark (the runner's RSS) as nsjail's
+    own, so every job smaller than the runner would report the runner's size. The
+    job cgroup's peak is the figure (what the memory limit counts); without
+    cgroups, ``ru_maxrss`` only when it passes what the runner itself had reached.
+    """
+    if stats is not None and stats.memory_peak_bytes is not None:
+        return stats.memory_peak_bytes // 1024
+    if rusage is not None and rusage.ru_maxrss > runner_peak_kib:
+        return rusage.ru_maxrss
+    return None
 
 
 def _decode_status(status: int) -> tuple[int | None, str | None]:
