@@ -237,13 +237,16 @@ async def test_extractor_is_chrooted_into_staging_as_the_pinned_uid(arena: Arena
             while not seen:
                 await anyio.sleep(0.05)
                 for child in psutil.Process().children(recursive=True):
-                    if "sandcell_runner.restore_child" not in " ".join(child.cmdline()):
-                        continue
-                    if child.uids().effective != UID:
-                        continue  # still importing, before the privilege drop
-                    seen["root"] = os.readlink(f"/proc/{child.pid}/root")
-                    seen["cwd"] = child.cwd()
-                    seen["uids"] = child.uids()
+                    try:
+                        if "sandcell_runner.restore_child" not in " ".join(child.cmdline()):
+                            continue
+                        if child.uids().effective != UID:
+                            continue  # still importing, before the privilege drop
+                        seen["root"] = os.readlink(f"/proc/{child.pid}/root")
+                        seen["cwd"] = child.cwd()
+                        seen["uids"] = child.uids()
+                    except (psutil.Error, FileNotFoundError):
+                        continue  # another test's child that has just exited
         # Ending here truncates the archive: the restore is refused, as it should be.
 
     with pytest.raises(ArchiveRejectedError):
