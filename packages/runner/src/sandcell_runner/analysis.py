@@ -26,7 +26,8 @@ from sandcell_protocol.app_messages import AnalysisResult, Diagnostic, ToolStatu
 
 from .config import MIB, RunnerSettings
 from .executor import JobWorkspace
-from .jail import Jail, JobOutcome
+from .jail import Jail
+from .job_outcome import JobOutcome
 from .job_spec import JobLimits, JobSpec
 
 RUFF_INSIDE = "/opt/sandcell/bin/ruff"

@@ -30,7 +30,8 @@ from sandcell_protocol import (
 from . import fsops
 from .config import MIB, RunnerSettings
 from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
-from .jail import Jail, JobOutcome, OutputCallback
+from .jail import Jail, OutputCallback
+from .job_outcome import JobOutcome
 from .job_spec import JobLimits, JobSpec
 from .languages import LanguageSpec
 from .workspace import WorkspaceManager

@@ -20,42 +20,29 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import re
 import resource
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from .cgroups import CgroupManager, JobCgroup, JobCgroupStats
+from .cgroups import CgroupManager, JobCgroup
 from .errors import JailError
 from .jail_config import render_config
+from .job_outcome import (
+    JobOutcome,
+    decode_status,
+    job_peak_kib,
+    job_status_from_log,
+    launch_status,
+    warnings_only,
+)
 from .job_spec import JobLimits, JobSpec
 from .languages import JOB_DIR, WORKSPACE_DIR
 from .launched import LaunchedJob
 from .spawner import Spawner, SpawnRequest, wait_process
 
 OutputCallback = Callable[[str, bytes], None]
-
-
-@dataclass(slots=True)
-class JobOutcome:
-    """What happened to a job, as measured by the runner."""
-
-    exit_code: int | None
-    signal: str | None
-    timed_out: bool
-    stdout_limited: bool
-    stdout: bytes
-    stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    wall_ms: int
-    cpu_ms: int
-    max_rss_kib: int | None
-    cgroup: JobCgroupStats | None
-    jail_log: str = ""
 
 
 class _Capture:
@@ -255,16 +242,15 @@ class Jail:
         # Three reads of a few bytes of sysfs (~70 us): inline, not a thread hop.
         stats = cgroup.stats() if cgroup is not None else None
         log_text = jail_log.value().decode("utf-8", "replace")
-        exit_code, signame = _decode_status(status)
+        exit_code, signame = decode_status(status)
         if self._nsjail is not None:
-            try:
-                exit_code, signame = _job_status_from_log(log_text, exit_code, signame)
-            except _JailFailed:
-                if not state["timed_out"] and not state["stdout_limited"]:
-                    raise JailError(
-                        "nsjail could not run the job: " + _warnings_only(log_text)[-2000:]
-                    ) from None
-                exit_code, signame = None, "SIGKILL"
+            reported = job_status_from_log(log_text)
+            if reported is not None:
+                exit_code, signame = reported
+            elif state["timed_out"] or state["stdout_limited"]:
+                exit_code, signame = None, "SIGKILL"  # the runner killed nsjail first
+            else:
+                raise JailError("nsjail could not run the job: " + warnings_only(log_text)[-2000:])
         cpu_ms = int((rusage.ru_utime + rusage.ru_stime) * 1000) if rusage else 0
         return JobOutcome(
             exit_code=exit_code,
@@ -277,9 +263,9 @@ class Jail:
             stderr_truncated=stderr.truncated,
             wall_ms=wall_ms,
             cpu_ms=cpu_ms,
-            max_rss_kib=_job_peak_kib(stats, rusage, runner_peak_kib),
+            max_rss_kib=job_peak_kib(stats, rusage, runner_peak_kib),
             cgroup=stats,
-            jail_log=_warnings_only(log_text),
+            jail_log=warnings_only(log_text),
         )
 
     def _with_netns(self, spec: JobSpec) -> JobSpec:
@@ -336,7 +322,7 @@ class Jail:
             for fd in close_after:
                 os.close(fd)
         return LaunchedJob(
-            process, cgroup, log_r, status_of=_launch_status if self._nsjail is not None else None
+            process, cgroup, log_r, status_of=launch_status if self._nsjail is not None else None
         )
 
     def _stdin_fd(self, spec: JobSpec) -> int:
@@ -358,69 +344,4 @@ class Jail:
         return {"PATH": "/usr/bin:/bin"}
 
 
-_EXITED_RE = re.compile(r"\) exited with status: (\d+)")
-_SIGNALED_RE = re.compile(r"\) terminated with signal: \w+ \((\d+)\)")
-
-
-def _job_status_from_log(
-    log_text: str, exit_code: int | None, signame: str | None
-) -> tuple[int | None, str | None]:
-    """The job's own status from nsjail's log; nsjail's exit code is 128+N for both."""
-    for line in reversed(log_text.splitlines()):
-        if match := _EXITED_RE.search(line):
-            return int(match.group(1)), None
-        if match := _SIGNALED_RE.search(line):
-            return None, _signal_name(int(match.group(1)))
-    raise _JailFailed(log_text)
-
-
-def _launch_status(log_text: str, status: int) -> tuple[int | None, str | None, bool]:
-    """(exit code, signal, whether nsjail never reported the job's end) of a launched job."""
-    exit_code, signame = _decode_status(status)
-    try:
-        return (*_job_status_from_log(log_text, exit_code, signame), False)
-    except _JailFailed:
-        return exit_code, signame, True
-
-
-class _JailFailed(Exception):
-    """nsjail exited without running the job to an end (configuration, namespaces)."""
-
-
-def _warnings_only(log_text: str) -> str:
-    kept = [line for line in log_text.splitlines() if not line.startswith("[I]")]
-    return "\n".join(kept)[-8192:]
-
-
-def _job_peak_kib(
-    stats: JobCgroupStats | None, rusage: resource.struct_rusage | None, runner_peak_kib: int
-) -> int | None:
-    """The job's peak memory in KiB, for ``ExecuteResult.max_rss_kib``.
-
-    Not ``ru_maxrss`` as such: nsjail is vforked from the runner, and exec records
-    the borrowed address space's high-water mark (the runner's RSS) as nsjail's
-    own, so every job smaller than the runner would report the runner's size. The
-    job cgroup's peak is the figure (what the memory limit counts); without
-    cgroups, ``ru_maxrss`` only when it passes what the runner itself had reached.
-    """
-    if stats is not None and stats.memory_peak_bytes is not None:
-        return stats.memory_peak_bytes // 1024
-    if rusage is not None and rusage.ru_maxrss > runner_peak_kib:
-        return rusage.ru_maxrss
-    return None
-
-
-def _decode_status(status: int) -> tuple[int | None, str | None]:
-    if os.WIFSIGNALED(status):
-        return None, _signal_name(os.WTERMSIG(status))
-    return os.WEXITSTATUS(status), None
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
-
-
-__all__ = ["Jail", "JobLimits", "JobOutcome", "JobSpec"]
+__all__ = ["Jail", "JobLimits", "JobSpec", "OutputCallback"]
