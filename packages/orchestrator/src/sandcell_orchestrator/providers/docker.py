@@ -30,8 +30,7 @@ import logging
 import re
 import secrets
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -44,7 +43,6 @@ from ..errors import (
 )
 from ..handle import SandboxHandle
 from ..provider import (
-    SESSION_LABEL,
     NativeSnapshot,
     ObjectSnapshot,
     PersistentWorkspace,
@@ -57,46 +55,27 @@ from ..runner_client import RunnerClient
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from .checkpoints import persist_to_store, restore_from_store
 from .docker_api import EngineAPIError, EngineClient
-from .docker_settings import RESERVED_ENV, DockerSettings, Privileges
+from .docker_containers import (
+    RUNNER_PORT,
+    SANDBOX_LABEL,
+    UUID_LABEL,
+    EngineTraits,
+    RunnerContainer,
+    container_from,
+    labels_of,
+    privileges,
+)
+from .docker_settings import RESERVED_ENV, DockerSettings
 
 __all__ = ["PROVIDER_NAME", "DockerProvider", "DockerSettings", "sandbox_session_id"]
 
 log = logging.getLogger(__name__)
 
 PROVIDER_NAME = "docker"
-RUNNER_PORT = 8080
-SANDBOX_LABEL = "sandcell.sandbox"
-UUID_LABEL = "sandcell.uuid"
-
-# Docker's default masked paths outside /proc (the /proc ones must go: see _host_config).
-_MASKED_OUTSIDE_PROC = ("/sys/firmware", "/sys/devices/virtual/powercap")
 _CONTAINER_ID = re.compile(r"[0-9a-f]{12,64}")
 _READY_SLICE_S = 1.0
 """How often a readiness wait checks that the container is still running."""
 _LOG_TAIL_CHARS = 1500
-
-
-@dataclass(frozen=True, slots=True)
-class _EngineTraits:
-    """What the engine needs told differently (asked once per provider)."""
-
-    podman: bool
-    apparmor: bool
-    selinux: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Container:
-    """What a handle needs of a running runner container."""
-
-    container_id: str
-    port: int
-    token: str = field(repr=False)
-    session_id: str
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 class DockerProvider:
@@ -117,7 +96,7 @@ class DockerProvider:
         self._engine = engine or EngineClient(
             settings.docker_host, timeout_s=settings.api_timeout_s
         )
-        self._traits: _EngineTraits | None = None
+        self._traits: EngineTraits | None = None
         self._traits_lock = anyio.Lock()
 
     def __repr__(self) -> str:
@@ -152,11 +131,11 @@ class DockerProvider:
             raise SandboxNotFoundError(f"docker sandbox {sandbox_id[:80]!r}: not a container id")
         with _engine_errors():
             info = await self._engine.inspect_container(sandbox_id)
-        if info is None or _labels(info).get(SANDBOX_LABEL) != "1":
+        if info is None or labels_of(info).get(SANDBOX_LABEL) != "1":
             raise SandboxNotFoundError(f"docker sandbox {sandbox_id[:12]} is gone")
         if not info.get("State", {}).get("Running"):
             raise SandboxNotFoundError(f"docker sandbox {sandbox_id[:12]} is not running")
-        return self._handle(_container_from(info))
+        return self._handle(container_from(info))
 
     async def destroy(self, sandbox_id: str) -> None:
         if not _CONTAINER_ID.fullmatch(sandbox_id):
@@ -165,7 +144,7 @@ class DockerProvider:
             info = await self._engine.inspect_container(sandbox_id)
             if info is None:
                 return
-            if _labels(info).get(SANDBOX_LABEL) != "1":
+            if labels_of(info).get(SANDBOX_LABEL) != "1":
                 log.warning("docker: not removing %s: not a sandcell container", sandbox_id[:12])
                 return
             await self._engine.remove_container(sandbox_id)
@@ -212,7 +191,7 @@ class DockerProvider:
     # -- creating -------------------------------------------------------------
 
     def _container_body(
-        self, spec: SandboxSpec, image: str, traits: _EngineTraits
+        self, spec: SandboxSpec, image: str, traits: EngineTraits
     ) -> tuple[dict[str, Any], str]:
         """The create body and the fresh runner token inside it."""
         if spec.egress_allowlist and spec.egress_allowlist != ("*",):
@@ -257,7 +236,7 @@ class DockerProvider:
                     {"Name": "nproc", "Soft": self._settings.nproc, "Hard": self._settings.nproc},
                 ],
                 **self._limits(spec),
-                **_privileges(self._settings.privileges, traits),
+                **privileges(self._settings.privileges, traits),
             },
         }
         if self._settings.network:
@@ -275,7 +254,7 @@ class DockerProvider:
             "NanoCpus": int(cpus * 1e9),
         }
 
-    async def _engine_traits(self) -> _EngineTraits:
+    async def _engine_traits(self) -> EngineTraits:
         if self._traits is None:
             async with self._traits_lock:
                 if self._traits is None:
@@ -285,7 +264,7 @@ class DockerProvider:
                     components = version.get("Components") or []
                     names = " ".join(str(c.get("Name", "")) for c in components)
                     options = " ".join(str(o) for o in info.get("SecurityOptions") or [])
-                    self._traits = _EngineTraits(
+                    self._traits = EngineTraits(
                         podman="podman" in names.lower(),
                         apparmor="name=apparmor" in options,
                         selinux="name=selinux" in options,
@@ -312,12 +291,12 @@ class DockerProvider:
                 raise _PortConflictError(exc.message) from None
             raise _engine_error(exc, f"starting a container from {image!r}") from None
 
-    async def _running(self, container_id: str, *, token: str) -> _Container:
+    async def _running(self, container_id: str, *, token: str) -> RunnerContainer:
         with _engine_errors():
             info = await self._engine.inspect_container(container_id)
         if info is None:
             raise SandboxUnavailableError(f"docker container {container_id[:12]} vanished on start")
-        container = _container_from(info)
+        container = container_from(info)
         if container.token != token:
             raise SandboxUnavailableError("docker: the container's runner token did not round-trip")
         return container
@@ -357,7 +336,7 @@ class DockerProvider:
             except (EngineAPIError, SandboxUnavailableError) as exc:
                 log.warning("docker: could not remove container %s: %s", container_id[:12], exc)
 
-    def _handle(self, container: _Container) -> SandboxHandle:
+    def _handle(self, container: RunnerContainer) -> SandboxHandle:
         return SandboxHandle(
             sandbox_id=container.container_id,
             provider=self.name,
@@ -382,69 +361,3 @@ def _engine_errors() -> Iterator[None]:
 
 def _engine_error(exc: EngineAPIError, doing: str) -> SandboxUnavailableError:
     return SandboxUnavailableError(f"docker engine error while {doing}: {exc.status} {exc.message}")
-
-
-def _privileges(mode: Privileges, traits: _EngineTraits) -> dict[str, Any]:
-    """HostConfig for what nsjail needs; the reasons are in images/README.md.
-
-    nsjail mounts a fresh /proc for each job's pid namespace. The kernel allows that
-    only if the container's own /proc is fully visible, so the engine's masked and
-    read-only /proc paths must go (podman: ``unmask=/proc/*``; Docker: empty
-    ``ReadonlyPaths`` and ``MaskedPaths`` without the /proc entries).
-    """
-    if mode == "privileged":
-        return {"Privileged": True, "CgroupnsMode": "private"}
-    security_opt: list[str] = []
-    config: dict[str, Any] = {}
-    if traits.podman:
-        security_opt.append("unmask=/proc/*")
-    else:
-        config["MaskedPaths"] = list(_MASKED_OUTSIDE_PROC)
-        config["ReadonlyPaths"] = []
-    if traits.apparmor:
-        security_opt.append("apparmor=unconfined")  # docker-default denies mount
-    if traits.selinux:
-        security_opt.append("label=disable")
-    if mode == "cap-sys-admin":
-        # mount (tmpfs workspace quotas, cgroup remount) and namespace creation.
-        config["CapAdd"] = ["SYS_ADMIN"]
-    else:
-        # No added capability: the default seccomp profile then refuses the
-        # namespace flags nsjail needs, so it goes; nsjail's own filter still applies.
-        security_opt.append("seccomp=unconfined")
-    config["SecurityOpt"] = security_opt
-    return config
-
-
-def _labels(info: Mapping[str, Any]) -> dict[str, str]:
-    labels = (info.get("Config") or {}).get("Labels") or {}
-    return {str(k): str(v) for k, v in labels.items()}
-
-
-def _env_of(info: Mapping[str, Any]) -> dict[str, str]:
-    pairs = (info.get("Config") or {}).get("Env") or []
-    env: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = str(pair).partition("=")
-        if sep:
-            env[key] = value
-    return env
-
-
-def _container_from(info: Mapping[str, Any]) -> _Container:
-    """Port, token and session id of an inspected runner container."""
-    container_id = str(info.get("Id", ""))
-    token = _env_of(info).get("SANDCELL_RUNNER_TOKEN")
-    if not token:
-        raise SandboxNotFoundError(f"docker container {container_id[:12]} has no runner token")
-    ports = ((info.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{RUNNER_PORT}/tcp")
-    host_port = next(
-        (str(b.get("HostPort")) for b in ports or [] if str(b.get("HostPort", "")).isdigit()),
-        None,
-    )
-    if host_port is None:
-        raise SandboxUnavailableError(
-            f"docker container {container_id[:12]}: runner port {RUNNER_PORT} is not published"
-        )
-    session_id = _labels(info).get(SESSION_LABEL) or sandbox_session_id(container_id)
-    return _Container(container_id, int(host_port), token, session_id)
