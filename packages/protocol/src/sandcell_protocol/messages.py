@@ -100,7 +100,9 @@ class ExecuteResult(Message, frozen=True):
     stdout_truncated: bool
     stderr_truncated: bool
     wall_ms: NonNegativeInt
+    """Wall time of the sandboxed run, the sandbox's own set-up included (a few ms)."""
     cpu_ms: NonNegativeInt
+    """CPU time of the sandboxed run and every process in it, the sandbox's set-up included."""
     max_rss_kib: NonNegativeInt | None
     """The job's peak memory in KiB: what its cgroup was charged above the charge it
     started with (resident memory, tmpfs files it wrote, page cache it read in),
