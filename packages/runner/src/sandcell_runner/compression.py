@@ -10,6 +10,8 @@ something if the stream is known to have reached it).
 
 from __future__ import annotations
 
+import queue
+import threading
 import zlib
 from collections.abc import Callable
 from typing import IO, Literal, Protocol, cast
@@ -35,7 +37,8 @@ ZSTD_MAX_WINDOW_BYTES = 8 << 20
 # a new bytes object on every call, and that copy grows with the read.
 _ZSTD_RAW_READ_BYTES = 256 << 10
 _GZIP_RAW_READ_BYTES = 64 << 10
-_ZSTD_OUT_BYTES = 1 << 20
+_AHEAD_CHUNK_BYTES = 1 << 20
+_AHEAD_CHUNKS = 4
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_MAX_BLOCK_BYTES = 128 << 10
 
@@ -91,9 +94,10 @@ class DecompressingReader:
     """
 
     def __init__(self, source: RawSource, *, encoding: Encoding) -> None:
-        self._inflater: _GzipInflater | _ZstdInflater = (
+        inflater: _GzipInflater | _ZstdInflater = (
             _GzipInflater(source) if encoding == "gzip" else _ZstdInflater(source)
         )
+        self._ahead = _ReadAhead(inflater)
         self.delivered = 0
         self.limit = 0
 
@@ -113,9 +117,67 @@ class DecompressingReader:
             raise ArchiveRejectedError(
                 "archive metadata or data exceeds what its headers allow (decompression bomb?)"
             )
-        data = self._inflater.read(size)
+        data = self._ahead.read(size)
         self.delivered += len(data)
         return data
+
+
+class _ReadAhead:
+    """An inflater run by a thread, at most ``_AHEAD_CHUNKS`` MiB ahead of the reader.
+
+    zlib and zstd release the GIL while they decompress (and ``os.read`` while it
+    waits), so the next chunk is inflated while the extractor parses and writes
+    this one. Memory stays bounded by the chunk pool; the caller's limits are
+    still enforced on what is handed out, so a bomb costs at most the pool. A
+    stream error is raised by the ``read`` that reaches it.
+    """
+
+    def __init__(self, inflater: _GzipInflater | _ZstdInflater) -> None:
+        self._inflater = inflater
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        for _ in range(_AHEAD_CHUNKS):
+            self._free.put(bytearray(_AHEAD_CHUNK_BYTES))
+        self._ready: queue.SimpleQueue[tuple[bytearray, int] | BaseException] = queue.SimpleQueue()
+        self._chunk: bytearray | None = None
+        self._start = 0
+        self._end = 0
+        self._finished = False
+        # A daemon: a rejected archive ends the process without draining the stream.
+        threading.Thread(target=self._inflate, name="sandcell-inflate", daemon=True).start()
+
+    def _inflate(self) -> None:
+        try:
+            while True:
+                chunk = self._free.get()
+                filled = self._inflater.readinto(memoryview(chunk))
+                self._ready.put((chunk, filled))
+                if not filled:
+                    return
+        except BaseException as exc:  # handed to the reader, raised there
+            self._ready.put(exc)
+
+    def read(self, size: int) -> memoryview:
+        """Up to ``size`` bytes of the current chunk; the next chunk once it is used up."""
+        if self._start == self._end:
+            if self._chunk is not None:
+                self._free.put(self._chunk)  # the caller is done with the last view
+                self._chunk = None
+            if self._finished:
+                return memoryview(b"")
+            item = self._ready.get()
+            if isinstance(item, BaseException):
+                self._finished = True
+                raise item
+            chunk, filled = item
+            if not filled:
+                self._finished = True
+                return memoryview(b"")
+            self._chunk, self._start, self._end = chunk, 0, filled
+        assert self._chunk is not None
+        taken = min(size, self._end - self._start)
+        view = memoryview(self._chunk)[self._start : self._start + taken]
+        self._start += taken
+        return view
 
 
 class _GzipInflater:
@@ -124,6 +186,11 @@ class _GzipInflater:
         self._inflate = zlib.decompressobj(31)
         self._pending = b""
         self._ended = False
+
+    def readinto(self, view: memoryview) -> int:
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def read(self, size: int) -> memoryview:
         while True:
@@ -162,21 +229,20 @@ class _ZstdInflater:
             read_across_frames=False,
             closefd=False,
         )
-        # One output buffer for the whole stream: a fresh 1 MiB bytes object per
-        # chunk is mmap'ed and page-faulted anew each time, ~20% of a restore.
-        self._out = memoryview(bytearray(_ZSTD_OUT_BYTES))
         self._ended = False
 
-    def read(self, size: int) -> memoryview:
+    def readinto(self, view: memoryview) -> int:
+        # Into the caller's (reused) buffer: a fresh 1 MiB bytes object per chunk
+        # is mmap'ed and page-faulted anew each time, ~20% of a restore.
         if self._ended:
-            return self._out[:0]
+            return 0
         try:
-            filled = self._reader.readinto(self._out[: min(size, len(self._out))])
+            filled: int = self._reader.readinto(view)
         except zstandard.ZstdError as exc:
             raise ArchiveRejectedError(f"zstd: corrupt stream ({exc})") from None
         if not filled:
             self._finish()
-        return self._out[:filled]
+        return filled
 
     def _finish(self) -> None:
         # The reader stops quietly at the end of its input, complete frame or

@@ -47,7 +47,7 @@ import resource
 import sys
 import tarfile
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import msgspec
 
@@ -406,5 +406,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def run_and_exit() -> NoReturn:
+    """``main``, then ``os._exit``: no interpreter shutdown.
+
+    Shutdown would end the decompressing thread with ``pthread_exit``, which
+    loads libgcc_s on first use, and a chrooted process cannot reach it (the
+    child aborted). Nothing is left to flush but the standard streams.
+    """
+    try:
+        code = main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_and_exit()
