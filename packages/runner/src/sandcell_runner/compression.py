@@ -1,11 +1,11 @@
 """Checkpoint stream codecs: gzip or zstd, streaming both ways with bounded memory.
 
 Compression is tuned for speed (a checkpoint sits on the turn's critical path):
-zlib level 1 for gzip, zstd level 3 with worker threads. Decompression never
-hands out more bytes than its caller asked for, so a compression bomb costs at
-most one ``read`` worth of memory, and it rejects truncated streams and bytes
-after the end of the stream (a gzip CRC or a zstd checksum is only worth
-something if the stream is known to have reached it).
+zlib level 1 for gzip, zstd level 3 on one thread. Decompression runs in a
+thread at most 4 MiB ahead and never hands out more bytes than its caller
+allowed, so a compression bomb costs at most that pool of memory, and it
+rejects truncated streams and bytes after the end of the stream (a gzip CRC or
+a zstd checksum is only worth something if the stream is known to have reached it).
 """
 
 from __future__ import annotations
