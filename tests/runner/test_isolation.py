@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.fixtures.runner_process import RunnerProcess
+from sandcell_runner.cgroups import CGROUP_ROOT
+from sandcell_runner.service import instance_key
+from tests.fixtures.runner_process import RunnerProcess, start_runner
 from tests.runner.conftest import StartRunner
 from tests.runner.helpers import execute, unb64
 
@@ -256,6 +258,20 @@ def test_sigkill_of_runner_leaves_no_jail_behind(runner_factory: StartRunner) ->
         alive = [p for p in descendants if _alive(p)]
         time.sleep(0.05)
     assert not alive, [_cmdline(p) for p in alive]
+
+    # The dead runner's job cgroups outlive it; the next runner on its root reaps them
+    # at start-up, and a clean stop removes its whole subtree.
+    subtrees = [
+        CGROUP_ROOT / controller / "sandcell" / instance_key(runner.workspace_root)
+        for controller in ("memory", "pids")
+    ]
+    assert all(list(tree.glob("job-*")) for tree in subtrees)
+    restarted = start_runner(runner.root)
+    try:
+        assert not [job for tree in subtrees for job in tree.glob("job-*")]
+    finally:
+        restarted.stop()
+    assert not [tree for tree in subtrees if tree.exists()]
 
 
 def _cmdline(process: psutil.Process) -> list[str]:
