@@ -29,6 +29,7 @@ from . import fsops
 from .config import MIB, RunnerSettings
 from .errors import BadRequestError, InvalidPathError, NotFoundError, SessionConflictError
 from .jail import Jail
+from .job_outcome import signal_name
 from .job_spec import JobLimits, JobSpec
 from .launched import LaunchedJob, LaunchOutcome
 from .logbuffer import LineBuffer
@@ -261,7 +262,8 @@ class ProcessManager:
     ) -> None:
         exit_code, signum = report
         if exit_code is not None or signum is not None:
-            proc.exit_code, proc.signal = exit_code, _signal_name(signum)
+            proc.exit_code = exit_code
+            proc.signal = signal_name(signum) if signum is not None else None
         elif outcome is None or (outcome.jail_failed and proc.sent == signal.SIGKILL):
             proc.exit_code, proc.signal = None, "SIGKILL"
         else:
@@ -412,15 +414,6 @@ def _read_report(fd: int) -> tuple[int | None, int | None]:
     finally:
         os.close(fd)
     return parse_report(text) or (None, None)
-
-
-def _signal_name(number: int | None) -> str | None:
-    if number is None:
-        return None
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
 
 
 __all__ = ["ProcessManager", "ProcessTarget"]

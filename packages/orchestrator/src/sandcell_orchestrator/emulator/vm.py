@@ -13,14 +13,11 @@ SUSPENDED → TERMINATED), the idle policy and the faults.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import enum
 import logging
 import os
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +31,7 @@ import anyio.to_thread
 import psutil
 
 from ..providers.lambda_auth import decode_run_hook_payload
+from ..providers.runner_roots import free_loopback_port, remove_runner_root
 
 __all__ = [
     "EmulatedVm",
@@ -47,8 +45,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_MNT_DETACH = 2
 
 
 class VmState(enum.StrEnum):
@@ -161,13 +157,6 @@ class EmulatedVm:
 # -- processes -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _tree(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -192,17 +181,6 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
             child.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
-
-
-def _remove_root(root: Path) -> None:
-    """Detach mounts a killed runner left under ``root``, then delete it."""
-    prefix = str(root.resolve()) + "/"
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
-        points = [line.split()[4].replace("\\040", " ") for line in info]
-        libc = ctypes.CDLL(None, use_errno=True)
-        for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
-            libc.umount2(point.encode(), _MNT_DETACH)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 class MicrovmFleet:
@@ -276,7 +254,7 @@ class MicrovmFleet:
     def _runner_env(
         self, vm: EmulatedVm, image_env: Mapping[str, str], payload: str | None
     ) -> dict[str, str]:
-        vm.runner_port = _free_port()
+        vm.runner_port = free_loopback_port()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "SANDCELL_RUNNER_SESSIONS": "1",
@@ -349,7 +327,7 @@ class MicrovmFleet:
         process, vm.process = vm.process, None
         if process is not None:
             await anyio.to_thread.run_sync(_kill, process)
-        await anyio.to_thread.run_sync(_remove_root, vm.root)
+        await anyio.to_thread.run_sync(remove_runner_root, vm.root)
         self._mark_terminated(vm, reason)
         log.info("emulator: %s terminated (%s)", vm.microvm_id, reason)
 

@@ -25,9 +25,7 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -53,6 +51,7 @@ from ..provider import (
 from ..runner_client import RunnerClient
 from ..snapshots import SnapshotStore
 from .checkpoints import persist_to_store, restore_from_store
+from .runner_roots import free_loopback_port, remove_runner_root
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +143,7 @@ class LocalProvider:
         await asyncio.to_thread(root.mkdir, 0o711)
         token = secrets.token_urlsafe(32)
         for _ in range(3):
-            port = _free_port()
+            port = free_loopback_port()
             env = {
                 **self._settings.runner_env,
                 "SANDCELL_RUNNER_TOKEN": token,
@@ -174,7 +173,7 @@ class LocalProvider:
                 # Cancelled mid-launch: the process exists but nobody will own it.
                 with anyio.CancelScope(shield=True):
                     await self._kill_spawned(runner, process)
-                    await asyncio.to_thread(_remove_root, root)
+                    await asyncio.to_thread(remove_runner_root, root)
                 raise
             finally:
                 with anyio.CancelScope(shield=True):
@@ -247,7 +246,7 @@ class LocalProvider:
             await self._kill(runner)
         root = self._root(sandbox_id)
         if root is not None:
-            await asyncio.to_thread(_remove_root, root)
+            await asyncio.to_thread(remove_runner_root, root)
 
     async def persist(
         self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
@@ -371,27 +370,6 @@ def _write_state(runner: _Runner) -> None:
             },
             out,
         )
-
-
-def _remove_root(root: Path) -> None:
-    """Detach mounts a killed runner left (its tmpfs workspaces), then delete the tree."""
-    prefix = str(root.resolve()) + "/"
-    points = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
-        for line in info:
-            point = line.split()[4].replace("\\040", " ")
-            if point.startswith(prefix):
-                points.append(point)
-    for point in sorted(points, key=len, reverse=True):
-        _libc.umount2(point.encode(), 2)  # MNT_DETACH
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path) -> str:
