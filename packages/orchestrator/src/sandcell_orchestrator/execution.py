@@ -157,8 +157,10 @@ class ExecutionService(SessionAdmin):
                 restored = True
                 # The restored checkpoint is the current one: a turn that changes
                 # nothing need not upload it again.
-                record = msgspec.structs.replace(record, checkpoint_key=checkpoint_key(session_id))
-                await self.registry.put(lease, record)
+                current = checkpoint_key(session_id)
+                if record.checkpoint_key != current:  # usually already so: no round trip
+                    record = msgspec.structs.replace(record, checkpoint_key=current)
+                    await self.registry.put(lease, record)
             await self._deliver_inputs(handle, request, session_id=session_id)
             result = await handle.runner.execute(
                 request, session_id=session_id, timeout_s=self._turn_timeout(request)

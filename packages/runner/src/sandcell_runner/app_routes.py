@@ -340,7 +340,9 @@ def _target(scope: Scope, port: int) -> bytes:
     else:
         # The client percent-encoded part of the prefix itself: re-encode the decoded rest.
         path = scope["path"]
-        rest = urllib.parse.quote(path[path.find("/", len(routes.SESSION_PORTS_PREFIX)) :]).encode()
+        slash = path.find("/", len(routes.SESSION_PORTS_PREFIX))
+        # No path after the port at all (``…/ports/8080``): the upstream's root.
+        rest = urllib.parse.quote(path[slash:]).encode() if slash != -1 else b"/"
     query = scope.get("query_string") or b""
     return rest + (b"?" + query if query else b"")
 

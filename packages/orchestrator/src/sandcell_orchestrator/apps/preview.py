@@ -64,7 +64,8 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Never forwarded upstream: ours (auth, the runner's protocol headers) or rebuilt here.
+# Never forwarded upstream: ours (auth, the runner's protocol headers, the MicroVM
+# proxy's routing and auth) or rebuilt here.
 _DROPPED_REQUEST = _HOP_BY_HOP | {
     "host",
     "authorization",
@@ -76,6 +77,9 @@ _DROPPED_REQUEST = _HOP_BY_HOP | {
     "x-forwarded-host",
     "x-forwarded-proto",
     "x-forwarded-for",
+    "x-aws-proxy-auth",
+    "x-aws-proxy-port",
+    "x-amz-security-token",
 }
 _WS_MAX_BYTES = 16 << 20
 

@@ -147,8 +147,12 @@ class MicrovmProxyAuth(httpx.Auth):
     def _apply(self, request: httpx.Request, token: ProxyToken) -> None:
         for name, value in token.headers.items():
             request.headers[name] = value
+        # Never left to the caller: a port header that came in with a forwarded
+        # request would steer the runner's token to another port.
         if self._port != DEFAULT_PROXY_PORT:
             request.headers[PROXY_PORT_HEADER] = str(self._port)
+        else:
+            request.headers.pop(PROXY_PORT_HEADER, None)
 
     async def async_auth_flow(
         self, request: httpx.Request
