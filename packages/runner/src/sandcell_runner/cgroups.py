@@ -74,7 +74,7 @@ class JobCgroup:
     def _counters(self) -> tuple[int, int]:
         """(oom kills, pids-limit hits) so far."""
         if self._version == 1:
-            memory = next((d for d in self._dirs if d.parent.parent.parent.name == "memory"), None)
+            memory = self._memory_dir()
             pids = next((d for d in self._dirs if d.parent.parent.parent.name == "pids"), None)
             oom = _read_keyed(memory / "memory.oom_control").get("oom_kill", 0) if memory else 0
             hits = _read_keyed(pids / "pids.events").get("max", 0) if pids else 0
@@ -96,8 +96,8 @@ class JobCgroup:
         (~60 us), cheap enough for the event loop; writing a lower memory limit
         may reclaim, so callers run a limit change in a thread.
         """
-        for directory in self._dirs:
-            if not self.has_limits(memory_bytes=memory_bytes, pids=pids):
+        if not self.has_limits(memory_bytes=memory_bytes, pids=pids):
+            for directory in self._dirs:
                 _apply_limits(directory, self._version, memory_bytes=memory_bytes, pids=pids)
         self._limits = (memory_bytes, pids)
         self._baseline = self._counters()
@@ -114,7 +114,7 @@ class JobCgroup:
             return
         if self._version == 1:
             with contextlib.suppress(OSError):
-                _write_small(memory / "memory.max_usage_in_bytes", b"0")
+                write_small(memory / "memory.max_usage_in_bytes", b"0")
             self._memory_start = _read_int(memory / "memory.usage_in_bytes")
             return
         try:
@@ -302,16 +302,13 @@ class CgroupManager:
                 directory = parent / f"job-{name}"
                 directory.mkdir()
                 dirs.append(directory)
-                self._apply_limits(directory, memory_bytes=memory_bytes, pids=pids)
+                _apply_limits(directory, self.version, memory_bytes=memory_bytes, pids=pids)
         except OSError:
             JobCgroup(dirs, version=self.version).destroy()
             raise
         cgroup = JobCgroup(dirs, version=self.version)
         cgroup._limits = (memory_bytes, pids)
         return cgroup
-
-    def _apply_limits(self, directory: Path, *, memory_bytes: int, pids: int) -> None:
-        _apply_limits(directory, self.version, memory_bytes=memory_bytes, pids=pids)
 
 
 def _apply_limits(directory: Path, version: int, *, memory_bytes: int, pids: int) -> None:
@@ -349,7 +346,8 @@ def _read_small(path: Path) -> str:
         os.close(fd)
 
 
-def _write_small(path: Path, data: bytes) -> None:
+def write_small(path: Path, data: bytes) -> None:
+    """Write a few bytes to a kernel file (cgroup, /proc) through a raw fd."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.write(fd, data)

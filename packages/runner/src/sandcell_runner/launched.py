@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cgroups import JobCgroup
+from .job_outcome import decode_status, warnings_only
 from .spawner import wait_process
 
 StatusReader = Callable[[str, int], tuple[int | None, str | None, bool]]
@@ -115,29 +116,15 @@ class LaunchedJob:
         if self._status_of is not None:
             exit_code, signame, failed = self._status_of(log_text, status)
         else:
-            exit_code, signame, failed = _plain_status(status), _plain_signal(status), False
-        kept = [line for line in log_text.splitlines() if not line.startswith("[I]")]
+            exit_code, signame = decode_status(status)
+            failed = False
         return LaunchOutcome(
             exit_code=exit_code,
             signal=signame,
             jail_failed=failed,
             oom_killed=oom_killed,
-            jail_log="\n".join(kept)[-8192:],
+            jail_log=warnings_only(log_text),
         )
-
-
-def _plain_status(status: int) -> int | None:
-    return None if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
-def _plain_signal(status: int) -> str | None:
-    if not os.WIFSIGNALED(status):
-        return None
-    number = os.WTERMSIG(status)
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
 
 
 __all__ = ["LaunchOutcome", "LaunchedJob", "StatusReader"]

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import resource
@@ -69,7 +68,6 @@ _BLOCK = tarfile.BLOCKSIZE
 _HEADER_ALLOWANCE = 128 << 10
 _TRAILER_ALLOWANCE = 64 << 10
 _COPY_BYTES = 1 << 20
-_PIPE_BYTES = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -346,16 +344,6 @@ def _drop_privileges(uid: int, gid: int) -> None:
         raise SystemExit("restore_child: could not drop privileges")
 
 
-def _grow_stdin_pipe() -> None:
-    # The default 64 KiB pipe makes the parent and this process take turns in
-    # 64 KiB steps; 1 MiB (the unprivileged maximum) lets each run longer.
-    # stdin may also be a file (tests, benchmarks): then there is nothing to grow.
-    # The runner may have made it larger already: never shrink it.
-    with contextlib.suppress(OSError):
-        if fcntl.fcntl(0, fcntl.F_GETPIPE_SZ) < _PIPE_BYTES:
-            fcntl.fcntl(0, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-
-
 def _raise_fd_limit() -> None:
     # One fd per directory level of the deepest path (up to 2048 for 4 KiB paths).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -379,7 +367,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one extraction; the verdict goes to stdout, exit 0 unless the child itself broke."""
     args = _parse_args(argv)
     _raise_fd_limit()
-    _grow_stdin_pipe()
     os.fchdir(args.staging_fd)
     if os.geteuid() == 0:
         # Before the privilege drop (chroot needs CAP_SYS_CHROOT), after every import.

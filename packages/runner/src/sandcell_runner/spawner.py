@@ -29,6 +29,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cgroups import write_small
+
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -103,7 +105,7 @@ class _Worker:
         if self._resident is not None:
             try:
                 for path in self._resident:
-                    _write(path, tid)
+                    write_small(path, tid)
             except OSError:
                 home.restore(tid)
                 self._resident = None
@@ -187,7 +189,7 @@ class Spawner:
         try:
             if moved:
                 for path in request.cgroup_tasks or ():
-                    _write(path, tid)
+                    write_small(path, tid)
             if request.netns_fd is not None and _libc.setns(request.netns_fd, _CLONE_NEWNET) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"setns into the session namespace: {os.strerror(err)}")
@@ -208,7 +210,7 @@ class Spawner:
             if moved:
                 if resident is not None:
                     for path in resident:
-                        _write(path, tid)
+                        write_small(path, tid)
                 else:
                     home.restore(tid)
 
@@ -266,20 +268,12 @@ class _ThreadHome:
         """Step back into the thread's original cgroups (its namespace is restored apart)."""
         for path in self.tasks:
             with contextlib.suppress(OSError):
-                _write(path, tid)
+                write_small(path, tid)
 
     def restore_netns(self) -> None:
         if _libc.setns(self.netns, _CLONE_NEWNET) != 0:
             # A spawner stuck in a job's namespace would leak it into later jobs.
             os.abort()
-
-
-def _write(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
 
 
 def _setpriv_has_pdeathsig(binary: str) -> bool:
