@@ -33,7 +33,6 @@ from minio.error import InvalidResponseError, S3Error, ServerError
 
 from ..errors import CheckpointError
 from . import (
-    S3Settings,
     Snapshot,
     SnapshotInfo,
     SnapshotNotFoundError,
@@ -44,6 +43,7 @@ from . import (
     _VerifiedChunks,
     validate_snapshot_key,
 )
+from .s3_settings import S3Settings
 
 __all__ = ["S3SnapshotStore"]
 
