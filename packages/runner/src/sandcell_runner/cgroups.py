@@ -259,12 +259,11 @@ class CgroupManager:
         return count
 
     def acquire(self, key: str, *, memory_bytes: int, pids: int) -> JobCgroup:
-        """A reusable cgroup ``job-<key>`` (one per job UID), limits set for the next job.
+        """A reusable cgroup ``job-pool-<key>`` (one per job slot), limits set for the next job.
 
         Reusing beats create + rmdir per job: removing a memory cgroup queues kernel
         work that holds the cgroup mutex, and the next job's attach waited ~7 ms on
-        it after a Python job. Callers must never run two jobs under one key at once
-        (a UID is never shared by two live jobs).
+        it after a Python job. Callers must never run two jobs under one key at once.
         """
         cgroup = self._pool.get(key)
         if cgroup is None:

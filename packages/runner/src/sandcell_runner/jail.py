@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import heapq
 import os
 import resource
 import signal
@@ -91,6 +92,11 @@ class Jail:
         self._cgroups = cgroups
         self._spawner = spawner
         self._counter = 0
+        # Pooled cgroup slots: a slot is held by one running job at a time. Keyed by
+        # slot, not by job UID, because an unprivileged runner gives every job the
+        # same UID, and two jobs in one cgroup would reset and kill each other.
+        self._idle_slots: list[int] = []
+        self._slots_made = 0
         self.netns_for: Callable[[Path], int | None] | None = None
         """Which network namespace a job in this workspace joins (the session's);
         set by the service. Jobs with ``network`` or an explicit ``netns_fd`` skip it."""
@@ -113,10 +119,11 @@ class Jail:
         """Run the job to completion (or its limits) and report what happened."""
         spec = self._with_netns(spec)
         self._counter += 1
-        cgroup: JobCgroup | None = None
-        if self._cgroups.available:
-            # One reusable cgroup per job UID: a UID never runs two one-shot jobs at once.
-            key, memory, pids = f"u{spec.uid}", spec.limits.memory_bytes, spec.limits.pids
+        if not self._cgroups.available:
+            return await self._run_in(spec, None, None, on_output)
+        slot = heapq.heappop(self._idle_slots) if self._idle_slots else self._new_slot()
+        key, memory, pids = f"s{slot}", spec.limits.memory_bytes, spec.limits.pids
+        try:
             cgroup = self._cgroups.pooled(key, memory_bytes=memory, pids=pids)
             if cgroup is not None:
                 # Unchanged limits: a counter reset, cheaper inline than a thread hop.
@@ -125,13 +132,19 @@ class Jail:
                 cgroup = await asyncio.to_thread(
                     self._cgroups.acquire, key, memory_bytes=memory, pids=pids
                 )
-        try:
-            return await self._run_in(spec, cgroup, on_output)
+            try:
+                return await self._run_in(spec, cgroup, key, on_output)
+            finally:
+                # Nothing may outlive the job into the slot's next job. Usually nothing
+                # is left (the pid namespace died with nsjail): one read says so.
+                if cgroup.signal_leftovers():
+                    await asyncio.to_thread(cgroup.kill_all)
         finally:
-            # Nothing may outlive the job into the next one of this UID. Usually
-            # nothing is left (the pid namespace died with nsjail): one read says so.
-            if cgroup is not None and cgroup.signal_leftovers():
-                await asyncio.to_thread(cgroup.kill_all)
+            heapq.heappush(self._idle_slots, slot)
+
+    def _new_slot(self) -> int:
+        self._slots_made += 1
+        return self._slots_made - 1
 
     def _argv_and_fds(self, spec: JobSpec) -> tuple[list[str], list[int], list[int]]:
         """nsjail argv with its config pipe; returns (argv, fds to pass, fds to close)."""
@@ -150,7 +163,11 @@ class Jail:
         return argv, [read_fd], [read_fd]
 
     async def _run_in(
-        self, spec: JobSpec, cgroup: JobCgroup | None, on_output: OutputCallback | None
+        self,
+        spec: JobSpec,
+        cgroup: JobCgroup | None,
+        slot_key: str | None,
+        on_output: OutputCallback | None,
     ) -> JobOutcome:
         loop = asyncio.get_running_loop()
         argv, pass_fds, close_after = self._argv_and_fds(spec)
@@ -176,7 +193,7 @@ class Jail:
             pass_fds=pass_fds,
             cgroup_fds=cgroup_fds,
             cgroup_tasks=cgroup.thread_join_paths() if cgroup is not None else None,
-            resident_key=f"u{spec.uid}" if cgroup is not None else None,
+            resident_key=slot_key,
             user=spec.uid if self._nsjail is None and os.geteuid() == 0 else None,
             group=spec.gid if self._nsjail is None and os.geteuid() == 0 else None,
             netns_fd=spec.netns_fd,
