@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
+from sandcell_orchestrator.service_errors import MAX_BODY_BYTES
 from sandcell_protocol import ErrorBody, ErrorCode, decode
 
 from .conftest import GIT_AUTHOR, KEY_B, AppApi, StartApi
@@ -233,6 +235,25 @@ async def test_bad_bodies_and_auth(start_api: StartApi) -> None:
             400,
             ErrorCode.BAD_REQUEST,
         ),
+        (
+            await post(
+                f"/v1/instances/{instance_id}/files",
+                content=b" " * (MAX_BODY_BYTES + 1),
+                headers=api.auth(),
+            ),
+            413,
+            ErrorCode.PAYLOAD_TOO_LARGE,
+        ),
+        (
+            # No declared length: the body is cut off as it streams past the cap.
+            await post(
+                f"/v1/instances/{instance_id}/commands",
+                content=_chunks(b" " * (1 << 20), MAX_BODY_BYTES // (1 << 20) + 1),
+                headers=api.auth(),
+            ),
+            413,
+            ErrorCode.PAYLOAD_TOO_LARGE,
+        ),
         (await api.run(instance_id), 400, ErrorCode.BAD_REQUEST),
         (await api.run(instance_id, "ls", timeout_s=0), 400, ErrorCode.BAD_REQUEST),
         (await api.run(instance_id, "ls", timeout_s=601), 400, ErrorCode.BAD_REQUEST),
@@ -298,3 +319,8 @@ def _sandbox_count(api: AppApi) -> int:
             if "sandcell_runner" in " ".join(p.cmdline())
         ]
     )
+
+
+async def _chunks(chunk: bytes, count: int) -> AsyncIterator[bytes]:
+    for _ in range(count):
+        yield chunk

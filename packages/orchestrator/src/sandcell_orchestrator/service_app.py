@@ -53,11 +53,11 @@ from .service_auth import INSECURE_NO_AUTH_ENV, load_api_keys
 from .service_errors import (
     JSON_MEDIA_TYPE,
     MAX_BODY_BYTES,
-    PayloadTooLargeError,
     error_response,
     guarded,
     http_error_response,
     map_error,
+    read_body,
 )
 
 __all__ = [
@@ -96,20 +96,6 @@ class _Owner:
     namespace: str
     user_id: str
     hint: str
-
-
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise PayloadTooLargeError
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PayloadTooLargeError
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _execute_request(call: ExecCall) -> ExecuteRequest:
@@ -173,7 +159,7 @@ class _Service:
 
     async def exec(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
-        call = decode(await _read_body(request), ExecCall)
+        call = decode(await read_body(request), ExecCall)
         run = _execute_request(call)
         hint = call.runtime_session_hint
         if hint is not None:

@@ -4,8 +4,8 @@
 unauthorized caller, a too-large body) into a status and an ``ErrorBody``;
 ``guarded`` wraps a route so nothing escapes unmapped, and ``http_error_response``
 answers Starlette's own 404/405s the same way. Unexpected exceptions say
-nothing about themselves: their text may hold secrets. ``MAX_BODY_BYTES`` (the
-limit the app's body reader enforces) lives here because the 413 answer names it.
+nothing about themselves: their text may hold secrets. ``read_body`` and its
+limit ``MAX_BODY_BYTES`` live here because the 413 answer names the limit.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ __all__ = [
     "guarded",
     "http_error_response",
     "map_error",
+    "read_body",
 ]
 
 log = logging.getLogger(__name__)
@@ -132,25 +133,49 @@ def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
     return 500, error_body(ErrorCode.INTERNAL, "internal error")
 
 
-def _error(exc: BaseException) -> Response:
-    status, body = map_error(exc)
+def _error(exc: BaseException, extra: ExtraMapping | None = None) -> Response:
+    mapped = extra(exc) if extra is not None else None
+    status, body = mapped if mapped is not None else map_error(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return Response(encode(body), status_code=status, media_type=JSON_MEDIA_TYPE, headers=headers)
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+ExtraMapping = Callable[[BaseException], tuple[int, ErrorBody] | None]
 
 
-def guarded(endpoint: Endpoint) -> Endpoint:
-    """Wrap a route so every exception it raises is answered through ``map_error``."""
+def guarded(endpoint: Endpoint, *, extra: ExtraMapping | None = None) -> Endpoint:
+    """Wrap a route so every exception it raises is answered through ``map_error``.
+
+    ``extra`` maps a feature's own errors first (``None``: not one of them).
+    """
 
     async def guarded(request: Request) -> Response:
         try:
             return await endpoint(request)
         except Exception as exc:
-            return _error(exc)
+            return _error(exc, extra)
 
     return guarded
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole request body; ``PayloadTooLargeError`` past ``MAX_BODY_BYTES``.
+
+    A declared length past the limit is refused before a byte is read; a body
+    that lies about (or omits) its length is cut off as it streams.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise PayloadTooLargeError
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise PayloadTooLargeError
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def error_response(status: int, code: ErrorCode, message: str) -> Response:

@@ -35,6 +35,7 @@ from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
 from ..manager import SandboxManager
+from ..service_errors import JSON_MEDIA_TYPE, guarded, read_body
 from .errors import AppRequestError, InstanceStartError
 from .instances import AppInstances, Instance
 from .lifecycle import InstanceSupervisor
@@ -46,22 +47,13 @@ from .settings import AppSettings
 from .templates import TemplateError, TemplateNotFoundError, TemplateRegistry
 from .webhooks import WebhookSender
 
-__all__ = ["MAX_BODY_BYTES", "AppService", "install_app_routes"]
+__all__ = ["AppService", "install_app_routes"]
 
-MAX_BODY_BYTES = 32 << 20
-_JSON = "application/json"
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-class _TooLarge(Exception):
-    pass
-
-
 def app_error(exc: BaseException) -> tuple[int, ErrorBody] | None:
-    """The status and body of this module's own errors; ``None`` for anything else."""
-    if isinstance(exc, _TooLarge):
-        message = f"the body exceeds {MAX_BODY_BYTES} bytes"
-        return 413, error_body(ErrorCode.PAYLOAD_TOO_LARGE, message)
+    """The status and body of the app API's own errors; ``None`` for anything else."""
     if isinstance(exc, AppRequestError):
         return ERROR_SEMANTICS[exc.code].http_status, error_body(exc.code, str(exc))
     if isinstance(exc, CommandDeniedError | TemplateNotFoundError):
@@ -82,13 +74,9 @@ class AppService:
         namespace_of: Callable[[Request], str],
         app_settings: AppSettings | None = None,
     ) -> None:
-        # Imported here: service_app imports this module to install it.
-        from ..service_app import map_error
-
         self.settings = settings
         self.app_settings = app_settings or AppSettings.from_orchestrator(settings)
         self._namespace_of = namespace_of
-        self._map_error = map_error
         self._instances: AppInstances | None = None
         self._supervisor: InstanceSupervisor | None = None
         self.preview = PreviewProxy(lambda: self.instances, on_browser_report=self._poke)
@@ -142,17 +130,9 @@ class AppService:
 
     # -- plumbing --------------------------------------------------------------------
 
-    def _guard(self, endpoint: Endpoint) -> Endpoint:
-        async def guarded(request: Request) -> Response:
-            try:
-                return await endpoint(request)
-            except Exception as exc:
-                mapped = app_error(exc) or self._map_error(exc)
-                status, body = mapped
-                headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-                return Response(encode(body), status_code=status, media_type=_JSON, headers=headers)
-
-        return guarded
+    @staticmethod
+    def _guard(endpoint: Endpoint) -> Endpoint:
+        return guarded(endpoint, extra=app_error)
 
     def routes(self) -> list[BaseRoute]:
         """Every route of the API and the preview."""
@@ -177,7 +157,7 @@ class AppService:
 
     async def create(self, request: Request) -> Response:
         owner = self._namespace_of(request)
-        body = decode(await _read_body(request), CreateInstance)
+        body = decode(await read_body(request), CreateInstance)
         created = await self.instances.create(body, owner=owner)
         return _json(created, status=201)
 
@@ -217,14 +197,14 @@ class AppService:
         owner = self._namespace_of(request)
         instance_id = _id(request)
         self.instances.get(instance_id, owner=owner)
-        body = decode(await _read_body(request), WriteFiles)
+        body = decode(await read_body(request), WriteFiles)
         return _json(await self.instances.write_files(instance_id, body, owner=owner))
 
     async def run_commands(self, request: Request) -> Response:
         owner = self._namespace_of(request)
         instance_id = _id(request)
         self.instances.get(instance_id, owner=owner)
-        body = decode(await _read_body(request), RunCommands)
+        body = decode(await read_body(request), RunCommands)
         return _json(await self.instances.run_commands(instance_id, body, owner=owner))
 
     async def analysis(self, request: Request) -> Response:
@@ -284,7 +264,7 @@ def _id(request: Request) -> str:
 
 
 def _json(value: object, *, status: int = 200) -> Response:
-    return Response(encode(value), status_code=status, media_type=_JSON)
+    return Response(encode(value), status_code=status, media_type=JSON_MEDIA_TYPE)
 
 
 def _query_number(request: Request, name: str, kind: type[int] | type[float]) -> Any:
@@ -295,17 +275,3 @@ def _query_number(request: Request, name: str, kind: type[int] | type[float]) ->
         return kind(raw)
     except ValueError:
         raise AppRequestError(f"{name}: expected a number, got {raw[:40]!r}") from None
-
-
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _TooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
