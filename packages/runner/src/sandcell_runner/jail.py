@@ -146,21 +146,59 @@ class Jail:
         self._slots_made += 1
         return self._slots_made - 1
 
-    def _argv_and_fds(self, spec: JobSpec) -> tuple[list[str], list[int], list[int]]:
-        """nsjail argv with its config pipe; returns (argv, fds to pass, fds to close)."""
-        if self._nsjail is None:
-            return list(spec.argv), [], []
-        config = self.config_text(spec).encode()
-        read_fd, write_fd = os.pipe()
-        try:
+    def _spawn_request(
+        self,
+        spec: JobSpec,
+        *,
+        stdin: int,
+        stdout: int,
+        stderr: int,
+        log_fd: int,
+        cgroup: JobCgroup | None,
+        resident_key: str | None,
+        close_after: list[int],
+    ) -> SpawnRequest:
+        """How to start ``spec``: nsjail with its configuration on a pipe (or, unjailed,
+        the job itself). Descriptors the caller must close once it has spawned are
+        appended to ``close_after``."""
+        argv = list(spec.argv)
+        pass_fds = list(spec.pass_fds)
+        if self._nsjail is not None:
+            config = self.config_text(spec).encode()
             # The config fits a pipe buffer (64 KiB) unless env is huge; check, don't hang.
             if len(config) > 60_000:
                 raise JailError("job configuration too large (environment too big)")
-            os.write(write_fd, config)
-        finally:
-            os.close(write_fd)
-        argv = [str(self._nsjail), "--config", f"/dev/fd/{read_fd}", "--", *spec.argv]
-        return argv, [read_fd], [read_fd]
+            read_fd, write_fd = os.pipe()
+            close_after.append(read_fd)
+            try:
+                os.write(write_fd, config)
+            finally:
+                os.close(write_fd)
+            argv = [str(self._nsjail), "--log_fd", str(log_fd), "--config", f"/dev/fd/{read_fd}"]
+            argv += ["--", *spec.argv]
+            pass_fds += [read_fd, log_fd]
+        unjailed_root = self._nsjail is None and os.geteuid() == 0
+        tasks = cgroup.thread_join_paths() if cgroup is not None else None
+        cgroup_fds: list[int] = []
+        if cgroup is not None and (tasks is None or unjailed_root or not self._spawner.fast):
+            # Only the forking path joins through cgroup.procs; the fast one writes tasks.
+            cgroup_fds = cgroup.open_procs_fds()
+            close_after += cgroup_fds
+        return SpawnRequest(
+            argv=argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=self._spawn_env(spec),
+            cwd=str(spec.workspace) if self._nsjail is None else None,
+            pass_fds=pass_fds,
+            cgroup_fds=cgroup_fds,
+            cgroup_tasks=tasks,
+            resident_key=resident_key if cgroup is not None else None,
+            user=spec.uid if unjailed_root else None,
+            group=spec.gid if unjailed_root else None,
+            netns_fd=spec.netns_fd,
+        )
 
     async def _run_in(
         self,
@@ -170,41 +208,32 @@ class Jail:
         on_output: OutputCallback | None,
     ) -> JobOutcome:
         loop = asyncio.get_running_loop()
-        argv, pass_fds, close_after = self._argv_and_fds(spec)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         log_r, log_w = os.pipe()
         stdin_fd = self._stdin_fd(spec)
-        cgroup_fds = cgroup.open_procs_fds() if cgroup is not None else []
         stdout = _Capture("stdout", spec.limits.stdout_bytes, on_output)
         stderr = _Capture("stderr", spec.limits.stderr_bytes, on_output)
         jail_log = _Capture("log", 256 * 1024, None)
         state = {"timed_out": False, "stdout_limited": False}
-        if self._nsjail is not None:
-            argv = [argv[0], "--log_fd", str(log_w), *argv[1:]]
-            pass_fds = [*pass_fds, log_w]
-        request = SpawnRequest(
-            argv=argv,
-            stdin=stdin_fd,
-            stdout=out_w,
-            stderr=err_w,
-            env=self._spawn_env(spec),
-            cwd=str(spec.workspace) if self._nsjail is None else None,
-            pass_fds=pass_fds,
-            cgroup_fds=cgroup_fds,
-            cgroup_tasks=cgroup.thread_join_paths() if cgroup is not None else None,
-            resident_key=slot_key,
-            user=spec.uid if self._nsjail is None and os.geteuid() == 0 else None,
-            group=spec.gid if self._nsjail is None and os.geteuid() == 0 else None,
-            netns_fd=spec.netns_fd,
-        )
+        close_after = [out_w, err_w, log_w, stdin_fd]
         # The runner's own high-water mark so far: nsjail's ru_maxrss is at least this.
         runner_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         try:
+            request = self._spawn_request(
+                spec,
+                stdin=stdin_fd,
+                stdout=out_w,
+                stderr=err_w,
+                log_fd=log_w,
+                cgroup=cgroup,
+                resident_key=slot_key,
+                close_after=close_after,
+            )
             process = await self._spawner.spawn(request)
         finally:
-            for fd in (out_w, err_w, log_w, stdin_fd, *cgroup_fds, *close_after):
+            for fd in close_after:
                 os.close(fd)
 
         def kill() -> None:
@@ -307,27 +336,15 @@ class Jail:
         log_r, log_w = os.pipe()
         close_after: list[int] = [log_w]
         try:
-            argv, pass_fds, config_fds = self._argv_and_fds(spec)
-            close_after += config_fds
-            cgroup_fds = cgroup.open_procs_fds() if cgroup is not None else []
-            close_after += cgroup_fds
-            if self._nsjail is not None:
-                argv = [argv[0], "--log_fd", str(log_w), *argv[1:]]
-                pass_fds = [*pass_fds, log_w]
-            unjailed_root = self._nsjail is None and os.geteuid() == 0
-            request = SpawnRequest(
-                argv=argv,
+            request = self._spawn_request(
+                spec,
                 stdin=stdin_fd,
                 stdout=output_fd,
                 stderr=output_fd,
-                env=self._spawn_env(spec),
-                cwd=str(spec.workspace) if self._nsjail is None else None,
-                pass_fds=[*pass_fds, *spec.pass_fds],
-                cgroup_fds=cgroup_fds,
-                cgroup_tasks=cgroup.thread_join_paths() if cgroup is not None else None,
-                user=spec.uid if unjailed_root else None,
-                group=spec.gid if unjailed_root else None,
-                netns_fd=spec.netns_fd,
+                log_fd=log_w,
+                cgroup=cgroup,
+                resident_key=None,
+                close_after=close_after,
             )
             process = await self._spawner.spawn(request)
         except BaseException:
