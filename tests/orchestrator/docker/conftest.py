@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import uuid
@@ -79,6 +80,13 @@ class Engine:
 
 
 def _ping(socket_path: str) -> bool:
+    # Probe the socket ourselves first: httpcore leaks the socket of a refused unix
+    # connect, and the ResourceWarning surfaces in whichever test runs next.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(socket_path)
+        except OSError:
+            return False
     try:
         with httpx.Client(transport=httpx.HTTPTransport(uds=socket_path), timeout=2) as client:
             return client.get("http://docker/_ping").status_code == 200
