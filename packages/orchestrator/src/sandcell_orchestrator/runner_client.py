@@ -5,7 +5,8 @@ the same client talks to a runner on loopback, an in-process ASGI app, or a
 cloud proxy (with an ``httpx.Auth`` adding the proxy's header). Every method
 maps 1:1 onto one runner route; the higher layers (``SandboxHandle``,
 ``SandboxManager``, ``ExecutionService``) are built on it. The input-cache and
-workspace-file routes, and ``CheckpointStream``, live in ``runner_transfers``.
+workspace-file routes, and ``CheckpointStream``, live in ``runner_transfers``;
+the app routes (processes, logs, diagnostics, the port proxy) in ``runner_apps``.
 
 Secrets: the bearer token and any header an injected auth adds never reach an
 exception message, a ``repr`` or a log line; transport errors are re-raised
@@ -54,6 +55,7 @@ from .errors import (
     SandboxTimeoutError,
     SandboxUnavailableError,
 )
+from .runner_apps import RunnerApps, WebSocketUpgrade
 from .runner_errors import (
     HeaderGuard,
     Redactor,
@@ -69,7 +71,13 @@ from .runner_transfers import (
     RunnerTransfers,
 )
 
-__all__ = ["CheckpointEncoding", "CheckpointStream", "InputPayload", "RunnerClient"]
+__all__ = [
+    "CheckpointEncoding",
+    "CheckpointStream",
+    "InputPayload",
+    "RunnerClient",
+    "WebSocketUpgrade",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +98,7 @@ def _new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-class RunnerClient(RunnerTransfers):
+class RunnerClient(RunnerTransfers, RunnerApps):
     """An HTTP client of one runner. Use as ``async with`` or call ``close()``."""
 
     def __init__(
@@ -119,6 +127,8 @@ class RunnerClient(RunnerTransfers):
         self._redact = Redactor([token, headers.BEARER_PREFIX + token])
         self._compatible = False
         self._contact_lock = anyio.Lock()
+        # What a request sent outside httpx (a WebSocket upgrade) could not go through.
+        self._transport_injected = transport is not None
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
             transport=transport,
@@ -143,6 +153,11 @@ class RunnerClient(RunnerTransfers):
         """Close the connection pool; idempotent."""
         await self._client.aclose()
 
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` has run: a closed client sends nothing more."""
+        return self._client.is_closed
+
     # -- plumbing -------------------------------------------------------------
 
     async def _request(
@@ -158,7 +173,37 @@ class RunnerClient(RunnerTransfers):
         **kwargs: object,
     ) -> httpx.Response:
         """Build (validating first), check the protocol on first contact, send."""
-        request_headers = {headers.REQUEST_ID: self._new_request_id(), **(extra_headers or {})}
+        request = self._build_request(
+            method,
+            route,
+            session_id=session_id,
+            message=message,
+            extra_headers=extra_headers,
+            read_timeout_s=read_timeout_s,
+            **kwargs,
+        )
+        await self._ensure_compatible()
+        return await self._send(request, stream=stream)
+
+    def _build_request(
+        self,
+        method: str,
+        route: str,
+        *,
+        session_id: str | None = None,
+        message: object = None,
+        extra_headers: Mapping[str, str] | None = None,
+        read_timeout_s: float | None = None,
+        **kwargs: object,
+    ) -> httpx.Request:
+        """One request carrying this client's headers (validated first); nothing is sent.
+
+        Ours win over ``extra_headers`` whatever their case: a forwarded header
+        cannot replace the token, the session, the protocol or the request id.
+        """
+        request_headers = httpx.Headers(extra_headers)
+        request_headers[headers.REQUEST_ID] = self._new_request_id()
+        request_headers[headers.PROTOCOL] = PROTOCOL_VERSION
         request_headers[headers.AUTHORIZATION] = headers.BEARER_PREFIX + self._token
         if session_id is not None:
             if not is_runtime_session_id(session_id):
@@ -174,20 +219,23 @@ class RunnerClient(RunnerTransfers):
             kwargs["timeout"] = httpx.Timeout(
                 default.read, connect=default.connect, read=read_timeout_s
             )
-        request = self._client.build_request(
+        return self._client.build_request(
             method,
             route,
             headers=request_headers,
             **kwargs,  # type: ignore[arg-type]
         )
-        await self._ensure_compatible()
-        return await self._send(request, stream=stream)
 
     def _mapping(self, request: httpx.Request) -> contextlib.AbstractContextManager[None]:
         return map_transport_errors(request, route=request.url.path, redact=self._redact)
 
-    async def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
-        """Send, translating transport failures and non-2xx answers; logs no header."""
+    async def _send(
+        self, request: httpx.Request, *, stream: bool = False, any_status: bool = False
+    ) -> httpx.Response:
+        """Send, translating transport failures and non-2xx answers; logs no header.
+
+        ``any_status`` returns every answer as it came (the port proxy's are the app's).
+        """
         started = self._clock()
         with self._mapping(request):
             response = await self._client.send(request, stream=stream)
@@ -200,7 +248,7 @@ class RunnerClient(RunnerTransfers):
             (self._clock() - started) * 1000,
             request.headers.get(headers.REQUEST_ID),
         )
-        if response.is_success:
+        if response.is_success or any_status:
             return response
         try:
             with self._mapping(request):

@@ -273,22 +273,26 @@ class PreviewProxy:
             return
         instances = self._instances()
         instances.touch(instance)
-        runner = instance.runner
-        target = runner.websocket_target(
-            instance.manifest.preview_port,
-            path,
-            query=_forward_query(websocket.scope.get("query_string", b"")),
-        )
         # Imported here: only WebSocket previews need the library.
         from websockets.asyncio.client import connect
         from websockets.exceptions import WebSocketException
 
-        extra = {**runner.auth_headers(), FORWARDED_PREFIX_HEADER: instance.preview_prefix}
+        try:
+            upgrade = await instance.runner.websocket_upgrade(
+                instance.manifest.preview_port,
+                path,
+                query=_forward_query(websocket.scope.get("query_string", b"")),
+                extra_headers={FORWARDED_PREFIX_HEADER: instance.preview_prefix},
+            )
+        except SandcellError as exc:
+            log.info("preview %s: no websocket upstream: %s", instance_id, type(exc).__name__)
+            await websocket.close(code=1011)
+            return
         subprotocols = websocket.scope.get("subprotocols") or None
         try:
             upstream = await connect(
-                target,
-                additional_headers=extra,
+                upgrade.url,
+                additional_headers=upgrade.headers,
                 subprotocols=subprotocols,
                 proxy=None,
                 max_size=_WS_MAX_BYTES,

@@ -1,0 +1,285 @@
+"""``RunnerApps``: a runner's app routes (processes, logs, diagnostics, the port proxy).
+
+A mixin of ``RunnerClient``, like ``RunnerTransfers``: every call is built by
+the client's ``_build_request`` (bearer token, ``X-Runtime-Session-Id``, protocol,
+request id) and sent by its ``_send``, so it goes through the one pooled
+``httpx.AsyncClient`` with its transport, the injected ``httpx.Auth`` (behind
+``HeaderGuard``), the error maps and the ``Redactor``. It holds no state, token
+or header of its own.
+
+Where these routes differ from the rest of ``RunnerClient``:
+
+- The port proxy (``port_request``) hands back the app's answer, any status;
+  only transport failures are mapped.
+- They make no first contact of their own: they are reached through a
+  ``SandboxHandle`` whose runner was checked when its sandbox came up
+  (``wait_ready``), as the app client always assumed. Call ``health()`` first
+  on a client used for nothing else.
+- A WebSocket upgrade cannot travel through httpx. ``websocket_upgrade`` gives
+  its ``ws(s)://`` URL and the headers to send with it, the injected auth's
+  included: it runs the client's auth over the equivalent HTTP request and
+  keeps what the auth set. A proxy's refusal cannot be answered by a second
+  try there, as it is over HTTP. No upgrade can go through an injected
+  *transport*, so one is refused rather than sent around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeVar
+
+import httpx
+
+from sandcell_protocol import (
+    AnalysisResult,
+    LogLines,
+    ProcessInfo,
+    ProcessList,
+    ProcessStart,
+    RuntimeErrors,
+    routes,
+)
+from sandcell_protocol.app_messages import port_path, process_path
+
+from .errors import RunnerRequestError
+from .runner_errors import Redactor, refused_before_sending
+
+__all__ = ["RunnerApps", "WebSocketUpgrade"]
+
+T = TypeVar("T")
+
+ANALYSIS_TIMEOUT_S = 180.0
+"""The project's checkers run in the jail: a big project takes a while."""
+PORT_READ_TIMEOUT_S = 300.0
+
+# Set by the WebSocket client itself, or meaningless on an upgrade; a second
+# Connection or Host header would break the handshake.
+_NOT_FOR_UPGRADE = frozenset(
+    {
+        "host",
+        "connection",
+        "upgrade",
+        "keep-alive",
+        "accept",
+        "accept-encoding",
+        "user-agent",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketUpgrade:
+    """Where a WebSocket upgrade goes and the headers it carries (secret: never log them)."""
+
+    url: str
+    headers: Mapping[str, str] = field(repr=False)
+
+
+class _RunnerCore(Protocol):
+    """The ``RunnerClient`` plumbing the app routes send through."""
+
+    base_url: str
+    _client: httpx.AsyncClient
+    _redact: Redactor
+    _transport_injected: bool
+
+    def _build_request(
+        self,
+        method: str,
+        route: str,
+        *,
+        session_id: str | None = None,
+        message: object = None,
+        extra_headers: Mapping[str, str] | None = None,
+        read_timeout_s: float | None = None,
+        **kwargs: object,
+    ) -> httpx.Request: ...
+
+    async def _send(
+        self, request: httpx.Request, *, stream: bool = False, any_status: bool = False
+    ) -> httpx.Response: ...
+
+    def _decode(self, response: httpx.Response, type_: type[T]) -> T: ...
+
+
+class RunnerApps:
+    """Process, log, diagnostics and port routes; a mixin of ``RunnerClient``."""
+
+    # -- processes ------------------------------------------------------------
+
+    async def start_process(
+        self: _RunnerCore, start: ProcessStart, *, session_id: str
+    ) -> ProcessInfo:
+        """``POST /v1/session/processes``: start a tagged background process."""
+        response = await _call(self, "POST", routes.SESSION_PROCESSES, session_id, message=start)
+        return self._decode(response, ProcessInfo)
+
+    async def processes(self: _RunnerCore, *, session_id: str) -> list[ProcessInfo]:
+        """``GET /v1/session/processes``: the session's processes, running or exited."""
+        response = await _call(self, "GET", routes.SESSION_PROCESSES, session_id)
+        return self._decode(response, ProcessList).processes
+
+    async def stop_process(self: _RunnerCore, tag: str, *, session_id: str) -> None:
+        """``DELETE /v1/session/processes/{tag}``: TERM, then KILL after the runner's grace."""
+        await _call(self, "DELETE", _tag_route(tag), session_id)
+
+    async def process_logs(
+        self: _RunnerCore,
+        tag: str,
+        *,
+        session_id: str,
+        lines: int | None = None,
+        filter: str | None = None,
+    ) -> LogLines:
+        """``GET …/processes/{tag}/logs``: the last ``lines`` lines matching ``filter``."""
+        params: dict[str, str] = {}
+        if lines is not None:
+            params["lines"] = str(lines)
+        if filter is not None:
+            params["filter"] = filter
+        response = await _call(self, "GET", _tag_route(tag, "logs"), session_id, params=params)
+        return self._decode(response, LogLines)
+
+    # -- diagnostics ----------------------------------------------------------
+
+    async def runtime_errors(
+        self: _RunnerCore, *, session_id: str, since: float | None = None
+    ) -> RuntimeErrors:
+        """``GET /v1/session/runtime-errors``: deduplicated errors (last seen after ``since``)."""
+        params = {"since": repr(since)} if since is not None else None
+        response = await _call(
+            self, "GET", routes.SESSION_RUNTIME_ERRORS, session_id, params=params
+        )
+        return self._decode(response, RuntimeErrors)
+
+    async def clear_runtime_errors(self: _RunnerCore, *, session_id: str) -> None:
+        """``DELETE /v1/session/runtime-errors``."""
+        await _call(self, "DELETE", routes.SESSION_RUNTIME_ERRORS, session_id)
+
+    async def analysis(self: _RunnerCore, *, session_id: str) -> AnalysisResult:
+        """``GET /v1/session/analysis``: the project's checkers, run in the jail."""
+        response = await _call(
+            self, "GET", routes.SESSION_ANALYSIS, session_id, read_timeout_s=ANALYSIS_TIMEOUT_S
+        )
+        return self._decode(response, AnalysisResult)
+
+    # -- ports ----------------------------------------------------------------
+
+    async def port_request(
+        self: _RunnerCore,
+        method: str,
+        port: int,
+        raw_path: str,
+        *,
+        session_id: str,
+        query: str,
+        request_headers: Mapping[str, str],
+        content: AsyncIterable[bytes] | bytes | None = None,
+        read_timeout_s: float = PORT_READ_TIMEOUT_S,
+    ) -> httpx.Response:
+        """Proxy one request to ``port``: a streaming response with the app's status.
+
+        ``raw_path`` (still percent-encoded, no leading slash) and ``query`` are
+        sent as they are. Transport failures map as on every route; the caller
+        closes the response.
+        """
+        request = self._build_request(
+            method,
+            _port_route(port, raw_path, query),
+            session_id=session_id,
+            extra_headers=request_headers,
+            read_timeout_s=read_timeout_s,
+            content=content,
+        )
+        return await self._send(request, stream=True, any_status=True)
+
+    async def websocket_upgrade(
+        self: _RunnerCore,
+        port: int,
+        raw_path: str,
+        *,
+        session_id: str,
+        query: str,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> WebSocketUpgrade:
+        """The URL and headers of a WebSocket upgrade to ``raw_path`` on ``port``.
+
+        The headers are this client's (token, session, protocol, request id), the
+        injected auth's (run on the equivalent ``GET``, through ``HeaderGuard``)
+        and ``extra_headers``. ``RunnerRequestError`` if a transport was injected:
+        the upgrade would bypass it.
+        """
+        if self._transport_injected:
+            raise _no_plain_upgrade(self)
+        request = self._build_request(
+            "GET",
+            _port_route(port, raw_path, query),
+            session_id=session_id,
+            extra_headers=extra_headers,
+        )
+        auth = self._client.auth
+        if auth is not None:
+            flow = auth.async_auth_flow(request)
+            try:
+                request = await anext(flow)
+            finally:
+                await flow.aclose()
+        self._redact.learn(request.headers)
+        return WebSocketUpgrade(url=_ws_url(request.url), headers=_upgrade_headers(request))
+
+
+async def _call(
+    core: _RunnerCore,
+    method: str,
+    route: str,
+    session_id: str,
+    *,
+    message: object = None,
+    params: Mapping[str, str] | None = None,
+    read_timeout_s: float | None = None,
+) -> httpx.Response:
+    request = core._build_request(
+        method,
+        route,
+        session_id=session_id,
+        message=message,
+        read_timeout_s=read_timeout_s,
+        params=params,
+    )
+    return await core._send(request)
+
+
+def _tag_route(tag: str, suffix: Literal["", "logs", "stdin"] = "") -> str:
+    try:
+        return process_path(tag, suffix)
+    except ValueError as exc:
+        raise refused_before_sending("bad_request", str(exc)) from None
+
+
+def _port_route(port: int, raw_path: str, query: str) -> str:
+    try:
+        route = port_path(port, raw_path)
+    except ValueError as exc:
+        raise refused_before_sending("bad_request", str(exc)) from None
+    return route + (f"?{query}" if query else "")
+
+
+def _ws_url(url: httpx.URL) -> str:
+    return str(url.copy_with(scheme="wss" if url.scheme == "https" else "ws"))
+
+
+def _upgrade_headers(request: httpx.Request) -> dict[str, str]:
+    return {
+        name: value
+        for name, value in request.headers.items()
+        if name.lower() not in _NOT_FOR_UPGRADE and not name.lower().startswith("sec-websocket-")
+    }
+
+
+def _no_plain_upgrade(core: _RunnerCore) -> RunnerRequestError:
+    why = "would bypass the injected transport this runner is reached through"
+    return refused_before_sending("bad_request", f"a WebSocket upgrade to {core.base_url} {why}")
