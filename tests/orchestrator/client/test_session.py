@@ -104,10 +104,12 @@ async def test_commands_and_files_share_the_session_workspace(handle: SandboxHan
 async def test_git_workflow_with_a_local_remote(handle: SandboxHandle) -> None:
     """init, add, commit, branch, push to a bare repo in the workspace, clone it back; the
     credential passed to push and clone is nowhere in the workspace afterwards."""
-    await handle.commands.run("git init -q --bare remote.git && git init -q -b main repo")
+    await handle.commands.run("git init -q --bare remote.git")
+    await handle.git.init(branch="main", path="repo")
     await handle.files.write("repo/README.md", "hello\n")
     status = await handle.git.status(path="repo")
     assert "?? README.md" in status
+    assert status.startswith("## No commits yet on main")
     await handle.git.add(["README.md"], path="repo")
     sha = await handle.git.commit(
         "first commit", author_name="Ada", author_email="ada@example.com", path="repo"

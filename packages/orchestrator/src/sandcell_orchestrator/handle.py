@@ -255,6 +255,12 @@ class Git:
             ) from None
         return redact(result.stdout)
 
+    async def init(self, *, branch: str = "main", path: str = ".") -> None:
+        """Make the workspace directory ``path`` (created if missing) a repository whose
+        first branch is ``branch``."""
+        initial = f"--initial-branch={validate_branch(branch)}"
+        await self._git(["init", "--quiet", initial, "--", _workspace_path(path, allow_root=True)])
+
     async def clone(
         self,
         url: str,

@@ -44,13 +44,6 @@ _READY_POLL_S = 0.2
 _PROBE_TIMEOUT_S = 5.0
 _TAIL_LINES = 30
 _TAIL_CHARS = 2000
-# Only the command line and the environment configure git here: no file, no
-# user config and no hook can interfere (the same hardening as handle.Git).
-GIT_ENV = {
-    "GIT_TERMINAL_PROMPT": "0",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-}
 _NOT_LISTENING = frozenset({502, 503, 504})
 
 
@@ -68,7 +61,7 @@ async def copy_template(handle: SandboxHandle, template: Template) -> None:
 
 async def git_init(handle: SandboxHandle, *, template: str, author: GitAuthor) -> str:
     """Make the workspace a git repository whose first commit is the template."""
-    await handle.commands.run("git init --quiet --initial-branch=main", env=GIT_ENV)
+    await handle.git.init(branch="main")
     await handle.git.add(["."])
     return await handle.git.commit(
         f"Start from template {template}", author_name=author.name, author_email=author.email
