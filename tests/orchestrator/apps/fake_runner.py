@@ -99,7 +99,6 @@ async def fake_preview() -> AsyncIterator[Preview]:
     async with serve_asgi(runner.app()) as runner_url:
         instances = AppInstances(
             SandboxManager(cast(Any, None), InProcessRegistry()),
-            store=cast(Any, None),
             templates=TemplateRegistry({}),
             settings=AppSettings(),
             clock=lambda: now[0],

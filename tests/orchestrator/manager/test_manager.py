@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from sandcell_orchestrator.errors import RegistryError, SandboxNotFoundError
+from sandcell_orchestrator.errors import CheckpointError, RegistryError, SandboxNotFoundError
 from sandcell_orchestrator.manager import SandboxManager, snapshot_key
 from sandcell_orchestrator.provider import SandboxProvider, SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
@@ -112,3 +114,40 @@ async def test_suspend_keeps_only_the_persistent_workspace(
     assert names == {"keep"}
     await resumed.close()
     await manager.destroy(sandbox_uuid)
+
+
+async def test_live_checkpoint_then_replace_a_lost_sandbox(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    provider, store, root = env
+    manager = SandboxManager(provider, InProcessRegistry())
+    sandbox_uuid, handle = await manager.acquire(SandboxSpec(), owner="dave")
+    with pytest.raises(CheckpointError):
+        await manager.replace_lost(sandbox_uuid, SandboxSpec())  # nothing saved yet
+    assert runner_pids(root) != []  # and the refused replacement destroyed nothing
+
+    await handle.files.write("work.txt", "turn 1")
+    ref = await manager.checkpoint(handle, sandbox_uuid=sandbox_uuid)
+    assert ref is not None
+    assert ref.key == snapshot_key(sandbox_uuid)
+    assert await store.exists(ref.key)
+    record = await manager.get_record(sandbox_uuid)
+    assert record is not None
+    assert (record.state, record.checkpoint_key) == ("active", ref.key)
+    # The sandbox kept running through its checkpoint.
+    await handle.files.write("work.txt", "turn 2, after the checkpoint")
+    lost_id = handle.sandbox_id
+    await handle.close()
+
+    for pid in runner_pids(root):
+        os.kill(pid, signal.SIGKILL)
+    replaced = await manager.replace_lost(sandbox_uuid, SandboxSpec())
+    assert replaced.sandbox_id != lost_id
+    assert await replaced.files.read("work.txt") == "turn 1"
+    record = await manager.get_record(sandbox_uuid)
+    assert record is not None
+    assert (record.state, record.sandbox_id) == ("active", replaced.sandbox_id)
+    assert not (root / "rt" / lost_id).exists()  # the remains were destroyed
+    await replaced.close()
+    await manager.destroy(sandbox_uuid)
+    assert not await store.exists(ref.key)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from .errors import SandboxNotFoundError
+from .errors import CheckpointError, SandboxNotFoundError
 from .handle import SandboxHandle
 from .provider import (
     SESSION_LABEL,
@@ -140,6 +140,59 @@ class SandboxManager:
                 _replace(record, state="suspended", checkpoint_key=checkpoint, at=self._now()),
             )
         return ref
+
+    async def checkpoint(
+        self,
+        handle: SandboxHandle,
+        *,
+        sandbox_uuid: str,
+        workspace: PersistentWorkspace | None = None,
+    ) -> ObjectSnapshot | None:
+        """Save a running sandbox's workspace, which keeps running; the row points at it.
+
+        After this, ``replace_lost`` (or ``resume`` of a suspended row) restores from
+        the saved copy. Providers whose ``persist`` is a native suspend have no live
+        copy to offer: they return ``None`` and the sandbox is left untouched.
+        """
+        if self.provider.capabilities.pause_resume:
+            return None
+        key = sandbox_session_key(sandbox_uuid)
+        async with hold_session(self.registry, key, ttl_ms=self._ttl_ms) as lease:
+            record = await self.registry.get(key)
+            if record is None or record.state != "active":
+                raise SandboxNotFoundError(f"sandbox {sandbox_uuid} is not active")
+            ref = await self.provider.persist(
+                handle, workspace or PersistentWorkspace(), key=snapshot_key(sandbox_uuid)
+            )
+            if not isinstance(ref, ObjectSnapshot):
+                raise CheckpointError(f"provider {self.provider.name} made no stored checkpoint")
+            if record.checkpoint_key != ref.key:
+                await self.registry.put(
+                    lease, _replace(record, checkpoint_key=ref.key, at=self._now())
+                )
+        return ref
+
+    async def replace_lost(self, sandbox_uuid: str, spec: SandboxSpec) -> SandboxHandle:
+        """Recreate a sandbox that stopped answering from its last checkpoint.
+
+        Whatever is left of the old sandbox is destroyed and the row marked
+        suspended first (the order ``suspend`` uses), so a failure at any step
+        leaves a row the next attempt can resume. ``CheckpointError`` when the
+        sandbox was never checkpointed: there is nothing to rebuild it from.
+        """
+        key = sandbox_session_key(sandbox_uuid)
+        async with hold_session(self.registry, key, ttl_ms=self._ttl_ms) as lease:
+            record = await self.registry.get(key)
+            if record is None:
+                raise SandboxNotFoundError(f"sandbox {sandbox_uuid} is not registered")
+            if record.checkpoint_key is None:
+                raise CheckpointError(f"sandbox {sandbox_uuid} has no checkpoint to rebuild from")
+            # Destroy even a row already marked suspended (a sweeper marks lost
+            # sandboxes so): its remains still need removing.
+            await self.provider.destroy(record.sandbox_id)
+            if record.state == "active":
+                await self.registry.put(lease, _replace(record, state="suspended", at=self._now()))
+        return await self.resume(sandbox_uuid, spec)
 
     async def resume(self, sandbox_uuid: str, spec: SandboxSpec) -> SandboxHandle:
         """Re-materialise a suspended sandbox by its stable id (its provider id may change)."""

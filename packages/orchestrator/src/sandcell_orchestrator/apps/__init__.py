@@ -3,8 +3,8 @@
 As a library::
 
     manager = SandboxManager(services.provider, services.registry)
-    instances = AppInstances(manager, store=services.store,
-                             templates=TemplateRegistry(settings.templates), settings=settings)
+    instances = AppInstances(manager, templates=TemplateRegistry(settings.templates),
+                             settings=settings)
     async with InstanceSupervisor(instances).running():
         created = await instances.create(
             CreateInstance(template="python-web", project_name="demo"), owner="default")

@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
-import msgspec
 
 from sandcell_protocol import (
     AnalysisResult,
@@ -37,12 +36,10 @@ from sandcell_protocol import (
     validate_workspace_path,
 )
 
-from ..errors import SandboxNotFoundError, SandcellError
+from ..errors import SandcellError
 from ..handle import SandboxHandle
-from ..manager import SandboxManager, sandbox_session_key, snapshot_key
+from ..manager import SandboxManager
 from ..provider import SandboxSpec
-from ..registry.lease import hold_session
-from ..snapshots import SnapshotStore
 from . import provision
 from .client import AppRunnerClient
 from .errors import AppRequestError, InstanceNotFoundError
@@ -67,7 +64,6 @@ log = logging.getLogger(__name__)
 _COMMAND_MARGIN_S = 10.0
 _MAX_LOG_LINES = 10_000
 _OWNER_LABEL = "sandcell.app_instance"
-_LOCK_TTL_MS = 120_000
 
 
 @dataclass(eq=False)
@@ -110,23 +106,19 @@ class AppInstances:
         self,
         manager: SandboxManager,
         *,
-        store: SnapshotStore,
         templates: TemplateRegistry,
         settings: AppSettings,
         webhooks: WebhookSender | None = None,
         policy: CommandPolicy | None = None,
-        checkpoint_max_bytes: int = 1 << 30,
         clock: Callable[[], float] = time.monotonic,
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
         new_id: Callable[[], str] = lambda: "app_" + secrets.token_hex(12),
     ) -> None:
         self.manager = manager
-        self.store = store
         self.templates = templates
         self.settings = settings
         self.webhooks = webhooks
         self.policy = policy or CommandPolicy(settings.denied_commands)
-        self.checkpoint_max_bytes = checkpoint_max_bytes
         self.clock = clock
         self._new_token = new_token
         self._new_id = new_id
@@ -366,27 +358,9 @@ class AppInstances:
     # -- checkpoints -----------------------------------------------------------------------
 
     async def checkpoint(self, instance: Instance) -> None:
-        """Save the workspace to the snapshot store, where a recovery restores it from.
-
-        The key is the manager's own for the sandbox and is written into its
-        registry row, so ``SandboxManager.resume`` restores from it and
-        ``SandboxManager.destroy`` deletes it.
-        """
-        key = snapshot_key(instance.sandbox_uuid)
-        handle = instance.handle
-        async with handle.runner.checkpoint(session_id=handle.session_id or "") as chunks:
-            await self.store.put(key, chunks, max_bytes=self.checkpoint_max_bytes)
-        session = sandbox_session_key(instance.sandbox_uuid)
-        registry = self.manager.registry
-        async with hold_session(registry, session, ttl_ms=_LOCK_TTL_MS) as lease:
-            record = await registry.get(session)
-            if record is None:
-                raise SandboxNotFoundError(f"app instance {instance.instance_id}: no sandbox row")
-            if record.checkpoint_key != key:
-                updated = msgspec.structs.replace(
-                    record, checkpoint_key=key, updated_at_s=time.time()
-                )
-                await registry.put(lease, updated)
+        """Save the workspace where a recovery restores it from (``SandboxManager``'s
+        own checkpoint of the sandbox, which ``destroy`` also deletes)."""
+        await self.manager.checkpoint(instance.handle, sandbox_uuid=instance.sandbox_uuid)
         instance.dirty = False
 
 

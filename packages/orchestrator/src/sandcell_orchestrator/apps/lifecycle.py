@@ -24,21 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
-import msgspec
 
 from ..errors import (
-    CheckpointError,
     SandboxNotFoundError,
     SandboxTimeoutError,
     SandboxUnavailableError,
     SandcellError,
 )
-from ..manager import sandbox_session_key
-from ..registry.lease import hold_session
 from . import provision
 from .client import AppRunnerClient
 from .instances import AppInstances, Instance
@@ -48,7 +43,6 @@ __all__ = ["InstanceSupervisor"]
 
 log = logging.getLogger(__name__)
 
-_LOCK_TTL_MS = 120_000
 _GONE = (SandboxUnavailableError, SandboxTimeoutError, SandboxNotFoundError, TimeoutError)
 """What a health probe raises when the runner is gone, rather than misbehaving."""
 
@@ -148,29 +142,11 @@ class InstanceSupervisor:
     async def recover(self, instance: Instance) -> None:
         """Recreate the sandbox from its last checkpoint and restart the dev server.
 
-        Call with the instance's lock held. Mirrors ``SandboxManager.suspend``'s
-        order (destroy, then mark suspended) so a failure at any step leaves the
-        row resumable by the next round.
+        Call with the instance's lock held. ``SandboxManager.replace_lost`` keeps
+        the row resumable by the next round if any step fails.
         """
         instance.status = "recovering"
-        manager = self._instances.manager
-        registry = manager.registry
-        session = sandbox_session_key(instance.sandbox_uuid)
-        async with hold_session(registry, session, ttl_ms=_LOCK_TTL_MS) as lease:
-            record = await registry.get(session)
-            if record is None:
-                raise SandboxNotFoundError(f"app instance {instance.instance_id}: no sandbox row")
-            if record.checkpoint_key is None:
-                raise CheckpointError(f"app instance {instance.instance_id}: no checkpoint")
-            # Destroy even a row already marked suspended (the execution service's
-            # sweeper marks lost sandboxes so): its runner's root still needs removing.
-            await manager.provider.destroy(record.sandbox_id)
-            if record.state == "active":
-                suspended = msgspec.structs.replace(
-                    record, state="suspended", updated_at_s=time.time()
-                )
-                await registry.put(lease, suspended)
-        handle = await manager.resume(instance.sandbox_uuid, instance.spec())
+        handle = await self._instances.manager.replace_lost(instance.sandbox_uuid, instance.spec())
         old_handle, old_runner = instance.handle, instance.runner
         # The old clients stay usable (failing cleanly) until the new ones are in place.
         instance.handle, instance.runner = handle, AppRunnerClient.for_handle(handle)

@@ -113,11 +113,9 @@ class AppService:
                 await stack.enter_async_context(webhooks)
             instances = AppInstances(
                 SandboxManager(services.provider, services.registry),
-                store=services.store,
                 templates=TemplateRegistry(config.templates),
                 settings=config,
                 webhooks=webhooks,
-                checkpoint_max_bytes=self.settings.checkpoint_max_bytes,
             )
             stack.push_async_callback(instances.aclose)
             supervisor = InstanceSupervisor(instances)
