@@ -138,6 +138,8 @@ async def start_api(tmp_path: Path, runtime_dir: Path) -> AsyncIterator[StartApi
     async with contextlib.AsyncExitStack() as stack:
 
         async def start(**env: str) -> AppApi:
+            # The webhook receiver listens on loopback, which is refused unless allowed.
+            env.setdefault("SANDCELL_APP_WEBHOOK_ALLOW_NETS", "127.0.0.1/32")
             receiver = Receiver()
             receiver_url = await stack.enter_async_context(serve_asgi(receiver.app()))
             port = free_port()

@@ -237,6 +237,19 @@ async def test_bad_bodies_and_auth(start_api: StartApi) -> None:
         ),
         (
             await post(
+                "/v1/instances",
+                json={
+                    "template": "python-web",
+                    "project_name": "x",
+                    "webhook_url": "http://169.254.169.254/latest/meta-data/",
+                },
+                headers=api.auth(),
+            ),
+            400,
+            ErrorCode.BAD_REQUEST,
+        ),
+        (
+            await post(
                 f"/v1/instances/{instance_id}/files",
                 content=b" " * (MAX_BODY_BYTES + 1),
                 headers=api.auth(),

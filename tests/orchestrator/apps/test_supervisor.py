@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
 
@@ -12,6 +13,8 @@ from sandcell_orchestrator.apps.webhooks import SIGNATURE_HEADER, WebhookSender,
 from .fake_runner import INSTANCE, Preview
 from .http_server import serve_asgi
 from .receiver import Receiver
+
+RECEIVER_NETS = [ipaddress.ip_network("127.0.0.1/32")]  # the receiver is on loopback
 
 SECRET = "supervisor-SECRET-0123456789"
 
@@ -32,7 +35,10 @@ def _record(fingerprint: str, count: int = 1) -> dict[str, Any]:
 async def test_each_new_fingerprint_is_sent_once(preview: Preview) -> None:
     """Known fingerprints are not re-sent when they recur; a new one is."""
     receiver = Receiver()
-    async with serve_asgi(receiver.app()) as url, WebhookSender(secret=SECRET) as webhooks:
+    async with (
+        serve_asgi(receiver.app()) as url,
+        WebhookSender(secret=SECRET, allow_nets=RECEIVER_NETS) as webhooks,
+    ):
         preview.instances.webhooks = webhooks
         preview.instance.webhook_url = f"{url}/hook"
         supervisor = InstanceSupervisor(preview.instances)

@@ -2,7 +2,8 @@
 
 SandcellError
 ├── AppRequestError          the caller's request is wrong; ``code`` is the protocol's ErrorCode
-│   └── InstanceNotFoundError no such instance in the caller's namespace (or it was shut down)
+│   ├── InstanceNotFoundError no such instance in the caller's namespace (or it was shut down)
+│   └── WebhookTargetError   (webhook_targets.py) a webhook_url the service will not call
 ├── InstanceStartError       the template's install, start or ready check failed
 ├── CommandDeniedError       (policy.py) a command matched a policy rule; nothing ran
 └── TemplateError            (templates.py) a template could not be loaded

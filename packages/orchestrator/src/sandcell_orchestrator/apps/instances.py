@@ -172,8 +172,13 @@ class AppInstances:
 
     async def create(self, request: CreateInstance, *, owner: str) -> InstanceCreated:
         """Acquire a sandbox, copy the template, install, start, wait ready; checkpoint it."""
-        if request.webhook_url is not None and self.webhooks is None:
-            raise AppRequestError("webhook_url needs SANDCELL_APP_WEBHOOK_SECRET on the service")
+        if request.webhook_url is not None:
+            if self.webhooks is None:
+                raise AppRequestError(
+                    "webhook_url needs SANDCELL_APP_WEBHOOK_SECRET on the service"
+                )
+            # Before a sandbox is acquired: a refused destination is a plain 400.
+            self.webhooks.check_url(request.webhook_url)
         template = await self.templates.load(request.template)
         instance_id = self._new_id()
         spec = SandboxSpec(

@@ -25,8 +25,12 @@ __all__ = [
 
 ProjectName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,99}$")]
 TemplateName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]
+# The shape only (no user info; no backslash, which URL parsers disagree about):
+# whether the destination may be reached depends on the operator's allow-list, so
+# AppInstances.create asks the WebhookSender (``check_url``) and the sender checks
+# again on every connection.
 WebhookUrl = Annotated[
-    str, msgspec.Meta(pattern=r"^https?://[^\s@/?#]+(/[^\s#]*)?$", max_length=2048)
+    str, msgspec.Meta(pattern=r"^https?://[^\s@/?#\\]+(/[^\s#\\]*)?$", max_length=2048)
 ]
 EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 Command = Annotated[str, msgspec.Meta(min_length=1, max_length=16384)]
@@ -42,6 +46,7 @@ class CreateInstance(_Body, frozen=True):
     template: TemplateName
     project_name: ProjectName
     webhook_url: WebhookUrl | None = None
+    """Where runtime-error webhooks go: a public address unless the operator allowed more."""
     env: Annotated[dict[EnvName, str], msgspec.Meta(max_length=100)] = msgspec.field(
         default_factory=dict
     )

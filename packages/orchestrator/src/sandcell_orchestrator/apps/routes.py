@@ -109,7 +109,9 @@ class AppService:
         async with contextlib.AsyncExitStack() as stack:
             webhooks = None
             if config.webhook_secret is not None:
-                webhooks = WebhookSender(secret=config.webhook_secret)
+                webhooks = WebhookSender(
+                    secret=config.webhook_secret, allow_nets=config.webhook_allow_nets
+                )
                 await stack.enter_async_context(webhooks)
             instances = AppInstances(
                 SandboxManager(services.provider, services.registry),

@@ -9,14 +9,25 @@ SANDCELL_APP_HEALTH_INTERVAL_S  seconds between health checks           30
 SANDCELL_APP_IDLE_TIMEOUT_S     an instance idle this long is shut down 1800
 SANDCELL_APP_ERROR_POLL_S       how often new runtime errors are sought 2
 SANDCELL_APP_WEBHOOK_SECRET     HMAC-SHA256 key signing webhook bodies  none (no webhooks)
+SANDCELL_APP_WEBHOOK_ALLOW_NETS comma-separated CIDRs webhooks may      none (public
+                                reach although not public, e.g.         addresses only)
+                                ``127.0.0.1/32,10.0.0.0/8``
 SANDCELL_APP_GIT_AUTHOR         ``Name <email>`` of workspace commits   sandcell
 SANDCELL_APP_DENIED_COMMANDS    extra ``name=regex`` rules, one a line  none
 SANDCELL_PUBLIC_URL             base URL of preview links               http://host:port
 =============================== ======================================= =================
+
+Webhook URLs are the API caller's, so by default a webhook may only go to a
+globally routable address: loopback, link-local (cloud metadata), private,
+CGNAT and other special ranges are refused, however the URL spells them and
+whatever its name resolves to (``webhook_targets``). List a network in
+``SANDCELL_APP_WEBHOOK_ALLOW_NETS`` only when its receivers are meant to be
+reachable by every tenant of the API.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +35,7 @@ from pathlib import Path
 
 from ..config import OrchestratorSettings
 from ..errors import ConfigError
+from .webhook_targets import IPNetwork
 
 __all__ = ["SHIPPED_TEMPLATES_DIR", "AppSettings", "GitAuthor"]
 
@@ -53,6 +65,8 @@ class AppSettings:
     idle_timeout_s: float = 1800.0
     error_poll_s: float = 2.0
     webhook_secret: str | None = field(default=None, repr=False)
+    webhook_allow_nets: tuple[IPNetwork, ...] = ()
+    """Networks webhooks may reach although not public (``WebhookSender(allow_nets=...)``)."""
     git_author: GitAuthor = field(default_factory=GitAuthor)
     denied_commands: tuple[tuple[str, str], ...] = ()
     """Extra policy rules as ``(name, regex)``, on top of the built-in ones."""
@@ -72,6 +86,7 @@ class AppSettings:
             idle_timeout_s=_seconds(env, "SANDCELL_APP_IDLE_TIMEOUT_S", 1800.0),
             error_poll_s=_seconds(env, "SANDCELL_APP_ERROR_POLL_S", 2.0),
             webhook_secret=secret,
+            webhook_allow_nets=_networks(env, "SANDCELL_APP_WEBHOOK_ALLOW_NETS"),
             git_author=_author(env.get("SANDCELL_APP_GIT_AUTHOR", "")),
             denied_commands=_rules(env.get("SANDCELL_APP_DENIED_COMMANDS", "")),
         )
@@ -129,6 +144,17 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not value > 0:
         raise ConfigError(f"{name}: must be positive")
     return value
+
+
+def _networks(env: Mapping[str, str], name: str) -> tuple[IPNetwork, ...]:
+    found: list[IPNetwork] = []
+    for item in filter(None, (part.strip() for part in env.get(name, "").split(","))):
+        try:
+            # strict: "10.0.0.1/8" is a typo for a host or for a network; say so, don't guess.
+            found.append(ipaddress.ip_network(item, strict=True))
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {item[:60]!r} is not a CIDR network: {exc}") from None
+    return tuple(found)
 
 
 def _author(raw: str) -> GitAuthor:

@@ -13,7 +13,14 @@ Each body is signed with HMAC-SHA256 over the exact bytes sent::
 A receiver recomputes the HMAC over the raw body (``verify_signature``) before
 parsing it. Transport failures, 429 and 5xx answers are retried after
 ``base_delay_s * 2**attempt`` (jittered, capped) up to ``max_attempts``; any
-other answer ends the delivery. The secret and the signature never reach a log.
+other answer ends the delivery; redirects are not followed (a 3xx ends it too).
+The secret and the signature never reach a log.
+
+Deliveries go only to public addresses, plus the networks the operator allowed
+(``allow_nets``, from ``SANDCELL_APP_WEBHOOK_ALLOW_NETS``): ``check_url`` refuses
+a URL up front, and every connection is made to an address vetted after
+resolving (see ``webhook_targets``). A refused delivery is logged by its id and
+host and is not retried.
 """
 
 from __future__ import annotations
@@ -25,12 +32,23 @@ import hmac
 import logging
 import random
 import secrets
-from collections.abc import Awaitable, Callable
+import ssl
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 
 from sandcell_protocol import encode
+
+from .webhook_targets import (
+    IPNetwork,
+    PinnedTransport,
+    Resolver,
+    WebhookTargetError,
+    WebhookTargets,
+    resolve_host,
+)
 
 __all__ = [
     "DELIVERY_HEADER",
@@ -46,6 +64,7 @@ log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Sandcell-Signature"
 DELIVERY_HEADER = "X-Sandcell-Delivery"
 _RETRY_STATUSES = frozenset({408, 425, 429})
+_Outcome = Literal["ok", "retry", "final", "refused"]
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -65,18 +84,28 @@ def verify_signature(secret: str, body: bytes, header: str | None) -> bool:
 class Delivery:
     """One webhook to send: where, and the JSON-encodable payload."""
 
-    url: str
+    # A receiver's URL may carry its own token (chat-style incoming webhooks).
+    url: str = field(repr=False)
     payload: object = field(repr=False)
     delivery_id: str = field(default_factory=lambda: secrets.token_hex(12))
 
 
 class WebhookSender:
-    """Queues and delivers signed webhooks in the background. ``async with`` for its workers."""
+    """Queues and delivers signed webhooks in the background. ``async with`` for its workers.
+
+    ``allow_nets`` are the networks webhooks may reach although not public (none by
+    default). ``resolver`` and ``ssl_context`` are how hosts are looked up and TLS
+    receivers verified. A ``transport`` replaces the connection vetting (only the
+    ``check_url`` part stays): it is for tests that talk to an in-process app.
+    """
 
     def __init__(
         self,
         *,
         secret: str,
+        allow_nets: Iterable[IPNetwork] = (),
+        resolver: Resolver = resolve_host,
+        ssl_context: ssl.SSLContext | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         max_attempts: int = 6,
         base_delay_s: float = 0.5,
@@ -88,6 +117,7 @@ class WebhookSender:
         jitter: Callable[[], float] = random.random,
     ) -> None:
         self._secret = secret
+        self.targets = WebhookTargets(tuple(allow_nets))
         self._max_attempts = max_attempts
         self._base_delay_s = base_delay_s
         self._max_delay_s = max_delay_s
@@ -97,13 +127,17 @@ class WebhookSender:
         self._queue: asyncio.Queue[Delivery] = asyncio.Queue(maxsize=queue_size)
         self._tasks: list[asyncio.Task[None]] = []
         self._client = httpx.AsyncClient(
-            transport=transport,
+            transport=transport
+            or PinnedTransport(self.targets, resolver=resolver, ssl_context=ssl_context),
             timeout=httpx.Timeout(timeout_s),
             follow_redirects=False,
             trust_env=False,
         )
         self.delivered = 0
         self.failed = 0
+        """Deliveries given up, refused ones included."""
+        self.refused = 0
+        """Deliveries not attempted because their destination is not allowed."""
         self.dropped = 0
 
     def __repr__(self) -> str:
@@ -123,6 +157,14 @@ class WebhookSender:
                 asyncio.create_task(self._work(), name=f"sandcell-webhook-{index}")
                 for index in range(self._workers)
             ]
+
+    def check_url(self, url: str) -> None:
+        """Refuse (``WebhookTargetError``, a ``bad_request``) a URL this sender won't send to.
+
+        For accepting a ``webhook_url``: what the URL says is checked (a literal
+        address, ``localhost``); where a name resolves is checked at delivery.
+        """
+        self.targets.check_url(url)
 
     def submit(self, delivery: Delivery) -> bool:
         """Enqueue ``delivery`` without waiting; False if the queue was full (dropped)."""
@@ -171,6 +213,9 @@ class WebhookSender:
             if outcome == "ok":
                 self.delivered += 1
                 return True
+            if outcome == "refused":
+                self.refused += 1
+                break
             if outcome == "final" or attempt + 1 == self._max_attempts:
                 break
             await self._sleep(self._delay_s(attempt))
@@ -180,16 +225,31 @@ class WebhookSender:
 
     async def _attempt(
         self, delivery: Delivery, body: bytes, request_headers: dict[str, str]
-    ) -> str:
+    ) -> _Outcome:
         try:
-            response = await self._client.post(delivery.url, content=body, headers=request_headers)
+            # Checked on every delivery too: the URL may predate the check or the allow-list.
+            self.targets.check_url(delivery.url)
+            # Streamed and never read: only the status matters, and a receiver
+            # answering with an endless body must not be buffered.
+            async with self._client.stream(
+                "POST",
+                delivery.url,
+                content=body,
+                headers=request_headers,
+                follow_redirects=False,
+            ) as response:
+                status = response.status_code
+        except WebhookTargetError as exc:
+            # The message names the host and address, never the URL's path or query.
+            log.warning("webhook delivery %s refused: %s", delivery.delivery_id, exc)
+            return "refused"
         except httpx.HTTPError as exc:
             log.info("webhook delivery %s: %s", delivery.delivery_id, type(exc).__name__)
             return "retry"
-        if response.is_success:
+        if 200 <= status < 300:
             return "ok"
-        log.info("webhook delivery %s: HTTP %d", delivery.delivery_id, response.status_code)
-        if response.status_code >= 500 or response.status_code in _RETRY_STATUSES:
+        log.info("webhook delivery %s: HTTP %d", delivery.delivery_id, status)
+        if status >= 500 or status in _RETRY_STATUSES:
             return "retry"
         return "final"
 
