@@ -1,7 +1,7 @@
 """Checkpoint stream codecs: gzip or zstd, streaming both ways with bounded memory.
 
 Compression is tuned for speed (a checkpoint sits on the turn's critical path):
-zlib level 1 for gzip, zstd level 3 on one thread. Decompression runs in a
+gzip through ISA-L (``isal``) at level 1, zstd level 3 on one thread. Decompression runs in a
 thread at most 4 MiB ahead and never hands out more bytes than its caller
 allowed, so a compression bomb costs at most that pool of memory, and it
 rejects truncated streams and bytes after the end of the stream (a gzip CRC or
@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import queue
 import threading
-import zlib
 from collections.abc import Callable
 from typing import IO, Literal, Protocol, cast
 
 import zstandard
+from isal import isal_zlib
 
 from .errors import ArchiveRejectedError
 
 Encoding = Literal["gzip", "zstd"]
 
 GZIP_LEVEL = 1
+"""ISA-L's level 1: zlib level 1's ratio here at ~4x its speed (437 vs 117 MB/s on CSV,
+294 vs 42 MB/s on random bytes); gzip is the fallback every peer reads, and at
+zlib's speed it was the slowest stage of a checkpoint. isal releases the GIL as
+zlib does."""
 ZSTD_LEVEL = 3
 ZSTD_THREADS = 0
 """Single-threaded: zstd's multithreaded mode buffers whole jobs until a flush, which
@@ -39,6 +43,8 @@ _ZSTD_RAW_READ_BYTES = 256 << 10
 _GZIP_RAW_READ_BYTES = 64 << 10
 _AHEAD_CHUNK_BYTES = 1 << 20
 _AHEAD_CHUNKS = 4
+# isal's stub declares its error class as an instance of Exception.
+_ISAL_ERROR = cast(type[Exception], isal_zlib.error)
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_MAX_BLOCK_BYTES = 128 << 10
 
@@ -74,7 +80,7 @@ def new_compressor(encoding: Encoding) -> Compressor:
     """A fresh streaming compressor producing one gzip member or one zstd frame."""
     if encoding == "gzip":
         # wbits=31: a gzip wrapper (header + CRC32), not a bare zlib stream.
-        return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)
+        return isal_zlib.compressobj(GZIP_LEVEL, isal_zlib.DEFLATED, 31)
     compressor = zstandard.ZstdCompressor(
         level=ZSTD_LEVEL, threads=ZSTD_THREADS, write_checksum=True
     )
@@ -183,7 +189,8 @@ class _ReadAhead:
 class _GzipInflater:
     def __init__(self, source: RawSource) -> None:
         self._source = source
-        self._inflate = zlib.decompressobj(31)
+        # ISA-L inflates about twice as fast as zlib, same API (and limits).
+        self._inflate = isal_zlib.decompressobj(31)
         self._pending = b""
         self._ended = False
 
@@ -203,7 +210,7 @@ class _GzipInflater:
                     raise ArchiveRejectedError("gzip: stream truncated")
             try:
                 out = self._inflate.decompress(self._pending, size)
-            except zlib.error as exc:
+            except _ISAL_ERROR as exc:
                 raise ArchiveRejectedError(f"gzip: corrupt stream ({exc})") from None
             self._pending = self._inflate.unconsumed_tail
             if out:
