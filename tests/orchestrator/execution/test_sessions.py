@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -362,7 +363,12 @@ async def test_idle_sweeper_suspends_and_forgets_lost_sandboxes(
     await registry.touch(gone_id, at_s=service._now() + 3600)  # recently seen: not idle
     gone = await registry.get(gone_id)
     assert gone is not None
-    await local_provider.destroy(gone.sandbox_id)  # lost behind the registry's back
+    # The runner dies behind the registry's back; its root (and tmpfs mount) stays.
+    gone_root = runtime_dir / "rt" / gone.sandbox_id
+    state = json.loads((gone_root / "sandbox.json").read_text())
+    os.kill(int(state["pid"]), signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(int(state["pid"]), 0)
     suspended = await service.sweep_idle(idle_s=60)
     assert suspended == 0  # nothing idle for a minute yet
     idle_record = await registry.get(idle_id)
@@ -371,6 +377,7 @@ async def test_idle_sweeper_suspends_and_forgets_lost_sandboxes(
     assert idle_record.state == "active"
     assert gone_record is not None
     assert gone_record.state == "suspended"
+    assert not gone_root.exists()  # the remains were destroyed
     assert await service.sweep_idle(idle_s=0.001) == 1
     idle_record = await registry.get(idle_id)
     assert idle_record is not None

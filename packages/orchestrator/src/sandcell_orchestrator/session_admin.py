@@ -92,7 +92,8 @@ class SessionAdmin:
         return count
 
     async def _forget_lost_sandboxes(self) -> None:
-        """Mark rows whose sandbox is gone as suspended: the next turn restores."""
+        """Mark rows whose sandbox is gone as suspended (its remains destroyed): the next
+        turn restores."""
         for record in await self.registry.list_records():
             if record.state != "active" or record.provider != self.provider.name:
                 continue
@@ -114,6 +115,9 @@ class SessionAdmin:
                         stale = self._handles.pop(record.session_id, None)
                         if stale is not None:
                             await stale.close()
+                        # A sandbox that died on its own leaves remains (a local
+                        # runner's root and mounts, a stopped container): remove them.
+                        await self.provider.destroy(record.sandbox_id)
                         await self.registry.put(
                             lease,
                             msgspec.structs.replace(
