@@ -386,3 +386,30 @@ async def test_idle_sweeper_suspends_and_forgets_lost_sandboxes(
     again = await service.execute(py("print(open('a').read())"), ALICE, hint="idle")
     assert again.stdout == "1\n"
     await service.aclose(destroy_sandboxes=True)
+
+
+async def test_each_sweep_checks_a_bounded_share_of_the_rows(
+    local_provider: LocalProvider, dir_store: SnapshotStore
+) -> None:
+    """Rows whose sandbox is lost are found round robin, a bounded number per sweep."""
+    registry = InProcessRegistry()
+    service = ExecutionService(provider=local_provider, registry=registry, store=dir_store)
+    service.lost_checks_per_sweep = 2
+    hints = ["one", "two", "three"]
+    for hint in hints:
+        await service.execute(py("print(1)"), ALICE, hint=hint)
+    ids = [runtime_session_id(ALICE.namespace, ALICE.user_id, hint) for hint in hints]
+    for session_id in ids:
+        record = await registry.get(session_id)
+        assert record is not None
+        await local_provider.destroy(record.sandbox_id)
+
+    async def states() -> list[str]:
+        found = [await registry.get(session_id) for session_id in ids]
+        return sorted(record.state for record in found if record is not None)
+
+    assert await service.sweep_idle(idle_s=3600) == 0
+    assert await states() == ["active", "suspended", "suspended"]
+    await service.sweep_idle(idle_s=3600)
+    assert await states() == ["suspended", "suspended", "suspended"]
+    await service.aclose(destroy_sandboxes=True)

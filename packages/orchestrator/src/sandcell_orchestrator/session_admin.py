@@ -6,6 +6,7 @@ it uses the service's registry, provider, store and handle cache.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable
 
@@ -34,6 +35,13 @@ class SessionAdmin:
     lock_ttl_ms: int
     _handles: dict[str, SandboxHandle]
     _now: Callable[[], float]
+
+    lost_checks_per_sweep = 64
+    """How many active rows one sweep asks the provider about (round robin). Each
+    ask is a provider call (a GetMicrovm, a container inspect): thousands of
+    sessions must not make every sweep thousands of calls. A turn in a session
+    whose sandbox is lost relaunches it anyway; this only tidies rows nobody uses."""
+    _lost_cursor = ""
 
     async def list_sessions(self) -> list[SessionRecord]:
         return await self.registry.list_records()
@@ -94,9 +102,7 @@ class SessionAdmin:
     async def _forget_lost_sandboxes(self) -> None:
         """Mark rows whose sandbox is gone as suspended (its remains destroyed): the next
         turn restores."""
-        for record in await self.registry.list_records():
-            if record.state != "active" or record.provider != self.provider.name:
-                continue
+        for record in self._next_lost_checks(await self.registry.list_records()):
             try:
                 handle = await self.provider.connect(record.sandbox_id)
             except SandboxNotFoundError:
@@ -127,3 +133,15 @@ class SessionAdmin:
                         self.metrics.inc("sandcell_fallbacks_total", reason="sandbox_gone")
             except SessionBusyError:
                 continue
+
+    def _next_lost_checks(self, records: list[SessionRecord]) -> list[SessionRecord]:
+        """This sweep's share of the active rows: the next ones after the last checked."""
+        active = sorted(
+            (r for r in records if r.state == "active" and r.provider == self.provider.name),
+            key=lambda record: record.session_id,
+        )
+        start = bisect.bisect_right([r.session_id for r in active], self._lost_cursor)
+        batch = (active[start:] + active[:start])[: self.lost_checks_per_sweep]
+        if batch:
+            self._lost_cursor = batch[-1].session_id
+        return batch
