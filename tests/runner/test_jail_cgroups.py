@@ -8,6 +8,8 @@ share it, and the first to finish would kill the other as its "leftover".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import os
 import shutil
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import pytest
 
 from sandcell_runner.cgroups import CgroupManager
 from sandcell_runner.config import _find_nsjail
+from sandcell_runner.errors import JailError
 from sandcell_runner.jail import Jail
 from sandcell_runner.job_spec import JobLimits, JobSpec
 from sandcell_runner.spawner import Spawner
@@ -70,13 +73,18 @@ def test_concurrent_jobs_of_one_uid_do_not_share_a_cgroup(
     jail_root: tuple[Jail, CgroupManager, Path],
 ) -> None:
     jail, _, root = jail_root
-    slow = _spec(root, "slow", "sleep 1; echo survived")
+    # The slow job blocks on a FIFO the test opens only once the quick job is done,
+    # so the two overlap however slow the host is.
+    slow = _spec(root, "slow", "cat gate > /dev/null; echo survived")
+    gate = slow.workspace / "gate"
+    os.mkfifo(gate, 0o666)
     quick = _spec(root, "quick", "echo quick")
 
     async def both() -> tuple[str, str]:
         slow_task = asyncio.create_task(jail.run(slow))
-        await asyncio.sleep(0.3)  # the slow job is running when the quick one ends
         quick_outcome = await jail.run(quick)
+        assert not slow_task.done()
+        await _release(gate)
         slow_outcome = await slow_task
         assert quick_outcome.exit_code == 0, quick_outcome.jail_log
         assert slow_outcome.exit_code == 0, (slow_outcome.signal, slow_outcome.jail_log)
@@ -84,6 +92,40 @@ def test_concurrent_jobs_of_one_uid_do_not_share_a_cgroup(
 
     slow_out, quick_out = asyncio.run(both())
     assert (slow_out, quick_out) == ("survived\n", "quick\n")
+
+
+async def _release(fifo: Path) -> None:
+    """Open ``fifo`` for writing once its reader is there, then close it (EOF)."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            os.close(fd)
+            return
+
+
+def test_a_job_that_cannot_start_leaks_no_descriptor(
+    jail_root: tuple[Jail, CgroupManager, Path],
+) -> None:
+    jail, _, root = jail_root
+    oversized = dataclasses.replace(
+        _spec(root, "huge", "true"), env={"PATH": "/usr/bin:/bin", "X": "a" * 70_000}
+    )
+
+    async def refused() -> None:
+        with pytest.raises(JailError, match="too large"):
+            await jail.run(oversized)
+
+    asyncio.run(refused())  # a first run settles what the loop itself opens
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        asyncio.run(refused())
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_slots_are_reused_not_multiplied(jail_root: tuple[Jail, CgroupManager, Path]) -> None:

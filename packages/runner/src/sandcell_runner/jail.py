@@ -123,6 +123,7 @@ class Jail:
             return await self._run_in(spec, None, None, on_output)
         slot = heapq.heappop(self._idle_slots) if self._idle_slots else self._new_slot()
         key, memory, pids = f"s{slot}", spec.limits.memory_bytes, spec.limits.pids
+        settled = False
         try:
             cgroup = self._cgroups.pooled(key, memory_bytes=memory, pids=pids)
             if cgroup is not None:
@@ -139,8 +140,13 @@ class Jail:
                 # is left (the pid namespace died with nsjail): one read says so.
                 if cgroup.signal_leftovers():
                     await asyncio.to_thread(cgroup.kill_all)
+                settled = True
         finally:
-            heapq.heappush(self._idle_slots, slot)
+            # A cancellation during the acquire or the kill leaves its thread running
+            # on this slot's cgroup: the slot is retired rather than handed to a job
+            # that thread could race or kill.
+            if settled:
+                heapq.heappush(self._idle_slots, slot)
 
     def _new_slot(self) -> int:
         self._slots_made += 1
@@ -211,16 +217,17 @@ class Jail:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         log_r, log_w = os.pipe()
-        stdin_fd = self._stdin_fd(spec)
         stdout = _Capture("stdout", spec.limits.stdout_bytes, on_output)
         stderr = _Capture("stderr", spec.limits.stderr_bytes, on_output)
         jail_log = _Capture("log", 256 * 1024, None)
         state = {"timed_out": False, "stdout_limited": False}
-        close_after = [out_w, err_w, log_w, stdin_fd]
+        close_after = [out_w, err_w, log_w]
         # The runner's own high-water mark so far: nsjail's ru_maxrss is at least this.
         runner_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         try:
+            stdin_fd = self._stdin_fd(spec)
+            close_after.append(stdin_fd)
             request = self._spawn_request(
                 spec,
                 stdin=stdin_fd,
@@ -232,6 +239,11 @@ class Jail:
                 close_after=close_after,
             )
             process = await self._spawner.spawn(request)
+        except BaseException:
+            # Nothing started (a refused configuration, a failed fork): no reader will.
+            for fd in (out_r, err_r, log_r):
+                os.close(fd)
+            raise
         finally:
             for fd in close_after:
                 os.close(fd)
