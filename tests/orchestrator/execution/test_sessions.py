@@ -413,3 +413,37 @@ async def test_each_sweep_checks_a_bounded_share_of_the_rows(
     await service.sweep_idle(idle_s=3600)
     assert await states() == ["suspended", "suspended", "suspended"]
     await service.aclose(destroy_sandboxes=True)
+
+
+async def test_a_failing_destroy_skips_one_row_not_the_round(
+    local_provider: LocalProvider, dir_store: SnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = InProcessRegistry()
+    service = ExecutionService(provider=local_provider, registry=registry, store=dir_store)
+    hints = ["stuck", "fine"]
+    for hint in hints:
+        await service.execute(py("print(1)"), ALICE, hint=hint)
+    records = [
+        await registry.get(runtime_session_id(ALICE.namespace, ALICE.user_id, hint))
+        for hint in hints
+    ]
+    stuck, fine = (record for record in records if record is not None)
+    for record in (stuck, fine):
+        await local_provider.destroy(record.sandbox_id)
+    destroy = local_provider.destroy
+
+    async def flaky_destroy(sandbox_id: str) -> None:
+        if sandbox_id == stuck.sandbox_id:
+            raise SandboxUnavailableError("the engine is not answering")
+        await destroy(sandbox_id)
+
+    monkeypatch.setattr(local_provider, "destroy", flaky_destroy)
+    await service.sweep_idle(idle_s=3600)
+    after = {r.session_id: r.state for r in await registry.list_records()}
+    assert after == {stuck.session_id: "active", fine.session_id: "suspended"}
+    monkeypatch.setattr(local_provider, "destroy", destroy)
+    await service.sweep_idle(idle_s=3600)  # the stuck row is looked at again
+    stuck_now = await registry.get(stuck.session_id)
+    assert stuck_now is not None
+    assert stuck_now.state == "suspended"
+    await service.aclose(destroy_sandboxes=True)

@@ -131,8 +131,10 @@ class SessionAdmin:
                             ),
                         )
                         self.metrics.inc("sandcell_fallbacks_total", reason="sandbox_gone")
-            except SessionBusyError:
-                continue
+            except (SessionBusyError, SandboxError) as exc:
+                # The row stays active and is looked at again in a later round; the
+                # rest of this round goes on.
+                log.info("lost-sandbox check skipped %s: %s", record.session_id[:11], exc)
 
     def _next_lost_checks(self, records: list[SessionRecord]) -> list[SessionRecord]:
         """This sweep's share of the active rows: the next ones after the last checked."""
