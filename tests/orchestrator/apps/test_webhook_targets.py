@@ -132,6 +132,7 @@ def test_the_allow_list_admits_only_its_networks() -> None:
         ("2606:4700::6810:84e5", True),
         ("127.0.0.1", False),
         ("169.254.169.254", False),
+        ("168.63.129.16", False),  # Azure's metadata host, although public
         ("::ffff:169.254.169.254", False),
         ("::ffff:93.184.215.14", True),
         ("64:ff9b::7f00:1", False),

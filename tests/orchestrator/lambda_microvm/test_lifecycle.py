@@ -17,6 +17,7 @@ from sandcell_orchestrator.errors import (
     SandboxUnavailableError,
 )
 from sandcell_orchestrator.handle import SandboxHandle
+from sandcell_orchestrator.manager import SandboxManager
 from sandcell_orchestrator.provider import (
     NativeSnapshot,
     ObjectSnapshot,
@@ -25,6 +26,7 @@ from sandcell_orchestrator.provider import (
     SandboxSpec,
 )
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
+from sandcell_orchestrator.registry import InProcessRegistry
 from sandcell_orchestrator.runner_client import RunnerClient
 from sandcell_protocol import ExecuteRequest, RunStatus
 
@@ -241,3 +243,21 @@ async def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> N
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         await anyio.sleep(0.02)
+
+
+async def test_a_live_checkpoint_is_declined_and_the_vm_keeps_running(
+    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator
+) -> None:
+    """``SandboxManager.checkpoint`` has no live copy to make on a provider that suspends
+    in place: it returns None without suspending, and the row gets no checkpoint key."""
+    manager = SandboxManager(provider, InProcessRegistry())
+    sandbox_uuid, handle = await manager.acquire(SandboxSpec(), owner="apps")
+    try:
+        assert await manager.checkpoint(handle, sandbox_uuid=sandbox_uuid) is None
+        assert emulator.fleet.vms[vm_id_of(handle)].state is VmState.RUNNING
+        record = await manager.get_record(sandbox_uuid)
+        assert record is not None
+        assert (record.state, record.checkpoint_key) == ("active", None)
+    finally:
+        await handle.close()
+        await manager.destroy(sandbox_uuid)

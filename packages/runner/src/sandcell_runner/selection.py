@@ -16,6 +16,9 @@ In detail, a glob matches a whole relative path, and:
 - ``*`` matches any run of characters but ``/``, ``?`` one character but ``/``;
 - every other character, ``[`` included, matches only itself.
 
+A pattern is read left to right, the longest token first: ``***/x`` is ``**``
+then ``*/x`` (so it does not match ``x``), as the earlier regex translation read it.
+
 ``**`` matches newlines like any other character (a backtracking ``.*`` would
 not, letting a name with a newline slip past ``**/secret``).
 

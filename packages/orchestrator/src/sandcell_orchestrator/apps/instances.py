@@ -364,9 +364,15 @@ class AppInstances:
 
     async def checkpoint(self, instance: Instance) -> None:
         """Save the workspace where a recovery restores it from (``SandboxManager``'s
-        own checkpoint of the sandbox, which ``destroy`` also deletes)."""
-        await self.manager.checkpoint(instance.handle, sandbox_uuid=instance.sandbox_uuid)
-        instance.dirty = False
+        own checkpoint of the sandbox, which ``destroy`` also deletes).
+
+        A provider that suspends in place (Lambda MicroVMs) offers no live copy:
+        nothing is saved, the instance stays dirty, and a sandbox lost there
+        cannot be rebuilt (its recovery fails and the instance shows degraded).
+        """
+        saved = await self.manager.checkpoint(instance.handle, sandbox_uuid=instance.sandbox_uuid)
+        if saved is not None:
+            instance.dirty = False
 
 
 def _file_path(path: str) -> str:

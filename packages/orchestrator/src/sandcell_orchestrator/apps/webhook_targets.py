@@ -20,6 +20,10 @@ An address that reaches an IPv4 address through IPv6 (IPv4-mapped ``::ffff:0:0/9
 special-purpose ranges are listed here rather than left to ``is_global``, whose
 answers differ between Python patch releases (3.11 calls multicast, site-local,
 6to4 and IPv4-compatible addresses global).
+
+Not covered: the orchestrator host's own public addresses. A service there that
+listens on every interface is reachable through them; bind such services to
+loopback or a private address, or filter egress at the network.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ _SPECIAL_NETS: tuple[IPNetwork, ...] = tuple(
         "100.64.0.0/10",  # carrier-grade NAT
         "127.0.0.0/8",
         "169.254.0.0/16",  # link-local, cloud metadata
+        "168.63.129.16/32",  # Azure's WireServer and metadata host (a public address)
         "172.16.0.0/12",
         "192.0.0.0/24",
         "192.0.2.0/24",
