@@ -285,3 +285,22 @@ async def test_early_rejection_does_not_wait_for_the_rest_of_the_body(arena: Are
             limits=ArchiveLimits(),
             expected_sha256=None,
         )
+
+
+def test_the_extractor_reads_only_the_runners_own_arguments() -> None:
+    from sandcell_runner.restore_child import _parse_args
+
+    base = ["--staging-fd=5", "--encoding=zstd", "--max-bytes=100", "--max-members=9"]
+    args = _parse_args([*base, "--uid=20001", "--gid=20001"])
+    assert (args.staging_fd, args.encoding, args.max_bytes, args.max_members) == (5, "zstd", 100, 9)
+    assert (args.uid, args.gid) == (20001, 20001)
+    assert _parse_args(base).uid is None
+    for bad, why in [
+        ([*base, "--uid"], "unexpected argument"),
+        ([*base, "--colour=red"], "unknown option --colour"),
+        (base[1:], "--staging-fd is required"),
+        ([*base[:1], "--encoding=bz2", *base[2:]], "gzip or zstd"),
+        ([*base[:2], "--max-bytes=lots", base[3]], "--max-bytes must be an integer"),
+    ]:
+        with pytest.raises(SystemExit, match=why):
+            _parse_args(bad)

@@ -12,13 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandcell_runner.archive_rules import StrictTarInfo, parse_pax_records
-from sandcell_runner.checkpoint import (
-    ArchiveLimits,
-    export_checkpoint,
-    format_mtime_ns,
-    symlink_target_inside,
-)
+from sandcell_runner.archive_rules import StrictTarInfo, parse_pax_records, symlink_target_inside
+from sandcell_runner.checkpoint import ArchiveLimits, export_checkpoint, format_mtime_ns
 from sandcell_runner.compression import choose_encoding
 from sandcell_runner.errors import ArchiveRejectedError
 from tests.runner.archive import META, Arena, chunked, restore_bytes

@@ -18,6 +18,39 @@ from sandcell_protocol.routes import CHECKPOINT_WORKSPACE_PREFIX
 
 from .errors import ArchiveRejectedError
 
+MAX_META_BYTES = 32 << 20
+PERMISSION_BITS = 0o777
+"""Mode bits that survive a checkpoint: never setuid, setgid or sticky."""
+
+
+def symlink_target_inside(relpath: str, target: str) -> bool:
+    """Whether a symlink at workspace path ``relpath`` provably points inside.
+
+    Stricter than lexical normalisation: ``..`` may only lead the target, and no
+    further than the link's depth. ``a/..`` is refused because the kernel
+    resolves ``a`` first, and if ``a`` is itself a symlink, ``..`` leaves from
+    wherever ``a`` leads; with this rule every link resolves inside by induction.
+    """
+    if not target or target.startswith("/") or "\x00" in target:
+        return False
+    if len(target.encode("utf-8", "surrogateescape")) > 4096:
+        return False
+    depth = relpath.count("/")
+    climbing = True
+    for part in target.split("/"):
+        if part in ("", "."):
+            continue
+        if part != "..":
+            climbing = False
+        elif not climbing:
+            return False
+        else:
+            depth -= 1
+            if depth < 0:
+                return False
+    return True
+
+
 __all__ = [
     "ReadExact",
     "StrictTarInfo",

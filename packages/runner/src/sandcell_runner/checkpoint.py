@@ -37,23 +37,18 @@ import msgspec
 from sandcell_protocol import CheckpointMeta, ProtocolError, encode, validate_workspace_path
 from sandcell_protocol.routes import CHECKPOINT_META_MEMBER, CHECKPOINT_WORKSPACE_PREFIX
 
+from .archive_rules import MAX_META_BYTES, PERMISSION_BITS, symlink_target_inside
 from .compression import Compressor, Encoding, new_compressor
 from .errors import ArchiveRejectedError
 from .selection import WorkspaceSelection
 
 __all__ = [
-    "MAX_META_BYTES",
-    "PERMISSION_BITS",
     "ArchiveLimits",
     "export_checkpoint",
     "format_mtime_ns",
     "stream_checkpoint",
-    "symlink_target_inside",
 ]
 
-MAX_META_BYTES = 32 << 20
-PERMISSION_BITS = 0o777
-"""Mode bits that survive a checkpoint: never setuid, setgid or sticky."""
 
 _WORKSPACE_MEMBER_PREFIX = CHECKPOINT_WORKSPACE_PREFIX + "/"
 _CHUNK_BYTES = 128 << 10
@@ -84,34 +79,6 @@ class ArchiveLimits:
     def __post_init__(self) -> None:
         if self.max_bytes < 0 or self.max_members < 2:
             raise ValueError("ArchiveLimits: max_bytes must be >= 0 and max_members >= 2")
-
-
-def symlink_target_inside(relpath: str, target: str) -> bool:
-    """Whether a symlink at workspace path ``relpath`` provably points inside.
-
-    Stricter than lexical normalisation: ``..`` may only lead the target, and no
-    further than the link's depth. ``a/..`` is refused because the kernel
-    resolves ``a`` first, and if ``a`` is itself a symlink, ``..`` leaves from
-    wherever ``a`` leads; with this rule every link resolves inside by induction.
-    """
-    if not target or target.startswith("/") or "\x00" in target:
-        return False
-    if len(target.encode("utf-8", "surrogateescape")) > 4096:
-        return False
-    depth = relpath.count("/")
-    climbing = True
-    for part in target.split("/"):
-        if part in ("", "."):
-            continue
-        if part != "..":
-            climbing = False
-        elif not climbing:
-            return False
-        else:
-            depth -= 1
-            if depth < 0:
-                return False
-    return True
 
 
 def format_mtime_ns(mtime_ns: int) -> str:

@@ -28,9 +28,11 @@ import msgspec
 
 from sandcell_protocol import CheckpointMeta, ProtocolError, decode
 
-from .checkpoint import MAX_META_BYTES, ArchiveLimits
+from .archive_rules import MAX_META_BYTES
+from .checkpoint import ArchiveLimits
 from .compression import Encoding
 from .errors import ArchiveRejectedError
+from .restore_child import ChildResult
 
 __all__ = ["ChildResult", "restore_checkpoint"]
 
@@ -44,14 +46,6 @@ _STDERR_TAIL_BYTES = 4096
 _PIPE_BYTES_PRIVILEGED = 16 << 20
 _PIPE_BYTES = 1 << 20
 _STAGING_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The extractor's verdict on stdout: ``meta`` (its JSON) when ``ok``, else ``reason``."""
-
-    ok: bool
-    meta: str | None = None
-    reason: str | None = None
 
 
 async def restore_checkpoint(

@@ -20,7 +20,7 @@ parses header blocks and its data filter is a first check; on top of it:
   PAX records are parsed strictly in linear time (``archive_rules.StrictTarInfo``);
 - names must be normalized workspace paths under ``workspace/``
   (``archive_rules.workspace_relpath``), each member unique; symlink targets must
-  provably stay inside (``checkpoint.symlink_target_inside``); hard links are
+  provably stay inside (``archive_rules.symlink_target_inside``); hard links are
   refused outright;
 - entries are created with ``*at()`` calls relative to directory fds opened with
   O_NOFOLLOW (leaves with O_EXCL), so no path is resolved through a symlink;
@@ -37,7 +37,6 @@ decompressor's output straight to ``os.write``, about 3x faster.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import hashlib
@@ -46,20 +45,35 @@ import resource
 import sys
 import tarfile
 from collections.abc import Sequence
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple, NoReturn, cast
 
 import msgspec
 
 from sandcell_protocol import CheckpointMeta, ProtocolError, decode
 from sandcell_protocol.routes import CHECKPOINT_META_MEMBER, CHECKPOINT_WORKSPACE_PREFIX
 
-from .archive_rules import StrictTarInfo, member_mtime_ns, shown, workspace_relpath
-from .checkpoint import MAX_META_BYTES, PERMISSION_BITS, symlink_target_inside
+from .archive_rules import (
+    MAX_META_BYTES,
+    PERMISSION_BITS,
+    StrictTarInfo,
+    member_mtime_ns,
+    shown,
+    symlink_target_inside,
+    workspace_relpath,
+)
 from .compression import DecompressingReader, Encoding, RawSource
 from .errors import ArchiveRejectedError
-from .restore import ChildResult
 
-__all__ = ["extract", "main"]
+__all__ = ["ChildResult", "extract", "main"]
+
+
+class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The extractor's verdict on stdout: ``meta`` (its JSON) when ``ok``, else ``reason``."""
+
+    ok: bool
+    meta: str | None = None
+    reason: str | None = None
+
 
 _BLOCK = tarfile.BLOCKSIZE
 # Decompressed bytes one member's headers may take, with the padding of the
@@ -352,15 +366,50 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="sandcell_runner.restore_child")
-    parser.add_argument("--staging-fd", type=int, required=True)
-    parser.add_argument("--encoding", choices=("gzip", "zstd"), required=True)
-    parser.add_argument("--max-bytes", type=int, required=True)
-    parser.add_argument("--max-members", type=int, required=True)
-    parser.add_argument("--uid", type=int)
-    parser.add_argument("--gid", type=int)
-    return parser.parse_args(argv)
+class _Args(NamedTuple):
+    staging_fd: int
+    encoding: Encoding
+    max_bytes: int
+    max_members: int
+    uid: int | None
+    gid: int | None
+
+
+def _parse_args(argv: Sequence[str] | None) -> _Args:
+    # Not argparse: its import is ~8 ms of a start-up that every restore waits
+    # for, and this argv is the runner's own (``--name=value``, nothing else).
+    given: dict[str, str] = {}
+    for item in sys.argv[1:] if argv is None else argv:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("--"):
+            raise SystemExit(f"restore_child: unexpected argument {item[:80]!r}")
+        given[name[2:]] = value
+
+    def number(name: str, *, required: bool = True) -> int | None:
+        raw = given.pop(name, None)
+        if raw is None:
+            if required:
+                raise SystemExit(f"restore_child: --{name} is required")
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise SystemExit(f"restore_child: --{name} must be an integer") from None
+
+    encoding = given.pop("encoding", "")
+    if encoding not in ("gzip", "zstd"):
+        raise SystemExit("restore_child: --encoding must be gzip or zstd")
+    args = _Args(
+        staging_fd=cast(int, number("staging-fd")),
+        encoding=cast(Encoding, encoding),
+        max_bytes=cast(int, number("max-bytes")),
+        max_members=cast(int, number("max-members")),
+        uid=number("uid", required=False),
+        gid=number("gid", required=False),
+    )
+    if given:
+        raise SystemExit(f"restore_child: unknown option --{sorted(given)[0][:40]}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
