@@ -27,6 +27,7 @@ from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.manager import SandboxManager
 from sandcell_orchestrator.registry import InProcessRegistry
 from sandcell_orchestrator.runner_client import RunnerClient
+from sandcell_protocol import PROTOCOL_VERSION, Health, encode
 
 from .http_server import serve_asgi
 
@@ -69,6 +70,11 @@ class FakeRunner:
             async for text in websocket.iter_text():
                 await websocket.send_text(f"echo:{text}")
 
+        async def health(_request: Request) -> Response:
+            # The client checks the protocol on first contact, as with a real runner.
+            found = Health(status="ok", protocol=PROTOCOL_VERSION, runner_version="fake")
+            return Response(encode(found), media_type="application/json")
+
         async def runtime_errors(_request: Request) -> Response:
             return Response(json.dumps({"errors": self.errors}), media_type="application/json")
 
@@ -78,6 +84,7 @@ class FakeRunner:
                 Route(path, port, methods=["GET", "POST"]),
                 WebSocketRoute(path, socket),
                 Route("/v1/session/runtime-errors", runtime_errors, methods=["GET"]),
+                Route("/health", health, methods=["GET"]),
             ]
         )
 

@@ -16,7 +16,9 @@ import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.routing import WebSocketRoute
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
@@ -25,7 +27,7 @@ from sandcell_orchestrator.errors import RunnerRequestError, SandboxUnavailableE
 from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.providers.lambda_auth import MicrovmProxyAuth, ProxyTokenCache
 from sandcell_orchestrator.runner_client import RunnerClient
-from sandcell_protocol import ProcessStart
+from sandcell_protocol import PROTOCOL_VERSION, Health, ProcessStart, encode
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, start_runner
 
@@ -185,7 +187,17 @@ def _gate_app(seen: list[dict[str, str]], minted: Minted, runner_token: str) -> 
         async for text in websocket.iter_text():
             await websocket.send_text(f"echo:{text}")
 
-    return Starlette(routes=[WebSocketRoute("/v1/session/ports/{port}/{path:path}", socket)])
+    async def health(_request: Request) -> Response:
+        # The client checks the runner's protocol on first contact, through the gate.
+        found = Health(status="ok", protocol=PROTOCOL_VERSION, runner_version="gate")
+        return Response(encode(found), media_type="application/json")
+
+    return Starlette(
+        routes=[
+            WebSocketRoute("/v1/session/ports/{port}/{path:path}", socket),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )
 
 
 async def test_a_websocket_upgrade_carries_what_the_injected_auth_adds() -> None:

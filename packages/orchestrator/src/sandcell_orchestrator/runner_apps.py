@@ -1,8 +1,8 @@
 """``RunnerApps``: a runner's app routes (processes, logs, diagnostics, the port proxy).
 
-A mixin of ``RunnerClient``, like ``RunnerTransfers``: every call is built by
-the client's ``_build_request`` (bearer token, ``X-Runtime-Session-Id``, protocol,
-request id) and sent by its ``_send``, so it goes through the one pooled
+A mixin of ``RunnerClient``, like ``RunnerTransfers``: every call goes through
+the client's ``_request`` (bearer token, ``X-Runtime-Session-Id``, protocol,
+request id; the protocol checked on first contact), so through the one pooled
 ``httpx.AsyncClient`` with its transport, the injected ``httpx.Auth`` (behind
 ``HeaderGuard``), the error maps and the ``Redactor``. It holds no state, token
 or header of its own.
@@ -11,10 +11,6 @@ Where these routes differ from the rest of ``RunnerClient``:
 
 - The port proxy (``port_request``) hands back the app's answer, any status;
   only transport failures are mapped.
-- They make no first contact of their own: they are reached through a
-  ``SandboxHandle`` whose runner was checked when its sandbox came up
-  (``wait_ready``), as the app client always assumed. Call ``health()`` first
-  on a client used for nothing else.
 - A WebSocket upgrade cannot travel through httpx. ``websocket_upgrade`` gives
   its ``ws(s)://`` URL and the headers to send with it, the injected auth's
   included: it runs the client's auth over the equivalent HTTP request and
@@ -27,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Literal
 
 import httpx
 
@@ -43,11 +39,11 @@ from sandcell_protocol import (
 from sandcell_protocol.app_messages import port_path, process_path
 
 from .errors import RunnerRequestError
-from .runner_errors import Redactor, refused_before_sending
+from .runner_core import RunnerCore
+from .runner_errors import refused_before_sending
 
 __all__ = ["RunnerApps", "WebSocketUpgrade"]
 
-T = TypeVar("T")
 
 ANALYSIS_TIMEOUT_S = 180.0
 """The project's checkers run in the jail: a big project takes a while."""
@@ -79,56 +75,31 @@ class WebSocketUpgrade:
     headers: Mapping[str, str] = field(repr=False)
 
 
-class _RunnerCore(Protocol):
-    """The ``RunnerClient`` plumbing the app routes send through."""
-
-    base_url: str
-    _client: httpx.AsyncClient
-    _redact: Redactor
-    _transport_injected: bool
-
-    def _build_request(
-        self,
-        method: str,
-        route: str,
-        *,
-        session_id: str | None = None,
-        message: object = None,
-        extra_headers: Mapping[str, str] | None = None,
-        read_timeout_s: float | None = None,
-        **kwargs: object,
-    ) -> httpx.Request: ...
-
-    async def _send(
-        self, request: httpx.Request, *, stream: bool = False, any_status: bool = False
-    ) -> httpx.Response: ...
-
-    def _decode(self, response: httpx.Response, type_: type[T]) -> T: ...
-
-
 class RunnerApps:
     """Process, log, diagnostics and port routes; a mixin of ``RunnerClient``."""
 
     # -- processes ------------------------------------------------------------
 
     async def start_process(
-        self: _RunnerCore, start: ProcessStart, *, session_id: str
+        self: RunnerCore, start: ProcessStart, *, session_id: str
     ) -> ProcessInfo:
         """``POST /v1/session/processes``: start a tagged background process."""
-        response = await _call(self, "POST", routes.SESSION_PROCESSES, session_id, message=start)
+        response = await self._request(
+            "POST", routes.SESSION_PROCESSES, session_id=session_id, message=start
+        )
         return self._decode(response, ProcessInfo)
 
-    async def processes(self: _RunnerCore, *, session_id: str) -> list[ProcessInfo]:
+    async def processes(self: RunnerCore, *, session_id: str) -> list[ProcessInfo]:
         """``GET /v1/session/processes``: the session's processes, running or exited."""
-        response = await _call(self, "GET", routes.SESSION_PROCESSES, session_id)
+        response = await self._request("GET", routes.SESSION_PROCESSES, session_id=session_id)
         return self._decode(response, ProcessList).processes
 
-    async def stop_process(self: _RunnerCore, tag: str, *, session_id: str) -> None:
+    async def stop_process(self: RunnerCore, tag: str, *, session_id: str) -> None:
         """``DELETE /v1/session/processes/{tag}``: TERM, then KILL after the runner's grace."""
-        await _call(self, "DELETE", _tag_route(tag), session_id)
+        await self._request("DELETE", _tag_route(tag), session_id=session_id)
 
     async def process_logs(
-        self: _RunnerCore,
+        self: RunnerCore,
         tag: str,
         *,
         session_id: str,
@@ -141,36 +112,38 @@ class RunnerApps:
             params["lines"] = str(lines)
         if filter is not None:
             params["filter"] = filter
-        response = await _call(self, "GET", _tag_route(tag, "logs"), session_id, params=params)
+        response = await self._request(
+            "GET", _tag_route(tag, "logs"), session_id=session_id, params=params
+        )
         return self._decode(response, LogLines)
 
     # -- diagnostics ----------------------------------------------------------
 
     async def runtime_errors(
-        self: _RunnerCore, *, session_id: str, since: float | None = None
+        self: RunnerCore, *, session_id: str, since: float | None = None
     ) -> RuntimeErrors:
         """``GET /v1/session/runtime-errors``: deduplicated errors (last seen after ``since``)."""
         params = {"since": repr(since)} if since is not None else None
-        response = await _call(
-            self, "GET", routes.SESSION_RUNTIME_ERRORS, session_id, params=params
+        response = await self._request(
+            "GET", routes.SESSION_RUNTIME_ERRORS, session_id=session_id, params=params
         )
         return self._decode(response, RuntimeErrors)
 
-    async def clear_runtime_errors(self: _RunnerCore, *, session_id: str) -> None:
+    async def clear_runtime_errors(self: RunnerCore, *, session_id: str) -> None:
         """``DELETE /v1/session/runtime-errors``."""
-        await _call(self, "DELETE", routes.SESSION_RUNTIME_ERRORS, session_id)
+        await self._request("DELETE", routes.SESSION_RUNTIME_ERRORS, session_id=session_id)
 
-    async def analysis(self: _RunnerCore, *, session_id: str) -> AnalysisResult:
+    async def analysis(self: RunnerCore, *, session_id: str) -> AnalysisResult:
         """``GET /v1/session/analysis``: the project's checkers, run in the jail."""
-        response = await _call(
-            self, "GET", routes.SESSION_ANALYSIS, session_id, read_timeout_s=ANALYSIS_TIMEOUT_S
+        response = await self._request(
+            "GET", routes.SESSION_ANALYSIS, session_id=session_id, read_timeout_s=ANALYSIS_TIMEOUT_S
         )
         return self._decode(response, AnalysisResult)
 
     # -- ports ----------------------------------------------------------------
 
     async def port_request(
-        self: _RunnerCore,
+        self: RunnerCore,
         method: str,
         port: int,
         raw_path: str,
@@ -187,18 +160,19 @@ class RunnerApps:
         sent as they are. Transport failures map as on every route; the caller
         closes the response.
         """
-        request = self._build_request(
+        return await self._request(
             method,
             _port_route(port, raw_path, query),
             session_id=session_id,
             extra_headers=request_headers,
             read_timeout_s=read_timeout_s,
             content=content,
+            stream=True,
+            any_status=True,
         )
-        return await self._send(request, stream=True, any_status=True)
 
     async def websocket_upgrade(
-        self: _RunnerCore,
+        self: RunnerCore,
         port: int,
         raw_path: str,
         *,
@@ -215,6 +189,7 @@ class RunnerApps:
         """
         if self._transport_injected:
             raise _no_plain_upgrade(self)
+        await self._ensure_compatible()
         request = self._build_request(
             "GET",
             _port_route(port, raw_path, query),
@@ -230,27 +205,6 @@ class RunnerApps:
                 await flow.aclose()
         self._redact.learn(request.headers)
         return WebSocketUpgrade(url=_ws_url(request.url), headers=_upgrade_headers(request))
-
-
-async def _call(
-    core: _RunnerCore,
-    method: str,
-    route: str,
-    session_id: str,
-    *,
-    message: object = None,
-    params: Mapping[str, str] | None = None,
-    read_timeout_s: float | None = None,
-) -> httpx.Response:
-    request = core._build_request(
-        method,
-        route,
-        session_id=session_id,
-        message=message,
-        read_timeout_s=read_timeout_s,
-        params=params,
-    )
-    return await core._send(request)
 
 
 def _tag_route(tag: str, suffix: Literal["", "logs", "stdin"] = "") -> str:
@@ -280,6 +234,6 @@ def _upgrade_headers(request: httpx.Request) -> dict[str, str]:
     }
 
 
-def _no_plain_upgrade(core: _RunnerCore) -> RunnerRequestError:
+def _no_plain_upgrade(core: RunnerCore) -> RunnerRequestError:
     why = "would bypass the injected transport this runner is reached through"
     return refused_before_sending("bad_request", f"a WebSocket upgrade to {core.base_url} {why}")

@@ -170,9 +170,13 @@ class RunnerClient(RunnerTransfers, RunnerApps):
         extra_headers: Mapping[str, str] | None = None,
         read_timeout_s: float | None = None,
         stream: bool = False,
+        any_status: bool = False,
         **kwargs: object,
     ) -> httpx.Response:
-        """Build (validating first), check the protocol on first contact, send."""
+        """Build (validating first), check the protocol on first contact, send.
+
+        ``any_status``: hand back a non-2xx answer instead of raising (the port proxy).
+        """
         request = self._build_request(
             method,
             route,
@@ -183,7 +187,7 @@ class RunnerClient(RunnerTransfers, RunnerApps):
             **kwargs,
         )
         await self._ensure_compatible()
-        return await self._send(request, stream=stream)
+        return await self._send(request, stream=stream, any_status=any_status)
 
     def _build_request(
         self,

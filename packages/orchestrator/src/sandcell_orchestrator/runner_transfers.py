@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Literal
 from urllib.parse import quote
 
 import anyio
@@ -40,11 +40,11 @@ from sandcell_protocol import (
 )
 
 from .errors import RunnerRequestError, SandboxUnavailableError
+from .runner_core import RunnerCore
 from .runner_errors import refused_before_sending
 
 __all__ = ["CheckpointEncoding", "CheckpointStream", "InputPayload", "RunnerTransfers"]
 
-T = TypeVar("T")
 CheckpointEncoding = Literal["zstd", "gzip"]
 
 JSON = "application/json"
@@ -126,27 +126,6 @@ def _file_route(path: str, *, allow_root: bool = False) -> str:
     )
 
 
-class _RunnerCore(Protocol):
-    """The ``RunnerClient`` plumbing the transfer methods send through."""
-
-    async def _request(
-        self,
-        method: str,
-        route: str,
-        *,
-        session_id: str | None = None,
-        message: object = None,
-        extra_headers: Mapping[str, str] | None = None,
-        read_timeout_s: float | None = None,
-        stream: bool = False,
-        **kwargs: object,
-    ) -> httpx.Response: ...
-
-    def _decode(self, response: httpx.Response, type_: type[T]) -> T: ...
-
-    def _mapping(self, request: httpx.Request) -> contextlib.AbstractContextManager[None]: ...
-
-
 class RunnerTransfers:
     """Checkpoint, restore, input-cache and session-file routes; a mixin of ``RunnerClient``."""
 
@@ -154,7 +133,7 @@ class RunnerTransfers:
 
     @contextlib.asynccontextmanager
     async def checkpoint(
-        self: _RunnerCore,
+        self: RunnerCore,
         *,
         session_id: str,
         encoding: CheckpointEncoding = "zstd",
@@ -184,7 +163,7 @@ class RunnerTransfers:
             await response.aclose()
 
     async def restore(
-        self: _RunnerCore,
+        self: RunnerCore,
         chunks: AsyncIterable[bytes],
         *,
         session_id: str,
@@ -211,7 +190,7 @@ class RunnerTransfers:
     # -- inputs ---------------------------------------------------------------
 
     async def probe_inputs(
-        self: _RunnerCore, refs: Sequence[FileRef], *, session_id: str | None = None
+        self: RunnerCore, refs: Sequence[FileRef], *, session_id: str | None = None
     ) -> list[FileRef]:
         """``POST /v1/inputs/probe``: the refs whose objects the runner's cache lacks."""
         probe = InputProbe(refs=list(refs))
@@ -221,7 +200,7 @@ class RunnerTransfers:
         return self._decode(response, InputProbeResult).missing
 
     async def push_inputs(
-        self: _RunnerCore, objects: Sequence[InputPayload], *, session_id: str | None = None
+        self: RunnerCore, objects: Sequence[InputPayload], *, session_id: str | None = None
     ) -> list[str]:
         """``POST /v1/inputs`` (multipart: manifest first, one part per object); stored keys."""
         unique: dict[str, InputPayload] = {}
@@ -248,14 +227,14 @@ class RunnerTransfers:
 
     # -- session files ----------------------------------------------------------
 
-    async def read_file(self: _RunnerCore, path: str, *, session_id: str) -> bytes:
+    async def read_file(self: RunnerCore, path: str, *, session_id: str) -> bytes:
         """``GET /v1/session/files/{path}``: a regular file's bytes."""
         response = await self._request("GET", _file_route(path), session_id=session_id)
         if _is_json(response):
             raise RunnerRequestError(f"GET {path}: is a directory", code="invalid_path")
         return response.content
 
-    async def list_files(self: _RunnerCore, path: str = "", *, session_id: str) -> FileListing:
+    async def list_files(self: RunnerCore, path: str = "", *, session_id: str) -> FileListing:
         """``GET /v1/session/files/{dir}``: the direct entries of a directory ("" = root)."""
         route = _file_route(path, allow_root=True)
         response = await self._request("GET", route, session_id=session_id)
@@ -264,7 +243,7 @@ class RunnerTransfers:
         return self._decode(response, FileListing)
 
     async def write_file(
-        self: _RunnerCore, path: str, data: bytes, *, session_id: str, mode: int | None = None
+        self: RunnerCore, path: str, data: bytes, *, session_id: str, mode: int | None = None
     ) -> FileEntry:
         """``PUT /v1/session/files/{path}`` with the raw bytes; ``mode``: permission bits."""
         params: dict[str, str] = {}
@@ -284,7 +263,7 @@ class RunnerTransfers:
         )
         return self._decode(response, FileEntry)
 
-    async def delete_file(self: _RunnerCore, path: str, *, session_id: str) -> None:
+    async def delete_file(self: RunnerCore, path: str, *, session_id: str) -> None:
         """``DELETE /v1/session/files/{path}``; ``not_found`` if absent."""
         await self._request("DELETE", _file_route(path), session_id=session_id)
 
