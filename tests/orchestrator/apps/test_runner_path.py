@@ -29,7 +29,7 @@ from sandcell_orchestrator.providers.lambda_auth import MicrovmProxyAuth, ProxyT
 from sandcell_orchestrator.runner_client import RunnerClient
 from sandcell_protocol import PROTOCOL_VERSION, Health, ProcessStart, encode
 from tests.fixtures.paths import traversable_dir
-from tests.fixtures.runner_process import RunnerProcess, start_runner
+from tests.fixtures.runner_process import RunnerProcess, running_runner
 
 from .http_server import serve_asgi
 
@@ -43,12 +43,11 @@ SESSION = "rt_" + "c" * 64
 @pytest.fixture(scope="module")
 def runner() -> Iterator[RunnerProcess]:
     """A session runner for the module (it binds to SESSION on first use)."""
-    with traversable_dir() as root:
-        process = start_runner(root, env={"SANDCELL_RUNNER_SESSIONS": "1"})
-        try:
-            yield process
-        finally:
-            process.stop()
+    with (
+        traversable_dir() as root,
+        running_runner(root, env={"SANDCELL_RUNNER_SESSIONS": "1"}) as process,
+    ):
+        yield process
 
 
 @dataclass

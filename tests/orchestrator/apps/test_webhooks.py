@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import hashlib
 import hmac
@@ -12,12 +10,11 @@ import json
 import logging
 import socket
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -279,7 +276,8 @@ async def test_tls_is_verified_for_the_name_while_connecting_to_the_vetted_addre
     client_context, certfile, keyfile = _tls_files(tmp_path, HOOK_NAME)
     receiver = Receiver()
     dns = FakeDns({HOOK_NAME: ["127.0.0.1"], "other.example.test": ["127.0.0.1"]})
-    async with _serve_tls(receiver.app(), certfile=certfile, keyfile=keyfile) as port:
+    async with serve_asgi(receiver.app(), tls=(certfile, keyfile)) as url:
+        port = httpx.URL(url).port
         sender = WebhookSender(
             secret=SECRET,
             allow_nets=LOOPBACK,
@@ -403,32 +401,3 @@ def _tls_files(tmp_path: Path, name: str) -> tuple[ssl.SSLContext, Path, Path]:
         cadata=ca.public_bytes(serialization.Encoding.PEM).decode()
     )
     return context, certfile, keyfile
-
-
-@contextlib.asynccontextmanager
-async def _serve_tls(app: Any, *, certfile: Path, keyfile: Path) -> AsyncIterator[int]:
-    """Like ``serve_asgi``, over TLS; yields the port on 127.0.0.1."""
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        lifespan="off",
-        log_config=None,
-        ssl_certfile=str(certfile),
-        ssl_keyfile=str(keyfile),
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    try:
-        for _ in range(1000):
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-        assert server.started, "uvicorn did not start"
-        yield port
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, timeout=30)

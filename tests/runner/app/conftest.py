@@ -7,18 +7,17 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fixtures.paths import traversable_dir
-from tests.fixtures.runner_process import RunnerProcess, start_runner
+from tests.fixtures.runner_process import RunnerProcess, running_runner
 from tests.runner.app.helpers import AppClient
 
 
 @pytest.fixture(scope="module")
 def app_runner() -> Iterator[RunnerProcess]:
-    with traversable_dir() as root:
-        process = start_runner(root, env={"SANDCELL_RUNNER_SESSIONS": "1"})
-        try:
-            yield process
-        finally:
-            process.stop()
+    with (
+        traversable_dir() as root,
+        running_runner(root, env={"SANDCELL_RUNNER_SESSIONS": "1"}) as process,
+    ):
+        yield process
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +30,8 @@ def app(app_runner: RunnerProcess) -> Iterator[AppClient]:
 @pytest.fixture
 def fresh_runner() -> Iterator[RunnerProcess]:
     """A runner of its own, for tests that end the session."""
-    with traversable_dir() as root:
-        process = start_runner(root, env={"SANDCELL_RUNNER_SESSIONS": "1"})
-        try:
-            yield process
-        finally:
-            process.stop()
+    with (
+        traversable_dir() as root,
+        running_runner(root, env={"SANDCELL_RUNNER_SESSIONS": "1"}) as process,
+    ):
+        yield process
