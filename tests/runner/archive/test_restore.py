@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 import stat
@@ -290,17 +291,18 @@ async def test_early_rejection_does_not_wait_for_the_rest_of_the_body(arena: Are
 def test_the_extractor_reads_only_the_runners_own_arguments() -> None:
     from sandcell_runner.restore_child import _parse_args
 
-    base = ["--staging-fd=5", "--encoding=zstd", "--max-bytes=100", "--max-members=9"]
-    args = _parse_args([*base, "--uid=20001", "--gid=20001"])
+    base = {"staging_fd": 5, "encoding": "zstd", "max_bytes": 100, "max_members": 9}
+    args = _parse_args([json.dumps({**base, "uid": 20001, "gid": 20001})])
     assert (args.staging_fd, args.encoding, args.max_bytes, args.max_members) == (5, "zstd", 100, 9)
     assert (args.uid, args.gid) == (20001, 20001)
-    assert _parse_args(base).uid is None
+    assert _parse_args([json.dumps(base)]).uid is None
+    missing = {k: v for k, v in base.items() if k != "staging_fd"}
     for bad, why in [
-        ([*base, "--uid"], "unexpected argument"),
-        ([*base, "--colour=red"], "unknown option --colour"),
-        (base[1:], "--staging-fd is required"),
-        ([*base[:1], "--encoding=bz2", *base[2:]], "gzip or zstd"),
-        ([*base[:2], "--max-bytes=lots", base[3]], "--max-bytes must be an integer"),
+        ([json.dumps(base), "--uid=0"], "expects one argument"),
+        ([json.dumps({**base, "colour": "red"})], "unknown field `colour`"),
+        ([json.dumps(missing)], "missing required field `staging_fd`"),
+        ([json.dumps({**base, "encoding": "bz2"})], "encoding"),
+        ([json.dumps({**base, "max_bytes": "lots"})], "max_bytes"),
     ]:
         with pytest.raises(SystemExit, match=why):
             _parse_args(bad)

@@ -32,7 +32,7 @@ from .archive_rules import MAX_META_BYTES
 from .checkpoint import ArchiveLimits
 from .compression import Encoding
 from .errors import ArchiveRejectedError
-from .restore_child import ChildResult
+from .restore_child import ChildResult, ExtractorArgs
 
 __all__ = ["ChildResult", "restore_checkpoint"]
 
@@ -74,6 +74,17 @@ async def restore_checkpoint(
         staging_fd = await anyio.to_thread.run_sync(os.open, staging, _STAGING_FLAGS)
     except OSError as exc:
         raise ArchiveRejectedError(f"staging is not a directory: {exc.strerror}") from exc
+    # The child drops privileges itself, after its imports: the interpreter and
+    # this package need not be readable by the sandbox UID.
+    drop = privileged and uid != os.geteuid()
+    args = ExtractorArgs(
+        staging_fd=staging_fd,
+        encoding=encoding,
+        max_bytes=limits.max_bytes,
+        max_members=limits.max_members,
+        uid=uid if drop else None,
+        gid=gid if drop else None,
+    )
     argv = [
         sys.executable,
         "-I",  # no cwd, user site or PYTHON* variables on sys.path
@@ -81,15 +92,8 @@ async def restore_checkpoint(
         "utf8",
         "-m",
         "sandcell_runner.restore_child",
-        f"--staging-fd={staging_fd}",
-        f"--encoding={encoding}",
-        f"--max-bytes={limits.max_bytes}",
-        f"--max-members={limits.max_members}",
+        msgspec.json.encode(args).decode(),
     ]
-    if privileged and uid != os.geteuid():
-        # The child drops privileges itself, after its imports: the interpreter
-        # and this package need not be readable by the sandbox UID.
-        argv += [f"--uid={uid}", f"--gid={gid}"]
     try:
         result, digest = await _run_child(argv, chunks, staging_fd)
     finally:

@@ -45,7 +45,7 @@ import resource
 import sys
 import tarfile
 from collections.abc import Sequence
-from typing import NamedTuple, NoReturn, cast
+from typing import NamedTuple, NoReturn
 
 import msgspec
 
@@ -64,7 +64,7 @@ from .archive_rules import (
 from .compression import DecompressingReader, Encoding, RawSource
 from .errors import ArchiveRejectedError
 
-__all__ = ["ChildResult", "extract", "main"]
+__all__ = ["ChildResult", "ExtractorArgs", "extract", "main"]
 
 
 class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -73,6 +73,21 @@ class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ok: bool
     meta: str | None = None
     reason: str | None = None
+
+
+class ExtractorArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the runner tells the extractor: its one argument, as JSON.
+
+    Decoded by msgspec, which the child imports anyway (argparse alone would add
+    ~8 ms to a start-up every restore waits for).
+    """
+
+    staging_fd: int
+    encoding: Encoding
+    max_bytes: int
+    max_members: int
+    uid: int | None = None
+    gid: int | None = None
 
 
 _BLOCK = tarfile.BLOCKSIZE
@@ -366,50 +381,14 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-class _Args(NamedTuple):
-    staging_fd: int
-    encoding: Encoding
-    max_bytes: int
-    max_members: int
-    uid: int | None
-    gid: int | None
-
-
-def _parse_args(argv: Sequence[str] | None) -> _Args:
-    # Not argparse: its import is ~8 ms of a start-up that every restore waits
-    # for, and this argv is the runner's own (``--name=value``, nothing else).
-    given: dict[str, str] = {}
-    for item in sys.argv[1:] if argv is None else argv:
-        name, sep, value = item.partition("=")
-        if not sep or not name.startswith("--"):
-            raise SystemExit(f"restore_child: unexpected argument {item[:80]!r}")
-        given[name[2:]] = value
-
-    def number(name: str, *, required: bool = True) -> int | None:
-        raw = given.pop(name, None)
-        if raw is None:
-            if required:
-                raise SystemExit(f"restore_child: --{name} is required")
-            return None
-        try:
-            return int(raw)
-        except ValueError:
-            raise SystemExit(f"restore_child: --{name} must be an integer") from None
-
-    encoding = given.pop("encoding", "")
-    if encoding not in ("gzip", "zstd"):
-        raise SystemExit("restore_child: --encoding must be gzip or zstd")
-    args = _Args(
-        staging_fd=cast(int, number("staging-fd")),
-        encoding=cast(Encoding, encoding),
-        max_bytes=cast(int, number("max-bytes")),
-        max_members=cast(int, number("max-members")),
-        uid=number("uid", required=False),
-        gid=number("gid", required=False),
-    )
-    if given:
-        raise SystemExit(f"restore_child: unknown option --{sorted(given)[0][:40]}")
-    return args
+def _parse_args(argv: Sequence[str] | None) -> ExtractorArgs:
+    items = sys.argv[1:] if argv is None else argv
+    if len(items) != 1:
+        raise SystemExit("restore_child: expects one argument, its ExtractorArgs as JSON")
+    try:
+        return msgspec.json.decode(items[0], type=ExtractorArgs)
+    except msgspec.MsgspecError as exc:
+        raise SystemExit(f"restore_child: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
