@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fixtures.paths import traversable_dir  # noqa: E402
 
-from sandcell_orchestrator.execution import ExecutionService, Identity  # noqa: E402
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings  # noqa: E402
 from sandcell_orchestrator.registry import InProcessRegistry  # noqa: E402
+from sandcell_orchestrator.sessions.execution import ExecutionService, Identity  # noqa: E402
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore  # noqa: E402
 from sandcell_protocol import ExecuteRequest, checkpoint_key, runtime_session_id  # noqa: E402
 

@@ -23,7 +23,7 @@ import pytest
 
 from sandcell_orchestrator.errors import CheckpointError, SandboxNotFoundError
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import (
+from sandcell_orchestrator.providers.base import (
     SESSION_LABEL,
     ObjectSnapshot,
     PersistentWorkspace,

@@ -25,7 +25,7 @@ from sandcell_orchestrator.apps import AppService, install_app_routes
 from sandcell_orchestrator.apps.settings import SHIPPED_TEMPLATES_DIR
 from sandcell_orchestrator.bootstrap import open_services
 from sandcell_orchestrator.config import OrchestratorSettings
-from sandcell_orchestrator.service_app import create_app
+from sandcell_orchestrator.serve.app import create_app
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import free_port
 
@@ -163,7 +163,7 @@ async def start_api(tmp_path: Path, runtime_dir: Path) -> AsyncIterator[StartApi
             app = create_app(settings, services=services)
             if not hasattr(app.state, "apps"):
                 # Until create_app installs the app routes itself.
-                from sandcell_orchestrator.service_auth import load_api_keys
+                from sandcell_orchestrator.serve.auth import load_api_keys
 
                 install_app_routes(
                     app,

@@ -24,9 +24,9 @@ from sandcell_orchestrator.apps.preview import PreviewProxy
 from sandcell_orchestrator.apps.settings import AppSettings
 from sandcell_orchestrator.apps.templates import TemplateRegistry, parse_manifest
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.manager import SandboxManager
 from sandcell_orchestrator.registry import InProcessRegistry
-from sandcell_orchestrator.runner_client import RunnerClient
+from sandcell_orchestrator.runner.client import RunnerClient
+from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_protocol import PROTOCOL_VERSION, Health, encode
 
 from .http_server import serve_asgi

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandcell_orchestrator.provider import ResourceLimits, SandboxSpec
+from sandcell_orchestrator.providers.base import ResourceLimits, SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, DockerSettings
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from tests.orchestrator.provider_contract import ContractTarget

@@ -17,7 +17,7 @@ from sandcell_orchestrator.errors import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
-from sandcell_orchestrator.provider import SandboxSpec
+from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, DockerSettings
 from sandcell_orchestrator.providers.docker_api import EngineClient, _demultiplex
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore

@@ -19,7 +19,7 @@ from sandcell_orchestrator.errors import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
-from sandcell_orchestrator.provider import SESSION_LABEL, ObjectSnapshot, SandboxSpec
+from sandcell_orchestrator.providers.base import SESSION_LABEL, ObjectSnapshot, SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, sandbox_session_id
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from sandcell_protocol import ExecuteRequest, Limits, RunStatus, runtime_session_id

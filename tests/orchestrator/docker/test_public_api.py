@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandcell_orchestrator.provider import SandboxProvider
 from sandcell_orchestrator.providers import docker, docker_api
+from sandcell_orchestrator.providers.base import SandboxProvider
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 
 

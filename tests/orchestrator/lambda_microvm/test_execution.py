@@ -15,11 +15,11 @@ import pytest
 
 from sandcell_orchestrator.emulator import MicrovmEmulator, VmState
 from sandcell_orchestrator.errors import LockLostError, SandboxUnavailableError, SessionBusyError
-from sandcell_orchestrator.execution import ExecutionService, Identity
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import SandboxSpec
+from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_orchestrator.registry import InProcessRegistry, Lease, RedisRegistry, SessionRegistry
+from sandcell_orchestrator.sessions.execution import ExecutionService, Identity
 from sandcell_orchestrator.snapshots import S3SnapshotStore, SnapshotStore
 from sandcell_protocol import ExecuteRequest, checkpoint_key, runtime_session_id
 from tests.orchestrator.conftest import S3Server

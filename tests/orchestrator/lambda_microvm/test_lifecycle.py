@@ -17,8 +17,7 @@ from sandcell_orchestrator.errors import (
     SandboxUnavailableError,
 )
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.manager import SandboxManager
-from sandcell_orchestrator.provider import (
+from sandcell_orchestrator.providers.base import (
     NativeSnapshot,
     ObjectSnapshot,
     PersistentWorkspace,
@@ -27,7 +26,8 @@ from sandcell_orchestrator.provider import (
 )
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_orchestrator.registry import InProcessRegistry
-from sandcell_orchestrator.runner_client import RunnerClient
+from sandcell_orchestrator.runner.client import RunnerClient
+from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_protocol import ExecuteRequest, RunStatus
 
 from .conftest import ProviderFactory, process_state, proxy_get, runner_pid, vm_id_of

@@ -11,7 +11,7 @@ import pytest
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator
 from sandcell_orchestrator.errors import SandcellError
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import PersistentWorkspace, SandboxSpec
+from sandcell_orchestrator.providers.base import PersistentWorkspace, SandboxSpec
 from sandcell_orchestrator.providers.lambda_auth import derive_runner_token
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_protocol import ExecuteRequest

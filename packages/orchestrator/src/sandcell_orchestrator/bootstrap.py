@@ -22,12 +22,12 @@ from typing import Any, cast
 
 from .config import OrchestratorSettings
 from .errors import ConfigError
-from .execution import ExecutionService
-from .inputs import DirectoryInputSource
 from .metrics import METRIC_HELP, Metrics
-from .provider import SandboxProvider
+from .providers.base import SandboxProvider
 from .providers.local import LocalProvider, LocalSettings
 from .registry import SessionRegistry
+from .sessions.execution import ExecutionService
+from .sessions.inputs import DirectoryInputSource
 from .snapshots import SnapshotStore, open_snapshot_store
 
 __all__ = ["Services", "open_provider", "open_registry", "open_services"]

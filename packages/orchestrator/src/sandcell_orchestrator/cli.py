@@ -50,8 +50,8 @@ from sandcell_protocol import (
 from .bootstrap import open_services
 from .config import OrchestratorSettings
 from .errors import SandcellError
-from .execution import Identity
-from .inputs import DirectoryInputSource
+from .sessions.execution import Identity
+from .sessions.inputs import DirectoryInputSource
 
 __all__ = ["CLI_NAMESPACE", "build_parser", "job_exit_code", "main"]
 
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     try:
         settings = OrchestratorSettings.from_env(environ)
         if args.command == "serve":
-            from .service_app import serve
+            from .serve.app import serve
 
             return serve(settings, host=args.host, port=args.port)
         if args.command == "exec":

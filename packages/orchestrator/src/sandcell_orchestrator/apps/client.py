@@ -33,8 +33,8 @@ from sandcell_protocol import (
 
 from ..errors import SandboxUnavailableError
 from ..handle import SandboxHandle
-from ..runner_apps import PORT_READ_TIMEOUT_S
-from ..runner_client import RunnerClient, WebSocketUpgrade
+from ..runner.apps import PORT_READ_TIMEOUT_S
+from ..runner.client import RunnerClient, WebSocketUpgrade
 
 __all__ = ["AppRunnerClient"]
 

@@ -38,8 +38,8 @@ from sandcell_protocol import (
 
 from ..errors import SandcellError
 from ..handle import SandboxHandle
-from ..manager import SandboxManager
-from ..provider import SandboxSpec
+from ..providers.base import SandboxSpec
+from ..sessions.manager import SandboxManager
 from . import provision
 from .client import AppRunnerClient
 from .errors import AppRequestError, InstanceNotFoundError

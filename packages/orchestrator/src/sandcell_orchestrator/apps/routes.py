@@ -34,8 +34,8 @@ from sandcell_protocol import ERROR_SEMANTICS, ErrorBody, ErrorCode, decode, enc
 from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
-from ..manager import SandboxManager
-from ..service_errors import JSON_MEDIA_TYPE, guarded, read_body
+from ..serve.errors import JSON_MEDIA_TYPE, guarded, read_body
+from ..sessions.manager import SandboxManager
 from .errors import AppRequestError, InstanceStartError
 from .instances import AppInstances, Instance
 from .lifecycle import InstanceSupervisor

@@ -42,7 +42,10 @@ from ..errors import (
     SandboxUnavailableError,
 )
 from ..handle import SandboxHandle
-from ..provider import (
+from ..runner.client import RunnerClient
+from ..sessions.persistence import persist_to_store, restore_from_store
+from ..snapshots import SnapshotNotFoundError, SnapshotStore
+from .base import (
     NativeSnapshot,
     ObjectSnapshot,
     PersistentWorkspace,
@@ -51,9 +54,6 @@ from ..provider import (
     SnapshotRef,
     sandbox_session_id,
 )
-from ..runner_client import RunnerClient
-from ..snapshots import SnapshotNotFoundError, SnapshotStore
-from .checkpoints import persist_to_store, restore_from_store
 from .docker_api import EngineAPIError, EngineClient
 from .docker_containers import (
     RUNNER_PORT,

@@ -28,14 +28,14 @@ import httpx
 
 from ..errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError, SandcellError
 from ..handle import SandboxHandle
-from ..provider import (
+from ..runner.client import RunnerClient
+from .base import (
     NativeSnapshot,
     PersistentWorkspace,
     SandboxCapabilities,
     SandboxSpec,
     SnapshotRef,
 )
-from ..runner_client import RunnerClient
 from .lambda_auth import (
     MicrovmProxyAuth,
     ProxyTokenCache,

@@ -38,7 +38,10 @@ import psutil
 
 from ..errors import ConfigError, SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
-from ..provider import (
+from ..runner.client import RunnerClient
+from ..sessions.persistence import persist_to_store, restore_from_store
+from ..snapshots import SnapshotStore
+from .base import (
     SESSION_LABEL,
     NativeSnapshot,
     ObjectSnapshot,
@@ -48,9 +51,6 @@ from ..provider import (
     SnapshotRef,
     sandbox_session_id,
 )
-from ..runner_client import RunnerClient
-from ..snapshots import SnapshotStore
-from .checkpoints import persist_to_store, restore_from_store
 from .runner_roots import free_loopback_port, remove_runner_root
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,139 @@
+"""Fixtures for the execution path: real local runners, real Redis, a real S3 endpoint."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
+from sandcell_orchestrator.registry import InProcessRegistry, RedisRegistry, SessionRegistry
+from sandcell_orchestrator.sessions.execution import ExecutionService
+from sandcell_orchestrator.snapshots import (
+    DirectorySnapshotStore,
+    S3SnapshotStore,
+    SnapshotStore,
+)
+from tests.fixtures.paths import traversable_dir
+from tests.orchestrator.conftest import BUCKET, S3_ACCESS, S3_SECRET, S3Server
+
+__all__ = ["BUCKET", "S3_ACCESS", "S3_SECRET", "S3Server"]
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[Path]:
+    with traversable_dir("orch-") as root:
+        yield root
+
+
+@pytest.fixture(params=["directory", "s3"])
+async def store(request: pytest.FixtureRequest, runtime_dir: Path) -> AsyncIterator[SnapshotStore]:
+    backend: SnapshotStore
+    if request.param == "directory":
+        backend = DirectorySnapshotStore(runtime_dir / "snapshots")
+    else:
+        server: S3Server = request.getfixturevalue("s3_server")
+        backend = S3SnapshotStore(server.settings(f"t-{uuid.uuid4().hex}"))
+    async with backend:
+        yield backend
+
+
+@pytest.fixture
+async def dir_store(runtime_dir: Path) -> AsyncIterator[SnapshotStore]:
+    async with DirectorySnapshotStore(runtime_dir / "snapshots") as backend:
+        yield backend
+
+
+def _redis_url() -> Iterator[str]:
+    url = os.environ.get("SANDCELL_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail(
+            "SANDCELL_TEST_REDIS_URL unset and redis-server not installed (run scripts/test)"
+        )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    time.sleep(0.3)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    yield from _redis_url()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def registry(request: pytest.FixtureRequest) -> AsyncIterator[SessionRegistry]:
+    backend: SessionRegistry
+    if request.param == "memory":
+        backend = InProcessRegistry()
+    else:
+        url: str = request.getfixturevalue("redis_url")
+        backend = RedisRegistry.from_url(url, prefix=f"exec-{uuid.uuid4().hex}:")
+    yield backend
+    await backend.close()
+
+
+@dataclass
+class Stack:
+    provider: LocalProvider
+    store: SnapshotStore
+    registry: SessionRegistry
+    runtime_dir: Path
+
+    def service(self, **kwargs: object) -> ExecutionService:
+        return ExecutionService(
+            provider=self.provider,
+            registry=self.registry,
+            store=self.store,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+@pytest.fixture
+async def local_provider(
+    runtime_dir: Path, dir_store: SnapshotStore
+) -> AsyncIterator[LocalProvider]:
+    provider = LocalProvider(LocalSettings(runtime_dir=runtime_dir / "rt"), store=dir_store)
+    yield provider
+    await provider.close()
+    for child in (runtime_dir / "rt").iterdir():
+        await provider.destroy(child.name)
+
+
+def runner_pids(runtime_dir: Path) -> list[int]:
+    """Runner processes whose workspace root lies under ``runtime_dir``."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            cmdline = " ".join(process.info["cmdline"] or [])
+            environ = process.info["environ"] or {}
+        except psutil.Error:
+            continue
+        if "sandcell_runner" in cmdline and str(runtime_dir) in environ.get(
+            "SANDCELL_WORKSPACE_ROOT", ""
+        ):
+            found.append(process.info["pid"])
+    return found
