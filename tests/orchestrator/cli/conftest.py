@@ -66,6 +66,10 @@ class Cli:
     runtime_dir: Path
     env: dict[str, str]
 
+    def command(self, *, script: bool = False) -> list[str]:
+        """The argv that starts ``sandcell``: this interpreter's module, or scripts/sandcell."""
+        return [str(SCRIPT)] if script else [sys.executable, "-m", "sandcell_orchestrator"]
+
     def run(
         self,
         *args: str,
@@ -74,9 +78,8 @@ class Cli:
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        command = [str(SCRIPT)] if script else [sys.executable, "-m", "sandcell_orchestrator"]
         return subprocess.run(
-            [*command, *args],
+            [*self.command(script=script), *args],
             input=stdin,
             capture_output=True,
             text=True,

@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -50,36 +45,6 @@ async def store(request: pytest.FixtureRequest, runtime_dir: Path) -> AsyncItera
 async def dir_store(runtime_dir: Path) -> AsyncIterator[SnapshotStore]:
     async with DirectorySnapshotStore(runtime_dir / "snapshots") as backend:
         yield backend
-
-
-def _redis_url() -> Iterator[str]:
-    url = os.environ.get("SANDCELL_TEST_REDIS_URL")
-    if url:
-        yield url
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(
-            "SANDCELL_TEST_REDIS_URL unset and redis-server not installed (run scripts/test)"
-        )
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    time.sleep(0.3)
-    try:
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait()
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    yield from _redis_url()
 
 
 @pytest.fixture(params=["memory", "redis"])
