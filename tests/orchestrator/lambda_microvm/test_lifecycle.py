@@ -181,7 +181,7 @@ async def test_the_runner_holds_its_own_token(
     impostor = RunnerClient(
         handle.endpoint,
         token="not-the-runner-token-0123456789",
-        auth=handle.runner._client.auth,
+        auth=handle.runner.connection.http.auth,
     )
     try:
         with pytest.raises(RunnerRequestError) as caught:

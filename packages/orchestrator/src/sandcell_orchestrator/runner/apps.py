@@ -1,11 +1,10 @@
-"""``RunnerApps``: a runner's app routes (processes, logs, diagnostics, the port proxy).
+"""What ``RunnerClient``'s app routes (processes, logs, diagnostics, the port proxy) share.
 
-A mixin of ``RunnerClient``, like ``RunnerTransfers``: every call goes through
-the client's ``_request`` (bearer token, ``X-Runtime-Session-Id``, protocol,
-request id; the protocol checked on first contact), so through the one pooled
-``httpx.AsyncClient`` with its transport, the injected ``httpx.Auth`` (behind
-``HeaderGuard``), the error maps and the ``Redactor``. It holds no state, token
-or header of its own.
+Every app route goes through the client's ``RunnerConnection`` (bearer token,
+``X-Runtime-Session-Id``, protocol, request id; the protocol checked on first
+contact), so through the one pooled ``httpx.AsyncClient`` with its transport,
+the injected ``httpx.Auth`` (behind ``HeaderGuard``), the error maps and the
+``Redactor``.
 
 Where these routes differ from the rest of ``RunnerClient``:
 
@@ -21,28 +20,27 @@ Where these routes differ from the rest of ``RunnerClient``:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
 
-from sandcell_protocol import (
-    AnalysisResult,
-    LogLines,
-    ProcessInfo,
-    ProcessList,
-    ProcessStart,
-    RuntimeErrors,
-    routes,
-)
 from sandcell_protocol.app_messages import port_path, process_path
 
 from ..errors import RunnerRequestError
-from .core import RunnerCore
 from .errors import refused_before_sending
 
-__all__ = ["RunnerApps", "WebSocketUpgrade"]
+__all__ = [
+    "ANALYSIS_TIMEOUT_S",
+    "PORT_READ_TIMEOUT_S",
+    "WebSocketUpgrade",
+    "no_plain_upgrade",
+    "port_route",
+    "tag_route",
+    "upgrade_headers",
+    "ws_url",
+]
 
 
 ANALYSIS_TIMEOUT_S = 180.0
@@ -75,146 +73,14 @@ class WebSocketUpgrade:
     headers: Mapping[str, str] = field(repr=False)
 
 
-class RunnerApps:
-    """Process, log, diagnostics and port routes; a mixin of ``RunnerClient``."""
-
-    # -- processes ------------------------------------------------------------
-
-    async def start_process(
-        self: RunnerCore, start: ProcessStart, *, session_id: str
-    ) -> ProcessInfo:
-        """``POST /v1/session/processes``: start a tagged background process."""
-        response = await self._request(
-            "POST", routes.SESSION_PROCESSES, session_id=session_id, message=start
-        )
-        return self._decode(response, ProcessInfo)
-
-    async def processes(self: RunnerCore, *, session_id: str) -> list[ProcessInfo]:
-        """``GET /v1/session/processes``: the session's processes, running or exited."""
-        response = await self._request("GET", routes.SESSION_PROCESSES, session_id=session_id)
-        return self._decode(response, ProcessList).processes
-
-    async def stop_process(self: RunnerCore, tag: str, *, session_id: str) -> None:
-        """``DELETE /v1/session/processes/{tag}``: TERM, then KILL after the runner's grace."""
-        await self._request("DELETE", _tag_route(tag), session_id=session_id)
-
-    async def process_logs(
-        self: RunnerCore,
-        tag: str,
-        *,
-        session_id: str,
-        lines: int | None = None,
-        filter: str | None = None,
-    ) -> LogLines:
-        """``GET …/processes/{tag}/logs``: the last ``lines`` lines matching ``filter``."""
-        params: dict[str, str] = {}
-        if lines is not None:
-            params["lines"] = str(lines)
-        if filter is not None:
-            params["filter"] = filter
-        response = await self._request(
-            "GET", _tag_route(tag, "logs"), session_id=session_id, params=params
-        )
-        return self._decode(response, LogLines)
-
-    # -- diagnostics ----------------------------------------------------------
-
-    async def runtime_errors(
-        self: RunnerCore, *, session_id: str, since: float | None = None
-    ) -> RuntimeErrors:
-        """``GET /v1/session/runtime-errors``: deduplicated errors (last seen after ``since``)."""
-        params = {"since": repr(since)} if since is not None else None
-        response = await self._request(
-            "GET", routes.SESSION_RUNTIME_ERRORS, session_id=session_id, params=params
-        )
-        return self._decode(response, RuntimeErrors)
-
-    async def clear_runtime_errors(self: RunnerCore, *, session_id: str) -> None:
-        """``DELETE /v1/session/runtime-errors``."""
-        await self._request("DELETE", routes.SESSION_RUNTIME_ERRORS, session_id=session_id)
-
-    async def analysis(self: RunnerCore, *, session_id: str) -> AnalysisResult:
-        """``GET /v1/session/analysis``: the project's checkers, run in the jail."""
-        response = await self._request(
-            "GET", routes.SESSION_ANALYSIS, session_id=session_id, read_timeout_s=ANALYSIS_TIMEOUT_S
-        )
-        return self._decode(response, AnalysisResult)
-
-    # -- ports ----------------------------------------------------------------
-
-    async def port_request(
-        self: RunnerCore,
-        method: str,
-        port: int,
-        raw_path: str,
-        *,
-        session_id: str,
-        query: str,
-        request_headers: Mapping[str, str],
-        content: AsyncIterable[bytes] | bytes | None = None,
-        read_timeout_s: float = PORT_READ_TIMEOUT_S,
-    ) -> httpx.Response:
-        """Proxy one request to ``port``: a streaming response with the app's status.
-
-        ``raw_path`` (still percent-encoded, no leading slash) and ``query`` are
-        sent as they are. Transport failures map as on every route; the caller
-        closes the response.
-        """
-        return await self._request(
-            method,
-            _port_route(port, raw_path, query),
-            session_id=session_id,
-            extra_headers=request_headers,
-            read_timeout_s=read_timeout_s,
-            content=content,
-            stream=True,
-            any_status=True,
-        )
-
-    async def websocket_upgrade(
-        self: RunnerCore,
-        port: int,
-        raw_path: str,
-        *,
-        session_id: str,
-        query: str,
-        extra_headers: Mapping[str, str] | None = None,
-    ) -> WebSocketUpgrade:
-        """The URL and headers of a WebSocket upgrade to ``raw_path`` on ``port``.
-
-        The headers are this client's (token, session, protocol, request id), the
-        injected auth's (run on the equivalent ``GET``, through ``HeaderGuard``)
-        and ``extra_headers``. ``RunnerRequestError`` if a transport was injected:
-        the upgrade would bypass it.
-        """
-        if self._transport_injected:
-            raise _no_plain_upgrade(self)
-        await self._ensure_compatible()
-        request = self._build_request(
-            "GET",
-            _port_route(port, raw_path, query),
-            session_id=session_id,
-            extra_headers=extra_headers,
-        )
-        auth = self._client.auth
-        if auth is not None:
-            flow = auth.async_auth_flow(request)
-            try:
-                request = await anext(flow)
-            finally:
-                await flow.aclose()
-        self._redact.learn(request.headers)
-        return WebSocketUpgrade(url=_ws_url(request.url), headers=_upgrade_headers(request))
-
-
-def _tag_route(tag: str, suffix: Literal["", "logs", "stdin"] = "") -> str:
+def tag_route(tag: str, suffix: Literal["", "logs", "stdin"] = "") -> str:
     try:
         return process_path(tag, suffix)
     except ValueError as exc:
         raise refused_before_sending("bad_request", str(exc)) from None
 
 
-def _port_route(port: int, raw_path: str, query: str) -> str:
+def port_route(port: int, raw_path: str, query: str) -> str:
     try:
         route = port_path(port, raw_path)
     except ValueError as exc:
@@ -222,11 +88,11 @@ def _port_route(port: int, raw_path: str, query: str) -> str:
     return route + (f"?{query}" if query else "")
 
 
-def _ws_url(url: httpx.URL) -> str:
+def ws_url(url: httpx.URL) -> str:
     return str(url.copy_with(scheme="wss" if url.scheme == "https" else "ws"))
 
 
-def _upgrade_headers(request: httpx.Request) -> dict[str, str]:
+def upgrade_headers(request: httpx.Request) -> dict[str, str]:
     return {
         name: value
         for name, value in request.headers.items()
@@ -234,6 +100,6 @@ def _upgrade_headers(request: httpx.Request) -> dict[str, str]:
     }
 
 
-def _no_plain_upgrade(core: RunnerCore) -> RunnerRequestError:
+def no_plain_upgrade(base_url: str) -> RunnerRequestError:
     why = "would bypass the injected transport this runner is reached through"
-    return refused_before_sending("bad_request", f"a WebSocket upgrade to {core.base_url} {why}")
+    return refused_before_sending("bad_request", f"a WebSocket upgrade to {base_url} {why}")
