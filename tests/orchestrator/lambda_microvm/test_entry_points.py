@@ -108,7 +108,7 @@ async def test_bootstrap_builds_the_provider_from_the_environment(
         "SANDCELL_MICROVM_REGION": "us-east-1",
     }
     async with DirectorySnapshotStore(tmp_path / "snapshots") as store:
-        provider = open_provider(OrchestratorSettings.from_env(env), store=store)
+        provider = open_provider(OrchestratorSettings.from_env(env).provider, store=store)
         try:
             assert isinstance(provider, lambda_microvm.LambdaMicrovmProvider)
             assert provider.settings.endpoint_url == emulator_url

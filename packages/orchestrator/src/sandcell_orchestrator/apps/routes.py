@@ -75,7 +75,7 @@ class AppService:
         app_settings: AppSettings | None = None,
     ) -> None:
         self.settings = settings
-        self.app_settings = app_settings or AppSettings.from_orchestrator(settings)
+        self.app_settings = app_settings or settings.apps
         self._namespace_of = namespace_of
         self._instances: AppInstances | None = None
         self._supervisor: InstanceSupervisor | None = None

@@ -27,16 +27,14 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 import psutil
 
-from ..errors import ConfigError, SandboxNotFoundError, SandboxUnavailableError
+from ..errors import SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
 from ..runner.client import RunnerClient
 from ..sessions.persistence import persist_to_store, restore_from_store
@@ -51,55 +49,14 @@ from .base import (
     SnapshotRef,
     sandbox_session_id,
 )
+from .local_settings import LocalSettings, default_runtime_dir
 from .runner_roots import free_loopback_port, remove_runner_root
+
+__all__ = ["LocalProvider", "LocalSettings", "default_runtime_dir"]
 
 log = logging.getLogger(__name__)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def default_runtime_dir() -> Path:
-    """Runner roots must be traversable by job UIDs: not under a 0700 home."""
-    if os.geteuid() == 0:
-        return Path("/var/lib/sandcell/sandboxes")
-    return Path(f"/tmp/sandcell-{os.getuid()}/sandboxes")  # noqa: S108
-
-
-@dataclass(frozen=True, slots=True)
-class LocalSettings:
-    """How local runners are started."""
-
-    runtime_dir: Path = field(default_factory=default_runtime_dir)
-    pool_size: int = 0
-    ready_timeout_s: float = 30.0
-    checkpoint_max_bytes: int = 1 << 30
-    runner_env: Mapping[str, str] = field(default_factory=dict)
-    python: str = sys.executable
-
-    @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, pool_size: int, checkpoint_max_bytes: int
-    ) -> LocalSettings:
-        raw = env.get("SANDCELL_LOCAL_RUNTIME_DIR")
-        runtime_dir = Path(raw) if raw else default_runtime_dir()
-        if not runtime_dir.is_absolute():
-            raise ConfigError("SANDCELL_LOCAL_RUNTIME_DIR must be an absolute path")
-        # Runner limits and jail settings pass through unchanged.
-        passthrough = {
-            key: value
-            for key, value in env.items()
-            if key.startswith("SANDCELL_RUNNER_")
-            and key not in ("SANDCELL_RUNNER_TOKEN", "SANDCELL_RUNNER_PORT", "SANDCELL_RUNNER_HOST")
-        }
-        for key in ("SANDCELL_NSJAIL", "SANDCELL_ENV", "SANDCELL_FILE_SERVER_URL", "PATH"):
-            if key in env:
-                passthrough[key] = env[key]
-        return cls(
-            runtime_dir=runtime_dir,
-            pool_size=pool_size,
-            checkpoint_max_bytes=checkpoint_max_bytes,
-            runner_env=passthrough,
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,7 +132,7 @@ class _Service:
                 self._services = await stack.enter_async_context(open_services(self.settings))
             tasks = [asyncio.create_task(self._sweep_forever(), name="sandcell-idle-sweeper")]
             start_pool = getattr(self.services.provider, "start_pool", None)
-            if start_pool is not None and self.settings.local_pool_size:
+            if start_pool is not None:
                 tasks.append(asyncio.create_task(start_pool(), name="sandcell-warm-pool"))
             try:
                 yield
@@ -255,8 +255,8 @@ def serve(
     asyncio.run(_preflight(settings))
     config = uvicorn.Config(
         app,
-        host=host or settings.serve_host,
-        port=settings.serve_port if port is None else port,
+        host=host or settings.serve.host,
+        port=settings.serve.port if port is None else port,
         lifespan="on",
         proxy_headers=False,
         server_header=False,

@@ -15,14 +15,13 @@ from collections.abc import Mapping
 
 from starlette.requests import Request
 
-from ..config import OrchestratorSettings
+from ..config import INSECURE_NO_AUTH_ENV, OrchestratorSettings
 from ..errors import ConfigError
 
 __all__ = ["INSECURE_NAMESPACE", "INSECURE_NO_AUTH_ENV", "UnauthorizedError", "load_api_keys"]
 
 log = logging.getLogger(__name__)
 
-INSECURE_NO_AUTH_ENV = "SANDCELL_SERVE_INSECURE_NO_AUTH"
 INSECURE_NAMESPACE = "default"
 
 
@@ -64,10 +63,9 @@ def _digest(value: str) -> bytes:
 
 def load_api_keys(settings: OrchestratorSettings) -> _ApiKeys:
     """Refuse to serve without keys, unless explicitly told to (never in production)."""
-    insecure = settings.env.get(INSECURE_NO_AUTH_ENV, "") == "1"
-    if settings.api_keys:
-        return _ApiKeys(settings.api_keys, insecure=False)
-    if not insecure:
+    if settings.serve.api_keys:
+        return _ApiKeys(settings.serve.api_keys, insecure=False)
+    if not settings.serve.insecure_no_auth:
         raise ConfigError(
             f"sandcell serve needs SANDCELL_API_KEYS (key=namespace,...); "
             f"{INSECURE_NO_AUTH_ENV}=1 serves without auth outside production"

@@ -1,6 +1,6 @@
 """Where checkpoints live between turns: a local directory (embedded) or S3 / MinIO.
 
-    store = open_snapshot_store(url, default_dir=..., env=os.environ)
+    store = open_snapshot_store(url, default_dir=..., s3=settings.s3)
     info = await store.put(key, chunks, max_bytes=cap)          # SnapshotInfo
     async with store.get(key, max_bytes=cap) as snapshot:       # size checked here
         async for chunk in snapshot.chunks:                     # sha256 checked at the end
@@ -22,14 +22,18 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self
 from urllib.parse import unquote, urlsplit
 
 import anyio
 
 from ..errors import CheckpointError, ConfigError
+from ..extras import needs_extra
 from .keys import validate_snapshot_key
 from .s3_settings import S3Settings
+
+if TYPE_CHECKING:
+    from .s3 import S3SnapshotStore
 
 __all__ = [
     "DirectorySnapshotStore",
@@ -202,13 +206,16 @@ def open_snapshot_store(
     url: str | None,
     *,
     default_dir: Path,
+    s3: S3Settings | None = None,
     env: Mapping[str, str] | None = None,
 ) -> SnapshotStore:
     """Build the store a URL names; nothing is contacted until the first call.
 
     ``None`` or ``""`` is a directory store at ``default_dir``; ``file:///abs/path``
-    a directory store there; ``s3://bucket/prefix`` an S3 store configured from
-    ``env`` (see ``S3Settings.from_env``). Anything else is a ``ConfigError``.
+    a directory store there; ``s3://bucket/prefix`` an S3 store with ``s3`` (the
+    settings read at start-up) or else configured from ``env`` (see
+    ``S3Settings.from_env``). Anything else is a ``ConfigError``. The S3 store
+    (and minio) is imported only here, when chosen.
     """
     if not url:
         return DirectorySnapshotStore(default_dir)
@@ -216,7 +223,11 @@ def open_snapshot_store(
     if scheme == "file":
         return DirectorySnapshotStore(_file_url_path(url))
     if scheme == "s3":
-        return S3SnapshotStore(S3Settings.from_env(env or {}, url))
+        settings = s3 if s3 is not None else S3Settings.from_env(env or {}, url)
+        with needs_extra("s3", "an s3:// SANDCELL_SNAPSHOT_URL"):
+            from .s3 import S3SnapshotStore
+
+        return S3SnapshotStore(settings)
     raise ConfigError("snapshot store URL: must be file:///absolute/path or s3://bucket/prefix")
 
 
@@ -230,6 +241,14 @@ def _file_url_path(url: str) -> Path:
     return Path(path)
 
 
-# The backends import the shared types above from this package, so they load last.
+def __getattr__(name: str) -> object:
+    # The S3 backend loads on first use: the embedded default must not import minio.
+    if name == "S3SnapshotStore":
+        from .s3 import S3SnapshotStore
+
+        return S3SnapshotStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The directory backend imports the shared types above from this package, so it loads last.
 from .directory import DirectorySnapshotStore  # noqa: E402
-from .s3 import S3SnapshotStore  # noqa: E402
