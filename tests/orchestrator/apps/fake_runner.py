@@ -105,7 +105,7 @@ async def fake_preview() -> AsyncIterator[Preview]:
     now = [1000.0]
     async with serve_asgi(runner.app()) as runner_url:
         instances = AppInstances(
-            SandboxManager(cast(Any, None), InProcessRegistry()),
+            SandboxManager(cast(Any, None), InProcessRegistry(), cast(Any, None)),
             templates=TemplateRegistry({}),
             settings=AppSettings(),
             clock=lambda: now[0],

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+import boto3
 import psutil
 import pytest
 import redis.asyncio
@@ -143,16 +144,27 @@ async def _finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
+def _exists(s3_server: S3Server, name: str) -> bool:
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        aws_access_key_id=S3_ACCESS,
+        aws_secret_access_key=S3_SECRET,
+        region_name="us-east-1",
+    )
+    try:
+        listed = client.list_objects_v2(Bucket=BUCKET, Prefix=name)
+        return any(item["Key"] == name for item in listed.get("Contents", []))
+    finally:
+        client.close()
+
+
 async def _until(condition: Callable[[], Awaitable[bool]]) -> None:
     async with asyncio.timeout(_WAIT_S):
         while not await condition():
             await asyncio.sleep(0.1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="checkpoints share one key per session: A's late upload overwrites B's (issue 13)",
-)
 async def test_a_paused_holder_never_overwrites_a_newer_turn(
     cli: Cli, s3_server: S3Server, redis_url: str, proxy: HoldingProxy
 ) -> None:
@@ -198,7 +210,8 @@ async def test_a_paused_holder_never_overwrites_a_newer_turn(
         os.kill(first.pid, signal.SIGCONT)
         stopped = False
         proxy.release.set()
-        await _finish(first)  # A's turn lost its lock: whatever it says, it was not acknowledged
+        code, _, err = await _finish(first)
+        assert code != 0, "A's turn lost its lock: it must not be acknowledged"
 
         async def runner_gone() -> bool:
             try:
@@ -208,6 +221,8 @@ async def test_a_paused_holder_never_overwrites_a_newer_turn(
 
         await _until(runner_gone)
         stale_key = proxy.held_request_line.split(" ")[1].split(f"/{prefix}/", 1)[1]
+        # A's upload did land (under its own key), after B's commit.
+        assert await asyncio.to_thread(_exists, s3_server, f"{prefix}/{stale_key}")
         pointed = await registry.get(session_id)
         assert pointed is not None
         assert pointed.checkpoint_key is not None

@@ -206,15 +206,13 @@ MakeProvider = Callable[..., DockerProvider]
 
 
 @pytest.fixture
-async def make_provider(
-    settings: DockerSettings, store: DirectorySnapshotStore
-) -> AsyncIterator[MakeProvider]:
-    """New provider instances over the engine and store; closed after the test."""
+async def make_provider(settings: DockerSettings) -> AsyncIterator[MakeProvider]:
+    """New provider instances over the engine; closed after the test."""
     made: list[DockerProvider] = []
 
     def make(**changes: Any) -> DockerProvider:
         chosen = DockerSettings(**{**_fields(settings), **changes}) if changes else settings
-        provider = DockerProvider(chosen, store=store)
+        provider = DockerProvider(chosen)
         made.append(provider)
         return provider
 

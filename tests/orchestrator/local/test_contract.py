@@ -18,7 +18,7 @@ async def target() -> AsyncIterator[ContractTarget]:
         async with DirectorySnapshotStore(root / "snapshots") as store:
             settings = LocalSettings(runtime_dir=root / "rt")
             contract = ContractTarget(
-                make_provider=lambda: LocalProvider(settings, store=store),
+                make_provider=lambda: LocalProvider(settings),
                 store=store,
                 missing_sandbox_id="local-0000000000000000",
             )

@@ -14,6 +14,8 @@ import uvicorn
 
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.serve.app import create_app
+from sandcell_orchestrator.testing import clean_environ
+from sandcell_orchestrator.testing import sandbox_processes as runner_processes
 from sandcell_protocol import (
     ErrorBody,
     ErrorCode,
@@ -23,7 +25,6 @@ from sandcell_protocol import (
     runtime_session_id,
 )
 from tests.fixtures.runner_process import free_port
-from tests.orchestrator.cli.conftest import clean_environ, runner_processes
 
 KEY_A = "key-a-0123456789abcdef"
 KEY_B = "key-b-0123456789abcdef"
@@ -43,8 +44,9 @@ class Service:
         payload = {"language": "python", "user_id": "alice", **body}
         return await self.client.post("/v1/exec", json=payload, headers=self.auth(key))
 
-    def checkpoint_path(self, session_id: str) -> Path:
-        return self.settings.home / "snapshots" / "checkpoints" / f"{session_id}.tar.gz"
+    def checkpoint_files(self, session_id: str) -> list[Path]:
+        """The session's checkpoint objects in the snapshot directory (one per generation)."""
+        return sorted((self.settings.home / "snapshots" / "checkpoints" / session_id).glob("*"))
 
 
 StartService = Callable[..., Awaitable[Service]]
@@ -210,7 +212,7 @@ async def test_sessions_list_and_delete_per_namespace(service: Service) -> None:
         await service.exec(code="open('f','w').write('1')", runtime_session_hint="a")
     ).is_success
     session_id = runtime_session_id("tenant-a", "alice", "a")
-    assert service.checkpoint_path(session_id).is_file()
+    assert service.checkpoint_files(session_id)
 
     listed = (await service.client.get("/v1/sessions", headers=service.auth())).json()
     assert listed == {
@@ -236,7 +238,7 @@ async def test_sessions_list_and_delete_per_namespace(service: Service) -> None:
 
     deleted = await service.client.delete(path, headers=service.auth())
     assert deleted.status_code == 204
-    assert not service.checkpoint_path(session_id).exists()
+    assert not service.checkpoint_files(session_id)
     assert runner_processes(service.runtime_dir) == []
     assert (await service.client.get("/v1/sessions", headers=service.auth())).json() == {
         "sessions": []

@@ -79,11 +79,18 @@ class Stack:
 async def local_provider(
     runtime_dir: Path, dir_store: SnapshotStore
 ) -> AsyncIterator[LocalProvider]:
-    provider = LocalProvider(LocalSettings(runtime_dir=runtime_dir / "rt"), store=dir_store)
+    provider = LocalProvider(LocalSettings(runtime_dir=runtime_dir / "rt"))
     yield provider
     await provider.close()
     for child in (runtime_dir / "rt").iterdir():
         await provider.destroy(child.name)
+
+
+async def current_key(service: ExecutionService, session_id: str) -> str:
+    """The checkpoint a restore of ``session_id`` would read (the record's, else the store's)."""
+    key = await service.manager.current_checkpoint(session_id)
+    assert key is not None, "the session has no checkpoint"
+    return key
 
 
 def runner_pids(runtime_dir: Path) -> list[int]:

@@ -19,11 +19,17 @@ from sandcell_orchestrator.errors import (
     SessionRequiredError,
 )
 from sandcell_orchestrator.providers.local import LocalProvider
-from sandcell_orchestrator.registry import InProcessRegistry, Lease, SessionRegistry
+from sandcell_orchestrator.registry import InProcessRegistry, SessionRegistry
 from sandcell_orchestrator.sessions.execution import ExecutionService, Identity
 from sandcell_orchestrator.snapshots import S3SnapshotStore, SnapshotStore
-from sandcell_protocol import ExecuteRequest, checkpoint_key, runtime_session_id
-from tests.orchestrator.sessions.conftest import S3_SECRET, S3Server, runner_pids
+from sandcell_orchestrator.testing import GatedProvider, LosingRenewRegistry, SilentRenewRegistry
+from sandcell_protocol import (
+    ExecuteRequest,
+    ExecuteResult,
+    parse_checkpoint_key,
+    runtime_session_id,
+)
+from tests.orchestrator.sessions.conftest import S3_SECRET, S3Server, current_key, runner_pids
 
 ALICE = Identity("tenant-a", "alice")
 
@@ -42,7 +48,9 @@ async def test_state_survives_sandbox_destruction(
     )
     assert result.status == "ok"
     session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "h1")
-    assert await store.exists(checkpoint_key(session_id))
+    key = await current_key(first, session_id)
+    assert parse_checkpoint_key(key) is not None
+    assert await store.exists(key)
     await first.aclose(destroy_sandboxes=True)
     assert runner_pids(runtime_dir) == []
     # A new service with an empty registry (a new process): launch + restore.
@@ -96,35 +104,16 @@ async def test_concurrent_turns_one_runs_one_busy(
     await worker_a.aclose(destroy_sandboxes=True)
 
 
-class _SilentRenewRegistry:
-    """A paused worker: its renewals never reach the registry (they 'succeed' locally)."""
-
-    def __init__(self, inner: SessionRegistry) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    async def renew(self, lease: Lease, *, ttl_ms: int) -> bool:
-        return True
-
-
-class _GatedProvider:
-    """Delegates to the local provider; ``create`` waits until the test opens the gate."""
-
-    def __init__(self, inner: LocalProvider) -> None:
-        self._inner = inner
-        self.gate = asyncio.Event()
-        self.created: list[str] = []
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    async def create(self, spec: object) -> object:
-        handle = await self._inner.create(spec)  # type: ignore[arg-type]
-        self.created.append(handle.sandbox_id)
-        await self.gate.wait()
-        return handle
+async def _when_free(
+    service: ExecutionService, request: ExecuteRequest, *, hint: str
+) -> ExecuteResult:
+    """Run ``request`` as soon as the session's lock is free (bounded)."""
+    async with asyncio.timeout(120):
+        while True:
+            try:
+                return await service.execute(request, ALICE, hint=hint)
+            except SessionBusyError:
+                await asyncio.sleep(0.1)
 
 
 async def test_lock_expiry_fences_stale_worker(
@@ -134,19 +123,19 @@ async def test_lock_expiry_fences_stale_worker(
     runtime_dir: Path,
 ) -> None:
     """A worker whose lease expired mid-launch cannot write its record; its sandbox is destroyed."""
-    gated = _GatedProvider(local_provider)
+    gated = GatedProvider(local_provider)
     stale = ExecutionService(
         provider=gated,  # type: ignore[arg-type]
-        registry=_SilentRenewRegistry(registry),  # type: ignore[arg-type]
+        registry=SilentRenewRegistry(registry),  # type: ignore[arg-type]
         store=dir_store,
     )
-    stale.lock_ttl_ms = 500
+    # Long enough that a loaded machine's stalls do not end the lease locally first.
+    stale.manager.lock_ttl_ms = 2000
     fresh = ExecutionService(provider=local_provider, registry=registry, store=dir_store)
     stale_turn = asyncio.create_task(stale.execute(py("print('stale')"), ALICE, hint="f"))
-    while not gated.created:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.8)  # the stale lease has expired in the registry
-    result = await fresh.execute(py("print('fresh')"), ALICE, hint="f")
+    await gated.wait_created(stale_turn)
+    # The fresh worker gets in once the stale lease has expired in the registry.
+    result = await _when_free(fresh, py("print('fresh')"), hint="f")
     assert result.stdout == "fresh\n"
     gated.gate.set()
     with pytest.raises(LockLostError):
@@ -160,28 +149,15 @@ async def test_lock_expiry_fences_stale_worker(
     await fresh.aclose(destroy_sandboxes=True)
 
 
-class _LosingRegistry:
-    """Renewal reports the lease lost (the token is no longer ours)."""
-
-    def __init__(self, inner: SessionRegistry) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    async def renew(self, lease: Lease, *, ttl_ms: int) -> bool:
-        return False
-
-
 async def test_lost_renewal_cancels_the_turn(
     local_provider: LocalProvider, dir_store: SnapshotStore, runtime_dir: Path
 ) -> None:
     service = ExecutionService(
         provider=local_provider,
-        registry=_LosingRegistry(InProcessRegistry()),  # type: ignore[arg-type]
+        registry=LosingRenewRegistry(InProcessRegistry()),  # type: ignore[arg-type]
         store=dir_store,
     )
-    service.lock_ttl_ms = 600
+    service.manager.lock_ttl_ms = 600
     loop = asyncio.get_running_loop()
     started = loop.time()
     with pytest.raises(LockLostError):
@@ -204,8 +180,7 @@ async def test_s3_down_during_checkpoint_returns_result(
         )
         await service.execute(py("open('v','w').write('1')"), ALICE, hint="s")
         session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "s")
-        async with store.get(checkpoint_key(session_id), max_bytes=1 << 30) as snap:
-            before = snap.info.sha256
+        before = await current_key(service, session_id)
         s3_server.stop()
         try:
             result = await service.execute(
@@ -215,8 +190,9 @@ async def test_s3_down_during_checkpoint_returns_result(
             assert service.metrics.value("sandcell_checkpoints_total", outcome="failed") == 1
         finally:
             s3_server.start()
-        async with store.get(checkpoint_key(session_id), max_bytes=1 << 30) as snap:
-            assert snap.info.sha256 == before
+        # The record still points at the previous checkpoint, which is intact.
+        assert await current_key(service, session_id) == before
+        assert await store.exists(before)
         await service.aclose(destroy_sandboxes=True)
 
 
@@ -360,7 +336,7 @@ async def test_idle_sweeper_suspends_and_forgets_lost_sandboxes(
     await service.execute(py("open('b','w').write('2')"), ALICE, hint="gone")
     idle_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "idle")
     gone_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "gone")
-    await registry.touch(gone_id, at_s=service._now() + 3600)  # recently seen: not idle
+    await registry.touch(gone_id, at_s=service.manager._now() + 3600)  # recently seen: not idle
     gone = await registry.get(gone_id)
     assert gone is not None
     # The runner dies behind the registry's back; its root (and tmpfs mount) stays.
@@ -394,7 +370,7 @@ async def test_each_sweep_checks_a_bounded_share_of_the_rows(
     """Rows whose sandbox is lost are found round robin, a bounded number per sweep."""
     registry = InProcessRegistry()
     service = ExecutionService(provider=local_provider, registry=registry, store=dir_store)
-    service.lost_checks_per_sweep = 2
+    service.manager.sweeper.lost_checks_per_sweep = 2
     hints = ["one", "two", "three"]
     for hint in hints:
         await service.execute(py("print(1)"), ALICE, hint=hint)

@@ -26,6 +26,7 @@ from .providers.base import SandboxProvider
 from .registry import SessionRegistry
 from .sessions.execution import ExecutionService
 from .sessions.inputs import DirectoryInputSource
+from .sessions.manager import SandboxManager
 from .snapshots import SnapshotStore, open_snapshot_store
 
 __all__ = ["Services", "open_provider", "open_registry", "open_services"]
@@ -43,6 +44,8 @@ class Services:
     provider: SandboxProvider
     inputs: DirectoryInputSource
     metrics: Metrics
+    manager: SandboxManager
+    """The one sandbox lifecycle every surface uses (turns, app instances, admin)."""
     execution: ExecutionService
 
 
@@ -80,22 +83,22 @@ async def open_services(settings: OrchestratorSettings) -> AsyncIterator[Service
         stack.push_async_callback(store.close)
         registry = open_registry(settings)
         stack.push_async_callback(registry.close)
-        provider = open_provider(settings.provider, store=store)
+        provider = open_provider(settings.provider)
         stack.push_async_callback(provider.close)
         inputs = DirectoryInputSource(settings.inputs_dir)
         metrics = _metrics()
-        execution = ExecutionService(
-            provider=provider,
-            registry=registry,
-            store=store,
-            mode=settings.session_mode,
+        manager = SandboxManager(
+            provider,
+            registry,
+            store,
             budgets=settings.budgets,
             checkpoint_max_bytes=settings.checkpoint_max_bytes,
-            inputs=inputs,
+            checkpoint_grace_s=settings.checkpoint_grace_s,
             metrics=metrics,
         )
         embedded = settings.registry_url is None
-        stack.push_async_callback(execution.aclose, destroy_sandboxes=embedded)
+        stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded)
+        execution = ExecutionService(manager=manager, mode=settings.session_mode, inputs=inputs)
         yield Services(
             settings=settings,
             store=store,
@@ -103,5 +106,6 @@ async def open_services(settings: OrchestratorSettings) -> AsyncIterator[Service
             provider=provider,
             inputs=inputs,
             metrics=metrics,
+            manager=manager,
             execution=execution,
         )

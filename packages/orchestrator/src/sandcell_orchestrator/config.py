@@ -156,7 +156,7 @@ class OrchestratorSettings:
         serve = ServeSettings.from_env(env)
         return cls(
             home=home,
-            provider=_provider(provider_name, env, checkpoint_max_bytes=checkpoint_max_bytes),
+            provider=_provider(provider_name, env),
             registry_url=registry_url,
             snapshot_url=snapshot_url,
             s3=_s3(snapshot_url, env),
@@ -177,19 +177,17 @@ class OrchestratorSettings:
         )
 
 
-def _provider(
-    name: ProviderName, env: Mapping[str, str], *, checkpoint_max_bytes: int
-) -> ProviderSettings:
+def _provider(name: ProviderName, env: Mapping[str, str]) -> ProviderSettings:
     # Only the chosen provider's settings module is imported.
     if name == "docker":
         from .providers.docker_settings import DockerSettings
 
-        return DockerSettings.from_env(env, checkpoint_max_bytes=checkpoint_max_bytes)
+        return DockerSettings.from_env(env)
     if name == "lambda-microvm":
         from .providers.lambda_settings import LambdaMicrovmSettings
 
         return LambdaMicrovmSettings.from_env(env)
-    return LocalSettings.from_env(env, checkpoint_max_bytes=checkpoint_max_bytes)
+    return LocalSettings.from_env(env)
 
 
 def _s3(url: str | None, env: Mapping[str, str]) -> S3Settings | None:

@@ -36,5 +36,6 @@ def needs_extra(extra: str, what: str) -> Iterator[None]:
         if missing not in EXTRAS[extra]:
             raise
         raise ConfigError(
-            f"{what} needs {missing}: pip install 'sandcell-orchestrator[{extra}]'"
+            f"{what} needs the {extra} extra ({missing} is not installed):"
+            f" pip install 'sandcell-orchestrator[{extra}]'"
         ) from None

@@ -2,8 +2,7 @@
 
 As a library::
 
-    manager = SandboxManager(services.provider, services.registry)
-    instances = AppInstances(manager, templates=TemplateRegistry(settings.templates),
+    instances = AppInstances(services.manager, templates=TemplateRegistry(settings.templates),
                              settings=settings)
     async with InstanceSupervisor(instances).running():
         created = await instances.create(

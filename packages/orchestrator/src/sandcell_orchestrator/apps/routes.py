@@ -35,7 +35,6 @@ from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
 from ..serve.errors import JSON_MEDIA_TYPE, guarded, read_body
-from ..sessions.manager import SandboxManager
 from .errors import AppRequestError, InstanceStartError
 from .instances import AppInstances, Instance
 from .lifecycle import InstanceSupervisor
@@ -114,7 +113,7 @@ class AppService:
                 )
                 await stack.enter_async_context(webhooks)
             instances = AppInstances(
-                SandboxManager(services.provider, services.registry),
+                services.manager,
                 templates=TemplateRegistry(config.templates),
                 settings=config,
                 webhooks=webhooks,

@@ -14,18 +14,17 @@ from ..extras import needs_extra
 
 if TYPE_CHECKING:
     from ..config import ProviderSettings
-    from ..snapshots import SnapshotStore
     from .base import SandboxProvider
 
 __all__ = ["open_provider"]
 
 
-def open_provider(settings: ProviderSettings, *, store: SnapshotStore) -> SandboxProvider:
+def open_provider(settings: ProviderSettings) -> SandboxProvider:
     """The provider ``settings`` configure (tagged by ``settings.kind``)."""
     if settings.kind == "docker":
         from .docker import DockerProvider
 
-        return DockerProvider(settings, store=store)
+        return DockerProvider(settings)
     if settings.kind == "lambda-microvm":
         with needs_extra("aws", "SANDCELL_PROVIDER=lambda-microvm"):
             from .lambda_microvm import LambdaMicrovmProvider
@@ -33,4 +32,4 @@ def open_provider(settings: ProviderSettings, *, store: SnapshotStore) -> Sandbo
         return LambdaMicrovmProvider(settings)
     from .local import LocalProvider
 
-    return LocalProvider(settings, store=store)
+    return LocalProvider(settings)

@@ -1,7 +1,9 @@
 """The provider seam: what every sandbox backend (local, docker, lambda-microvm) offers.
 
 Feature code (``SandboxManager``, ``ExecutionService``) sees only these types and
-``SandboxHandle``; vendor SDKs stay inside their provider module.
+``SandboxHandle``; vendor SDKs stay inside their provider module. A provider does
+compute (create, connect, destroy, close) and, optionally, its own native
+suspend; object-store persistence belongs to ``SandboxManager``.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..handle import SandboxHandle
@@ -47,46 +49,23 @@ class SandboxSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class PersistentWorkspace:
-    """Which workspace paths a snapshot keeps (glob patterns, relative to the workspace)."""
-
-    include: tuple[str, ...] = ("**",)
-    exclude: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectSnapshot:
-    """A tar checkpoint in the snapshot store."""
-
-    key: str
-    sha256: str | None = None
-    size: int | None = None
-    kind: Literal["object"] = "object"
-
-
-@dataclass(frozen=True, slots=True)
-class NativeSnapshot:
-    """A provider-native suspended sandbox (e.g. a suspended MicroVM)."""
-
-    provider: str
-    sandbox_id: str
-    kind: Literal["native"] = "native"
-
-
-SnapshotRef = ObjectSnapshot | NativeSnapshot
-"""Tagged by ``kind``: an object-store tar key, or a provider-native suspended id."""
-
-
-@dataclass(frozen=True, slots=True)
 class SandboxCapabilities:
-    """What a provider can do natively; the manager decides suspend policy from it."""
+    """What a provider can do natively; the manager's one suspend policy branches on it."""
 
     pause_resume: bool
+    """Suspends in place (``NativeSuspend``); otherwise suspend = checkpoint, destroy."""
 
 
 @runtime_checkable
 class SandboxProvider(Protocol):
-    """A sandbox backend. Implementations translate vendor errors into ``SandcellError``s."""
+    """A sandbox backend: compute only. Implementations translate vendor errors into
+    ``SandcellError``s.
+
+    What every backend has: create, connect, destroy, close. Saving a sandbox's
+    workspace to object storage is not a provider's job (``SandboxManager`` pulls
+    the checkpoint from the runner); a backend that can suspend a sandbox in place
+    also implements ``NativeSuspend``, and says so in ``capabilities``.
+    """
 
     name: str
     capabilities: SandboxCapabilities
@@ -103,20 +82,29 @@ class SandboxProvider(Protocol):
         """Remove the sandbox; idempotent (a missing sandbox returns quietly)."""
         ...
 
-    async def persist(
-        self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
-    ) -> SnapshotRef:
-        """Save the sandbox's state: native suspend, or a checkpoint stored under ``key``."""
-        ...
-
-    async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
-        """Bring a persisted sandbox back (its provider id may change)."""
-        ...
-
-    async def delete_snapshot(self, ref: SnapshotRef) -> None:
-        """Drop what ``persist`` made: a blob delete, or a no-op for native snapshots."""
-        ...
-
     async def close(self) -> None:
         """Release clients and pools; idempotent."""
         ...
+
+
+@runtime_checkable
+class NativeSuspend(Protocol):
+    """The optional capability of suspending a sandbox in place (a Lambda MicroVM).
+
+    Memory, processes and files stay with the suspended sandbox, under the same id.
+    """
+
+    async def suspend(self, sandbox_id: str) -> None:
+        """Suspend the running sandbox; ``SandboxNotFoundError`` if it is gone."""
+        ...
+
+    async def resume(self, sandbox_id: str, spec: SandboxSpec) -> SandboxHandle:
+        """Resume a suspended (or still running) sandbox; ``SandboxNotFoundError`` if gone."""
+        ...
+
+
+def native_suspend(provider: SandboxProvider) -> NativeSuspend | None:
+    """The provider's native suspend, if it declares and implements one."""
+    if provider.capabilities.pause_resume and isinstance(provider, NativeSuspend):
+        return provider
+    return None

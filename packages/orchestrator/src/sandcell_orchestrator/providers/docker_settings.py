@@ -70,7 +70,6 @@ class DockerSettings:
     nproc: int = 8192
     ready_timeout_s: float = 30.0
     api_timeout_s: float = 30.0
-    checkpoint_max_bytes: int = 1 << 30
     runner_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,9 +91,7 @@ class DockerSettings:
             raise ConfigError(f"{reserved[0]}: set by the docker provider itself")
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, checkpoint_max_bytes: int = 1 << 30
-    ) -> DockerSettings:
+    def from_env(cls, env: Mapping[str, str]) -> DockerSettings:
         """Read ``SANDCELL_DOCKER_*`` and ``DOCKER_HOST``; ``ConfigError`` names the variable.
 
         ``SANDCELL_RUNNER_*`` variables (limits, jail settings) pass through to every
@@ -119,6 +116,5 @@ class DockerSettings:
             nproc=int(read.number("SANDCELL_DOCKER_NPROC", 8192, minimum=64)),
             ready_timeout_s=read.number("SANDCELL_DOCKER_READY_TIMEOUT_S", 30.0),
             api_timeout_s=read.number("SANDCELL_DOCKER_API_TIMEOUT_S", 30.0),
-            checkpoint_max_bytes=checkpoint_max_bytes,
             runner_env=passthrough,
         )

@@ -8,9 +8,9 @@ process (each ``sandcell exec`` is one). Runners get ``PR_SET_PDEATHSIG=SIGTERM`
 an orchestrator that dies takes its runners with it, gracefully enough for them
 to unmount their workspaces.
 
-``pause_resume`` is False: ``persist`` pulls a checkpoint into the snapshot store
-(the manager then destroys the process) and ``resume`` starts a new runner and
-restores into it. An optional warm pool of pre-started runners hides the Python
+``pause_resume`` is False: the manager suspends a session by checkpointing its
+runner into the snapshot store and destroying the process, and resumes it in a
+new runner it restores into. An optional warm pool of pre-started runners hides the Python
 start-up from ``create``.
 """
 
@@ -37,16 +37,10 @@ import psutil
 from ..errors import SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
 from ..runner.client import RunnerClient
-from ..sessions.persistence import persist_to_store, restore_from_store
-from ..snapshots import SnapshotStore
 from .base import (
     SESSION_LABEL,
-    NativeSnapshot,
-    ObjectSnapshot,
-    PersistentWorkspace,
     SandboxCapabilities,
     SandboxSpec,
-    SnapshotRef,
     sandbox_session_id,
 )
 from .local_settings import LocalSettings, default_runtime_dir
@@ -79,9 +73,8 @@ class LocalProvider:
     name = "local"
     capabilities = SandboxCapabilities(pause_resume=False)
 
-    def __init__(self, settings: LocalSettings, *, store: SnapshotStore) -> None:
+    def __init__(self, settings: LocalSettings) -> None:
         self._settings = settings
-        self._store = store
         self._pool: list[_Runner] = []
         self._fill: asyncio.Task[None] | None = None
         self._closed = False
@@ -204,35 +197,6 @@ class LocalProvider:
         root = self._root(sandbox_id)
         if root is not None:
             await asyncio.to_thread(remove_runner_root, root)
-
-    async def persist(
-        self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
-    ) -> SnapshotRef:
-        return await persist_to_store(
-            handle,
-            self._store,
-            key=key,
-            max_bytes=self._settings.checkpoint_max_bytes,
-            workspace=workspace,
-        )
-
-    async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
-        if isinstance(ref, NativeSnapshot):
-            raise SandboxNotFoundError("the local provider has no native snapshots")
-        handle = await self.create(spec)
-        try:
-            await restore_from_store(
-                handle, self._store, ref, max_bytes=self._settings.checkpoint_max_bytes
-            )
-        except BaseException:
-            await handle.close()
-            await self.destroy(handle.sandbox_id)
-            raise
-        return handle
-
-    async def delete_snapshot(self, ref: SnapshotRef) -> None:
-        if isinstance(ref, ObjectSnapshot):
-            await self._store.delete(ref.key)
 
     async def close(self) -> None:
         """Stop refilling and destroy pooled (never handed out) runners."""

@@ -39,20 +39,16 @@ class LocalSettings:
     runtime_dir: Path = field(default_factory=default_runtime_dir)
     pool_size: int = 0
     ready_timeout_s: float = 30.0
-    checkpoint_max_bytes: int = 1 << 30
     runner_env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, checkpoint_max_bytes: int = 1 << 30
-    ) -> LocalSettings:
+    def from_env(cls, env: Mapping[str, str]) -> LocalSettings:
         """Read ``SANDCELL_LOCAL_*``; ``ConfigError`` names the variable."""
         read = EnvReader(env)
         return cls(
             runtime_dir=read.path("SANDCELL_LOCAL_RUNTIME_DIR", default_runtime_dir()),
             pool_size=int(read.number("SANDCELL_LOCAL_POOL_SIZE", 0.0, minimum=0)),
-            checkpoint_max_bytes=checkpoint_max_bytes,
             # Runner limits and jail settings pass through unchanged.
             runner_env=read.passthrough(("SANDCELL_RUNNER_",), names=_INHERITED, exclude=_OWN_ENV),
         )

@@ -37,7 +37,6 @@ from sandcell_protocol import (
     ExecCall,
     ExecuteRequest,
     ProtocolError,
-    checkpoint_key,
     decode,
     encode,
     is_runtime_session_id,
@@ -179,8 +178,8 @@ class _Service:
         for session_id, owner in sorted(self._owners.items()):
             if owner.namespace != namespace:
                 continue
-            record = await services.registry.get(session_id)
-            saved = await services.store.exists(checkpoint_key(session_id))
+            record = await services.manager.record(session_id)
+            saved = await services.manager.current_checkpoint(session_id) is not None
             if record is None and not saved:
                 continue
             sessions.append(

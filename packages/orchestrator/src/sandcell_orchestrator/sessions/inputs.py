@@ -15,9 +15,13 @@ import urllib.parse
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from sandcell_protocol import FileRef
+from sandcell_protocol import ExecuteRequest, FileRef
 
 from ..errors import InputMissingError
+from ..handle import SandboxHandle
+from ..runner.transfers import InputPayload
+
+__all__ = ["DirectoryInputSource", "InputSource", "deliver_inputs"]
 
 
 @runtime_checkable
@@ -61,3 +65,33 @@ class DirectoryInputSource:
             temp.write_bytes(data)
             temp.replace(path)
         return object_id
+
+
+async def deliver_inputs(
+    handle: SandboxHandle,
+    request: ExecuteRequest,
+    *,
+    session_id: str | None,
+    source: InputSource | None,
+) -> None:
+    """Probe the runner's input cache and push only the objects it lacks.
+
+    Without a ``source`` nothing is pushed: the runner then reports
+    ``input_missing`` naming the ref.
+    """
+    if not request.files:
+        return
+    missing = await handle.runner.probe_inputs(request.files, session_id=session_id)
+    if not missing or source is None:
+        return
+    payloads: dict[tuple[str, str], InputPayload] = {}
+    for ref in missing:
+        key = (ref.storage_session, ref.object_id)
+        if key not in payloads:
+            payloads[key] = InputPayload(
+                storage_session=ref.storage_session,
+                object_id=ref.object_id,
+                data=await source.read(ref),
+                read_only=ref.read_only,
+            )
+    await handle.runner.push_inputs(list(payloads.values()), session_id=session_id)
