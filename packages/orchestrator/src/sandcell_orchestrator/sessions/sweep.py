@@ -54,15 +54,24 @@ class Sweeper:
         """One round; returns how many idle sessions were suspended."""
         manager = self._manager
         count = 0
-        now_s = manager._now()
-        for session_id in await manager.registry.idle_sessions(older_than_s=idle_s, now_s=now_s):
+        records = await manager.registry.list_records()
+        # Only active rows have anything to suspend: the sweeper takes no lock of a
+        # session it would leave as it is (a caller's next turn would find it busy).
+        active = {
+            r.session_id
+            for r in records
+            if r.state == "active" and r.provider == manager.provider.name
+        }
+        idle = await manager.registry.idle_sessions(older_than_s=idle_s, now_s=manager._now())
+        for session_id in (session_id for session_id in idle if session_id in active):
             try:
                 if await manager.suspend(session_id):
                     count += 1
                     manager.metrics.inc("sandcell_idle_suspends_total")
             except SandcellError as exc:
                 log.info("idle sweep skipped %s: %s", session_id[:11], type(exc).__name__)
-        records = await manager.registry.list_records()
+        if count:
+            records = await manager.registry.list_records()  # the rows just suspended
         await self._forget_lost(records)
         await self._collect(records)
         return count
