@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fixtures.paths import traversable_dir  # noqa: E402
 
-from sandcell_orchestrator.execution import ExecutionService, Identity  # noqa: E402
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings  # noqa: E402
 from sandcell_orchestrator.registry import InProcessRegistry  # noqa: E402
+from sandcell_orchestrator.sessions.execution import ExecutionService, Identity  # noqa: E402
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore  # noqa: E402
 from sandcell_protocol import ExecuteRequest, checkpoint_key, runtime_session_id  # noqa: E402
 
@@ -61,15 +61,13 @@ async def main(turns: int) -> None:
     with traversable_dir("benchorch-") as root:
         store = DirectorySnapshotStore(root / "snapshots")
         env = {"SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB": "1024"}
-        provider = LocalProvider(
-            LocalSettings(runtime_dir=root / "rt", runner_env={**env}), store=store
-        )
+        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt", runner_env={**env}))
         service = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
         try:
             # Warm session vs direct client on the same runner.
             await service.execute(NOOP, WHO, hint="warm")
             session_id = runtime_session_id(WHO.namespace, WHO.user_id, "warm")
-            handle = service._handles[session_id]
+            handle = await service.manager.connect(session_id)  # a client of its own
             for _ in range(5):
                 await service.execute(NOOP, WHO, hint="warm")
                 await handle.runner.execute(NOOP, session_id=session_id)
@@ -83,7 +81,7 @@ async def main(turns: int) -> None:
             for _ in range(10):
                 started = time.perf_counter()
                 async with handle.runner.checkpoint(session_id=session_id) as chunks:
-                    info = await store.put(checkpoint_key(session_id), chunks, max_bytes=1 << 30)
+                    info = await store.put(checkpoint_key(session_id, 1), chunks, max_bytes=1 << 30)
                 checkpoint_ms.append((time.perf_counter() - started) * 1000)
 
             # Cold session to first result (fresh sandbox, no checkpoint to restore).
@@ -91,15 +89,14 @@ async def main(turns: int) -> None:
 
             # Restore of a 200 MiB workspace on top of a turn.
             await service.execute(BIG, WHO, hint="big")
+            await handle.close()
             await service.aclose(destroy_sandboxes=True)
             fresh = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
             restore_turn = await timed(fresh.execute(NOOP, WHO, hint="big"))
             await fresh.aclose(destroy_sandboxes=True)
 
             # Acquire from a warm pool.
-            pooled = LocalProvider(
-                LocalSettings(runtime_dir=root / "pool", pool_size=2), store=store
-            )
+            pooled = LocalProvider(LocalSettings(runtime_dir=root / "pool", pool_size=2))
             acquire = []
             for _ in range(5):
                 await pooled.start_pool()

@@ -1,12 +1,19 @@
-"""Fixtures shared by the orchestrator suites: a real S3 endpoint (moto) that can go down."""
+"""Fixtures shared by the orchestrator suites: a real S3 endpoint (moto) that can go down,
+and the real Redis the tests use (``$SANDCELL_TEST_REDIS_URL``, or a private redis-server)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
+import redis
 from moto.server import ThreadedMotoServer
 
 from sandcell_orchestrator.snapshots import S3Settings
@@ -14,6 +21,7 @@ from sandcell_orchestrator.snapshots import S3Settings
 S3_ACCESS = "exec-test-access"
 S3_SECRET = "exec-test-SECRET-9d8c7b6a"
 BUCKET = "sandcell-exec"
+REDIS_URL_ENV = "SANDCELL_TEST_REDIS_URL"
 
 
 class S3Server:
@@ -65,3 +73,49 @@ def s3_server() -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis the tests use: ``$SANDCELL_TEST_REDIS_URL``, or a private one."""
+    url = os.environ.get(REDIS_URL_ENV)
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail(
+            f"{REDIS_URL_ENV} is unset and redis-server is not installed: run scripts/test, "
+            "or `source scripts/services; start_test_services` before pytest"
+        )
+    port = _free_port()
+    workdir: Path = tmp_path_factory.mktemp("redis")
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+    argv += ["no", "--daemonize", "no", "--dir", str(workdir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    if client.ping():
+                        break
+                except redis.exceptions.ConnectionError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        pytest.fail(f"private redis-server on port {port} did not start")
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

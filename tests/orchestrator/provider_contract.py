@@ -7,9 +7,11 @@ A backend's test module runs each check against its own provider:
         await check(target)
 
 ``ContractTarget.make_provider`` returns a *new* provider instance over the same
-backend and snapshot store each time it is called (``connect`` must work from a
-fresh instance, as from another orchestrator process); the target closes what it
-made. Checks destroy every sandbox they create, also when they fail.
+backend each time it is called (``connect`` must work from a fresh instance, as
+from another orchestrator process); the target closes what it made. The last two
+checks run ``SandboxManager`` over the provider and the target's snapshot store:
+suspend and resume are the manager's, whatever the backend can do natively.
+Checks destroy every sandbox they create, also when they fail.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import pytest
 
 from sandcell_orchestrator.errors import CheckpointError, SandboxNotFoundError
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import (
+from sandcell_orchestrator.providers.base import (
     SESSION_LABEL,
-    ObjectSnapshot,
-    PersistentWorkspace,
+    NativeSuspend,
     SandboxProvider,
     SandboxSpec,
 )
+from sandcell_orchestrator.registry import InProcessRegistry
+from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import SnapshotStore
 from sandcell_protocol import ExecuteRequest, ExecuteResult, RunStatus, runtime_session_id
 
@@ -133,46 +136,65 @@ async def connect_from_a_new_provider(target: ContractTarget) -> None:
             await other.close()
 
 
-async def persist_destroy_resume_continues(target: ContractTarget) -> None:
-    """persist → destroy → resume into a new sandbox: the session's files come back."""
+async def suspend_resume_continues(target: ContractTarget) -> None:
+    """Through the manager: suspend (native, or checkpoint → destroy) → resume: the
+    session's files come back, in the same sandbox only if the provider suspends natively."""
     provider = target.provider()
-    spec = target.session_spec()
-    key = f"contract/{uuid.uuid4().hex}.tar"
-    handle = await provider.create(spec)
-    async with _sandbox(provider, handle):
-        await _python(handle, "open('state.txt', 'w').write('turn 1')")
-        ref = await provider.persist(handle, PersistentWorkspace(), key=key)
+    native = isinstance(provider, NativeSuspend)
+    assert provider.capabilities.pause_resume == native
+    manager = SandboxManager(provider, InProcessRegistry(), target.store)
+    session_id = runtime_session_id("contract", "user", uuid.uuid4().hex)
+    handle = await manager.acquire(session_id, target.spec, owner="contract")
     try:
-        if isinstance(ref, ObjectSnapshot):
-            assert ref.key == key
-            assert await target.store.exists(key)
-            assert ref.size is not None
-            assert ref.size > 0
-            assert ref.sha256 is not None
-            assert len(ref.sha256) == 64
-        resumed = await target.provider().resume(ref, spec)
-        async with _sandbox(provider, resumed):
-            if not provider.capabilities.pause_resume:
-                assert resumed.sandbox_id != handle.sandbox_id
-            assert resumed.session_id == handle.session_id
+        await _python(handle, "open('state.txt', 'w').write('turn 1')")
+        await handle.close()
+        assert await manager.suspend(session_id)
+        record = await manager.record(session_id)
+        assert record is not None
+        assert record.state == "suspended"
+        if not native:
+            assert record.checkpoint_key is not None
+            assert await target.store.exists(record.checkpoint_key)
+            with pytest.raises(SandboxNotFoundError):
+                await provider.connect(handle.sandbox_id)
+        resumed = await manager.resume(session_id, target.spec)
+        try:
+            assert (resumed.sandbox_id == handle.sandbox_id) == native
+            assert resumed.session_id == session_id
             await _python(resumed, "open('state.txt', 'a').write(', turn 2')")
             result = await _python(resumed, "print(open('state.txt').read())")
             assert result.stdout == "turn 1, turn 2\n"
+        finally:
+            await resumed.close()
     finally:
-        await provider.delete_snapshot(ref)
-        await provider.delete_snapshot(ref)  # idempotent
-    if isinstance(ref, ObjectSnapshot):
-        assert not await target.store.exists(key)
+        await manager.destroy(session_id)
+    assert await target.store.list(f"checkpoints/{session_id}") == []
 
 
-async def resume_of_a_missing_snapshot_fails(target: ContractTarget) -> None:
-    """A snapshot that is not in the store cannot be resumed (and nothing is left running)."""
+async def resume_of_a_missing_checkpoint_fails(target: ContractTarget) -> None:
+    """A session whose checkpoint vanished is not resumed onto an empty workspace."""
     provider = target.provider()
-    if provider.capabilities.pause_resume:
-        return
-    ref = ObjectSnapshot(key=f"contract/missing-{uuid.uuid4().hex}.tar")
-    with pytest.raises(CheckpointError):
-        await provider.resume(ref, target.session_spec())
+    manager = SandboxManager(provider, InProcessRegistry(), target.store)
+    session_id = runtime_session_id("contract", "user", uuid.uuid4().hex)
+    handle = await manager.acquire(session_id, target.spec, owner="contract")
+    try:
+        await _python(handle, "open('state.txt', 'w').write('saved')")
+        await manager.save(session_id, handle)
+        await handle.close()
+        assert await manager.suspend(session_id)
+        record = await manager.record(session_id)
+        assert record is not None
+        assert record.checkpoint_key is not None
+        await target.store.delete(record.checkpoint_key)
+        # A native suspend keeps the sandbox: it has to be gone too for a restore.
+        await provider.destroy(record.sandbox_id)
+        with pytest.raises(CheckpointError):
+            await manager.resume(session_id, target.spec)
+        again = await manager.record(session_id)
+        assert again is not None
+        assert again.state == "suspended"  # nothing left running, still resumable
+    finally:
+        await manager.destroy(session_id)
 
 
 async def destroy_is_idempotent(target: ContractTarget) -> None:
@@ -191,7 +213,7 @@ CONTRACT: tuple[ContractCheck, ...] = (
     create_execute_destroy,
     session_state_survives_turns,
     connect_from_a_new_provider,
-    persist_destroy_resume_continues,
-    resume_of_a_missing_snapshot_fails,
+    suspend_resume_continues,
+    resume_of_a_missing_checkpoint_fails,
     destroy_is_idempotent,
 )

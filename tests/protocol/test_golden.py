@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import pytest
 
 from sandcell_protocol import (
     ProtocolError,
     checkpoint_key,
+    checkpoint_prefix,
     input_cache_key,
     is_runtime_session_id,
+    legacy_checkpoint_key,
+    parse_checkpoint_key,
     runtime_session_id,
     validate_workspace_path,
 )
@@ -40,8 +44,41 @@ def test_runtime_session_id_golden(vector: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("vector", GOLDEN["checkpoint_key"])
-def test_checkpoint_key_golden(vector: dict[str, str]) -> None:
-    assert checkpoint_key(vector["runtime_session_id"]) == vector["key"]
+def test_checkpoint_key_golden(vector: dict[str, Any]) -> None:
+    key = checkpoint_key(vector["runtime_session_id"], vector["generation"])
+    assert key == vector["key"]
+    assert parse_checkpoint_key(key) == (vector["runtime_session_id"], vector["generation"])
+    assert key.startswith(checkpoint_prefix(vector["runtime_session_id"]))
+
+
+@pytest.mark.parametrize("vector", GOLDEN["checkpoint_prefix"])
+def test_checkpoint_prefix_golden(vector: dict[str, str]) -> None:
+    assert checkpoint_prefix(vector["runtime_session_id"]) == vector["prefix"]
+
+
+def test_checkpoint_keys_sort_by_generation() -> None:
+    """Plain string order of the keys is generation order: the latest is the greatest."""
+    vector = GOLDEN["checkpoint_key_order"]
+    keys = [checkpoint_key(vector["runtime_session_id"], g) for g in vector["generations"]]
+    assert sorted(keys) == keys
+
+
+@pytest.mark.parametrize("key", GOLDEN["checkpoint_key_not_parsed"])
+def test_other_keys_are_not_checkpoint_keys(key: str) -> None:
+    assert parse_checkpoint_key(key) is None
+
+
+@pytest.mark.parametrize("vector", GOLDEN["legacy_checkpoint_key"])
+def test_legacy_checkpoint_key_golden(vector: dict[str, str]) -> None:
+    assert legacy_checkpoint_key(vector["runtime_session_id"]) == vector["key"]
+    assert parse_checkpoint_key(vector["key"]) is None
+
+
+@pytest.mark.parametrize("generation", [0, -1, True, 10**20, 1.0])
+def test_checkpoint_key_refuses_a_bad_generation(generation: Any) -> None:
+    session = GOLDEN["checkpoint_key"][0]["runtime_session_id"]
+    with pytest.raises(ProtocolError, match="generation"):
+        checkpoint_key(session, generation)
 
 
 @pytest.mark.parametrize(("raw", "normalized"), GOLDEN["workspace_path"]["accepted"])
@@ -91,4 +128,6 @@ def test_runtime_session_id_rejects(args: tuple[str, str, str]) -> None:
 def test_is_runtime_session_id_rejects(value: str) -> None:
     assert not is_runtime_session_id(value)
     with pytest.raises(ProtocolError):
-        checkpoint_key(value)
+        checkpoint_key(value, 1)
+    with pytest.raises(ProtocolError):
+        legacy_checkpoint_key(value)

@@ -25,7 +25,8 @@ from sandcell_orchestrator.apps import AppService, install_app_routes
 from sandcell_orchestrator.apps.settings import SHIPPED_TEMPLATES_DIR
 from sandcell_orchestrator.bootstrap import open_services
 from sandcell_orchestrator.config import OrchestratorSettings
-from sandcell_orchestrator.service_app import create_app
+from sandcell_orchestrator.serve.app import create_app
+from sandcell_orchestrator.testing import clean_environ, sandbox_processes
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import free_port
 
@@ -47,28 +48,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def clean_environ(**overrides: str) -> dict[str, str]:
-    """This process's environment without any ``SANDCELL_*`` variable, plus overrides."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDCELL_")}
-    env.update(overrides)
-    return env
-
-
-def sandbox_processes(runtime_dir: Path) -> list[psutil.Process]:
-    """Live processes started for sandboxes under ``runtime_dir``."""
-    marker = str(runtime_dir)
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if process.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if marker in " ".join(process.cmdline()) or any(
-                marker in value for value in process.environ().values()
-            ):
-                found.append(process)
-    return found
 
 
 @pytest.fixture
@@ -163,7 +142,7 @@ async def start_api(tmp_path: Path, runtime_dir: Path) -> AsyncIterator[StartApi
             app = create_app(settings, services=services)
             if not hasattr(app.state, "apps"):
                 # Until create_app installs the app routes itself.
-                from sandcell_orchestrator.service_auth import load_api_keys
+                from sandcell_orchestrator.serve.auth import load_api_keys
 
                 install_app_routes(
                     app,

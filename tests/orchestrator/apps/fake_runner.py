@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,9 +26,11 @@ from sandcell_orchestrator.apps.preview import PreviewProxy
 from sandcell_orchestrator.apps.settings import AppSettings
 from sandcell_orchestrator.apps.templates import TemplateRegistry, parse_manifest
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.manager import SandboxManager
+from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import InProcessRegistry
-from sandcell_orchestrator.runner_client import RunnerClient
+from sandcell_orchestrator.runner.client import RunnerClient
+from sandcell_orchestrator.sessions.manager import SandboxManager
+from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from sandcell_protocol import PROTOCOL_VERSION, Health, encode
 
 from .http_server import serve_asgi
@@ -100,12 +104,25 @@ class Preview:
 
 
 @contextlib.asynccontextmanager
+async def _empty_manager() -> AsyncIterator[SandboxManager]:
+    """A real manager that has no sandbox: the fake instance's sandbox is not its."""
+    with tempfile.TemporaryDirectory(prefix="fake-preview-") as root:
+        provider = LocalProvider(LocalSettings(runtime_dir=Path(root) / "rt"))
+        async with DirectorySnapshotStore(Path(root) / "snapshots") as store:
+            yield SandboxManager(provider, InProcessRegistry(), store)
+        await provider.close()
+
+
+@contextlib.asynccontextmanager
 async def fake_preview() -> AsyncIterator[Preview]:
     runner = FakeRunner()
     now = [1000.0]
-    async with serve_asgi(runner.app()) as runner_url:
+    async with (
+        serve_asgi(runner.app()) as runner_url,
+        _empty_manager() as manager,
+    ):
         instances = AppInstances(
-            SandboxManager(cast(Any, None), InProcessRegistry()),
+            manager,
             templates=TemplateRegistry({}),
             settings=AppSettings(),
             clock=lambda: now[0],

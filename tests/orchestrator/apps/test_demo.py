@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from .conftest import clean_environ
+from sandcell_orchestrator.testing import clean_environ
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandcell_orchestrator.service_errors import MAX_BODY_BYTES
+from sandcell_orchestrator.serve.errors import MAX_BODY_BYTES
 from sandcell_protocol import ErrorBody, ErrorCode, decode
 
 from .conftest import GIT_AUTHOR, KEY_B, AppApi, StartApi

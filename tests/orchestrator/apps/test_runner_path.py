@@ -26,7 +26,7 @@ from sandcell_orchestrator.apps.client import AppRunnerClient
 from sandcell_orchestrator.errors import RunnerRequestError, SandboxUnavailableError
 from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.providers.lambda_auth import MicrovmProxyAuth, ProxyTokenCache
-from sandcell_orchestrator.runner_client import RunnerClient
+from sandcell_orchestrator.runner.client import RunnerClient
 from sandcell_protocol import PROTOCOL_VERSION, Health, ProcessStart, encode
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, running_runner

@@ -40,7 +40,7 @@ async def test_a_full_flow_logs_no_secret(
     instance_id = created["instance_id"]
     (instance,) = api.apps.instances.all()
     preview_token = instance.preview_token
-    runner_token = instance.handle.runner._token
+    runner_token = instance.handle.runner.connection._token
     await api.write(instance_id, {"app.js": THROWING_JS}, message="Throw")
     page = await browser.new_page()
     await page.goto(created["url"])

@@ -9,7 +9,6 @@ through the local provider, under a runtime directory job UIDs can traverse.
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -20,32 +19,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sandcell_orchestrator.testing import clean_environ, sandbox_processes
 from tests.fixtures.paths import traversable_dir
+
+__all__ = ["Cli", "clean_environ", "runner_processes", "stop_leftovers"]
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "sandcell"
 
 
-def clean_environ(**overrides: str) -> dict[str, str]:
-    """This process's environment without any ``SANDCELL_*`` variable, plus overrides."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDCELL_")}
-    env.update(overrides)
-    return env
-
-
-def runner_processes(runtime_dir: Path) -> list[psutil.Process]:
-    """Live processes started for sandboxes under ``runtime_dir`` (runners and their jails)."""
-    marker = str(runtime_dir)
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if process.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if marker in " ".join(process.cmdline()) or any(
-                marker in value for value in process.environ().values()
-            ):
-                found.append(process)
-    return found
+runner_processes = sandbox_processes
+"""Live processes started for sandboxes under a runtime directory (runners and jails)."""
 
 
 def stop_leftovers(runtime_dir: Path) -> list[psutil.Process]:
@@ -66,6 +50,10 @@ class Cli:
     runtime_dir: Path
     env: dict[str, str]
 
+    def command(self, *, script: bool = False) -> list[str]:
+        """The argv that starts ``sandcell``: this interpreter's module, or scripts/sandcell."""
+        return [str(SCRIPT)] if script else [sys.executable, "-m", "sandcell_orchestrator"]
+
     def run(
         self,
         *args: str,
@@ -74,9 +62,8 @@ class Cli:
         cwd: Path | None = None,
         env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        command = [str(SCRIPT)] if script else [sys.executable, "-m", "sandcell_orchestrator"]
         return subprocess.run(
-            [*command, *args],
+            [*self.command(script=script), *args],
             input=stdin,
             capture_output=True,
             text=True,
@@ -86,8 +73,9 @@ class Cli:
             check=False,
         )
 
-    def checkpoint_path(self, session_id: str) -> Path:
-        return self.home / "snapshots" / "checkpoints" / f"{session_id}.tar.gz"
+    def checkpoint_files(self, session_id: str) -> list[Path]:
+        """The session's checkpoint objects in the snapshot directory (one per generation)."""
+        return sorted((self.home / "snapshots" / "checkpoints" / session_id).glob("*"))
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ def test_session_files_persist_across_processes(cli: Cli) -> None:
     assert first.returncode == 0, first.stderr
     assert "sandcell: files: notes.txt" in first.stderr
     assert_clean(cli)
-    assert cli.checkpoint_path(session_id("demo")).is_file()
+    assert cli.checkpoint_files(session_id("demo"))
 
     second = cli.run("exec", "--session", "demo", "print(open('notes.txt').read())")
     assert (second.returncode, second.stdout) == (0, "kept\n"), second.stderr
@@ -107,7 +107,7 @@ def test_sessions_list_and_destroy(cli: Cli) -> None:
 
     destroyed = cli.run("sessions", "destroy", "demo")
     assert (destroyed.returncode, destroyed.stdout) == (0, f"destroyed {sid}\n"), destroyed.stderr
-    assert not cli.checkpoint_path(sid).exists()
+    assert not cli.checkpoint_files(sid)
     assert sid not in cli.run("sessions", "list").stdout
     again = cli.run("sessions", "destroy", sid)
     assert again.returncode == 1

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sandcell_orchestrator import bootstrap, cli, service_app
+from sandcell_orchestrator import bootstrap, cli
+from sandcell_orchestrator.serve import app as service_app
 
 
 def test_public_names_are_pinned() -> None:

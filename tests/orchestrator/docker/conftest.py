@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandcell_orchestrator.provider import ResourceLimits, SandboxSpec
+from sandcell_orchestrator.providers.base import ResourceLimits, SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, DockerSettings
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from tests.orchestrator.provider_contract import ContractTarget
@@ -206,15 +206,13 @@ MakeProvider = Callable[..., DockerProvider]
 
 
 @pytest.fixture
-async def make_provider(
-    settings: DockerSettings, store: DirectorySnapshotStore
-) -> AsyncIterator[MakeProvider]:
-    """New provider instances over the engine and store; closed after the test."""
+async def make_provider(settings: DockerSettings) -> AsyncIterator[MakeProvider]:
+    """New provider instances over the engine; closed after the test."""
     made: list[DockerProvider] = []
 
     def make(**changes: Any) -> DockerProvider:
         chosen = DockerSettings(**{**_fields(settings), **changes}) if changes else settings
-        provider = DockerProvider(chosen, store=store)
+        provider = DockerProvider(chosen)
         made.append(provider)
         return provider
 

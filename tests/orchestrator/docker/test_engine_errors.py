@@ -17,10 +17,9 @@ from sandcell_orchestrator.errors import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
-from sandcell_orchestrator.provider import SandboxSpec
+from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, DockerSettings
 from sandcell_orchestrator.providers.docker_api import EngineClient, _demultiplex
-from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 
 CONTAINER_ID = "c0ffee" * 10 + "abcd"
 VERSION = {"Components": [{"Name": "Podman Engine"}]}
@@ -55,7 +54,7 @@ class FakeEngine:
 def _provider(engine: FakeEngine, tmp_path: Path) -> DockerProvider:
     settings = DockerSettings(docker_host="unix:///fake/docker.sock", image="runner:test")
     client = EngineClient(settings.docker_host, transport=httpx.MockTransport(engine))
-    return DockerProvider(settings, store=DirectorySnapshotStore(tmp_path), engine=client)
+    return DockerProvider(settings, engine=client)
 
 
 def _fail(status: int, message: str) -> Handler:
@@ -65,9 +64,7 @@ def _fail(status: int, message: str) -> Handler:
 async def test_daemon_down_is_a_clear_retryable_error(tmp_path: Path) -> None:
     """No socket at DOCKER_HOST: every call says the engine is unreachable, and where."""
     host = f"unix://{tmp_path}/absent/docker.sock"
-    provider = DockerProvider(
-        DockerSettings(docker_host=host), store=DirectorySnapshotStore(tmp_path)
-    )
+    provider = DockerProvider(DockerSettings(docker_host=host))
     try:
         with pytest.raises(SandboxUnavailableError, match=f"docker engine unreachable at {host}"):
             await provider.create(SandboxSpec())

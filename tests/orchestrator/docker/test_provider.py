@@ -19,10 +19,12 @@ from sandcell_orchestrator.errors import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
-from sandcell_orchestrator.provider import SESSION_LABEL, ObjectSnapshot, SandboxSpec
+from sandcell_orchestrator.providers.base import SESSION_LABEL, SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, sandbox_session_id
+from sandcell_orchestrator.registry import InProcessRegistry
+from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
-from sandcell_protocol import ExecuteRequest, Limits, RunStatus, runtime_session_id
+from sandcell_protocol import ExecuteRequest, Limits, RunStatus, checkpoint_key, runtime_session_id
 
 from .conftest import RUN_ID, RUN_LABEL, Engine, MakeProvider
 
@@ -255,16 +257,16 @@ def test_sandcell_exec_with_the_docker_provider(engine: Engine, tmp_path: Path) 
 async def test_a_failed_restore_leaves_no_container(
     engine: Engine, provider: DockerProvider, spec: SandboxSpec, store: DirectorySnapshotStore
 ) -> None:
-    """resume of a corrupt snapshot: the runner rejects it, the new container is removed."""
+    """Restoring a corrupt checkpoint: the runner rejects it, the new container is removed."""
 
     async def garbage() -> AsyncIterator[bytes]:
         yield b"this is not a checkpoint archive" * 100
 
-    info = await store.put("corrupt/one.tar", garbage(), max_bytes=1 << 20)
+    session = runtime_session_id("docker", "user", f"corrupt-{uuid.uuid4().hex}")
+    await store.put(checkpoint_key(session, 1), garbage(), max_bytes=1 << 20)
     sandbox_uuid = uuid.uuid4().hex
-    session = runtime_session_id("docker", "user", "corrupt")
-    labelled = _with(spec, **{SESSION_LABEL: session, UUID_LABEL: sandbox_uuid})
-    ref = ObjectSnapshot(key=info.key, sha256=info.sha256, size=info.size)
+    manager = SandboxManager(provider, InProcessRegistry(), store)
     with pytest.raises(CheckpointError):
-        await provider.resume(ref, labelled)
+        async with manager.hold(session) as hold:
+            await manager.attach(hold, _with(spec, **{UUID_LABEL: sandbox_uuid}))
     assert await engine.containers(**{UUID_LABEL: sandbox_uuid}) == []

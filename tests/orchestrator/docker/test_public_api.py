@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from sandcell_orchestrator.provider import SandboxProvider
 from sandcell_orchestrator.providers import docker, docker_api
-from sandcell_orchestrator.snapshots import DirectorySnapshotStore
+from sandcell_orchestrator.providers.base import NativeSuspend, SandboxProvider
 
 
 def test_exports_are_pinned() -> None:
@@ -24,13 +21,12 @@ def test_exports_are_pinned() -> None:
     ]
 
 
-async def test_the_provider_satisfies_the_seam(tmp_path: Path) -> None:
-    """Structurally a SandboxProvider named "docker" that persists through the store
-    (constructing one contacts nothing)."""
-    provider = docker.DockerProvider(
-        docker.DockerSettings(), store=DirectorySnapshotStore(tmp_path)
-    )
+async def test_the_provider_satisfies_the_seam() -> None:
+    """Structurally a SandboxProvider named "docker", compute only, without a native
+    suspend (constructing one contacts nothing)."""
+    provider = docker.DockerProvider(docker.DockerSettings())
     assert isinstance(provider, SandboxProvider)
+    assert not isinstance(provider, NativeSuspend)
     assert provider.name == docker.PROVIDER_NAME == "docker"
     assert provider.capabilities.pause_resume is False
     await provider.close()

@@ -38,7 +38,7 @@ def test_every_variable_is_read() -> None:
         "SANDCELL_RUNNER_MAX_JOBS": "4",
         "SANDCELL_RUNNER_TOKEN": "never-passed-through-0123456789",
     }
-    settings = DockerSettings.from_env(env, checkpoint_max_bytes=1234)
+    settings = DockerSettings.from_env(env)
     assert settings.image == "registry.example/runner:1"
     assert settings.docker_host == "unix:///run/podman/podman.sock"
     assert settings.network == "sandboxes"
@@ -46,7 +46,6 @@ def test_every_variable_is_read() -> None:
     assert (settings.memory_mib, settings.pids, settings.cpus) == (512, 256, 0.5)
     assert (settings.nofile, settings.nproc) == (4096, 2048)
     assert (settings.ready_timeout_s, settings.api_timeout_s) == (12.0, 7.0)
-    assert settings.checkpoint_max_bytes == 1234
     # Runner tuning passes through; the token is the provider's to mint.
     assert settings.runner_env == {"SANDCELL_RUNNER_MAX_JOBS": "4"}
 

@@ -7,18 +7,13 @@ own boto3 client from settings, with dummy credentials from the environment.
 
 from __future__ import annotations
 
-import os
 import secrets
-import shutil
-import subprocess
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator, serve_in_thread
 from sandcell_orchestrator.handle import SandboxHandle
@@ -26,7 +21,6 @@ from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_orchestrator.providers.lambda_settings import LambdaMicrovmSettings
 from sandcell_protocol import runtime_session_id
 from tests.fixtures.paths import traversable_dir
-from tests.fixtures.runner_process import free_port
 
 RUNNER_KEY = "test-runner-key-" + "k" * 32
 """The deployment key under which the tests' runner tokens are derived."""
@@ -137,40 +131,3 @@ def process_state(pid: int) -> str:
     """The one-letter state from /proc (``T`` = stopped)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         return stat.read().rpartition(")")[2].split()[0]
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``$SANDCELL_TEST_REDIS_URL`` (scripts/test starts it), or a private redis-server."""
-    url = os.environ.get("SANDCELL_TEST_REDIS_URL")
-    if url:
-        yield url
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("SANDCELL_TEST_REDIS_URL is unset and redis-server is not installed")
-    port = free_port()
-    workdir: Path = tmp_path_factory.mktemp("redis")
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    proc = subprocess.Popen(
-        [*argv, "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        probe = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                probe.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                assert time.monotonic() < deadline
-                assert proc.poll() is None
-                time.sleep(0.05)
-        probe.close()
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

@@ -23,7 +23,6 @@ from sandcell_orchestrator.providers import (
     lambda_settings,
     ratelimit,
 )
-from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from tests.fixtures.runner_process import free_port
 
 
@@ -107,13 +106,12 @@ async def test_bootstrap_builds_the_provider_from_the_environment(
         "SANDCELL_MICROVM_ENDPOINT_URL": emulator_url,
         "SANDCELL_MICROVM_REGION": "us-east-1",
     }
-    async with DirectorySnapshotStore(tmp_path / "snapshots") as store:
-        provider = open_provider(OrchestratorSettings.from_env(env), store=store)
-        try:
-            assert isinstance(provider, lambda_microvm.LambdaMicrovmProvider)
-            assert provider.settings.endpoint_url == emulator_url
-        finally:
-            await provider.close()
+    provider = open_provider(OrchestratorSettings.from_env(env).provider)
+    try:
+        assert isinstance(provider, lambda_microvm.LambdaMicrovmProvider)
+        assert provider.settings.endpoint_url == emulator_url
+    finally:
+        await provider.close()
 
 
 @pytest.mark.parametrize(

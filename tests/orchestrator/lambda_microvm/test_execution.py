@@ -15,13 +15,12 @@ import pytest
 
 from sandcell_orchestrator.emulator import MicrovmEmulator, VmState
 from sandcell_orchestrator.errors import LockLostError, SandboxUnavailableError, SessionBusyError
-from sandcell_orchestrator.execution import ExecutionService, Identity
-from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import SandboxSpec
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
-from sandcell_orchestrator.registry import InProcessRegistry, Lease, RedisRegistry, SessionRegistry
+from sandcell_orchestrator.registry import InProcessRegistry, RedisRegistry
+from sandcell_orchestrator.sessions.execution import ExecutionService, Identity
 from sandcell_orchestrator.snapshots import S3SnapshotStore, SnapshotStore
-from sandcell_protocol import ExecuteRequest, checkpoint_key, runtime_session_id
+from sandcell_orchestrator.testing import GatedProvider, SilentRenewRegistry
+from sandcell_protocol import ExecuteRequest, ExecuteResult, runtime_session_id
 from tests.orchestrator.conftest import S3Server
 
 from .conftest import ProviderFactory
@@ -69,7 +68,9 @@ async def test_a_session_keeps_one_warm_microvm(
         assert result.stdout == f"{i + 1}\n"
     assert run_calls(emulator) == 1
     session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "warm")
-    assert await s3_store.exists(checkpoint_key(session_id))
+    key = await service.manager.current_checkpoint(session_id)
+    assert key is not None
+    assert await s3_store.exists(key)
 
 
 async def test_a_killed_vm_is_relaunched_and_restored_from_s3(
@@ -120,35 +121,16 @@ async def test_a_suspended_session_resumes_on_its_next_turn(
     assert provider.metrics.suspends == 1
 
 
-class _SilentRenewRegistry:
-    """A paused worker: its renewals never reach the registry."""
-
-    def __init__(self, inner: SessionRegistry) -> None:
-        self._inner = inner
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    async def renew(self, lease: Lease, *, ttl_ms: int) -> bool:
-        return True
-
-
-class _GatedProvider:
-    """Delegates to the MicroVM provider; ``create`` waits for the test's gate."""
-
-    def __init__(self, inner: LambdaMicrovmProvider) -> None:
-        self._inner = inner
-        self.gate = asyncio.Event()
-        self.created: list[str] = []
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-    async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        handle = await self._inner.create(spec)
-        self.created.append(handle.sandbox_id)
-        await self.gate.wait()
-        return handle
+async def _when_free(
+    service: ExecutionService, request: ExecuteRequest, *, hint: str
+) -> ExecuteResult:
+    """Run ``request`` as soon as the session's lock is free (bounded)."""
+    async with asyncio.timeout(120):
+        while True:
+            try:
+                return await service.execute(request, ALICE, hint=hint)
+            except SessionBusyError:
+                await asyncio.sleep(0.1)
 
 
 async def test_a_fenced_launch_terminates_its_orphan_vm(
@@ -159,20 +141,20 @@ async def test_a_fenced_launch_terminates_its_orphan_vm(
 ) -> None:
     """The stale worker's lease expired mid-launch: its record write fails, its VM goes."""
     registry = InProcessRegistry()
-    gated = _GatedProvider(provider)
+    gated = GatedProvider(provider)
     stale = ExecutionService(
         provider=gated,  # type: ignore[arg-type]
-        registry=_SilentRenewRegistry(registry),  # type: ignore[arg-type]
+        registry=SilentRenewRegistry(registry),  # type: ignore[arg-type]
         store=s3_store,
     )
-    stale.lock_ttl_ms = 500
+    # Long enough that a loaded machine's stalls do not end the lease locally first.
+    stale.manager.lock_ttl_ms = 2000
     fresh = ExecutionService(provider=provider, registry=registry, store=s3_store)
     services.append(fresh)
     stale_turn = asyncio.create_task(stale.execute(py("print('stale')"), ALICE, hint="f"))
-    while not gated.created:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.8)
-    assert (await fresh.execute(py("print('fresh')"), ALICE, hint="f")).stdout == "fresh\n"
+    await gated.wait_created(stale_turn)
+    # The fresh worker gets in once the stale lease has expired in the registry.
+    assert (await _when_free(fresh, py("print('fresh')"), hint="f")).stdout == "fresh\n"
     gated.gate.set()
     with pytest.raises(LockLostError):
         await stale_turn

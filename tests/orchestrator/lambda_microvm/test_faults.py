@@ -7,7 +7,7 @@ import pytest
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator, VmState
 from sandcell_orchestrator.errors import SandboxUnavailableError
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import SandboxSpec
+from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_protocol import ExecuteRequest
 

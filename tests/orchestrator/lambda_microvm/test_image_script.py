@@ -11,7 +11,7 @@ import pytest
 
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import SandboxSpec
+from sandcell_orchestrator.providers.base import SandboxSpec
 
 from .conftest import ProviderFactory
 

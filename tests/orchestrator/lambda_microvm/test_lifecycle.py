@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import anyio
 import httpx
@@ -12,22 +13,16 @@ import pytest
 from sandcell_orchestrator.emulator import MicrovmEmulator, VmState
 from sandcell_orchestrator.errors import (
     RunnerRequestError,
-    SandboxError,
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.manager import SandboxManager
-from sandcell_orchestrator.provider import (
-    NativeSnapshot,
-    ObjectSnapshot,
-    PersistentWorkspace,
-    SandboxProvider,
-    SandboxSpec,
-)
+from sandcell_orchestrator.providers.base import NativeSuspend, SandboxProvider, SandboxSpec
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_orchestrator.registry import InProcessRegistry
-from sandcell_orchestrator.runner_client import RunnerClient
+from sandcell_orchestrator.runner.client import RunnerClient
+from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
+from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from sandcell_protocol import ExecuteRequest, RunStatus
 
 from .conftest import ProviderFactory, process_state, proxy_get, runner_pid, vm_id_of
@@ -40,6 +35,7 @@ def py(code: str) -> ExecuteRequest:
 async def test_provider_satisfies_the_seam(provider: LambdaMicrovmProvider) -> None:
     """The provider is a SandboxProvider with native pause/resume."""
     assert isinstance(provider, SandboxProvider)
+    assert isinstance(provider, NativeSuspend)
     assert provider.name == "lambda-microvm"
     assert provider.capabilities.pause_resume is True
 
@@ -73,19 +69,18 @@ async def test_suspend_and_resume_keep_the_process_and_its_files(
     handles: list[SandboxHandle],
     session_id: str,
 ) -> None:
-    """persist = SuspendMicrovm freezes the runner; resume thaws the same process."""
+    """suspend = SuspendMicrovm freezes the runner; resume thaws the same process."""
     handle = await provider.create(SandboxSpec())
     handles.append(handle)
     vm_id = vm_id_of(handle)
     await handle.runner.execute(py("open('kept.txt', 'w').write('before')"), session_id=session_id)
     pid = runner_pid(emulator, vm_id)
 
-    ref = await provider.persist(handle, PersistentWorkspace(), key="unused")
+    await provider.suspend(handle.sandbox_id)
 
-    assert ref == NativeSnapshot(provider="lambda-microvm", sandbox_id=handle.sandbox_id)
     assert emulator.fleet.vms[vm_id].state is VmState.SUSPENDED
     assert process_state(pid) == "T"
-    resumed = await provider.resume(ref, SandboxSpec())
+    resumed = await provider.resume(handle.sandbox_id, SandboxSpec())
     handles.append(resumed)
     assert resumed.sandbox_id == handle.sandbox_id
     assert runner_pid(emulator, vm_id) == pid
@@ -95,7 +90,6 @@ async def test_suspend_and_resume_keep_the_process_and_its_files(
     )
     assert again.stdout == "before\n"
     assert (provider.metrics.suspends, provider.metrics.resumes) == (1, 1)
-    await provider.delete_snapshot(ref)  # a no-op for a native snapshot
     assert emulator.fleet.vms[vm_id].state is VmState.RUNNING
 
 
@@ -148,9 +142,7 @@ async def test_destroy_is_idempotent(
     with pytest.raises(SandboxNotFoundError):
         await provider.connect(handle.sandbox_id)
     with pytest.raises(SandboxNotFoundError):
-        await provider.resume(
-            NativeSnapshot(provider="lambda-microvm", sandbox_id=handle.sandbox_id), SandboxSpec()
-        )
+        await provider.resume(handle.sandbox_id, SandboxSpec())
 
 
 async def test_a_second_worker_with_the_key_reaches_the_vm(
@@ -181,7 +173,7 @@ async def test_the_runner_holds_its_own_token(
     impostor = RunnerClient(
         handle.endpoint,
         token="not-the-runner-token-0123456789",
-        auth=handle.runner._client.auth,
+        auth=handle.runner.connection.http.auth,
     )
     try:
         with pytest.raises(RunnerRequestError) as caught:
@@ -229,11 +221,11 @@ async def test_a_vm_killed_between_turns_is_gone(
 
 
 async def test_resume_refuses_what_it_did_not_make(provider: LambdaMicrovmProvider) -> None:
-    """An object-store snapshot or another provider's ref is a caller's mistake."""
-    with pytest.raises(SandboxError):
-        await provider.resume(ObjectSnapshot(key="checkpoints/x.tar.zst"), SandboxSpec())
-    with pytest.raises(SandboxError):
-        await provider.resume(NativeSnapshot(provider="docker", sandbox_id="c1"), SandboxSpec())
+    """Another provider's sandbox id names no MicroVM."""
+    with pytest.raises(SandboxNotFoundError):
+        await provider.resume("c1", SandboxSpec())
+    with pytest.raises(SandboxNotFoundError):
+        await provider.suspend("no-separator")
     with pytest.raises(SandboxNotFoundError):
         await provider.connect("no-separator")
 
@@ -245,19 +237,23 @@ async def _wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> N
         await anyio.sleep(0.02)
 
 
-async def test_a_live_checkpoint_is_declined_and_the_vm_keeps_running(
-    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator
+async def test_a_live_checkpoint_goes_to_the_store_and_the_vm_keeps_running(
+    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator, tmp_path: Path
 ) -> None:
-    """``SandboxManager.checkpoint`` has no live copy to make on a provider that suspends
-    in place: it returns None without suspending, and the row gets no checkpoint key."""
-    manager = SandboxManager(provider, InProcessRegistry())
-    sandbox_uuid, handle = await manager.acquire(SandboxSpec(), owner="apps")
-    try:
-        assert await manager.checkpoint(handle, sandbox_uuid=sandbox_uuid) is None
-        assert emulator.fleet.vms[vm_id_of(handle)].state is VmState.RUNNING
-        record = await manager.get_record(sandbox_uuid)
-        assert record is not None
-        assert (record.state, record.checkpoint_key) == ("active", None)
-    finally:
-        await handle.close()
-        await manager.destroy(sandbox_uuid)
+    """``SandboxManager.save`` pulls the workspace from the runner into the snapshot store
+    on a provider that suspends natively too: the VM keeps running, the row points at it."""
+    async with DirectorySnapshotStore(tmp_path / "snapshots") as store:
+        manager = SandboxManager(provider, InProcessRegistry(), store)
+        session_id = sandbox_session_key("apps-live")
+        handle = await manager.acquire(session_id, SandboxSpec(), owner="apps")
+        try:
+            await handle.files.write("app.py", "print('live')")
+            saved = await manager.save(session_id, handle)
+            assert emulator.fleet.vms[vm_id_of(handle)].state is VmState.RUNNING
+            record = await manager.record(session_id)
+            assert record is not None
+            assert (record.state, record.checkpoint_key) == ("active", saved.key)
+            assert await store.exists(saved.key)
+        finally:
+            await handle.close()
+            await manager.destroy(session_id)

@@ -11,7 +11,7 @@ import pytest
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator
 from sandcell_orchestrator.errors import SandcellError
 from sandcell_orchestrator.handle import SandboxHandle
-from sandcell_orchestrator.provider import PersistentWorkspace, SandboxSpec
+from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.lambda_auth import derive_runner_token
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_protocol import ExecuteRequest
@@ -57,8 +57,8 @@ async def test_debug_logs_and_errors_hold_no_credential(
     await handle.runner.execute(
         ExecuteRequest(language="python", code="print(2)"), session_id=session_id
     )
-    ref = await provider.persist(handle, PersistentWorkspace(), key="")
-    handles.append(await provider.resume(ref, SandboxSpec()))
+    await provider.suspend(handle.sandbox_id)
+    handles.append(await provider.resume(handle.sandbox_id, SandboxSpec()))
     try:
         await handle.runner.execute(ExecuteRequest(language="no-such-language", code=""))
     except SandcellError as exc:

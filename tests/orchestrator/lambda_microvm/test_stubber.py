@@ -23,7 +23,7 @@ from sandcell_orchestrator.errors import (
     SandboxUnavailableError,
     SandcellError,
 )
-from sandcell_orchestrator.provider import SandboxSpec
+from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.lambda_auth import (
     decode_run_hook_payload,
     derive_runner_token,

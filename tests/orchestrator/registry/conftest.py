@@ -9,15 +9,9 @@ that silently skipped Redis would pass while proving nothing about production.
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,8 +27,6 @@ from sandcell_orchestrator.registry import (
     SessionRegistry,
 )
 from sandcell_protocol import runtime_session_id
-
-REDIS_URL_ENV = "SANDCELL_TEST_REDIS_URL"
 
 
 @dataclass
@@ -97,52 +89,6 @@ class FlakyRenew:
         if self._failures is None or self.renew_calls <= self._failures:
             raise RegistryError("injected: connection reset")
         return await self._inner.renew(lease, ttl_ms=ttl_ms)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The Redis the tests use: ``$SANDCELL_TEST_REDIS_URL``, or a private one."""
-    url = os.environ.get(REDIS_URL_ENV)
-    if url:
-        yield url
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(
-            f"{REDIS_URL_ENV} is unset and redis-server is not installed: run scripts/test, "
-            "or `source scripts/services; start_test_services` before pytest"
-        )
-    port = _free_port()
-    workdir: Path = tmp_path_factory.mktemp("redis")
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
-    argv += ["no", "--daemonize", "no", "--dir", str(workdir)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url)
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    if client.ping():
-                        break
-                except redis.exceptions.ConnectionError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        pytest.fail(f"private redis-server on port {port} did not start")
-                    time.sleep(0.05)
-        finally:
-            client.close()
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture(params=["memory", "redis"])

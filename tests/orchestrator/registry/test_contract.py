@@ -128,6 +128,20 @@ async def test_generations_start_at_zero_and_increase(
     assert await registry.current_generation(new_session_id()) == 0
 
 
+async def test_a_floor_moves_the_generation_past_what_the_store_holds(
+    registry: SessionRegistry, sid: str
+) -> None:
+    """``above``: after a lost counter the next generation still passes the newest
+    checkpoint's, so a new holder never reuses an old holder's key; the counter
+    never moves back either."""
+    assert await registry.next_generation(sid, above=41) == 42
+    assert await registry.current_generation(sid) == 42
+    assert await registry.next_generation(sid, above=3) == 43
+    assert await registry.next_generation(sid) == 44
+    with pytest.raises(ValueError, match="above"):
+        await registry.next_generation(sid, above=-1)
+
+
 async def test_concurrent_generations_are_distinct(registry: SessionRegistry, sid: str) -> None:
     """50 concurrent increments hand out 50 distinct, consecutive generations."""
     seen: list[int] = []

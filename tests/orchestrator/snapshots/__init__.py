@@ -21,7 +21,7 @@ class StreamBrokeError(Exception):
 
 def new_key() -> str:
     """A fresh, real checkpoint key."""
-    return checkpoint_key(runtime_session_id("tenant", "user", uuid.uuid4().hex))
+    return checkpoint_key(runtime_session_id("tenant", "user", uuid.uuid4().hex), 1)
 
 
 def payload(size: int, *, seed: int = 0) -> bytes:

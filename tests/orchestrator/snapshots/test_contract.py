@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 import anyio
@@ -15,6 +17,12 @@ from sandcell_orchestrator.snapshots import (
     SnapshotNotFoundError,
     SnapshotStore,
     validate_snapshot_key,
+)
+from sandcell_protocol import (
+    checkpoint_key,
+    checkpoint_prefix,
+    legacy_checkpoint_key,
+    runtime_session_id,
 )
 from tests.orchestrator.snapshots import (
     MIB,
@@ -222,6 +230,44 @@ async def test_invalid_keys_are_rejected_by_every_method(store: SnapshotStore, k
         await store.exists(key)
     with pytest.raises(CheckpointError, match="snapshot key"):
         await store.delete(key)
+
+
+async def test_list_shows_the_objects_under_a_prefix_by_key(store: SnapshotStore) -> None:
+    """A string prefix, as S3 reads it: a session's generations and its old key, sorted,
+    with sizes and write times; another session's objects do not show."""
+    session = runtime_session_id("tenant", "user", uuid.uuid4().hex)
+    other = runtime_session_id("tenant", "user", uuid.uuid4().hex)
+    keys = [checkpoint_key(session, g) for g in (10, 2, 1)] + [legacy_checkpoint_key(session)]
+    before_s = time.time() - 5
+    for index, key in enumerate(keys):
+        await store.put(key, stream_of(b"x" * (index + 1)), max_bytes=CAP)
+    await store.put(checkpoint_key(other, 1), stream_of(b"y"), max_bytes=CAP)
+
+    under = await store.list(checkpoint_prefix(session))
+    assert [entry.key for entry in under] == sorted(keys[:3])
+    assert {entry.key: entry.size for entry in under} == {keys[0]: 1, keys[1]: 2, keys[2]: 3}
+    assert all(before_s <= entry.modified_at_s <= time.time() + 5 for entry in under)
+    both = await store.list(checkpoint_prefix(session).rstrip("/"))
+    assert [entry.key for entry in both] == sorted(keys)
+    assert await store.list(f"checkpoints/{runtime_session_id('t', 'u', 'none')}/") == []
+
+
+async def test_list_never_shows_a_deleted_or_half_written_object(store: SnapshotStore) -> None:
+    """What ``delete`` removed is gone from listings; a failed put leaves nothing listed."""
+    session = runtime_session_id("tenant", "user", uuid.uuid4().hex)
+    kept, dropped, broken = (checkpoint_key(session, g) for g in (1, 2, 3))
+    await store.put(kept, stream_of(b"kept"), max_bytes=CAP)
+    await store.put(dropped, stream_of(b"dropped"), max_bytes=CAP)
+    await store.delete(dropped)
+    with pytest.raises(StreamBrokeError):
+        await store.put(broken, failing_stream(payload(2 * MIB), fail_after=MIB), max_bytes=CAP)
+    assert [entry.key for entry in await store.list(checkpoint_prefix(session))] == [kept]
+
+
+@pytest.mark.parametrize("prefix", ["", "/", "../x", "a//b", ".staging/", "/abs"])
+async def test_list_refuses_a_bad_prefix(store: SnapshotStore, prefix: str) -> None:
+    with pytest.raises(CheckpointError, match="snapshot"):
+        await store.list(prefix)
 
 
 def test_protocol_checkpoint_keys_are_valid_snapshot_keys() -> None:

@@ -23,6 +23,7 @@ def test_all_is_pinned() -> None:
         "S3Settings",
         "S3SnapshotStore",
         "Snapshot",
+        "SnapshotEntry",
         "SnapshotInfo",
         "SnapshotNotFoundError",
         "SnapshotStore",
@@ -36,7 +37,7 @@ def test_all_is_pinned() -> None:
 
 @pytest.mark.parametrize("backend", [DirectorySnapshotStore, S3SnapshotStore])
 @pytest.mark.parametrize(
-    "method", ["put", "get", "delete", "exists", "close", "__aenter__", "__aexit__"]
+    "method", ["put", "get", "delete", "exists", "list", "close", "__aenter__", "__aexit__"]
 )
 def test_backends_match_the_protocol(backend: type, method: str) -> None:
     """Each backend's methods have the protocol's parameters and (a)sync-ness."""

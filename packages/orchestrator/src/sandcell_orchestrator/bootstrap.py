@@ -14,20 +14,19 @@ selected, so the embedded default never imports redis, boto3 or a Docker client.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, cast
 
 from .config import OrchestratorSettings
-from .errors import ConfigError
-from .execution import ExecutionService
-from .inputs import DirectoryInputSource
+from .extras import needs_extra
 from .metrics import METRIC_HELP, Metrics
-from .provider import SandboxProvider
-from .providers.local import LocalProvider, LocalSettings
+from .providers import open_provider
+from .providers.base import SandboxProvider
 from .registry import SessionRegistry
+from .sessions.execution import ExecutionService
+from .sessions.inputs import DirectoryInputSource
+from .sessions.manager import SandboxManager
 from .snapshots import SnapshotStore, open_snapshot_store
 
 __all__ = ["Services", "open_provider", "open_registry", "open_services"]
@@ -45,6 +44,8 @@ class Services:
     provider: SandboxProvider
     inputs: DirectoryInputSource
     metrics: Metrics
+    manager: SandboxManager
+    """The one sandbox lifecycle every surface uses (turns, app instances, admin)."""
     execution: ExecutionService
 
 
@@ -54,52 +55,10 @@ def open_registry(settings: OrchestratorSettings) -> SessionRegistry:
         from .registry.memory import InProcessRegistry
 
         return InProcessRegistry()
-    from .registry.redis import RedisRegistry
+    with needs_extra("redis", "SANDCELL_REGISTRY_URL"):
+        from .registry.redis import RedisRegistry
 
     return RedisRegistry.from_url(settings.registry_url)
-
-
-def open_provider(settings: OrchestratorSettings, *, store: SnapshotStore) -> SandboxProvider:
-    """The provider ``SANDCELL_PROVIDER`` names; ``ConfigError`` if it cannot be built."""
-    if settings.provider == "local":
-        local = LocalSettings.from_env(
-            settings.env,
-            pool_size=settings.local_pool_size,
-            checkpoint_max_bytes=settings.checkpoint_max_bytes,
-        )
-        return LocalProvider(local, store=store)
-    if settings.provider == "lambda-microvm":
-        provider_module = _provider_module("lambda_microvm", settings.provider)
-        settings_module = _provider_module("lambda_settings", settings.provider)
-        lambda_settings = _attr(settings_module, "LambdaMicrovmSettings", settings.provider)
-        provider_class = _attr(provider_module, "LambdaMicrovmProvider", settings.provider)
-        return cast(SandboxProvider, provider_class(lambda_settings.from_env(settings.env)))
-    if settings.provider == "docker":
-        module = _provider_module("docker", settings.provider)
-        docker_settings = _attr(module, "DockerSettings", settings.provider).from_env(
-            settings.env, checkpoint_max_bytes=settings.checkpoint_max_bytes
-        )
-        provider_class = _attr(module, "DockerProvider", settings.provider)
-        return cast(SandboxProvider, provider_class(docker_settings, store=store))
-    raise ConfigError(f"provider {settings.provider} is not available")
-
-
-def _provider_module(module: str, provider: str) -> Any:
-    try:
-        return importlib.import_module(f"{__package__}.providers.{module}")
-    except ImportError as exc:
-        # Only a missing provider module means "not available"; a provider that
-        # exists but fails to import is a bug to surface, not to rename.
-        if exc.name not in (f"{__package__}.providers.{module}", None):
-            raise
-        raise ConfigError(f"provider {provider} is not available") from None
-
-
-def _attr(module: Any, name: str, provider: str) -> Any:
-    value = getattr(module, name, None)
-    if value is None:
-        raise ConfigError(f"provider {provider} is not available ({name} is missing)")
-    return value
 
 
 def _metrics() -> Metrics:
@@ -119,27 +78,27 @@ async def open_services(settings: OrchestratorSettings) -> AsyncIterator[Service
     """
     async with contextlib.AsyncExitStack() as stack:
         store = open_snapshot_store(
-            settings.snapshot_url, default_dir=settings.snapshot_dir, env=settings.env
+            settings.snapshot_url, default_dir=settings.snapshot_dir, s3=settings.s3
         )
         stack.push_async_callback(store.close)
         registry = open_registry(settings)
         stack.push_async_callback(registry.close)
-        provider = open_provider(settings, store=store)
+        provider = open_provider(settings.provider)
         stack.push_async_callback(provider.close)
         inputs = DirectoryInputSource(settings.inputs_dir)
         metrics = _metrics()
-        execution = ExecutionService(
-            provider=provider,
-            registry=registry,
-            store=store,
-            mode=settings.session_mode,
+        manager = SandboxManager(
+            provider,
+            registry,
+            store,
             budgets=settings.budgets,
             checkpoint_max_bytes=settings.checkpoint_max_bytes,
-            inputs=inputs,
+            checkpoint_grace_s=settings.checkpoint_grace_s,
             metrics=metrics,
         )
         embedded = settings.registry_url is None
-        stack.push_async_callback(execution.aclose, destroy_sandboxes=embedded)
+        stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded)
+        execution = ExecutionService(manager=manager, mode=settings.session_mode, inputs=inputs)
         yield Services(
             settings=settings,
             store=store,
@@ -147,5 +106,6 @@ async def open_services(settings: OrchestratorSettings) -> AsyncIterator[Service
             provider=provider,
             inputs=inputs,
             metrics=metrics,
+            manager=manager,
             execution=execution,
         )

@@ -40,7 +40,6 @@ from sandcell_protocol import (
     FileRef,
     ProtocolError,
     RunStatus,
-    checkpoint_key,
     encode,
     is_runtime_session_id,
     runtime_session_id,
@@ -50,8 +49,8 @@ from sandcell_protocol import (
 from .bootstrap import open_services
 from .config import OrchestratorSettings
 from .errors import SandcellError
-from .execution import Identity
-from .inputs import DirectoryInputSource
+from .sessions.execution import Identity
+from .sessions.inputs import DirectoryInputSource
 
 __all__ = ["CLI_NAMESPACE", "build_parser", "job_exit_code", "main"]
 
@@ -127,7 +126,7 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     try:
         settings = OrchestratorSettings.from_env(environ)
         if args.command == "serve":
-            from .service_app import serve
+            from .serve.app import serve
 
             return serve(settings, host=args.host, port=args.port)
         if args.command == "exec":
@@ -341,7 +340,7 @@ async def _sessions_list(
         for session_id in sorted(set(records) | set(entries)):
             record = records.get(session_id)
             entry = entries.get(session_id, {})
-            saved = await services.store.exists(checkpoint_key(session_id))
+            saved = await services.manager.current_checkpoint(session_id) is not None
             # Without a registry record (the embedded default between calls) a
             # session lives on as its checkpoint only.
             state = record.state if record else ("saved" if saved else "empty")
@@ -375,7 +374,7 @@ async def _sessions_destroy(
         else runtime_session_id(CLI_NAMESPACE, os_user(), _hint(raw))
     )
     async with open_services(settings) as services:
-        had_checkpoint = await services.store.exists(checkpoint_key(session_id))
+        had_checkpoint = await services.manager.current_checkpoint(session_id) is not None
         had_record = await services.execution.destroy_session(session_id)
     listed = await asyncio.to_thread(_CliSessions(settings.home).remove, session_id)
     if not (had_checkpoint or had_record or listed):

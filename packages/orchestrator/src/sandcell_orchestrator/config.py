@@ -1,26 +1,58 @@
-"""The orchestrator's configuration: read once from the environment, validated at start-up.
+"""The orchestrator's configuration: one object per process, read once at start-up.
+
+``OrchestratorSettings.from_env(os.environ)`` reads every variable the process
+uses through the shared ``EnvReader`` and validates it, so a bad value stops the
+process at start-up with a ``ConfigError`` naming the variable; no raw
+environment is kept. Its parts are typed sub-settings:
+
+    provider   LocalSettings | DockerSettings | LambdaMicrovmSettings, tagged by
+               ``kind`` (``SANDCELL_PROVIDER``: local | docker | lambda-microvm)
+    s3         S3Settings, when ``SANDCELL_SNAPSHOT_URL`` is ``s3://…``
+    apps       AppSettings (the app-instance API of ``sandcell serve``)
+    serve      ServeSettings (listen address, API keys)
 
 With no configuration at all sandcell runs embedded on one machine: the local
 provider, an in-process registry and a snapshot directory under ``SANDCELL_HOME``.
+Only the chosen provider's settings module is imported.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
 from sandcell_protocol import validate_hint
 
+from .env import EnvReader
 from .errors import ConfigError
+from .providers.local_settings import LocalSettings
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from .apps.settings import AppSettings
+    from .providers.docker_settings import DockerSettings
+    from .providers.lambda_settings import LambdaMicrovmSettings
+    from .snapshots.s3_settings import S3Settings
+
+    ProviderSettings: TypeAlias = LocalSettings | DockerSettings | LambdaMicrovmSettings
+    """The provider's settings, a union tagged by ``kind`` (a ``ProviderName``)."""
+
+__all__ = [
+    "Budgets",
+    "OrchestratorSettings",
+    "ProviderName",
+    "ServeSettings",
+    "SessionMode",
+]
+
 SessionMode = Literal["stateless", "affinity", "strict"]
 ProviderName = Literal["local", "docker", "lambda-microvm"]
 _MODES: tuple[SessionMode, ...] = ("stateless", "affinity", "strict")
 _PROVIDERS: tuple[ProviderName, ...] = ("local", "docker", "lambda-microvm")
+INSECURE_NO_AUTH_ENV = "SANDCELL_SERVE_INSECURE_NO_AUTH"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,25 +66,62 @@ class Budgets:
 
 
 @dataclass(frozen=True, slots=True)
+class ServeSettings:
+    """How ``sandcell serve`` listens and whom it serves."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """API key -> tenant namespace (``SANDCELL_API_KEYS``)."""
+    insecure_no_auth: bool = False
+    """``SANDCELL_SERVE_INSECURE_NO_AUTH=1``: serve every caller as one namespace."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ServeSettings:
+        """Read ``SANDCELL_SERVE_*`` and ``SANDCELL_API_KEYS``."""
+        read = EnvReader(env)
+        return cls(
+            host=read.text("SANDCELL_SERVE_HOST") or "127.0.0.1",
+            port=int(read.number("SANDCELL_SERVE_PORT", 8000.0, minimum=0)),
+            api_keys=_api_keys(read.text("SANDCELL_API_KEYS") or ""),
+            insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
+        )
+
+    @property
+    def public_host(self) -> str:
+        """The host a link to this service names (a wildcard address means this host)."""
+        return self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
+
+
+def _default_home() -> Path:
+    return Path.home() / ".local" / "share" / "sandcell"
+
+
+@dataclass(frozen=True, slots=True)
 class OrchestratorSettings:
     """Everything the orchestrator is configured with. Build with ``from_env``."""
 
-    home: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "sandcell")
-    provider: ProviderName = "local"
+    home: Path = field(default_factory=_default_home)
+    provider: ProviderSettings = field(default_factory=LocalSettings)
     registry_url: str | None = field(default=None, repr=False)
     snapshot_url: str | None = None
+    s3: S3Settings | None = None
     session_mode: SessionMode = "affinity"
     production: bool = False
     budgets: Budgets = field(default_factory=Budgets)
     checkpoint_max_bytes: int = 1 << 30
+    checkpoint_grace_s: float = 600.0
+    """How long a superseded checkpoint object is kept before it is collected."""
     idle_timeout_s: float = 1800.0
     sweep_interval_s: float = 60.0
-    local_pool_size: int = 0
-    api_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
-    serve_host: str = "127.0.0.1"
-    serve_port: int = 8000
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """The environment this was read from, for provider-specific settings."""
+    serve: ServeSettings = field(default_factory=ServeSettings)
+    apps: AppSettings = field(default_factory=lambda: _apps({}, ServeSettings()))
+    """The app-instance API's settings (``sandcell serve``'s ``/v1/instances``)."""
+
+    @property
+    def provider_name(self) -> ProviderName:
+        """``SANDCELL_PROVIDER``: which backend ``provider`` configures."""
+        return self.provider.kind
 
     @property
     def state_dir(self) -> Path:
@@ -69,42 +138,70 @@ class OrchestratorSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> OrchestratorSettings:
-        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault."""
-        read = _Reader(env)
+        """Read and validate every ``SANDCELL_*`` variable; ``ConfigError`` names the culprit."""
+        read = EnvReader(env)
         home_default = Path(env.get("HOME", str(Path.home()))) / ".local" / "share" / "sandcell"
         home = read.path("SANDCELL_HOME", home_default)
-        provider = read.choice("SANDCELL_PROVIDER", _PROVIDERS, "local")
+        provider_name = read.choice("SANDCELL_PROVIDER", _PROVIDERS, "local")
         mode = read.choice("SANDCELL_RUNTIME_SESSION_MODE", _MODES, "affinity")
-        registry_url = env.get("SANDCELL_REGISTRY_URL") or None
+        registry_url = read.text("SANDCELL_REGISTRY_URL")
         if registry_url is not None and not registry_url.startswith(
             ("redis://", "rediss://", "unix://")
         ):
             raise ConfigError("SANDCELL_REGISTRY_URL must be a redis://, rediss:// or unix:// URL")
-        snapshot_url = env.get("SANDCELL_SNAPSHOT_URL") or None
+        snapshot_url = read.text("SANDCELL_SNAPSHOT_URL")
         if snapshot_url is not None and not snapshot_url.startswith(("s3://", "file://")):
             raise ConfigError("SANDCELL_SNAPSHOT_URL must be s3://bucket/prefix or file:///path")
+        checkpoint_max_bytes = int(read.number("SANDCELL_CHECKPOINT_MAX_BYTES", float(1 << 30)))
+        serve = ServeSettings.from_env(env)
         return cls(
             home=home,
-            provider=provider,
+            provider=_provider(provider_name, env),
             registry_url=registry_url,
             snapshot_url=snapshot_url,
+            s3=_s3(snapshot_url, env),
             session_mode=mode,
-            production=env.get("SANDCELL_ENV", "").lower() == "production",
+            production=read.production(),
             budgets=Budgets(
                 launch_s=read.number("SANDCELL_LAUNCH_TIMEOUT_S", 30.0),
                 health_s=read.number("SANDCELL_HEALTH_TIMEOUT_S", 15.0),
                 execute_s=read.number("SANDCELL_EXECUTE_TIMEOUT_S", 300.0),
                 checkpoint_s=read.number("SANDCELL_CHECKPOINT_TIMEOUT_S", 120.0),
             ),
-            checkpoint_max_bytes=int(read.number("SANDCELL_CHECKPOINT_MAX_BYTES", float(1 << 30))),
+            checkpoint_max_bytes=checkpoint_max_bytes,
+            checkpoint_grace_s=read.number("SANDCELL_CHECKPOINT_GRACE_S", 600.0, minimum=0),
             idle_timeout_s=read.number("SANDCELL_IDLE_TIMEOUT_S", 1800.0),
             sweep_interval_s=read.number("SANDCELL_SWEEP_INTERVAL_S", 60.0),
-            local_pool_size=int(read.number("SANDCELL_LOCAL_POOL_SIZE", 0.0, minimum=0)),
-            api_keys=_api_keys(env.get("SANDCELL_API_KEYS", "")),
-            serve_host=env.get("SANDCELL_SERVE_HOST", "127.0.0.1"),
-            serve_port=int(read.number("SANDCELL_SERVE_PORT", 8000.0, minimum=0)),
-            env=dict(env),
+            serve=serve,
+            apps=_apps(env, serve),
         )
+
+
+def _provider(name: ProviderName, env: Mapping[str, str]) -> ProviderSettings:
+    # Only the chosen provider's settings module is imported.
+    if name == "docker":
+        from .providers.docker_settings import DockerSettings
+
+        return DockerSettings.from_env(env)
+    if name == "lambda-microvm":
+        from .providers.lambda_settings import LambdaMicrovmSettings
+
+        return LambdaMicrovmSettings.from_env(env)
+    return LocalSettings.from_env(env)
+
+
+def _s3(url: str | None, env: Mapping[str, str]) -> S3Settings | None:
+    if url is None or not url.startswith("s3://"):
+        return None
+    from .snapshots.s3_settings import S3Settings
+
+    return S3Settings.from_env(env, url)
+
+
+def _apps(env: Mapping[str, str], serve: ServeSettings) -> AppSettings:
+    from .apps.settings import AppSettings
+
+    return AppSettings.from_env(env, default_public_url=f"http://{serve.public_host}:{serve.port}")
 
 
 def _api_keys(raw: str) -> dict[str, str]:
@@ -122,44 +219,3 @@ def _api_keys(raw: str) -> dict[str, str]:
             raise ConfigError("SANDCELL_API_KEYS: a namespace has invalid characters") from None
         keys[key] = namespace
     return keys
-
-
-class _Reader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = env
-
-    def _get(self, name: str, default: T, parse: Callable[[str], T]) -> T:
-        raw = self._env.get(name)
-        if raw is None or not raw.strip():
-            return default
-        try:
-            return parse(raw.strip())
-        except ValueError as exc:
-            raise ConfigError(f"{name}: {exc}") from None
-
-    def number(self, name: str, default: float, *, minimum: float = 0.001) -> float:
-        def parse(raw: str) -> float:
-            value = float(raw)
-            if value < minimum:
-                raise ValueError(f"must be >= {minimum}, got {raw!r}")
-            return value
-
-        return self._get(name, default, parse)
-
-    def path(self, name: str, default: Path) -> Path:
-        def parse(raw: str) -> Path:
-            path = Path(os.path.expanduser(raw))
-            if not path.is_absolute():
-                raise ValueError(f"must be an absolute path, got {raw!r}")
-            return path
-
-        return self._get(name, default, parse)
-
-    def choice(self, name: str, options: tuple[T, ...], default: T) -> T:
-        def parse(raw: str) -> T:
-            for option in options:
-                if raw == option:
-                    return option
-            raise ValueError(f"must be one of {', '.join(map(str, options))}, got {raw!r}")
-
-        return self._get(name, default, parse)

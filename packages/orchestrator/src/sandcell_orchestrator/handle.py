@@ -27,8 +27,8 @@ from .errors import (
     SandboxUnavailableError,
     SessionRequiredError,
 )
-from .runner_client import RunnerClient
-from .runner_errors import Redactor
+from .runner.client import RunnerClient
+from .runner.errors import Redactor
 
 __all__ = [
     "CommandResult",

@@ -72,4 +72,5 @@ METRIC_HELP = {
     "sandcell_lock_contention_total": "Session lock attempts that found the session busy.",
     "sandcell_fallbacks_total": "Turns run statelessly or recycled, by reason.",
     "sandcell_idle_suspends_total": "Sandboxes suspended by the idle sweeper.",
+    "sandcell_checkpoints_collected_total": "Superseded checkpoint objects deleted.",
 }

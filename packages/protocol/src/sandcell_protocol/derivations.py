@@ -67,11 +67,61 @@ def is_runtime_session_id(value: str) -> bool:
     return isinstance(value, str) and bool(_RUNTIME_SESSION_RE.fullmatch(value))
 
 
-def checkpoint_key(runtime_session_id: str) -> str:
-    """Object-store key of a session's checkpoint."""
+CHECKPOINTS_PREFIX = "checkpoints/"
+CHECKPOINT_GENERATION_DIGITS = 20
+"""Zero-padded to this width, so keys sort as their generations do (2**64 fits)."""
+_GENERATION_RE = re.compile(rf"^[0-9]{{{CHECKPOINT_GENERATION_DIGITS}}}$")
+
+
+def _require_session(runtime_session_id: str) -> str:
     if not is_runtime_session_id(runtime_session_id):
         raise ProtocolError("runtime_session_id: must match ^rt_[0-9a-f]{64}$")
-    return f"checkpoints/{runtime_session_id}.tar.gz"
+    return runtime_session_id
+
+
+def checkpoint_prefix(runtime_session_id: str) -> str:
+    """Where every checkpoint object of a session lives: ``checkpoints/<rt>/``."""
+    return f"{CHECKPOINTS_PREFIX}{_require_session(runtime_session_id)}/"
+
+
+def checkpoint_key(runtime_session_id: str, generation: int) -> str:
+    """Object-store key of the checkpoint written by a session's holder of ``generation``.
+
+    ``checkpoints/<rt>/<generation, 20 digits>``. Each key is written once (a
+    holder's generation is its own), so an object is never replaced: a stale
+    holder's late upload lands under its own, older key, which no fenced
+    registry record points at. The name says what the object is, not how its
+    body is encoded (the encoding is sniffed from the body). Keys of one session
+    sort by generation, and ``parse_checkpoint_key`` reads the generation back,
+    so the latest checkpoint can be found from the store alone.
+    """
+    _require_session(runtime_session_id)
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 1:
+        raise ProtocolError("generation: must be an integer >= 1")
+    if generation >= 10**CHECKPOINT_GENERATION_DIGITS:
+        raise ProtocolError(f"generation: must have at most {CHECKPOINT_GENERATION_DIGITS} digits")
+    return f"{checkpoint_prefix(runtime_session_id)}{generation:0{CHECKPOINT_GENERATION_DIGITS}d}"
+
+
+def parse_checkpoint_key(key: str) -> tuple[str, int] | None:
+    """``(runtime_session_id, generation)`` of a ``checkpoint_key``; ``None`` for any other key."""
+    if not isinstance(key, str) or not key.startswith(CHECKPOINTS_PREFIX):
+        return None
+    session, sep, generation = key[len(CHECKPOINTS_PREFIX) :].partition("/")
+    if not sep or not is_runtime_session_id(session) or not _GENERATION_RE.fullmatch(generation):
+        return None
+    number = int(generation)
+    return (session, number) if number >= 1 else None
+
+
+def legacy_checkpoint_key(runtime_session_id: str) -> str:
+    """The one mutable key a session's checkpoint had before generations: read, never written.
+
+    ``checkpoints/<rt>.tar.gz`` (its body was zstd by default despite the name).
+    A session saved by an older orchestrator is restored from it until its next
+    checkpoint, which goes under ``checkpoint_key``.
+    """
+    return f"{CHECKPOINTS_PREFIX}{_require_session(runtime_session_id)}.tar.gz"
 
 
 def validate_workspace_path(name: str) -> str:

@@ -1,10 +1,9 @@
 """``AppRunnerClient``: a runner's app routes, bound to one runtime session.
 
-A thin wrapper over a ``RunnerClient``: each method calls the client's app
-route (``runner_apps.RunnerApps``) with this session's id, so every request goes
-through that client's one httpx pool, its transport, its injected auth (behind
-``HeaderGuard``), its error maps and its redactor. It holds no token and no
-connection pool of its own.
+A thin wrapper over a ``RunnerClient``: each method calls one of the client's
+app routes with this session's id, so every request goes through that client's
+one httpx pool, its transport, its injected auth (behind ``HeaderGuard``), its
+error maps and its redactor. It holds no token and no connection pool of its own.
 
 Ownership. ``for_handle`` borrows the handle's ``RunnerClient``: the handle owns
 it, and ``SandboxHandle.close()`` closes it. ``close()`` here only retires this
@@ -33,8 +32,8 @@ from sandcell_protocol import (
 
 from ..errors import SandboxUnavailableError
 from ..handle import SandboxHandle
-from ..runner_apps import PORT_READ_TIMEOUT_S
-from ..runner_client import RunnerClient, WebSocketUpgrade
+from ..runner.apps import PORT_READ_TIMEOUT_S
+from ..runner.client import RunnerClient, WebSocketUpgrade
 
 __all__ = ["AppRunnerClient"]
 

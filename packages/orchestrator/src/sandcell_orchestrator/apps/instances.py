@@ -21,6 +21,7 @@ import hmac
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -38,8 +39,8 @@ from sandcell_protocol import (
 
 from ..errors import SandcellError
 from ..handle import SandboxHandle
-from ..manager import SandboxManager
-from ..provider import SandboxSpec
+from ..providers.base import SandboxSpec
+from ..sessions.manager import SandboxManager, sandbox_session_key
 from . import provision
 from .client import AppRunnerClient
 from .errors import AppRequestError, InstanceNotFoundError
@@ -76,6 +77,7 @@ class Instance:
     manifest: TemplateManifest
     project_name: str
     sandbox_uuid: str
+    """The instance's stable sandbox id; its runtime session is ``session_id``."""
     handle: SandboxHandle
     runner: AppRunnerClient
     last_active: float
@@ -86,6 +88,11 @@ class Instance:
     dirty: bool = True
     seen_errors: set[str] = field(default_factory=set, repr=False)
     lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
+
+    @property
+    def session_id(self) -> str:
+        """The runtime session the manager keeps this instance's sandbox under."""
+        return sandbox_session_key(self.sandbox_uuid)
 
     @property
     def preview_prefix(self) -> str:
@@ -184,7 +191,9 @@ class AppInstances:
         spec = SandboxSpec(
             template=template.name, env=request.env, labels={_OWNER_LABEL: instance_id}
         )
-        sandbox_uuid, handle = await self.manager.acquire(spec, owner=owner)
+        sandbox_uuid = str(uuid.uuid4())
+        session_id = sandbox_session_key(sandbox_uuid)
+        handle = await self.manager.acquire(session_id, spec, owner=owner)
         runner: AppRunnerClient | None = None
         try:
             runner = AppRunnerClient.for_handle(handle)
@@ -215,7 +224,7 @@ class AppInstances:
                     await runner.close()
                 await handle.close()
                 with contextlib.suppress(SandcellError):
-                    await self.manager.destroy(sandbox_uuid)
+                    await self.manager.destroy(session_id)
             raise
         instance.status = "ready"
         self._instances[instance_id] = instance
@@ -250,7 +259,7 @@ class AppInstances:
                 await instance.runner.close()
                 await instance.handle.close()
                 try:
-                    await self.manager.destroy(instance.sandbox_uuid)
+                    await self.manager.destroy(instance.session_id)
                 except SandcellError as exc:
                     log.warning("app instance %s: destroy failed: %s", instance.instance_id, exc)
         log.info("app instance %s shut down", instance.instance_id)
@@ -364,15 +373,11 @@ class AppInstances:
 
     async def checkpoint(self, instance: Instance) -> None:
         """Save the workspace where a recovery restores it from (``SandboxManager``'s
-        own checkpoint of the sandbox, which ``destroy`` also deletes).
-
-        A provider that suspends in place (Lambda MicroVMs) offers no live copy:
-        nothing is saved, the instance stays dirty, and a sandbox lost there
-        cannot be rebuilt (its recovery fails and the instance shows degraded).
-        """
-        saved = await self.manager.checkpoint(instance.handle, sandbox_uuid=instance.sandbox_uuid)
-        if saved is not None:
-            instance.dirty = False
+        own checkpoint of the sandbox, which ``destroy`` also deletes). The sandbox
+        keeps running; on every provider, Lambda MicroVMs included, the copy goes
+        to the snapshot store."""
+        await self.manager.save(instance.session_id, instance.handle)
+        instance.dirty = False
 
 
 def _file_path(path: str) -> str:

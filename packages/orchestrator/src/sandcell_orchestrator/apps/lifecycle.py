@@ -146,7 +146,7 @@ class InstanceSupervisor:
         the row resumable by the next round if any step fails.
         """
         instance.status = "recovering"
-        handle = await self._instances.manager.replace_lost(instance.sandbox_uuid, instance.spec())
+        handle = await self._instances.manager.replace_lost(instance.session_id, instance.spec())
         old_handle, old_runner = instance.handle, instance.runner
         # The old clients stay usable (failing cleanly) until the new ones are in place.
         instance.handle, instance.runner = handle, AppRunnerClient.for_handle(handle)

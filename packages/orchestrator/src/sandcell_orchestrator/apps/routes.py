@@ -34,8 +34,7 @@ from sandcell_protocol import ERROR_SEMANTICS, ErrorBody, ErrorCode, decode, enc
 from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
-from ..manager import SandboxManager
-from ..service_errors import JSON_MEDIA_TYPE, guarded, read_body
+from ..serve.errors import JSON_MEDIA_TYPE, guarded, read_body
 from .errors import AppRequestError, InstanceStartError
 from .instances import AppInstances, Instance
 from .lifecycle import InstanceSupervisor
@@ -75,7 +74,7 @@ class AppService:
         app_settings: AppSettings | None = None,
     ) -> None:
         self.settings = settings
-        self.app_settings = app_settings or AppSettings.from_orchestrator(settings)
+        self.app_settings = app_settings or settings.apps
         self._namespace_of = namespace_of
         self._instances: AppInstances | None = None
         self._supervisor: InstanceSupervisor | None = None
@@ -114,7 +113,7 @@ class AppService:
                 )
                 await stack.enter_async_context(webhooks)
             instances = AppInstances(
-                SandboxManager(services.provider, services.registry),
+                services.manager,
                 templates=TemplateRegistry(config.templates),
                 settings=config,
                 webhooks=webhooks,

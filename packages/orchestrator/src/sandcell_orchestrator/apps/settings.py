@@ -1,4 +1,4 @@
-"""Configuration of the app-instance API, read from ``OrchestratorSettings.env``.
+"""Configuration of the app-instance API, read at start-up into ``OrchestratorSettings.apps``.
 
 =============================== ======================================= =================
 variable                        meaning                                 default
@@ -32,10 +32,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..config import OrchestratorSettings
 from ..errors import ConfigError
-from .webhook_targets import IPNetwork
+
+if TYPE_CHECKING:
+    from .webhook_targets import IPNetwork
 
 __all__ = ["SHIPPED_TEMPLATES_DIR", "AppSettings", "GitAuthor"]
 
@@ -90,12 +92,6 @@ class AppSettings:
             git_author=_author(env.get("SANDCELL_APP_GIT_AUTHOR", "")),
             denied_commands=_rules(env.get("SANDCELL_APP_DENIED_COMMANDS", "")),
         )
-
-    @classmethod
-    def from_orchestrator(cls, settings: OrchestratorSettings) -> AppSettings:
-        """The app settings of a ``sandcell serve`` configured by ``settings``."""
-        host = settings.serve_host if settings.serve_host not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
-        return cls.from_env(settings.env, default_public_url=f"http://{host}:{settings.serve_port}")
 
 
 def _shipped() -> dict[str, str]:

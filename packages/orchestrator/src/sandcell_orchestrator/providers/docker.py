@@ -5,9 +5,9 @@ per-sandbox token in its environment, the runner port published on 127.0.0.1 at
 a port the engine picks, resource limits, the privileges nsjail needs), then the
 runner's ``/health``; a container that never gets healthy is removed, not
 orphaned. ``destroy`` = force-remove (a missing container is fine).
-``pause_resume`` is False: ``persist`` streams the runner's checkpoint into the
-snapshot store (the manager then destroys the container) and ``resume`` starts a
-new container and restores into it.
+``pause_resume`` is False: the manager suspends a session by checkpointing its
+runner into the snapshot store and destroying the container, and resumes it in a
+new container it restores into.
 
 Isolation is runc's, so ``SANDCELL_ENV=production`` needs an explicit
 ``SANDCELL_DOCKER_ALLOW_PRODUCTION=1``. Privileges, and why: images/README.md.
@@ -42,18 +42,12 @@ from ..errors import (
     SandboxUnavailableError,
 )
 from ..handle import SandboxHandle
-from ..provider import (
-    NativeSnapshot,
-    ObjectSnapshot,
-    PersistentWorkspace,
+from ..runner.client import RunnerClient
+from .base import (
     SandboxCapabilities,
     SandboxSpec,
-    SnapshotRef,
     sandbox_session_id,
 )
-from ..runner_client import RunnerClient
-from ..snapshots import SnapshotNotFoundError, SnapshotStore
-from .checkpoints import persist_to_store, restore_from_store
 from .docker_api import EngineAPIError, EngineClient
 from .docker_containers import (
     RUNNER_PORT,
@@ -88,11 +82,9 @@ class DockerProvider:
         self,
         settings: DockerSettings,
         *,
-        store: SnapshotStore,
         engine: EngineClient | None = None,
     ) -> None:
         self._settings = settings
-        self._store = store
         self._engine = engine or EngineClient(
             settings.docker_host, timeout_s=settings.api_timeout_s
         )
@@ -148,41 +140,6 @@ class DockerProvider:
                 log.warning("docker: not removing %s: not a sandcell container", sandbox_id[:12])
                 return
             await self._engine.remove_container(sandbox_id)
-
-    async def persist(
-        self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
-    ) -> SnapshotRef:
-        """Stream the session workspace's checkpoint (what ``workspace`` keeps) into the store."""
-        return await persist_to_store(
-            handle,
-            self._store,
-            key=key,
-            max_bytes=self._settings.checkpoint_max_bytes,
-            workspace=workspace,
-        )
-
-    async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
-        if isinstance(ref, NativeSnapshot):
-            raise SandboxNotFoundError("the docker provider has no native snapshots")
-        # A missing snapshot fails before a container is made for it (a HEAD, not an
-        # open GET held idle while the container starts).
-        if not await self._store.exists(ref.key):
-            raise SnapshotNotFoundError(f"snapshot {ref.key!r} is not in the store")
-        handle = await self.create(spec)
-        try:
-            await restore_from_store(
-                handle, self._store, ref, max_bytes=self._settings.checkpoint_max_bytes
-            )
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await handle.close()
-                await self._remove_quietly(handle.sandbox_id)
-            raise
-        return handle
-
-    async def delete_snapshot(self, ref: SnapshotRef) -> None:
-        if isinstance(ref, ObjectSnapshot):
-            await self._store.delete(ref.key)
 
     async def close(self) -> None:
         """Close the engine client; containers and handles live on. Idempotent."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SandboxNotFoundError, SandboxUnavailableError
-from ..provider import SESSION_LABEL, sandbox_session_id
+from .base import SESSION_LABEL, sandbox_session_id
 from .docker_settings import Privileges
 
 __all__ = [

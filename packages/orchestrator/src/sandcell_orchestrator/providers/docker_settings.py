@@ -1,7 +1,7 @@
 """Typed settings of the ``docker`` provider: how runner containers are made.
 
-Read once at the edge (``DockerSettings.from_env(os.environ)``); the provider
-takes the settings object. Constructing one validates it (including the
+Read once at start-up (by ``OrchestratorSettings.from_env``, through the shared
+``EnvReader``); the provider takes the settings object. Constructing one validates it (including the
 production guard: runc isolation needs ``SANDCELL_DOCKER_ALLOW_PRODUCTION=1``
 under ``SANDCELL_ENV=production``), so every ``ConfigError`` names the variable.
 Also owned here: the defaults, the privilege modes, and the runner variables
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal
 
+from ..env import EnvReader
 from ..errors import ConfigError
 from .docker_api import parse_docker_host
 
@@ -25,8 +26,6 @@ __all__ = [
     "DockerSettings",
     "Privileges",
 ]
-
-T = TypeVar("T")
 
 DEFAULT_IMAGE = "localhost/sandcell-runner:runner-latest"
 """What ``scripts/build-runner-image`` tags its latest runner build."""
@@ -57,6 +56,7 @@ class DockerSettings:
     the container at all.
     """
 
+    kind: Literal["docker"] = "docker"
     image: str = DEFAULT_IMAGE
     docker_host: str = DEFAULT_DOCKER_HOST
     network: str | None = None
@@ -70,7 +70,6 @@ class DockerSettings:
     nproc: int = 8192
     ready_timeout_s: float = 30.0
     api_timeout_s: float = 30.0
-    checkpoint_max_bytes: int = 1 << 30
     runner_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -92,28 +91,22 @@ class DockerSettings:
             raise ConfigError(f"{reserved[0]}: set by the docker provider itself")
 
     @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, checkpoint_max_bytes: int = 1 << 30
-    ) -> DockerSettings:
+    def from_env(cls, env: Mapping[str, str]) -> DockerSettings:
         """Read ``SANDCELL_DOCKER_*`` and ``DOCKER_HOST``; ``ConfigError`` names the variable.
 
         ``SANDCELL_RUNNER_*`` variables (limits, jail settings) pass through to every
         container unchanged, as for the local provider.
         """
-        read = _Reader(env)
+        read = EnvReader(env)
         privileges = read.choice("SANDCELL_DOCKER_PRIVILEGES", _PRIVILEGES, "cap-sys-admin")
-        passthrough = {
-            key: value
-            for key, value in env.items()
-            if key.startswith("SANDCELL_RUNNER_") and key not in RESERVED_ENV
-        }
-        if "SANDCELL_ENV" in env:
-            passthrough["SANDCELL_ENV"] = env["SANDCELL_ENV"]
+        passthrough = read.passthrough(
+            ("SANDCELL_RUNNER_",), names=("SANDCELL_ENV",), exclude=RESERVED_ENV
+        )
         return cls(
-            image=env.get("SANDCELL_DOCKER_IMAGE", "").strip() or DEFAULT_IMAGE,
-            docker_host=env.get("DOCKER_HOST", "").strip() or DEFAULT_DOCKER_HOST,
-            network=env.get("SANDCELL_DOCKER_NETWORK", "").strip() or None,
-            production=env.get("SANDCELL_ENV", "").strip().lower() == "production",
+            image=read.text("SANDCELL_DOCKER_IMAGE") or DEFAULT_IMAGE,
+            docker_host=read.text("DOCKER_HOST") or DEFAULT_DOCKER_HOST,
+            network=read.text("SANDCELL_DOCKER_NETWORK"),
+            production=read.production(),
             allow_production=read.flag("SANDCELL_DOCKER_ALLOW_PRODUCTION"),
             privileges=privileges,
             memory_mib=int(read.number("SANDCELL_DOCKER_MEMORY_MIB", 2048, minimum=64)),
@@ -123,42 +116,5 @@ class DockerSettings:
             nproc=int(read.number("SANDCELL_DOCKER_NPROC", 8192, minimum=64)),
             ready_timeout_s=read.number("SANDCELL_DOCKER_READY_TIMEOUT_S", 30.0),
             api_timeout_s=read.number("SANDCELL_DOCKER_API_TIMEOUT_S", 30.0),
-            checkpoint_max_bytes=checkpoint_max_bytes,
             runner_env=passthrough,
         )
-
-
-class _Reader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = env
-
-    def number(self, name: str, default: float, *, minimum: float = 0.001) -> float:
-        raw = self._env.get(name, "").strip()
-        if not raw:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name}: must be a number, got {raw[:40]!r}") from None
-        if not value >= minimum:
-            raise ConfigError(f"{name}: must be >= {minimum:g}, got {raw[:40]!r}")
-        return value
-
-    def choice(self, name: str, options: tuple[T, ...], default: T) -> T:
-        raw = self._env.get(name, "").strip()
-        if not raw:
-            return default
-        for option in options:
-            if raw == option:
-                return option
-        raise ConfigError(
-            f"{name}: must be one of {', '.join(map(str, options))}, got {raw[:40]!r}"
-        )
-
-    def flag(self, name: str) -> bool:
-        raw = self._env.get(name, "").strip().lower()
-        if raw in ("", "0", "false", "no", "off"):
-            return False
-        if raw in ("1", "true", "yes", "on"):
-            return True
-        raise ConfigError(f"{name}: must be 0 or 1, got {raw[:40]!r}")

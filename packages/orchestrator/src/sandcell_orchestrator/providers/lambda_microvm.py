@@ -1,8 +1,8 @@
 """The ``lambda-microvm`` provider: one sandbox = one AWS Lambda MicroVM.
 
 Lifecycle: ``create`` = RunMicrovm → GetMicrovm until RUNNING → the runner's
-``/health`` through the MicroVM's proxy; ``persist`` = SuspendMicrovm (a native
-snapshot: the ref is the sandbox id); ``resume`` = ResumeMicrovm (the idle
+``/health`` through the MicroVM's proxy; ``suspend`` = SuspendMicrovm (native:
+the VM keeps its id, memory and files); ``resume`` = ResumeMicrovm (the idle
 policy also resumes on traffic); ``destroy`` = TerminateMicrovm.
 
 Boundaries: boto3 only behind ``MicrovmApi`` (rate-limited, off the event loop,
@@ -27,15 +27,13 @@ import anyio
 import httpx
 
 from ..errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError, SandcellError
+from ..extras import needs_extra
 from ..handle import SandboxHandle
-from ..provider import (
-    NativeSnapshot,
-    PersistentWorkspace,
+from ..runner.client import RunnerClient
+from .base import (
     SandboxCapabilities,
     SandboxSpec,
-    SnapshotRef,
 )
-from ..runner_client import RunnerClient
 from .lambda_auth import (
     MicrovmProxyAuth,
     ProxyTokenCache,
@@ -45,7 +43,7 @@ from .lambda_auth import (
 )
 from .lambda_client import ConflictError, MicrovmApi, VmStatus, make_client
 from .lambda_settings import ENV, LambdaMicrovmSettings
-from .ratelimit import InProcessRateLimiter, RateLimiter, RedisRateLimiter
+from .ratelimit import InProcessRateLimiter, RateLimiter
 
 if TYPE_CHECKING:
     from types_boto3_lambda_microvms.client import LambdaMicroVMsClient
@@ -123,11 +121,7 @@ class LambdaMicrovmProvider:
         self._owns_client = client is None
         self._owns_limiter = rate_limiter is None
         if rate_limiter is None:
-            rate_limiter = (
-                RedisRateLimiter.from_url(settings.redis_url, tps=settings.tps)
-                if settings.redis_url
-                else InProcessRateLimiter(tps=settings.tps)
-            )
+            rate_limiter = _rate_limiter(settings)
         self._limiter = rate_limiter
         self._api = MicrovmApi(
             client if client is not None else make_client(settings),
@@ -374,11 +368,9 @@ class LambdaMicrovmProvider:
             if (await self._api.status(vm_id)).state not in _TERMINAL:
                 raise
 
-    async def persist(
-        self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
-    ) -> SnapshotRef:
-        """SuspendMicrovm in place: memory, processes and files stay (``key`` is unused)."""
-        vm_id, _ = _split_id(handle.sandbox_id)
+    async def suspend(self, sandbox_id: str) -> None:
+        """SuspendMicrovm in place: memory, processes and files stay (``NativeSuspend``)."""
+        vm_id, _ = _split_id(sandbox_id)
         try:
             await self._api.suspend(vm_id)
         except ConflictError:
@@ -386,7 +378,6 @@ class LambdaMicrovmProvider:
                 raise
         await self._await_state(vm_id, "SUSPENDED")
         self._counters.suspends += 1
-        return NativeSnapshot(provider=self.name, sandbox_id=handle.sandbox_id)
 
     async def _await_state(self, vm_id: str, wanted: str) -> None:
         deadline = self._clock() + self.settings.boot_timeout_s
@@ -402,11 +393,9 @@ class LambdaMicrovmProvider:
                 )
             await self._sleep(self.settings.poll_interval_s)
 
-    async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
+    async def resume(self, sandbox_id: str, spec: SandboxSpec) -> SandboxHandle:
         """ResumeMicrovm (if suspended), then wait for the runner; the sandbox id is kept."""
-        if not isinstance(ref, NativeSnapshot) or ref.provider != self.name:
-            raise SandboxError(f"{self.name} resumes only its own native snapshots")
-        vm_id, nonce = _split_id(ref.sandbox_id)
+        vm_id, nonce = _split_id(sandbox_id)
         status = await self._api.status(vm_id)
         if status.state == "SUSPENDING":
             await self._await_state(vm_id, "SUSPENDED")
@@ -422,13 +411,10 @@ class LambdaMicrovmProvider:
         deadline = self._clock() + self.settings.boot_timeout_s
         try:
             return await self._attach(
-                ref.sandbox_id, status, self._runner_token(nonce), deadline=deadline
+                sandbox_id, status, self._runner_token(nonce), deadline=deadline
             )
         except _BootDiedError as exc:
             raise SandboxNotFoundError(f"MicroVM {vm_id} is gone: {exc.reason}") from None
-
-    async def delete_snapshot(self, ref: SnapshotRef) -> None:
-        """Nothing to delete: a native snapshot is the VM itself (``destroy`` ends it)."""
 
     async def close(self) -> None:
         """Close the rate limiter and boto3 client this provider made; idempotent."""
@@ -440,3 +426,13 @@ class LambdaMicrovmProvider:
             await self._limiter.close()
         if self._owns_client:
             await self._api.close()
+
+
+def _rate_limiter(settings: LambdaMicrovmSettings) -> RateLimiter:
+    """A bucket in Redis shared by every worker when there is one, else in this process."""
+    if not settings.redis_url:
+        return InProcessRateLimiter(tps=settings.tps)
+    with needs_extra("redis", "a shared MicroVM rate limit (SANDCELL_REGISTRY_URL)"):
+        from .ratelimit_redis import RedisRateLimiter
+
+    return RedisRateLimiter.from_url(settings.redis_url, tps=settings.tps)

@@ -1,22 +1,21 @@
 """Typed settings of the Lambda MicroVM provider and its start-up policy check.
 
-Read once at the edge (``LambdaMicrovmSettings.from_env(os.environ)``); the
-provider takes the settings object. Constructing one runs the policy check, so
+Read once at start-up (by ``OrchestratorSettings.from_env``, through the shared
+``EnvReader``); the provider takes the settings object. Constructing one runs the policy check, so
 an invalid configuration cannot exist: every ``ConfigError`` names the variable.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal
 
+from ..env import EnvReader
 from ..errors import ConfigError
 
 __all__ = ["ENV", "MAX_TOKEN_MINUTES", "LambdaMicrovmSettings"]
-
-T = TypeVar("T")
 
 MAX_TOKEN_MINUTES = 60
 """``CreateMicrovmAuthToken`` refuses longer lifetimes."""
@@ -61,6 +60,7 @@ class LambdaMicrovmSettings:
     """
 
     image: str
+    kind: Literal["lambda-microvm"] = "lambda-microvm"
     image_version: str | None = None
     execution_role_arn: str | None = None
     egress_connectors: tuple[str, ...] = ()
@@ -86,7 +86,7 @@ class LambdaMicrovmSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LambdaMicrovmSettings:
         """Read the ``SANDCELL_MICROVM_*`` variables (and the shared ones it needs)."""
-        read = _Reader(env)
+        read = EnvReader(env)
         registry_url = read.text(ENV.REGISTRY_URL)
         redis_url = None
         if registry_url is not None and registry_url.startswith(("redis://", "rediss://")):
@@ -99,17 +99,17 @@ class LambdaMicrovmSettings:
             ingress_connectors=read.csv(ENV.INGRESS_CONNECTORS),
             endpoint_url=read.text(ENV.ENDPOINT_URL),
             region=read.text(ENV.REGION),
-            token_minutes=read.number(ENV.TOKEN_MINUTES, MAX_TOKEN_MINUTES, int),
-            boot_timeout_s=read.number(ENV.BOOT_TIMEOUT_S, 60.0, float),
-            max_duration_s=read.number(ENV.MAX_DURATION_S, _MAX_DURATION_S, int),
-            retention_s=read.number(ENV.RETENTION_S, 3_600, int),
-            tps=read.number(ENV.TPS, 5.0, float),
-            idle_timeout_s=read.number(ENV.IDLE_TIMEOUT_S, 1_800, _whole_seconds),
-            runner_port=read.number(ENV.RUNNER_PORT, 8080, int),
-            poll_interval_s=read.number(ENV.POLL_INTERVAL_S, 1.0, float),
+            token_minutes=read.parse(ENV.TOKEN_MINUTES, MAX_TOKEN_MINUTES, _integer),
+            boot_timeout_s=read.parse(ENV.BOOT_TIMEOUT_S, 60.0, _number),
+            max_duration_s=read.parse(ENV.MAX_DURATION_S, _MAX_DURATION_S, _integer),
+            retention_s=read.parse(ENV.RETENTION_S, 3_600, _integer),
+            tps=read.parse(ENV.TPS, 5.0, _number),
+            idle_timeout_s=read.parse(ENV.IDLE_TIMEOUT_S, 1_800, _whole_seconds),
+            runner_port=read.parse(ENV.RUNNER_PORT, 8080, _integer),
+            poll_interval_s=read.parse(ENV.POLL_INTERVAL_S, 1.0, _number),
             runner_key=read.text(ENV.RUNNER_KEY),
             redis_url=redis_url,
-            production=(env.get(ENV.SANDCELL_ENV, "").strip().lower() == "production"),
+            production=read.production(),
         )
 
     @property
@@ -178,26 +178,18 @@ def _check_policy(s: LambdaMicrovmSettings) -> None:
 
 def _whole_seconds(raw: str) -> int:
     """Seconds as the orchestrator's settings read them (a float), rounded up."""
-    return math.ceil(float(raw))
+    return math.ceil(_number(raw))
 
 
-class _Reader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = env
+def _integer(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"must be an integer, got {raw[:32]!r}") from None
 
-    def text(self, name: str) -> str | None:
-        value = self._env.get(name, "").strip()
-        return value or None
 
-    def csv(self, name: str) -> tuple[str, ...]:
-        return tuple(part.strip() for part in self._env.get(name, "").split(",") if part.strip())
-
-    def number(self, name: str, default: T, parse: Callable[[str], T]) -> T:
-        raw = self.text(name)
-        if raw is None:
-            return default
-        try:
-            return parse(raw)
-        except ValueError:
-            kind = "an integer" if parse is int else "a number"
-            raise ConfigError(f"{name} must be {kind}, got {raw[:32]!r}") from None
+def _number(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"must be a number, got {raw[:32]!r}") from None

@@ -8,9 +8,9 @@ process (each ``sandcell exec`` is one). Runners get ``PR_SET_PDEATHSIG=SIGTERM`
 an orchestrator that dies takes its runners with it, gracefully enough for them
 to unmount their workspaces.
 
-``pause_resume`` is False: ``persist`` pulls a checkpoint into the snapshot store
-(the manager then destroys the process) and ``resume`` starts a new runner and
-restores into it. An optional warm pool of pre-started runners hides the Python
+``pause_resume`` is False: the manager suspends a session by checkpointing its
+runner into the snapshot store and destroying the process, and resumes it in a
+new runner it restores into. An optional warm pool of pre-started runners hides the Python
 start-up from ``create``.
 """
 
@@ -27,79 +27,30 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 import psutil
 
-from ..errors import ConfigError, SandboxNotFoundError, SandboxUnavailableError
+from ..errors import SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
-from ..provider import (
+from ..runner.client import RunnerClient
+from .base import (
     SESSION_LABEL,
-    NativeSnapshot,
-    ObjectSnapshot,
-    PersistentWorkspace,
     SandboxCapabilities,
     SandboxSpec,
-    SnapshotRef,
     sandbox_session_id,
 )
-from ..runner_client import RunnerClient
-from ..snapshots import SnapshotStore
-from .checkpoints import persist_to_store, restore_from_store
+from .local_settings import LocalSettings, default_runtime_dir
 from .runner_roots import free_loopback_port, remove_runner_root
+
+__all__ = ["LocalProvider", "LocalSettings", "default_runtime_dir"]
 
 log = logging.getLogger(__name__)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def default_runtime_dir() -> Path:
-    """Runner roots must be traversable by job UIDs: not under a 0700 home."""
-    if os.geteuid() == 0:
-        return Path("/var/lib/sandcell/sandboxes")
-    return Path(f"/tmp/sandcell-{os.getuid()}/sandboxes")  # noqa: S108
-
-
-@dataclass(frozen=True, slots=True)
-class LocalSettings:
-    """How local runners are started."""
-
-    runtime_dir: Path = field(default_factory=default_runtime_dir)
-    pool_size: int = 0
-    ready_timeout_s: float = 30.0
-    checkpoint_max_bytes: int = 1 << 30
-    runner_env: Mapping[str, str] = field(default_factory=dict)
-    python: str = sys.executable
-
-    @classmethod
-    def from_env(
-        cls, env: Mapping[str, str], *, pool_size: int, checkpoint_max_bytes: int
-    ) -> LocalSettings:
-        raw = env.get("SANDCELL_LOCAL_RUNTIME_DIR")
-        runtime_dir = Path(raw) if raw else default_runtime_dir()
-        if not runtime_dir.is_absolute():
-            raise ConfigError("SANDCELL_LOCAL_RUNTIME_DIR must be an absolute path")
-        # Runner limits and jail settings pass through unchanged.
-        passthrough = {
-            key: value
-            for key, value in env.items()
-            if key.startswith("SANDCELL_RUNNER_")
-            and key not in ("SANDCELL_RUNNER_TOKEN", "SANDCELL_RUNNER_PORT", "SANDCELL_RUNNER_HOST")
-        }
-        for key in ("SANDCELL_NSJAIL", "SANDCELL_ENV", "SANDCELL_FILE_SERVER_URL", "PATH"):
-            if key in env:
-                passthrough[key] = env[key]
-        return cls(
-            runtime_dir=runtime_dir,
-            pool_size=pool_size,
-            checkpoint_max_bytes=checkpoint_max_bytes,
-            runner_env=passthrough,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +73,8 @@ class LocalProvider:
     name = "local"
     capabilities = SandboxCapabilities(pause_resume=False)
 
-    def __init__(self, settings: LocalSettings, *, store: SnapshotStore) -> None:
+    def __init__(self, settings: LocalSettings) -> None:
         self._settings = settings
-        self._store = store
         self._pool: list[_Runner] = []
         self._fill: asyncio.Task[None] | None = None
         self._closed = False
@@ -247,35 +197,6 @@ class LocalProvider:
         root = self._root(sandbox_id)
         if root is not None:
             await asyncio.to_thread(remove_runner_root, root)
-
-    async def persist(
-        self, handle: SandboxHandle, workspace: PersistentWorkspace, *, key: str
-    ) -> SnapshotRef:
-        return await persist_to_store(
-            handle,
-            self._store,
-            key=key,
-            max_bytes=self._settings.checkpoint_max_bytes,
-            workspace=workspace,
-        )
-
-    async def resume(self, ref: SnapshotRef, spec: SandboxSpec) -> SandboxHandle:
-        if isinstance(ref, NativeSnapshot):
-            raise SandboxNotFoundError("the local provider has no native snapshots")
-        handle = await self.create(spec)
-        try:
-            await restore_from_store(
-                handle, self._store, ref, max_bytes=self._settings.checkpoint_max_bytes
-            )
-        except BaseException:
-            await handle.close()
-            await self.destroy(handle.sandbox_id)
-            raise
-        return handle
-
-    async def delete_snapshot(self, ref: SnapshotRef) -> None:
-        if isinstance(ref, ObjectSnapshot):
-            await self._store.delete(ref.key)
 
     async def close(self) -> None:
         """Stop refilling and destroy pooled (never handed out) runners."""

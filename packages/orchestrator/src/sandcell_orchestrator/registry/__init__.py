@@ -5,10 +5,13 @@ takes a lease (``SET NX PX`` on a random token), keeps it alive while it works
 (``hold_session`` renews it in the background and aborts the work if it is
 lost), and is the only one allowed to write the session's ``SessionRecord``.
 Leases alone are not enough: a holder paused past its TTL can wake up and write
-after someone else took over. So every write is also fenced by a generation
-(``next_generation``, an ``INCR`` taken before each launch); a write whose lock
-token is gone or whose generation is older than the current one is refused with
-``LockLostError`` (``FencedError`` for the generation case).
+after someone else took over. So every hold also takes its own generation
+(``next_generation``, an ``INCR`` right after the lock is taken) and every write
+is fenced by it: a write whose lock token is gone or whose generation is older
+than the current one is refused with ``LockLostError`` (``FencedError`` for the
+generation case). The generation is also the fencing token at the snapshot
+store: a holder writes its checkpoint under a key of its own generation, and
+only a fenced record ever points at one.
 
 Backends, chosen by configuration:
 
@@ -157,8 +160,14 @@ class SessionRegistry(Protocol):
         """Drop the lock if it is still ours (compare-and-delete); ``False`` if not."""
         ...
 
-    async def next_generation(self, session_id: str) -> int:
-        """Increment and return the session's generation (1, 2, …); never reused."""
+    async def next_generation(self, session_id: str, *, above: int = 0) -> int:
+        """Increment and return the session's generation (1, 2, …); never reused.
+
+        ``above`` is a floor: the result is greater than it even if the counter
+        was lost (a registry restarted without persistence, an in-process
+        registry of a new process), because the snapshot store still holds
+        checkpoints keyed by older generations.
+        """
         ...
 
     async def current_generation(self, session_id: str) -> int:

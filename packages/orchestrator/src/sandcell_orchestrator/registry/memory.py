@@ -98,11 +98,12 @@ class InProcessRegistry:
         del self._locks[lease.session_id]
         return True
 
-    async def next_generation(self, session_id: str) -> int:
-        """Increment and return the generation."""
+    async def next_generation(self, session_id: str, *, above: int = 0) -> int:
+        """Increment and return the generation (greater than ``above``)."""
         validate_session_id(session_id)
+        _check_floor(above)
         await anyio.lowlevel.checkpoint()
-        generation = self._generations.get(session_id, 0) + 1
+        generation = max(self._generations.get(session_id, 0), above) + 1
         self._generations[session_id] = generation
         return generation
 
@@ -160,6 +161,11 @@ class InProcessRegistry:
     async def close(self) -> None:
         """Nothing to release; present for the protocol."""
         await anyio.lowlevel.checkpoint()
+
+
+def _check_floor(above: int) -> None:
+    if isinstance(above, bool) or not isinstance(above, int) or above < 0:
+        raise ValueError("above: must be an int >= 0")
 
 
 def _check_ttl(ttl_ms: int) -> None:

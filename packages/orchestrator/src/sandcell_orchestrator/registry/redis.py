@@ -65,6 +65,20 @@ end
 return 0
 """
 
+# KEYS[1] generation key
+# ARGV[1] floor: the result is greater than it, whatever the counter held
+# Returns the new generation.
+NEXT_GENERATION_LUA = """
+local current = tonumber(redis.call('get', KEYS[1]) or '0')
+local floor = tonumber(ARGV[1])
+if current < floor then
+    current = floor
+end
+current = current + 1
+redis.call('set', KEYS[1], current)
+return current
+"""
+
 # KEYS[1] lock key, KEYS[2] generation key, KEYS[3] record key, KEYS[4] sessions set
 # ARGV[1] token, ARGV[2] the record's generation, ARGV[3] record JSON, ARGV[4] session id
 # Returns {1, current}: written; {0, 0}: lock not ours; {-1, current}: stale generation.
@@ -136,6 +150,7 @@ class RedisRegistry:
         self._release = client.register_script(RELEASE_LUA)
         self._put = client.register_script(PUT_LUA)
         self._delete = client.register_script(DELETE_LUA)
+        self._next_generation = client.register_script(NEXT_GENERATION_LUA)
         self._corrupt = _CorruptRecordLog(logger)
 
     @classmethod
@@ -200,11 +215,16 @@ class RedisRegistry:
             )
         return bool(result)
 
-    async def next_generation(self, session_id: str) -> int:
-        """``INCR`` the generation counter."""
+    async def next_generation(self, session_id: str, *, above: int = 0) -> int:
+        """``INCR`` the generation counter (``NEXT_GENERATION_LUA`` when given a floor)."""
         validate_session_id(session_id)
+        if isinstance(above, bool) or not isinstance(above, int) or above < 0:
+            raise ValueError("above: must be an int >= 0")
+        key = self._key("gen", session_id)
         with _map_redis_errors("next_generation"):
-            return await self._client.incr(self._key("gen", session_id))
+            if above == 0:
+                return await self._client.incr(key)
+            return int(await self._next_generation(keys=[key], args=[above]))
 
     async def current_generation(self, session_id: str) -> int:
         """The generation counter; 0 if never incremented."""

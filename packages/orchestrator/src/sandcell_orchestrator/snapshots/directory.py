@@ -24,16 +24,18 @@ from typing import Self
 import anyio
 
 from ..errors import CheckpointError
-from . import (
+from .base import (
     Snapshot,
+    SnapshotEntry,
     SnapshotInfo,
     SnapshotNotFoundError,
     _enforce_cap,
     _is_sha256_hex,
     _validate_max_bytes,
+    _validate_prefix,
     _VerifiedChunks,
-    validate_snapshot_key,
 )
+from .keys import KEY_COMPONENT, validate_snapshot_key
 
 SHA256_XATTR = "user.sandcell.sha256"
 _WRITE_BATCH_BYTES = 1 << 20
@@ -111,6 +113,17 @@ class DirectorySnapshotStore:
         """Whether ``root/key`` is a regular file."""
         path = self._path(key)
         return await anyio.to_thread.run_sync(_is_file, path, key)
+
+    async def list(self, prefix: str) -> list[SnapshotEntry]:
+        """Regular files under ``root`` whose key starts with ``prefix``, by key.
+
+        Hidden names (temp files) and symlinks are never listed; only directories
+        a matching key could lie under are walked.
+        """
+        _validate_prefix(prefix)
+        if self._closed:
+            raise CheckpointError("snapshot store is closed")
+        return await anyio.to_thread.run_sync(_list, self._root, prefix)
 
     async def close(self) -> None:
         """Mark the store closed; it holds no open resources between calls."""
@@ -242,6 +255,38 @@ def _is_file(path: Path, key: str) -> bool:
             return stat.S_ISREG(path.lstat().st_mode)
         except (FileNotFoundError, NotADirectoryError):
             return False
+
+
+def _list(root: Path, prefix: str) -> list[SnapshotEntry]:
+    head = prefix.rpartition("/")[0]
+    start = root.joinpath(*head.split("/")) if head else root
+    found: list[SnapshotEntry] = []
+    with _os_errors("list", prefix):
+        # os.walk skips what it cannot read (a missing start yields nothing).
+        for directory, subdirs, files in os.walk(start, followlinks=False):
+            here = Path(directory).relative_to(root).as_posix()
+            base = "" if here == "." else here + "/"
+            subdirs[:] = [
+                name
+                for name in subdirs
+                if KEY_COMPONENT.fullmatch(name) and _may_hold(base + name + "/", prefix)
+            ]
+            for name in files:
+                key = base + name
+                if not KEY_COMPONENT.fullmatch(name) or not key.startswith(prefix):
+                    continue
+                try:
+                    status = os.lstat(os.path.join(directory, name))
+                except FileNotFoundError:
+                    continue  # deleted while we looked
+                if stat.S_ISREG(status.st_mode):
+                    found.append(SnapshotEntry(key, status.st_size, status.st_mtime))
+    return sorted(found, key=lambda entry: entry.key)
+
+
+def _may_hold(directory_key: str, prefix: str) -> bool:
+    """Whether keys under ``directory_key`` (ending in ``/``) can start with ``prefix``."""
+    return directory_key.startswith(prefix) or prefix.startswith(directory_key)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -32,17 +32,19 @@ from minio.datatypes import Object
 from minio.error import InvalidResponseError, S3Error, ServerError
 
 from ..errors import CheckpointError
-from . import (
+from .base import (
     Snapshot,
+    SnapshotEntry,
     SnapshotInfo,
     SnapshotNotFoundError,
     SnapshotUnavailableError,
     _enforce_cap,
     _is_sha256_hex,
     _validate_max_bytes,
+    _validate_prefix,
     _VerifiedChunks,
-    validate_snapshot_key,
 )
+from .keys import validate_snapshot_key
 from .s3_settings import S3Settings
 
 __all__ = ["S3SnapshotStore"]
@@ -186,6 +188,30 @@ class S3SnapshotStore:
             return False
         return True
 
+    async def list(self, prefix: str) -> list[SnapshotEntry]:
+        """ListObjectsV2 under ``prefix`` (all pages), by key; staging objects never show."""
+        _validate_prefix(prefix)
+        full = self._object_name(prefix, validate=False)
+        strip = len(self._settings.prefix) + 1 if self._settings.prefix else 0
+
+        def listing() -> list[tuple[str, int, float]]:
+            objects = self._client.list_objects(self._settings.bucket, prefix=full, recursive=True)
+            return [
+                (
+                    item.object_name or "",
+                    item.size or 0,
+                    item.last_modified.timestamp() if item.last_modified else 0.0,
+                )
+                for item in objects
+            ]
+
+        found = []
+        for name, size, modified_at_s in await self._run("list", prefix, listing):
+            key = name[strip:]
+            if key.startswith(prefix) and _is_key(key):
+                found.append(SnapshotEntry(key, size, modified_at_s))
+        return sorted(found, key=lambda entry: entry.key)
+
     async def close(self) -> None:
         """Close pooled connections; idempotent."""
         if not self._closed:
@@ -276,6 +302,14 @@ class S3SnapshotStore:
                 raise self._translate(exc, "get", key) from exc
 
         return read
+
+
+def _is_key(key: str) -> bool:
+    try:
+        validate_snapshot_key(key)
+    except CheckpointError:
+        return False
+    return True
 
 
 def translate_error(

@@ -1,0 +1,1 @@
+"""The runner client: the only code that speaks HTTP to a runner."""

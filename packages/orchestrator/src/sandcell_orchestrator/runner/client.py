@@ -1,0 +1,504 @@
+"""``RunnerClient``: the only code that speaks HTTP to a runner, one method per route.
+
+Every method maps 1:1 onto one runner route and sends through the client's one
+``RunnerConnection`` (pooled ``httpx.AsyncClient``, injectable transport and
+auth, bearer token, protocol check on first contact, error maps, redaction).
+The higher layers (``SandboxHandle``, ``SandboxManager``, ``ExecutionService``)
+are built on it. What the routes move has its own modules: ``transfers``
+(``CheckpointStream``, ``InputPayload``, file routes), ``apps`` (process and
+port routes, ``WebSocketUpgrade``) and ``errors`` (the error maps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+
+import anyio
+import anyio.to_thread
+import httpx
+
+from sandcell_protocol import (
+    AnalysisResult,
+    ExecuteRequest,
+    ExecuteResult,
+    FileEntry,
+    FileListing,
+    FileRef,
+    Health,
+    InputProbe,
+    InputProbeResult,
+    InputUploadResult,
+    LogLines,
+    ProcessInfo,
+    ProcessList,
+    ProcessStart,
+    ProtocolError,
+    RestoreResult,
+    ResultEvent,
+    RuntimeErrors,
+    StreamEvent,
+    decode_event,
+    encode,
+    headers,
+    input_cache_key,
+    routes,
+)
+
+from ..errors import RunnerRequestError, SandboxTimeoutError, SandboxUnavailableError
+from .apps import (
+    ANALYSIS_TIMEOUT_S,
+    PORT_READ_TIMEOUT_S,
+    WebSocketUpgrade,
+    no_plain_upgrade,
+    port_route,
+    tag_route,
+    upgrade_headers,
+    ws_url,
+)
+from .connection import RunnerConnection, new_request_id
+from .errors import refused_before_sending
+from .transfers import (
+    HASH_INLINE_MAX_BYTES,
+    OCTET_STREAM,
+    CheckpointEncoding,
+    CheckpointStream,
+    InputPayload,
+    checkpoint_encoding,
+    file_route,
+    is_json,
+    manifest,
+)
+
+__all__ = [
+    "CheckpointEncoding",
+    "CheckpointStream",
+    "InputPayload",
+    "RunnerClient",
+    "WebSocketUpgrade",
+]
+
+EXECUTE_MARGIN_S = 10.0
+"""Read-timeout slack past a job's own deadline: the runner still reaps and collects."""
+
+
+class RunnerClient:
+    """An HTTP client of one runner. Use as ``async with`` or call ``close()``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        auth: httpx.Auth | None = None,
+        timeout_s: float = 60.0,
+        connect_timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        new_request_id: Callable[[], str] = new_request_id,
+    ) -> None:
+        self._conn = RunnerConnection(
+            base_url,
+            token=token,
+            transport=transport,
+            auth=auth,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            clock=clock,
+            new_request_id=new_request_id,
+        )
+
+    @property
+    def base_url(self) -> str:
+        """The runner's base URL (without credentials or query)."""
+        return self._conn.base_url
+
+    @property
+    def connection(self) -> RunnerConnection:
+        """The connection every route goes through (its httpx client, auth, redactor)."""
+        return self._conn
+
+    def __repr__(self) -> str:
+        return f"RunnerClient(base_url={self.base_url!r})"
+
+    async def __aenter__(self) -> RunnerClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection pool; idempotent."""
+        await self._conn.close()
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` has run: a closed client sends nothing more."""
+        return self._conn.is_closed
+
+    # -- health ---------------------------------------------------------------
+
+    async def health(self) -> Health:
+        """``GET /health`` (unauthenticated); checks the protocol major every time."""
+        return await self._conn.fetch_health(timeout_s=None)
+
+    async def wait_ready(self, *, timeout_s: float, interval_s: float = 0.05) -> Health:
+        """Poll ``/health`` until the runner says ``ok``.
+
+        ``SandboxUnavailableError`` at the deadline. A quarantined runner never
+        recovers and a protocol mismatch never heals: both raise at once.
+        """
+        deadline = self._conn.clock() + timeout_s
+        last = "no answer"
+        while True:
+            remaining = deadline - self._conn.clock()
+            if remaining <= 0:
+                raise SandboxUnavailableError(
+                    f"runner at {self.base_url} not ready in {timeout_s:.1f}s: {last}"
+                )
+            try:
+                health = await self._conn.fetch_health(timeout_s=max(min(remaining, 2.0), 0.01))
+            except (SandboxUnavailableError, SandboxTimeoutError) as exc:
+                last = str(exc)
+            else:
+                if health.status == "ok":
+                    return health
+                if health.status == "quarantined":
+                    raise SandboxUnavailableError(f"runner at {self.base_url} is quarantined")
+                last = f"status {health.status}"
+            await anyio.sleep(min(interval_s, max(deadline - self._conn.clock(), 0)))
+
+    # -- execute --------------------------------------------------------------
+
+    def _execute_read_s(self, request: ExecuteRequest, timeout_s: float | None) -> float:
+        if timeout_s is not None:
+            return timeout_s
+        return max(self._conn.timeout_s, request.timeout_ms / 1000 + EXECUTE_MARGIN_S)
+
+    async def execute(
+        self,
+        request: ExecuteRequest,
+        *,
+        session_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> ExecuteResult:
+        """``POST /v1/execute``; the read timeout defaults past the job's own deadline."""
+        read_s = self._execute_read_s(request, timeout_s)
+        response = await self._conn.request(
+            "POST", routes.EXECUTE, session_id=session_id, message=request, read_timeout_s=read_s
+        )
+        return self._conn.decode(response, ExecuteResult)
+
+    async def execute_stream(
+        self,
+        request: ExecuteRequest,
+        *,
+        session_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """``POST /v1/execute`` as NDJSON: output chunks as produced, then one ``ResultEvent``.
+
+        Close the iterator (``contextlib.aclosing``) when leaving early.
+        """
+        response = await self._conn.request(
+            "POST",
+            routes.EXECUTE,
+            session_id=session_id,
+            message=request,
+            extra_headers={"Accept": routes.NDJSON},
+            read_timeout_s=self._execute_read_s(request, timeout_s),
+            stream=True,
+        )
+        try:
+            with self._conn.mapping(response.request):
+                if not response.headers.get("content-type", "").startswith(routes.NDJSON):
+                    # A peer that ignored Accept answered one ExecuteResult.
+                    await response.aread()
+                    yield ResultEvent(result=self._conn.decode(response, ExecuteResult))
+                    return
+                seen_result = False
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        event = _decode_event(line)
+                        seen_result = isinstance(event, ResultEvent)
+                        yield event
+            if not seen_result:
+                raise SandboxUnavailableError(f"POST {routes.EXECUTE}: stream ended before result")
+        finally:
+            await response.aclose()
+
+    # -- session ----------------------------------------------------------------
+
+    async def release_session(self, *, session_id: str) -> None:
+        """``DELETE /v1/session``: wipe the session workspace and unbind the runner."""
+        await self._conn.request("DELETE", routes.SESSION, session_id=session_id)
+
+    # -- checkpoint / restore ---------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def checkpoint(
+        self,
+        *,
+        session_id: str,
+        encoding: CheckpointEncoding = "zstd",
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+    ) -> AsyncIterator[CheckpointStream]:
+        """``GET /v1/session/checkpoint``: yields the compressed archive as sent.
+
+        ``encoding`` is a preference; the yielded stream's ``encoding`` says which arrived.
+        ``include`` / ``exclude`` are workspace globs (a ``PersistentWorkspace``).
+        """
+        params = [("include", p) for p in include] + [("exclude", p) for p in exclude]
+        response = await self._conn.request(
+            "GET",
+            routes.SESSION_CHECKPOINT,
+            session_id=session_id,
+            extra_headers={"Accept-Encoding": encoding},
+            stream=True,
+            params=params or None,
+        )
+        try:
+            arrived = checkpoint_encoding(response)
+            yield CheckpointStream(
+                response, encoding=arrived, mapper=lambda: self._conn.mapping(response.request)
+            )
+        finally:
+            await response.aclose()
+
+    async def restore(
+        self,
+        chunks: AsyncIterable[bytes],
+        *,
+        session_id: str,
+        sha256: str | None = None,
+        timeout_s: float | None = None,
+    ) -> RestoreResult:
+        """``POST /v1/session/restore``, streaming ``chunks`` (the runner sniffs gzip/zstd).
+
+        With ``sha256`` the runner rejects a body whose digest differs.
+        """
+        extra = {"Content-Type": OCTET_STREAM}
+        if sha256 is not None:
+            extra[headers.CHECKPOINT_SHA256] = sha256
+        response = await self._conn.request(
+            "POST",
+            routes.SESSION_RESTORE,
+            session_id=session_id,
+            content=chunks,
+            extra_headers=extra,
+            read_timeout_s=timeout_s,
+        )
+        return self._conn.decode(response, RestoreResult)
+
+    # -- inputs ---------------------------------------------------------------
+
+    async def probe_inputs(
+        self, refs: Sequence[FileRef], *, session_id: str | None = None
+    ) -> list[FileRef]:
+        """``POST /v1/inputs/probe``: the refs whose objects the runner's cache lacks."""
+        probe = InputProbe(refs=list(refs))
+        response = await self._conn.request(
+            "POST", routes.INPUTS_PROBE, session_id=session_id, message=probe
+        )
+        return self._conn.decode(response, InputProbeResult).missing
+
+    async def push_inputs(
+        self, objects: Sequence[InputPayload], *, session_id: str | None = None
+    ) -> list[str]:
+        """``POST /v1/inputs`` (multipart: manifest first, one part per object); stored keys."""
+        unique: dict[str, InputPayload] = {}
+        for item in objects:
+            try:
+                unique.setdefault(input_cache_key(item.storage_session, item.object_id), item)
+            except ProtocolError as exc:
+                raise refused_before_sending("bad_request", str(exc)) from None
+        if not unique:
+            return []
+        if sum(len(item.data) for item in unique.values()) > HASH_INLINE_MAX_BYTES:
+            listed = await anyio.to_thread.run_sync(manifest, unique)
+        else:
+            listed = manifest(unique)
+        response = await self._conn.request(
+            "POST",
+            routes.INPUTS,
+            session_id=session_id,
+            # httpx writes data fields before file parts: the manifest goes first.
+            data={"manifest": encode(listed).decode()},
+            files=[("object", (key, item.data, OCTET_STREAM)) for key, item in unique.items()],
+        )
+        return self._conn.decode(response, InputUploadResult).stored
+
+    # -- session files ----------------------------------------------------------
+
+    async def read_file(self, path: str, *, session_id: str) -> bytes:
+        """``GET /v1/session/files/{path}``: a regular file's bytes."""
+        response = await self._conn.request("GET", file_route(path), session_id=session_id)
+        if is_json(response):
+            raise RunnerRequestError(f"GET {path}: is a directory", code="invalid_path")
+        return response.content
+
+    async def list_files(self, path: str = "", *, session_id: str) -> FileListing:
+        """``GET /v1/session/files/{dir}``: the direct entries of a directory ("" = root)."""
+        route = file_route(path, allow_root=True)
+        response = await self._conn.request("GET", route, session_id=session_id)
+        if not is_json(response):
+            raise RunnerRequestError(f"GET {path}: not a directory", code="invalid_path")
+        return self._conn.decode(response, FileListing)
+
+    async def write_file(
+        self, path: str, data: bytes, *, session_id: str, mode: int | None = None
+    ) -> FileEntry:
+        """``PUT /v1/session/files/{path}`` with the raw bytes; ``mode``: permission bits."""
+        params: dict[str, str] = {}
+        if mode is not None:
+            if not 0 <= mode <= 0o777:
+                raise refused_before_sending(
+                    "bad_request", f"mode {mode:#o}: only permission bits 0..0o777"
+                )
+            params["mode"] = f"{mode:04o}"
+        response = await self._conn.request(
+            "PUT",
+            file_route(path),
+            session_id=session_id,
+            content=data,
+            params=params,
+            extra_headers={"Content-Type": OCTET_STREAM},
+        )
+        return self._conn.decode(response, FileEntry)
+
+    async def delete_file(self, path: str, *, session_id: str) -> None:
+        """``DELETE /v1/session/files/{path}``; ``not_found`` if absent."""
+        await self._conn.request("DELETE", file_route(path), session_id=session_id)
+
+    # -- processes ------------------------------------------------------------
+
+    async def start_process(self, start: ProcessStart, *, session_id: str) -> ProcessInfo:
+        """``POST /v1/session/processes``: start a tagged background process."""
+        response = await self._conn.request(
+            "POST", routes.SESSION_PROCESSES, session_id=session_id, message=start
+        )
+        return self._conn.decode(response, ProcessInfo)
+
+    async def processes(self, *, session_id: str) -> list[ProcessInfo]:
+        """``GET /v1/session/processes``: the session's processes, running or exited."""
+        response = await self._conn.request("GET", routes.SESSION_PROCESSES, session_id=session_id)
+        return self._conn.decode(response, ProcessList).processes
+
+    async def stop_process(self, tag: str, *, session_id: str) -> None:
+        """``DELETE /v1/session/processes/{tag}``: TERM, then KILL after the runner's grace."""
+        await self._conn.request("DELETE", tag_route(tag), session_id=session_id)
+
+    async def process_logs(
+        self,
+        tag: str,
+        *,
+        session_id: str,
+        lines: int | None = None,
+        filter: str | None = None,
+    ) -> LogLines:
+        """``GET …/processes/{tag}/logs``: the last ``lines`` lines matching ``filter``."""
+        params: dict[str, str] = {}
+        if lines is not None:
+            params["lines"] = str(lines)
+        if filter is not None:
+            params["filter"] = filter
+        response = await self._conn.request(
+            "GET", tag_route(tag, "logs"), session_id=session_id, params=params
+        )
+        return self._conn.decode(response, LogLines)
+
+    # -- diagnostics ----------------------------------------------------------
+
+    async def runtime_errors(self, *, session_id: str, since: float | None = None) -> RuntimeErrors:
+        """``GET /v1/session/runtime-errors``: deduplicated errors (last seen after ``since``)."""
+        params = {"since": repr(since)} if since is not None else None
+        response = await self._conn.request(
+            "GET", routes.SESSION_RUNTIME_ERRORS, session_id=session_id, params=params
+        )
+        return self._conn.decode(response, RuntimeErrors)
+
+    async def clear_runtime_errors(self, *, session_id: str) -> None:
+        """``DELETE /v1/session/runtime-errors``."""
+        await self._conn.request("DELETE", routes.SESSION_RUNTIME_ERRORS, session_id=session_id)
+
+    async def analysis(self, *, session_id: str) -> AnalysisResult:
+        """``GET /v1/session/analysis``: the project's checkers, run in the jail."""
+        response = await self._conn.request(
+            "GET", routes.SESSION_ANALYSIS, session_id=session_id, read_timeout_s=ANALYSIS_TIMEOUT_S
+        )
+        return self._conn.decode(response, AnalysisResult)
+
+    # -- ports ----------------------------------------------------------------
+
+    async def port_request(
+        self,
+        method: str,
+        port: int,
+        raw_path: str,
+        *,
+        session_id: str,
+        query: str,
+        request_headers: Mapping[str, str],
+        content: AsyncIterable[bytes] | bytes | None = None,
+        read_timeout_s: float = PORT_READ_TIMEOUT_S,
+    ) -> httpx.Response:
+        """Proxy one request to ``port``: a streaming response with the app's status.
+
+        ``raw_path`` (still percent-encoded, no leading slash) and ``query`` are
+        sent as they are. Transport failures map as on every route; the caller
+        closes the response.
+        """
+        return await self._conn.request(
+            method,
+            port_route(port, raw_path, query),
+            session_id=session_id,
+            extra_headers=request_headers,
+            read_timeout_s=read_timeout_s,
+            content=content,
+            stream=True,
+            any_status=True,
+        )
+
+    async def websocket_upgrade(
+        self,
+        port: int,
+        raw_path: str,
+        *,
+        session_id: str,
+        query: str,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> WebSocketUpgrade:
+        """The URL and headers of a WebSocket upgrade to ``raw_path`` on ``port``.
+
+        The headers are this client's (token, session, protocol, request id), the
+        injected auth's (run on the equivalent ``GET``, through ``HeaderGuard``)
+        and ``extra_headers``. ``RunnerRequestError`` if a transport was injected:
+        the upgrade would bypass it.
+        """
+        if self._conn.transport_injected:
+            raise no_plain_upgrade(self.base_url)
+        await self._conn.ensure_compatible()
+        request = self._conn.build_request(
+            "GET",
+            port_route(port, raw_path, query),
+            session_id=session_id,
+            extra_headers=extra_headers,
+        )
+        auth = self._conn.http.auth
+        if auth is not None:
+            flow = auth.async_auth_flow(request)
+            try:
+                request = await anext(flow)
+            finally:
+                await flow.aclose()
+        self._conn.redact.learn(request.headers)
+        return WebSocketUpgrade(url=ws_url(request.url), headers=upgrade_headers(request))
+
+
+def _decode_event(line: str) -> StreamEvent:
+    try:
+        return decode_event(line)
+    except ProtocolError as exc:
+        raise SandboxUnavailableError(f"POST {routes.EXECUTE}: malformed event: {exc}") from None

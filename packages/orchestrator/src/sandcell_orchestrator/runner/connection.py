@@ -1,0 +1,267 @@
+"""``RunnerConnection``: the one HTTP connection of a ``RunnerClient`` to its runner.
+
+Owns the pooled ``httpx.AsyncClient`` (its transport injectable: loopback, an
+in-process ASGI app, a cloud proxy with an ``httpx.Auth`` adding its header),
+the bearer token, the protocol check on first contact, request ids and the
+error maps of ``errors.py``. ``RunnerClient`` sends every route through it;
+nothing else builds a runner request.
+
+Secrets: the bearer token and any header an injected auth adds never reach an
+exception message, a ``repr`` or a log line; transport errors are re-raised
+``from None`` and every message passes through a ``Redactor``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import anyio
+import httpx
+import msgspec
+
+from sandcell_protocol import (
+    PROTOCOL_VERSION,
+    Health,
+    ProtocolError,
+    check_compatible,
+    decode,
+    encode,
+    headers,
+    is_runtime_session_id,
+    routes,
+)
+from sandcell_protocol import ProtocolMismatchError as WireMismatch
+
+from ..errors import ConfigError, ProtocolMismatchError, SandboxUnavailableError
+from .errors import (
+    HeaderGuard,
+    Redactor,
+    error_from_response,
+    map_transport_errors,
+    refused_before_sending,
+)
+
+__all__ = ["JSON", "RunnerConnection", "new_request_id"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JSON = "application/json"
+_B64TOKEN_RE = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+
+
+class _ProtocolOnly(msgspec.Struct):
+    """The one ``Health`` field every protocol major must keep, read leniently."""
+
+    protocol: str
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class RunnerConnection:
+    """One runner's HTTP connection: build, check, send, map, decode. Close with ``close()``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        auth: httpx.Auth | None = None,
+        timeout_s: float = 60.0,
+        connect_timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        new_request_id: Callable[[], str] = new_request_id,
+    ) -> None:
+        url = httpx.URL(base_url)
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ConfigError(f"runner base_url: expected http(s)://host[:port], got {url.scheme}")
+        if not _B64TOKEN_RE.fullmatch(token):
+            # Never echo the value: a wrong one is still somebody's secret.
+            raise ConfigError("runner token: not a valid bearer token (RFC 6750 b64token)")
+        self.base_url = str(url.copy_with(username=None, password=None, query=None))
+        self._token = token
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self._new_request_id = new_request_id
+        self.redact = Redactor([token, headers.BEARER_PREFIX + token])
+        self._compatible = False
+        self._contact_lock = anyio.Lock()
+        # What a request sent outside httpx (a WebSocket upgrade) could not go through.
+        self.transport_injected = transport is not None
+        self.http = httpx.AsyncClient(
+            base_url=self.base_url,
+            transport=transport,
+            auth=HeaderGuard(auth),
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            headers={headers.PROTOCOL: PROTOCOL_VERSION},
+            follow_redirects=False,
+            # No proxy variables or .netrc: a token must go only where the caller sent it.
+            trust_env=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"RunnerConnection(base_url={self.base_url!r})"
+
+    async def close(self) -> None:
+        """Close the connection pool; idempotent."""
+        await self.http.aclose()
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` has run: a closed client sends nothing more."""
+        return self.http.is_closed
+
+    async def request(
+        self,
+        method: str,
+        route: str,
+        *,
+        session_id: str | None = None,
+        message: object = None,
+        extra_headers: Mapping[str, str] | None = None,
+        read_timeout_s: float | None = None,
+        stream: bool = False,
+        any_status: bool = False,
+        **kwargs: object,
+    ) -> httpx.Response:
+        """Build (validating first), check the protocol on first contact, send.
+
+        ``any_status``: hand back a non-2xx answer instead of raising (the port proxy).
+        """
+        request = self.build_request(
+            method,
+            route,
+            session_id=session_id,
+            message=message,
+            extra_headers=extra_headers,
+            read_timeout_s=read_timeout_s,
+            **kwargs,
+        )
+        await self.ensure_compatible()
+        return await self.send(request, stream=stream, any_status=any_status)
+
+    def build_request(
+        self,
+        method: str,
+        route: str,
+        *,
+        session_id: str | None = None,
+        message: object = None,
+        extra_headers: Mapping[str, str] | None = None,
+        read_timeout_s: float | None = None,
+        **kwargs: object,
+    ) -> httpx.Request:
+        """One request carrying this client's headers (validated first); nothing is sent.
+
+        Ours win over ``extra_headers`` whatever their case: a forwarded header
+        cannot replace the token, the session, the protocol or the request id.
+        """
+        request_headers = httpx.Headers(extra_headers)
+        request_headers[headers.REQUEST_ID] = self._new_request_id()
+        request_headers[headers.PROTOCOL] = PROTOCOL_VERSION
+        request_headers[headers.AUTHORIZATION] = headers.BEARER_PREFIX + self._token
+        if session_id is not None:
+            if not is_runtime_session_id(session_id):
+                raise refused_before_sending(
+                    "bad_request", "session_id must match ^rt_[0-9a-f]{64}$"
+                )
+            request_headers[headers.RUNTIME_SESSION_ID] = session_id
+        if message is not None:
+            kwargs["content"] = encode(message)
+            request_headers.setdefault("Content-Type", JSON)
+        if read_timeout_s is not None:
+            default = self.http.timeout
+            kwargs["timeout"] = httpx.Timeout(
+                default.read, connect=default.connect, read=read_timeout_s
+            )
+        return self.http.build_request(
+            method,
+            route,
+            headers=request_headers,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def mapping(self, request: httpx.Request) -> contextlib.AbstractContextManager[None]:
+        return map_transport_errors(request, route=request.url.path, redact=self.redact)
+
+    async def send(
+        self, request: httpx.Request, *, stream: bool = False, any_status: bool = False
+    ) -> httpx.Response:
+        """Send, translating transport failures and non-2xx answers; logs no header.
+
+        ``any_status`` returns every answer as it came (the port proxy's are the app's).
+        """
+        started = self.clock()
+        with self.mapping(request):
+            response = await self.http.send(request, stream=stream)
+        self.redact.learn(response.request.headers)
+        log.debug(
+            "runner %s %s -> %d in %.1f ms (request %s)",
+            request.method,
+            request.url.path,
+            response.status_code,
+            (self.clock() - started) * 1000,
+            request.headers.get(headers.REQUEST_ID),
+        )
+        if response.is_success or any_status:
+            return response
+        try:
+            with self.mapping(request):
+                body = await response.aread()
+        finally:
+            await response.aclose()
+        raise error_from_response(
+            method=request.method,
+            route=request.url.path,
+            status=response.status_code,
+            body=body,
+            redact=self.redact,
+        )
+
+    def decode(self, response: httpx.Response, type_: type[T]) -> T:
+        try:
+            return decode(response.content, type_)
+        except ProtocolError as exc:
+            where = f"{response.request.method} {response.request.url.path}"
+            raise SandboxUnavailableError(f"{where}: malformed answer: {exc}") from None
+
+    async def ensure_compatible(self) -> None:
+        if self._compatible:
+            return
+        async with self._contact_lock:
+            if not self._compatible:
+                await self.fetch_health(timeout_s=None)
+
+    async def fetch_health(self, *, timeout_s: float | None) -> Health:
+        request = self.http.build_request(
+            "GET", routes.HEALTH, headers={headers.REQUEST_ID: self._new_request_id()}
+        )
+        if timeout_s is not None:
+            # Connect included: a poll must not outlive the caller's deadline.
+            request.extensions["timeout"] = httpx.Timeout(timeout_s).as_dict()
+        response = await self.send(request)
+        # Check the version before the full shape: another major may have other fields.
+        try:
+            peer = msgspec.json.decode(response.content, type=_ProtocolOnly).protocol
+        except msgspec.MsgspecError:
+            raise SandboxUnavailableError(f"GET {routes.HEALTH}: malformed answer") from None
+        try:
+            check_compatible(peer)
+        except WireMismatch:
+            raise ProtocolMismatchError(
+                f"runner at {self.base_url} speaks protocol {peer[:32]!r}; this orchestrator"
+                f" speaks {PROTOCOL_VERSION!r} (protocol majors must match)"
+            ) from None
+        health = self.decode(response, Health)
+        self._compatible = True
+        return health

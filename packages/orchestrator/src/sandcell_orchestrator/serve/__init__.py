@@ -1,0 +1,1 @@
+"""``sandcell serve``: the orchestrator as an HTTP service (app, auth, error mapping)."""

@@ -1,0 +1,271 @@
+"""``sandcell serve``: the orchestrator as an HTTP service for control planes.
+
+Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``ErrorBody``):
+
+    POST   /v1/exec             ExecCall -> ExecuteResult       bearer API key
+    GET    /v1/sessions         SessionList (this namespace's)  bearer API key
+    DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
+    GET    /healthz             {"status": "ok"}                no auth
+    GET    /metrics             Prometheus text                 no auth (aggregate counters)
+
+Each API key (``SANDCELL_API_KEYS``) maps to a tenant namespace; the namespace
+comes from the key, never from the body, so one tenant cannot name another's
+session. Session records do not carry a namespace, so this service keeps an
+in-memory index (session id -> namespace, user, hint) filled by ``/v1/exec``:
+``GET``/``DELETE /v1/sessions`` see a session only after an exec through this
+process (a restart or another replica forgets it until its next exec).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sandcell_protocol import (
+    ErrorCode,
+    ExecCall,
+    ExecuteRequest,
+    ProtocolError,
+    decode,
+    encode,
+    is_runtime_session_id,
+    runtime_session_id,
+)
+
+from ..bootstrap import Services, open_services
+from ..config import OrchestratorSettings
+from ..errors import SandcellError
+from ..metrics import render_provider_counters
+from ..sessions.execution import ExecutionService, Identity
+from .auth import INSECURE_NO_AUTH_ENV, load_api_keys
+from .errors import (
+    JSON_MEDIA_TYPE,
+    MAX_BODY_BYTES,
+    error_response,
+    guarded,
+    http_error_response,
+    map_error,
+    read_body,
+)
+
+__all__ = [
+    "INSECURE_NO_AUTH_ENV",
+    "MAX_BODY_BYTES",
+    "SessionInfo",
+    "SessionList",
+    "create_app",
+    "map_error",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+
+class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One runtime session of the caller's namespace, as ``GET /v1/sessions`` lists it."""
+
+    session_id: str
+    user_id: str
+    hint: str
+    state: str
+    """``active`` (a sandbox is warm), ``suspended`` or ``saved`` (a checkpoint only)."""
+    has_checkpoint: bool
+    updated_at_s: float | None
+
+
+class SessionList(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of ``GET /v1/sessions``."""
+
+    sessions: list[SessionInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    namespace: str
+    user_id: str
+    hint: str
+
+
+def _execute_request(call: ExecCall) -> ExecuteRequest:
+    """The runner's part of an ``ExecCall`` (the runner refuses unknown fields)."""
+    fields = msgspec.structs.asdict(call)
+    del fields["user_id"], fields["runtime_session_hint"]
+    return ExecuteRequest(**fields)
+
+
+class _Service:
+    """The app's state: set up in the lifespan, never module-global."""
+
+    def __init__(self, settings: OrchestratorSettings, services: Services | None) -> None:
+        self.settings = settings
+        self.keys = load_api_keys(settings)
+        self._given = services
+        self._services = services
+        self._owners: dict[str, _Owner] = {}
+
+    @property
+    def services(self) -> Services:
+        if self._services is None:
+            raise RuntimeError("the service is not started (its lifespan has not run)")
+        return self._services
+
+    @property
+    def execution(self) -> ExecutionService:
+        return self.services.execution
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if self._given is None:
+                self._services = await stack.enter_async_context(open_services(self.settings))
+            tasks = [asyncio.create_task(self._sweep_forever(), name="sandcell-idle-sweeper")]
+            start_pool = getattr(self.services.provider, "start_pool", None)
+            if start_pool is not None:
+                tasks.append(asyncio.create_task(start_pool(), name="sandcell-warm-pool"))
+            try:
+                yield
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                self._services = self._given
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval_s)
+            try:
+                swept = await self.execution.sweep_idle(idle_s=self.settings.idle_timeout_s)
+            except SandcellError as exc:
+                log.warning("idle sweep failed: %s", exc)
+            except Exception:
+                log.exception("idle sweep failed")
+            else:
+                if swept:
+                    log.info("idle sweep suspended %d session(s)", swept)
+
+    # -- routes -------------------------------------------------------------------
+
+    async def exec(self, request: Request) -> Response:
+        namespace = self.keys.namespace(request)
+        call = decode(await read_body(request), ExecCall)
+        run = _execute_request(call)
+        hint = call.runtime_session_hint
+        if hint is not None:
+            # Derived here too so a bad user_id is a 400 before any sandbox work,
+            # and indexed before the turn so a failed turn's session is deletable.
+            session_id = runtime_session_id(namespace, call.user_id, hint)
+            self._owners[session_id] = _Owner(namespace, call.user_id, hint)
+        result = await self.execution.execute(
+            run, Identity(namespace=namespace, user_id=call.user_id), hint=hint
+        )
+        return Response(encode(result), media_type=JSON_MEDIA_TYPE)
+
+    async def list_sessions(self, request: Request) -> Response:
+        namespace = self.keys.namespace(request)
+        services = self.services
+        sessions: list[SessionInfo] = []
+        for session_id, owner in sorted(self._owners.items()):
+            if owner.namespace != namespace:
+                continue
+            record = await services.manager.record(session_id)
+            saved = await services.manager.current_checkpoint(session_id) is not None
+            if record is None and not saved:
+                continue
+            sessions.append(
+                SessionInfo(
+                    session_id=session_id,
+                    user_id=owner.user_id,
+                    hint=owner.hint,
+                    state=record.state if record else "saved",
+                    has_checkpoint=saved,
+                    updated_at_s=record.updated_at_s if record else None,
+                )
+            )
+        return Response(encode(SessionList(sessions=sessions)), media_type=JSON_MEDIA_TYPE)
+
+    async def destroy_session(self, request: Request) -> Response:
+        namespace = self.keys.namespace(request)
+        session_id = request.path_params["session_id"]
+        if not is_runtime_session_id(session_id):
+            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
+        owner = self._owners.get(session_id)
+        if owner is None or owner.namespace != namespace:
+            # Another tenant's session and an unknown one look alike.
+            return error_response(404, ErrorCode.NOT_FOUND, "no such session")
+        await self.execution.destroy_session(session_id)
+        self._owners.pop(session_id, None)
+        return Response(status_code=204)
+
+    async def healthz(self, _request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type=JSON_MEDIA_TYPE)
+
+    async def metrics(self, _request: Request) -> Response:
+        provider = self.services.provider
+        text = self.services.metrics.render() + render_provider_counters(
+            provider.name, getattr(provider, "metrics", None)
+        )
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def create_app(settings: OrchestratorSettings, *, services: Services | None = None) -> Starlette:
+    """The Starlette app. It opens (and closes) its own ``Services`` unless given some.
+
+    Raises ``ConfigError`` when no API key is configured (see ``INSECURE_NO_AUTH_ENV``).
+    """
+    service = _Service(settings, services)
+    routes = [
+        Route("/v1/exec", guarded(service.exec), methods=["POST"]),
+        Route("/v1/sessions", guarded(service.list_sessions), methods=["GET"]),
+        Route("/v1/sessions/{session_id}", guarded(service.destroy_session), methods=["DELETE"]),
+        Route("/healthz", guarded(service.healthz), methods=["GET"]),
+        Route("/metrics", guarded(service.metrics), methods=["GET"]),
+    ]
+    handlers: dict[Any, Any] = {HTTPException: http_error_response}
+    app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)
+    # The app-instance API (issue 8) shares the services, keys and lifespan.
+    from ..apps.routes import install_app_routes
+
+    install_app_routes(
+        app, settings, services=lambda: service.services, namespace_of=service.keys.namespace
+    )
+    return app
+
+
+def serve(
+    settings: OrchestratorSettings, *, host: str | None = None, port: int | None = None
+) -> int:
+    """Run the app under uvicorn until interrupted; returns the exit code."""
+    import uvicorn
+
+    app = create_app(settings)
+    # Build (and close) the services once first: a configuration error then is one
+    # line from the CLI, not a traceback from uvicorn's lifespan handler.
+    asyncio.run(_preflight(settings))
+    config = uvicorn.Config(
+        app,
+        host=host or settings.serve.host,
+        port=settings.serve.port if port is None else port,
+        lifespan="on",
+        proxy_headers=False,
+        server_header=False,
+        log_config=None,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(config).run()
+    return 0
+
+
+async def _preflight(settings: OrchestratorSettings) -> None:
+    async with open_services(settings):
+        pass

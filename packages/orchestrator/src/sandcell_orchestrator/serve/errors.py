@@ -1,0 +1,195 @@
+"""Errors of ``sandcell serve`` as HTTP: statuses and protocol ``ErrorBody`` answers.
+
+``map_error`` turns any exception (orchestrator errors, protocol errors, an
+unauthorized caller, a too-large body) into a status and an ``ErrorBody``;
+``guarded`` wraps a route so nothing escapes unmapped, and ``http_error_response``
+answers Starlette's own 404/405s the same way. Unexpected exceptions say
+nothing about themselves: their text may hold secrets. ``read_body`` and its
+limit ``MAX_BODY_BYTES`` live here because the 413 answer names the limit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sandcell_protocol import (
+    ERROR_SEMANTICS,
+    ErrorBody,
+    ErrorCode,
+    ProtocolError,
+    encode,
+    error_body,
+)
+from sandcell_protocol import ProtocolMismatchError as PeerProtocolMismatchError
+
+from ..errors import (
+    CheckpointError,
+    InputMissingError,
+    LockLostError,
+    ProtocolMismatchError,
+    RegistryError,
+    RunnerRequestError,
+    SandboxError,
+    SandboxTimeoutError,
+    SandboxUnavailableError,
+    SandcellError,
+    SessionBusyError,
+    SessionConflictError,
+    SessionRequiredError,
+)
+from .auth import UnauthorizedError
+
+__all__ = [
+    "JSON_MEDIA_TYPE",
+    "MAX_BODY_BYTES",
+    "PayloadTooLargeError",
+    "error_response",
+    "guarded",
+    "http_error_response",
+    "map_error",
+    "read_body",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 32 << 20
+"""The largest accepted request body: inline files travel in it, base64-encoded."""
+JSON_MEDIA_TYPE = "application/json"
+# Runner codes that describe the caller's request; any other code the runner
+# refused us with is this service's own failure, not the caller's.
+_CALLER_CODES = frozenset(
+    {
+        ErrorCode.BAD_REQUEST,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        ErrorCode.UNSUPPORTED_LANGUAGE,
+        ErrorCode.INVALID_PATH,
+        ErrorCode.QUARANTINED,
+        ErrorCode.BUSY,
+    }
+)
+
+
+class PayloadTooLargeError(Exception):
+    """A request body past ``MAX_BODY_BYTES``: answered 413 ``payload_too_large``."""
+
+
+# First match wins; the message is the error's own (orchestrator errors carry no
+# secrets) and retryability its class's.
+_DIRECT: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, ErrorCode], ...] = (
+    (ProtocolError, 400, ErrorCode.BAD_REQUEST),
+    (SessionRequiredError, 400, ErrorCode.SESSION_REQUIRED),
+    (SessionBusyError, 409, ErrorCode.SESSION_BUSY),
+    (SessionConflictError, 409, ErrorCode.SESSION_CONFLICT),
+    (InputMissingError, 400, ErrorCode.INPUT_MISSING),
+    ((ProtocolMismatchError, PeerProtocolMismatchError), 502, ErrorCode.PROTOCOL_MISMATCH),
+    ((SandboxUnavailableError, LockLostError, RegistryError), 503, ErrorCode.BUSY),
+)
+
+
+def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
+    """The HTTP status and ``ErrorBody`` an exception becomes; total over exceptions."""
+    if isinstance(exc, UnauthorizedError):
+        return 401, error_body(ErrorCode.UNAUTHORIZED, "a valid bearer API key is required")
+    if isinstance(exc, PayloadTooLargeError):
+        return 413, error_body(
+            ErrorCode.PAYLOAD_TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes"
+        )
+    for kinds, status, code in _DIRECT:
+        if isinstance(exc, kinds):
+            retryable = bool(getattr(exc, "retryable", False))
+            return status, error_body(code, str(exc), retryable=retryable)
+    if isinstance(exc, RunnerRequestError):
+        try:
+            code = ErrorCode(exc.code)
+        except ValueError:
+            code = ErrorCode.INTERNAL
+        if code in _CALLER_CODES:
+            status = ERROR_SEMANTICS[code].http_status
+            return status, error_body(code, str(exc), retryable=exc.retryable)
+        log.error("the runner refused a request: %s", exc)
+        return 500, error_body(ErrorCode.INTERNAL, "internal error")
+    if isinstance(exc, SandboxTimeoutError):
+        # The sandbox accepted the job and went quiet: its effects are unknown,
+        # so this is not a blind-retry case.
+        return 504, error_body(
+            ErrorCode.BUSY, "the sandbox did not answer in time", retryable=False
+        )
+    if isinstance(exc, CheckpointError):
+        log.error("session state could not be restored: %s", exc)
+        return 500, error_body(
+            ErrorCode.INTERNAL, "the session's saved state could not be restored"
+        )
+    if isinstance(exc, SandcellError) and exc.retryable:
+        return 503, error_body(ErrorCode.BUSY, str(exc), retryable=True)
+    if isinstance(exc, SandboxError):
+        log.error("sandbox failure: %s", exc)
+        return 503, error_body(ErrorCode.BUSY, "the sandbox failed; retry", retryable=True)
+    log.error("unexpected %s", type(exc).__name__, exc_info=exc)
+    return 500, error_body(ErrorCode.INTERNAL, "internal error")
+
+
+def _error(exc: BaseException, extra: ExtraMapping | None = None) -> Response:
+    mapped = extra(exc) if extra is not None else None
+    status, body = mapped if mapped is not None else map_error(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(encode(body), status_code=status, media_type=JSON_MEDIA_TYPE, headers=headers)
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+ExtraMapping = Callable[[BaseException], tuple[int, ErrorBody] | None]
+
+
+def guarded(endpoint: Endpoint, *, extra: ExtraMapping | None = None) -> Endpoint:
+    """Wrap a route so every exception it raises is answered through ``map_error``.
+
+    ``extra`` maps a feature's own errors first (``None``: not one of them).
+    """
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception as exc:
+            return _error(exc, extra)
+
+    return guarded
+
+
+async def read_body(request: Request) -> bytes:
+    """The whole request body; ``PayloadTooLargeError`` past ``MAX_BODY_BYTES``.
+
+    A declared length past the limit is refused before a byte is read; a body
+    that lies about (or omits) its length is cut off as it streams.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise PayloadTooLargeError
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise PayloadTooLargeError
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def error_response(status: int, code: ErrorCode, message: str) -> Response:
+    """A protocol ``ErrorBody`` answer."""
+    return Response(
+        encode(error_body(code, message)), status_code=status, media_type=JSON_MEDIA_TYPE
+    )
+
+
+async def http_error_response(_request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 answered as protocol ``ErrorBody``s."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        return error_response(404, ErrorCode.NOT_FOUND, "no such route")
+    if exc.status_code == 405:
+        return error_response(405, ErrorCode.BAD_REQUEST, "method not allowed")
+    return error_response(exc.status_code, ErrorCode.BAD_REQUEST, "bad request")

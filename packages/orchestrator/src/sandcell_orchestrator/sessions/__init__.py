@@ -1,0 +1,1 @@
+"""Runtime sessions: the sandbox lifecycle, turns on top of it, checkpoints and inputs."""

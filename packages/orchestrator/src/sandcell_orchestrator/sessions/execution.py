@@ -1,0 +1,207 @@
+"""ExecutionService: the code-interpreter path, one turn at a time, on ``SandboxManager``.
+
+``SANDCELL_RUNTIME_SESSION_MODE``:
+
+- ``stateless``: one sandbox per call; deliver inputs, execute, discard (also on
+  cancel and error).
+- ``affinity`` / ``strict`` with a hint: derive the runtime session id; then, on
+  the manager: hold the session, attach its sandbox (reuse the warm one, or launch
+  one and restore the last checkpoint before anything runs), push missing inputs,
+  execute, checkpoint (fenced, best-effort), touch, release.
+- Without a hint ``affinity`` runs statelessly and ``strict`` refuses.
+
+Fail closed on state, open on speed: a failed checkpoint keeps the previous one;
+a failed restore never runs the turn on an empty workspace; a lost lock aborts
+the work in flight; a sandbox that may be dirty is recycled, not reused. The
+lifecycle, the registry and the store are the manager's; this module only runs
+the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sandcell_protocol import ExecuteRequest, ExecuteResult, runtime_session_id
+
+from ..config import Budgets, SessionMode
+from ..errors import (
+    CheckpointError,
+    LockLostError,
+    SandboxError,
+    SandboxTimeoutError,
+    SandboxUnavailableError,
+    SessionBusyError,
+    SessionConflictError,
+    SessionRequiredError,
+)
+from ..metrics import Metrics
+from ..providers.base import SandboxProvider, SandboxSpec
+from ..registry import SessionRecord, SessionRegistry
+from ..snapshots import SnapshotStore
+from .inputs import InputSource, deliver_inputs
+from .manager import SandboxManager
+
+__all__ = ["ExecutionService", "Identity"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who runs the code: a tenant namespace and a user within it."""
+
+    namespace: str
+    user_id: str
+
+
+class ExecutionService:
+    """Runs ``ExecuteRequest``s in sandboxes, statelessly or in runtime sessions.
+
+    Give it the process's ``SandboxManager`` (``open_services`` does), or the
+    provider, registry and store to build one over.
+    """
+
+    def __init__(
+        self,
+        *,
+        manager: SandboxManager | None = None,
+        provider: SandboxProvider | None = None,
+        registry: SessionRegistry | None = None,
+        store: SnapshotStore | None = None,
+        mode: SessionMode = "affinity",
+        budgets: Budgets | None = None,
+        checkpoint_max_bytes: int = 1 << 30,
+        inputs: InputSource | None = None,
+        metrics: Metrics | None = None,
+        spec: SandboxSpec | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if manager is None:
+            if provider is None or registry is None or store is None:
+                raise TypeError(
+                    "ExecutionService needs a manager, or a provider, registry and store"
+                )
+            manager = SandboxManager(
+                provider,
+                registry,
+                store,
+                budgets=budgets,
+                checkpoint_max_bytes=checkpoint_max_bytes,
+                metrics=metrics,
+                wall_clock=wall_clock,
+            )
+        self.manager = manager
+        self.mode = mode
+        self.inputs = inputs
+        self.metrics = manager.metrics
+        self.spec = spec or SandboxSpec()
+
+    # -- entry point ----------------------------------------------------------
+
+    async def execute(
+        self, request: ExecuteRequest, identity: Identity, *, hint: str | None = None
+    ) -> ExecuteResult:
+        """Run ``request`` for ``identity``; ``hint`` names a runtime session."""
+        if self.mode == "stateless":
+            return await self._stateless(request)
+        if hint is None:
+            if self.mode == "strict":
+                raise SessionRequiredError("strict runtime-session mode needs a session hint")
+            self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
+            return await self._stateless(request)
+        session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
+        return await self.execute_in_session(request, session_id)
+
+    async def _stateless(self, request: ExecuteRequest) -> ExecuteResult:
+        handle = await self.manager.launch(self.spec)
+        try:
+            await deliver_inputs(handle, request, session_id=None, source=self.inputs)
+            result = await handle.runner.execute(request, timeout_s=self._turn_timeout(request))
+        finally:
+            await self.manager.discard(handle)
+        self.metrics.inc("sandcell_executions_total", status=str(result.status))
+        return result
+
+    # -- sessions -------------------------------------------------------------
+
+    async def execute_in_session(self, request: ExecuteRequest, session_id: str) -> ExecuteResult:
+        """The session path for an already-derived ``rt_…`` id."""
+        manager = self.manager
+        async with manager.hold(session_id) as hold:
+            attached = await manager.attach(hold, self.spec)
+            try:
+                await deliver_inputs(
+                    attached.handle, request, session_id=session_id, source=self.inputs
+                )
+                result = await attached.handle.runner.execute(
+                    request, session_id=session_id, timeout_s=self._turn_timeout(request)
+                )
+            except (
+                LockLostError,
+                asyncio.CancelledError,
+                SandboxUnavailableError,
+                SandboxTimeoutError,
+            ):
+                # Lost the lock or cancelled (the job may still run: closing a socket
+                # does not stop it), unreachable, or timed out while the job may still
+                # run: the sandbox may be dirty, so it is recycled, never reused.
+                await manager.recycle(hold, attached)
+                raise
+            self.metrics.inc("sandcell_executions_total", status=str(result.status))
+            # A fresh sandbox that restored nothing and received no inputs holds only
+            # what the job made: if it changed nothing, there is nothing to save.
+            pristine = (
+                attached.launched
+                and not attached.restored
+                and not request.files
+                and not request.inline_files
+            )
+            if result.workspace_changed is False and (hold.checkpoint_key is not None or pristine):
+                self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
+            else:
+                try:
+                    await manager.checkpoint(hold, attached)
+                except LockLostError:
+                    raise
+                except (
+                    CheckpointError,
+                    SandboxError,
+                    SessionBusyError,
+                    SessionConflictError,
+                    TimeoutError,
+                ) as exc:
+                    log.warning(
+                        "session %s: checkpoint failed (%s); keeping the previous one",
+                        session_id[:11],
+                        type(exc).__name__,
+                    )
+            await manager.touch(session_id)
+        return result
+
+    def _turn_timeout(self, request: ExecuteRequest) -> float:
+        return request.timeout_ms / 1000 + self.manager.budgets.health_s
+
+    # -- administration (the manager's; forwarded for the CLI and the service) ----
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        return await self.manager.list()
+
+    async def destroy_session(self, session_id: str) -> bool:
+        """Destroy the session's sandbox, delete its checkpoints and record."""
+        return await self.manager.destroy(session_id)
+
+    async def suspend_session(self, session_id: str) -> bool:
+        """Suspend an idle session (the manager's one suspend policy)."""
+        return await self.manager.suspend(session_id)
+
+    async def sweep_idle(self, *, idle_s: float) -> int:
+        """Suspend sessions idle past ``idle_s``; tidy lost rows; collect old objects."""
+        return await self.manager.sweep(idle_s=idle_s)
+
+    async def aclose(self, *, destroy_sandboxes: bool) -> None:
+        """Close the manager's clients (see ``SandboxManager.aclose``)."""
+        await self.manager.aclose(destroy_sandboxes=destroy_sandboxes)

@@ -1,0 +1,465 @@
+"""``SandboxManager``: the one sandbox lifecycle.
+
+It is the only code that creates, connects, checkpoints, restores, suspends,
+resumes, destroys and sweeps sandboxes, and the only writer of registry rows.
+Everything works on runtime-session ids (``rt_…``); app sandboxes name theirs
+``sandbox_session_key(uuid)``. Every API surface (``ExecutionService``'s turns,
+app instances, ``sandcell serve``) calls it:
+
+    async with manager.hold(session_id) as hold:       # lock + this hold's generation
+        attached = await manager.attach(hold, spec)     # reuse, or launch + restore first
+        ...                                             # run things in attached.handle
+        await manager.checkpoint(hold, attached)        # fenced at the store and the registry
+
+A hold takes the session's lock, then its own generation (``next_generation``),
+so no two holders ever share one, even when the second reuses the first's live
+sandbox. The generation fences both writes: the checkpoint object's key is the
+generation's own (``checkpoint_key``), and the registry record pointing at it is
+written only while the lock token and the generation are current. A holder that
+lost its lock can still upload, but only under its own old key, which nothing
+points at; ``Sweeper`` collects it later.
+
+Suspend has one policy, branching only on the provider's capability: suspend in
+place (``NativeSuspend``), or checkpoint → destroy → mark suspended, so a failure
+at any step leaves the session resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+
+from ..config import Budgets
+from ..errors import (
+    ArchiveRejectedError,
+    CheckpointError,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+    SessionBusyError,
+)
+from ..handle import SandboxHandle
+from ..metrics import Metrics
+from ..providers.base import SandboxProvider, SandboxSpec
+from ..registry import Lease, SessionRecord, SessionRegistry
+from ..registry.lease import hold_session
+from ..registry.ttl import lock_ttl_ms
+from ..snapshots import SnapshotInfo, SnapshotNotFoundError, SnapshotStore
+from .persistence import Persistence, PersistentWorkspace
+from .sandboxes import Attached, Hold, Sandboxes, labelled, rebind, sandbox_session_key
+from .sweep import Sweeper
+
+__all__ = ["Attached", "Hold", "SandboxManager", "rebind", "sandbox_session_key"]
+
+log = logging.getLogger(__name__)
+
+
+class SandboxManager:
+    """Provider-neutral lifecycle of sandboxes, recorded in the session registry."""
+
+    def __init__(
+        self,
+        provider: SandboxProvider,
+        registry: SessionRegistry,
+        store: SnapshotStore,
+        *,
+        budgets: Budgets | None = None,
+        checkpoint_max_bytes: int = 1 << 30,
+        checkpoint_grace_s: float = 600.0,
+        metrics: Metrics | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.provider = provider
+        self.registry = registry
+        self.budgets = budgets or Budgets()
+        self.metrics = metrics or Metrics()
+        self.persistence = Persistence(
+            store, max_bytes=checkpoint_max_bytes, grace_s=checkpoint_grace_s, wall_clock=wall_clock
+        )
+        self.lock_ttl_ms = lock_ttl_ms(**dataclasses.asdict(self.budgets))
+        self.sandboxes = Sandboxes(provider, budgets=self.budgets, metrics=self.metrics)
+        self.sweeper = Sweeper(self)
+        self._now = wall_clock
+
+    def __repr__(self) -> str:
+        return f"SandboxManager(provider={self.provider.name!r})"
+
+    @property
+    def store(self) -> SnapshotStore:
+        return self.persistence.store
+
+    # -- holding ----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def hold(self, session_id: str, *, wait_ms: int = 0) -> AsyncIterator[Hold]:
+        """Hold the session (its lock, renewed; ``LockLostError`` out if lost) and a
+        generation of its own; ``SessionBusyError`` if another holder has it."""
+        entered = False
+        try:
+            async with hold_session(
+                self.registry, session_id, ttl_ms=self.lock_ttl_ms, wait_ms=wait_ms
+            ) as lease:
+                entered = True
+                yield await self._begin(session_id, lease)
+        except SessionBusyError:
+            if not entered:
+                self.metrics.inc("sandcell_lock_contention_total")
+            raise
+
+    async def _begin(self, session_id: str, lease: Lease) -> Hold:
+        record = await self.registry.get(session_id)
+        if record is not None:
+            generation = await self.registry.next_generation(session_id)
+            return Hold(session_id, lease, generation, record, record.checkpoint_key)
+        # No record (a new session, an embedded registry of a new process, a wiped
+        # Redis): the store says what the newest checkpoint is, and the generation
+        # moves past the newest one's so this hold never writes an older holder's key.
+        try:
+            stored = await self.persistence.stored(session_id)
+        except CheckpointError as exc:
+            self.metrics.inc("sandcell_restores_total", outcome="failed")
+            raise SandboxUnavailableError(
+                f"cannot list the session's checkpoints ({type(exc).__name__}); retry"
+            ) from exc
+        latest = Persistence.latest(stored)
+        generation = await self.registry.next_generation(
+            session_id, above=latest.generation if latest else 0
+        )
+        key = latest.key if latest else None
+        return Hold(session_id, lease, generation, None, key, stored=stored)
+
+    # -- attaching ----------------------------------------------------------------
+
+    async def attach(self, hold: Hold, spec: SandboxSpec) -> Attached:
+        """The session's sandbox: the live one, a natively resumed one, or a new one
+        restored from the current checkpoint before anything runs (fail closed: a
+        failed restore raises, retryable, and the new sandbox is gone)."""
+        record = hold.record
+        if record is not None and record.provider == self.provider.name:
+            if record.state == "active":
+                handle = await self.sandboxes.reuse(hold.session_id, record)
+                if handle is not None:
+                    return Attached(handle)
+            else:
+                handle = await self.sandboxes.resume_native(hold.session_id, record, spec)
+                if handle is not None:
+                    try:
+                        await self._write(
+                            hold,
+                            state="active",
+                            sandbox_id=handle.sandbox_id,
+                            endpoint=handle.endpoint,
+                        )
+                    except BaseException:
+                        await handle.close()
+                        raise
+                    self.sandboxes.keep(hold.session_id, handle)
+                    return Attached(handle)
+        return await self._launch_restored(hold, spec)
+
+    async def _launch_restored(self, hold: Hold, spec: SandboxSpec) -> Attached:
+        # A client of ours that no record points at any more (lost or corrupt)
+        # must not orphan its sandbox.
+        stale = self.sandboxes.take(hold.session_id)
+        if stale is not None:
+            await self.discard(stale)
+        handle = rebind(await self.launch(labelled(spec, hold.session_id)), hold.session_id)
+        try:
+            await self._write(
+                hold,
+                state="active",
+                sandbox_id=handle.sandbox_id,
+                endpoint=handle.endpoint,
+                checkpoint_key=hold.checkpoint_key,
+            )
+        except BaseException:
+            # Fenced (or the registry failed): never leave an orphan behind.
+            await self.discard(handle)
+            raise
+        self.sandboxes.keep(hold.session_id, handle)
+        if hold.checkpoint_key is None:
+            return Attached(handle, launched=True)
+        await self._restore(hold, handle, hold.checkpoint_key)
+        return Attached(handle, launched=True, restored=True)
+
+    async def _restore(self, hold: Hold, handle: SandboxHandle, key: str) -> None:
+        try:
+            await self.persistence.restore(
+                handle, session_id=hold.session_id, key=key, timeout_s=self.budgets.checkpoint_s
+            )
+        except SnapshotNotFoundError:
+            self.metrics.inc("sandcell_restores_total", outcome="missing")
+            await self._drop(hold, handle)
+            raise CheckpointError(
+                f"session {hold.session_id[:11]}: its checkpoint is missing"
+            ) from None
+        except ArchiveRejectedError:
+            self.metrics.inc("sandcell_restores_total", outcome="rejected")
+            await self._drop(hold, handle)
+            raise
+        except (CheckpointError, SandboxError) as exc:
+            self.metrics.inc("sandcell_restores_total", outcome="failed")
+            await self._drop(hold, handle)
+            raise SandboxUnavailableError(
+                f"restore failed ({type(exc).__name__}); the turn did not run, retry"
+            ) from exc
+        self.metrics.inc("sandcell_restores_total", outcome="ok")
+
+    async def _drop(self, hold: Hold, handle: SandboxHandle) -> None:
+        """A new sandbox whose restore failed: destroyed, and the record says so."""
+        self.sandboxes.release(hold.session_id)
+        await self.sandboxes.shielded(self._retire(hold, handle))
+
+    # -- checkpoint, recycle ----------------------------------------------------------
+
+    async def checkpoint(
+        self, hold: Hold, attached: Attached, *, workspace: PersistentWorkspace | None = None
+    ) -> SnapshotInfo:
+        """Save the sandbox's workspace (it keeps running) and point the record at it.
+
+        The object goes under this hold's own generation (a second checkpoint in
+        one hold first takes a new one), then the fenced record write commits it:
+        ``LockLostError``/``FencedError`` if this holder was superseded, in which
+        case its object is never referenced.
+        """
+        if hold.checkpointed:
+            hold.generation = await self.registry.next_generation(hold.session_id)
+        hold.checkpointed = True
+        try:
+            async with asyncio.timeout(self.budgets.checkpoint_s):
+                info = await self.persistence.save(
+                    attached.handle,
+                    session_id=hold.session_id,
+                    generation=hold.generation,
+                    workspace=workspace,
+                )
+            await self._write(hold, checkpoint_key=info.key)
+        except Exception:
+            self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
+            raise
+        hold.checkpoint_key = info.key
+        self.metrics.inc("sandcell_checkpoints_total", outcome="ok")
+        self.metrics.inc("sandcell_checkpoint_bytes_total", info.size)
+        if hold.stored is not None:
+            # Listed at hold time: what this commit superseded goes (after the grace).
+            await self.persistence.collect(
+                hold.session_id, hold.stored, keep=info.key, below_generation=hold.generation
+            )
+        return info
+
+    async def recycle(self, hold: Hold, attached: Attached) -> None:
+        """Destroy a sandbox that may be dirty (a job may still run in it); never reuse it."""
+        self.metrics.inc("sandcell_fallbacks_total", reason="recycled")
+        self.sandboxes.release(hold.session_id)
+        await self.sandboxes.shielded(self._retire(hold, attached.handle))
+
+    async def _retire(self, hold: Hold, handle: SandboxHandle) -> None:
+        await self.sandboxes.destroy_quietly(handle)
+        await self._mark_suspended(hold)
+
+    async def touch(self, session_id: str) -> None:
+        """Record that the session was used now (the idle sweeper reads it)."""
+        await self.registry.touch(session_id, at_s=self._now())
+
+    # -- one-shot sandboxes -------------------------------------------------------------
+
+    async def launch(self, spec: SandboxSpec) -> SandboxHandle:
+        """A new sandbox for one stateless job (no registry row): within the budgets."""
+        return await self.sandboxes.launch(spec)
+
+    async def discard(self, handle: SandboxHandle) -> None:
+        """Close and destroy a sandbox, to the end even when the caller is cancelled."""
+        await self.sandboxes.discard(handle)
+
+    # -- sessions by id ----------------------------------------------------------------
+
+    async def acquire(self, session_id: str, spec: SandboxSpec, *, owner: str) -> SandboxHandle:
+        """Launch and register a sandbox for a new session (the caller owns the handle).
+
+        If registering fails, the new sandbox is destroyed, not orphaned.
+        """
+        async with self.hold(session_id) as hold:
+            handle = rebind(await self.launch(labelled(spec, session_id, owner)), session_id)
+            try:
+                await self._write(
+                    hold, state="active", sandbox_id=handle.sandbox_id, endpoint=handle.endpoint
+                )
+            except BaseException:
+                await self.discard(handle)
+                raise
+        return handle
+
+    async def connect(self, session_id: str) -> SandboxHandle:
+        """A handle to an active sandbox; ``SandboxNotFoundError`` if suspended or gone."""
+        record = await self.registry.get(session_id)
+        if record is None or record.state != "active":
+            raise SandboxNotFoundError(f"session {session_id[:11]} has no active sandbox")
+        return rebind(await self.provider.connect(record.sandbox_id), session_id)
+
+    async def save(
+        self,
+        session_id: str,
+        handle: SandboxHandle,
+        *,
+        workspace: PersistentWorkspace | None = None,
+    ) -> SnapshotInfo:
+        """Checkpoint the caller's live sandbox of ``session_id`` (it keeps running)."""
+        async with self.hold(session_id) as hold:
+            record = hold.record
+            if record is None or record.state != "active" or record.sandbox_id != handle.sandbox_id:
+                raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
+            return await self.checkpoint(hold, Attached(handle), workspace=workspace)
+
+    async def resume(self, session_id: str, spec: SandboxSpec) -> SandboxHandle:
+        """The session's sandbox, brought back if suspended (the caller owns the handle)."""
+        async with self.hold(session_id) as hold:
+            if hold.record is None:
+                raise SandboxNotFoundError(f"session {session_id[:11]} is not registered")
+            attached = await self.attach(hold, spec)
+        self.sandboxes.release(session_id)
+        return attached.handle
+
+    async def replace_lost(self, session_id: str, spec: SandboxSpec) -> SandboxHandle:
+        """Rebuild a sandbox that stopped answering from its last checkpoint.
+
+        Whatever is left of the old one is destroyed and the row marked suspended
+        first, so a failure at any step leaves a row the next attempt can resume.
+        ``CheckpointError`` when nothing was ever checkpointed to rebuild from.
+        """
+        async with self.hold(session_id) as hold:
+            record = hold.record
+            if record is None:
+                raise SandboxNotFoundError(f"session {session_id[:11]} is not registered")
+            if hold.checkpoint_key is None:
+                raise CheckpointError(
+                    f"session {session_id[:11]} has no checkpoint to rebuild from"
+                )
+            await self.sandboxes.forget(session_id)
+            # Destroy even a row already marked suspended (a sweeper marks lost
+            # sandboxes so): its remains still need removing.
+            await self.provider.destroy(record.sandbox_id)
+            await self._mark_suspended(hold)
+            attached = await self._launch_restored(hold, spec)
+        self.sandboxes.release(session_id)
+        return attached.handle
+
+    async def suspend(
+        self, session_id: str, *, workspace: PersistentWorkspace | None = None
+    ) -> bool:
+        """Suspend the session's active sandbox; False if it has none (nothing to do).
+
+        Natively in place where the provider can; otherwise checkpoint → destroy →
+        mark suspended (a failed checkpoint keeps the sandbox: nothing is lost).
+        """
+        async with self.hold(session_id) as hold:
+            record = hold.record
+            if record is None or record.state != "active" or record.provider != self.provider.name:
+                return False
+            await self.sandboxes.forget(session_id)
+            try:
+                handle = rebind(await self.provider.connect(record.sandbox_id), session_id)
+            except SandboxNotFoundError:
+                handle = None  # died on its own: the last checkpoint is the restore point
+            if handle is not None:
+                try:
+                    if self.sandboxes.native is not None:
+                        await self.sandboxes.native.suspend(record.sandbox_id)
+                    else:
+                        await self.checkpoint(hold, Attached(handle), workspace=workspace)
+                finally:
+                    await handle.close()
+            if handle is None or self.sandboxes.native is None:
+                await self.provider.destroy(record.sandbox_id)
+            await self._write(hold, state="suspended")
+        return True
+
+    async def destroy(self, session_id: str) -> bool:
+        """Destroy the session's sandbox, its checkpoints and its row; whether it had a row."""
+        async with self.hold(session_id) as hold:
+            record = hold.record
+            await self.sandboxes.forget(session_id)
+            if record is not None and record.provider == self.provider.name:
+                await self.provider.destroy(record.sandbox_id)
+            await self.persistence.delete_all(
+                session_id, also=record.checkpoint_key if record else None
+            )
+            if record is None:
+                return False
+            await self.registry.delete(hold.lease, session_id, generation=hold.generation)
+            return True
+
+    async def record(self, session_id: str) -> SessionRecord | None:
+        """The session's registry row."""
+        return await self.registry.get(session_id)
+
+    async def list(self) -> list[SessionRecord]:
+        """Every session's registry row."""
+        return await self.registry.list_records()
+
+    async def current_checkpoint(self, session_id: str) -> str | None:
+        """The key a restore of the session would read: the row's pointer, else the store's."""
+        record = await self.registry.get(session_id)
+        if record is not None:
+            return record.checkpoint_key
+        latest = Persistence.latest(await self.persistence.stored(session_id))
+        return latest.key if latest else None
+
+    async def sweep(self, *, idle_s: float) -> int:
+        """Suspend sessions idle past ``idle_s``, tidy lost rows, collect old objects."""
+        return await self.sweeper.sweep(idle_s=idle_s)
+
+    async def aclose(self, *, destroy_sandboxes: bool) -> None:
+        """Close clients; with ``destroy_sandboxes`` also destroy every active sandbox.
+
+        The embedded (in-process) registry dies with this process, so its sandboxes
+        must go too; their checkpoints stay in the snapshot store.
+        """
+        await self.sandboxes.aclose()
+        if destroy_sandboxes:
+            # A natively suspended sandbox still exists (a suspended MicroVM): it goes too.
+            native = self.sandboxes.native is not None
+            for record in await self.registry.list_records():
+                if record.provider == self.provider.name and (record.state == "active" or native):
+                    with contextlib.suppress(SandboxError):
+                        await self.provider.destroy(record.sandbox_id)
+
+    # -- records --------------------------------------------------------------------------
+
+    async def _write(self, hold: Hold, **changes: Any) -> SessionRecord:
+        """The one ``SessionRecord`` builder: the held row with ``changes``, stamped with
+        this hold's generation, written fenced by its lease."""
+        now = self._now()
+        if hold.record is not None:
+            fields = msgspec.structs.asdict(hold.record)
+        else:
+            fields = {
+                "session_id": hold.session_id,
+                "provider": self.provider.name,
+                "sandbox_uuid": str(uuid.uuid4()),
+                "endpoint": None,
+                "checkpoint_key": None,
+                "state": "active",
+                "created_at_s": now,
+            }
+        record = SessionRecord(
+            **{**fields, **changes, "generation": hold.generation, "updated_at_s": now}
+        )
+        await self.registry.put(hold.lease, record)
+        hold.record = record
+        return record
+
+    async def _mark_suspended(self, hold: Hold) -> None:
+        if hold.record is None:
+            return
+        try:
+            await self._write(hold, state="suspended")
+        except Exception as exc:  # the lease may be gone: the next holder sees a lost sandbox
+            log.info("session %s: could not mark it suspended (%s)", hold.session_id[:11], exc)

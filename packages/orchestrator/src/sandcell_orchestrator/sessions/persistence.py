@@ -1,0 +1,170 @@
+"""``Persistence``: the only stream between a runner and the snapshot store.
+
+A checkpoint goes out of the runner (``GET /v1/session/checkpoint``) straight
+into the store, and a restore goes from the store straight into the runner
+(``POST /v1/session/restore``, the digest checked by the runner); nothing else
+moves checkpoint bytes. Keys come from the protocol:
+
+    checkpoints/<rt>/<generation, 20 digits>   written once, by that generation's holder
+    checkpoints/<rt>.tar.gz                     the old mutable key: read, never written
+    snapshots/<rt>.tar.gz                       the old app-sandbox key: read via a record
+
+Fencing at the store: a holder writes only under its own generation's key, so a
+holder paused past its lock cannot replace anybody's object; the fenced registry
+record is the one pointer to the current object, and a stale writer's object is
+never pointed at. Superseded objects are collected once they are older than a
+grace period (``collect``); the newest one stays findable from the store alone
+(``latest``), which is how a session comes back when no record survived.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sandcell_protocol import (
+    checkpoint_key,
+    checkpoint_prefix,
+    legacy_checkpoint_key,
+    parse_checkpoint_key,
+)
+
+from ..errors import CheckpointError
+from ..handle import SandboxHandle
+from ..snapshots import SnapshotEntry, SnapshotInfo, SnapshotStore
+
+__all__ = ["Persistence", "PersistentWorkspace", "StoredCheckpoint"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PersistentWorkspace:
+    """Which workspace paths a checkpoint keeps (glob patterns, relative to the workspace)."""
+
+    include: tuple[str, ...] = ("**",)
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    """A session's checkpoint object as the store shows it."""
+
+    key: str
+    generation: int
+    """The writer's generation; 0 for an object under an old (ungenerational) key."""
+    modified_at_s: float
+
+
+class Persistence:
+    """Checkpoint and restore through one ``SnapshotStore``, and its per-session listing."""
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        *,
+        max_bytes: int = 1 << 30,
+        grace_s: float = 600.0,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.max_bytes = max_bytes
+        self.grace_s = grace_s
+        self._now = wall_clock
+
+    def __repr__(self) -> str:
+        return f"Persistence({self.store!r})"
+
+    async def save(
+        self,
+        handle: SandboxHandle,
+        *,
+        session_id: str,
+        generation: int,
+        workspace: PersistentWorkspace | None = None,
+    ) -> SnapshotInfo:
+        """Stream the session's checkpoint into its own generation's key (never replaced)."""
+        selection = workspace or PersistentWorkspace()
+        key = checkpoint_key(session_id, generation)
+        async with handle.runner.checkpoint(
+            session_id=session_id, include=selection.include, exclude=selection.exclude
+        ) as chunks:
+            return await self.store.put(key, chunks, max_bytes=self.max_bytes)
+
+    async def restore(
+        self, handle: SandboxHandle, *, session_id: str, key: str, timeout_s: float | None
+    ) -> None:
+        """Stream the object under ``key`` into the session; the runner checks its digest."""
+        async with self.store.get(key, max_bytes=self.max_bytes) as snapshot:
+            await handle.runner.restore(
+                snapshot.chunks,
+                session_id=session_id,
+                sha256=snapshot.info.sha256,
+                timeout_s=timeout_s,
+            )
+
+    async def stored(self, session_id: str) -> list[StoredCheckpoint]:
+        """The session's checkpoint objects, oldest generation first (old keys count as 0)."""
+        # One listing covers both schemes: "checkpoints/<rt>/…" and "checkpoints/<rt>.tar.gz".
+        entries = await self.store.list(checkpoint_prefix(session_id).rstrip("/"))
+        return _checkpoints(session_id, entries)
+
+    @staticmethod
+    def latest(checkpoints: Sequence[StoredCheckpoint]) -> StoredCheckpoint | None:
+        """The newest of ``checkpoints`` (what ``stored`` listed): the highest generation."""
+        return max(checkpoints, key=lambda item: item.generation, default=None)
+
+    async def collect(
+        self,
+        session_id: str,
+        checkpoints: Sequence[StoredCheckpoint],
+        *,
+        keep: str | None,
+        below_generation: int,
+    ) -> int:
+        """Delete the session's superseded objects: returns how many went.
+
+        An object goes when it is not ``keep`` (the record's pointer), its writer's
+        generation is below ``below_generation`` (so its holder was superseded and
+        no fenced record can ever point at it) and it is older than the grace
+        period (a reader restoring it, or a writer in another embedded process,
+        has had time to finish). Best effort: a failed delete is logged, and the
+        next collection tries again.
+        """
+        cutoff = self._now() - self.grace_s
+        deleted = 0
+        for item in checkpoints:
+            if item.key == keep or item.generation >= below_generation:
+                continue
+            if item.modified_at_s > cutoff:
+                continue
+            try:
+                await self.store.delete(item.key)
+            except CheckpointError as exc:
+                log.info("collecting %s failed (%s); kept for now", item.key, type(exc).__name__)
+                continue
+            deleted += 1
+        return deleted
+
+    async def delete_all(self, session_id: str, *, also: str | None = None) -> None:
+        """Delete every checkpoint object of the session (and ``also``, a record's old key)."""
+        keys = {item.key for item in await self.stored(session_id)}
+        keys.add(legacy_checkpoint_key(session_id))
+        if also is not None:
+            keys.add(also)
+        for key in sorted(keys):
+            await self.store.delete(key)
+
+
+def _checkpoints(session_id: str, entries: Sequence[SnapshotEntry]) -> list[StoredCheckpoint]:
+    legacy = legacy_checkpoint_key(session_id)
+    found: list[StoredCheckpoint] = []
+    for entry in entries:
+        parsed = parse_checkpoint_key(entry.key)
+        if parsed is not None and parsed[0] == session_id:
+            found.append(StoredCheckpoint(entry.key, parsed[1], entry.modified_at_s))
+        elif entry.key == legacy:
+            found.append(StoredCheckpoint(entry.key, 0, entry.modified_at_s))
+    return sorted(found, key=lambda item: (item.generation, item.key))

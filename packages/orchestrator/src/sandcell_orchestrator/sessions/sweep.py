@@ -1,0 +1,142 @@
+"""``Sweeper``: what ``SandboxManager.sweep`` does each round, in bounded shares.
+
+    idle suspends   sessions idle past the idle timeout are suspended (the manager's
+                    one suspend policy)
+    lost rows       active rows whose sandbox died on its own: remains destroyed,
+                    row marked suspended (the next turn restores)
+    collection      superseded checkpoint objects deleted (a stale holder's upload,
+                    the objects a newer checkpoint replaced)
+
+Lost-row checks and collections each visit a bounded share of the rows per round,
+round robin: each visit is a provider call or a store listing, and thousands of
+sessions must not make every round thousands of calls.
+
+Collection needs no lock. It lists the session's objects, then reads the
+generation counter, then the record's pointer, in that order: an object whose
+writer's generation is below the counter can never become the pointer any more
+(its writer's record write is fenced), and if it was the pointer when read, it
+is kept. A grace period covers the rest (another process's embedded writer).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import TYPE_CHECKING
+
+from ..errors import SandboxError, SandboxNotFoundError, SandcellError, SessionBusyError
+from ..registry import SessionRecord
+
+if TYPE_CHECKING:
+    from .manager import SandboxManager
+
+__all__ = ["Sweeper"]
+
+log = logging.getLogger(__name__)
+
+
+class Sweeper:
+    """One manager's idle suspends, lost-row checks and checkpoint collection."""
+
+    lost_checks_per_sweep = 64
+    """How many active rows one sweep asks the provider about (a GetMicrovm, a
+    container inspect each). A turn in a session whose sandbox is lost relaunches
+    it anyway; this only tidies rows nobody uses."""
+    collections_per_sweep = 64
+    """How many sessions' objects one sweep lists and collects."""
+
+    def __init__(self, manager: SandboxManager) -> None:
+        self._manager = manager
+        self._lost_cursor = ""
+        self._collect_cursor = ""
+
+    async def sweep(self, *, idle_s: float) -> int:
+        """One round; returns how many idle sessions were suspended."""
+        manager = self._manager
+        count = 0
+        records = await manager.registry.list_records()
+        # Only active rows have anything to suspend: the sweeper takes no lock of a
+        # session it would leave as it is (a caller's next turn would find it busy).
+        active = {
+            r.session_id
+            for r in records
+            if r.state == "active" and r.provider == manager.provider.name
+        }
+        idle = await manager.registry.idle_sessions(older_than_s=idle_s, now_s=manager._now())
+        for session_id in (session_id for session_id in idle if session_id in active):
+            try:
+                if await manager.suspend(session_id):
+                    count += 1
+                    manager.metrics.inc("sandcell_idle_suspends_total")
+            except SandcellError as exc:
+                log.info("idle sweep skipped %s: %s", session_id[:11], type(exc).__name__)
+        if count:
+            records = await manager.registry.list_records()  # the rows just suspended
+        await self._forget_lost(records)
+        await self._collect(records)
+        return count
+
+    async def _forget_lost(self, records: list[SessionRecord]) -> None:
+        manager = self._manager
+        active = [r for r in records if r.state == "active" and r.provider == manager.provider.name]
+        batch, self._lost_cursor = _share(active, self._lost_cursor, self.lost_checks_per_sweep)
+        for record in batch:
+            try:
+                handle = await manager.provider.connect(record.sandbox_id)
+            except SandboxNotFoundError:
+                handle = None
+            except SandboxError:
+                continue  # unreachable for now is not gone
+            if handle is not None:
+                await handle.close()
+                continue
+            try:
+                await self._mark_lost(record)
+            except (SessionBusyError, SandboxError) as exc:
+                # The row stays active and is looked at again in a later round; the
+                # rest of this round goes on.
+                log.info("lost-sandbox check skipped %s: %s", record.session_id[:11], exc)
+
+    async def _mark_lost(self, record: SessionRecord) -> None:
+        manager = self._manager
+        async with manager.hold(record.session_id) as hold:
+            current = hold.record
+            if current is None or current.sandbox_id != record.sandbox_id:
+                return
+            await manager.sandboxes.forget(record.session_id)
+            # A sandbox that died on its own leaves remains (a local runner's root
+            # and mounts, a stopped container): remove them.
+            await manager.provider.destroy(record.sandbox_id)
+            await manager._write(hold, state="suspended")
+            manager.metrics.inc("sandcell_fallbacks_total", reason="sandbox_gone")
+
+    async def _collect(self, records: list[SessionRecord]) -> None:
+        manager = self._manager
+        batch, self._collect_cursor = _share(
+            records, self._collect_cursor, self.collections_per_sweep
+        )
+        for record in batch:
+            session_id = record.session_id
+            try:
+                stored = await manager.persistence.stored(session_id)
+                if len(stored) < 2:
+                    continue
+                current = await manager.registry.current_generation(session_id)
+                pointer = await manager.registry.get(session_id)
+                keep = pointer.checkpoint_key if pointer is not None else None
+                deleted = await manager.persistence.collect(
+                    session_id, stored, keep=keep, below_generation=current
+                )
+            except SandcellError as exc:
+                log.info("collection skipped %s: %s", session_id[:11], type(exc).__name__)
+                continue
+            if deleted:
+                manager.metrics.inc("sandcell_checkpoints_collected_total", deleted)
+
+
+def _share(records: list[SessionRecord], cursor: str, size: int) -> tuple[list[SessionRecord], str]:
+    """The next ``size`` rows after ``cursor`` (by session id, wrapping), and the new cursor."""
+    ordered = sorted(records, key=lambda record: record.session_id)
+    start = bisect.bisect_right([r.session_id for r in ordered], cursor)
+    batch = (ordered[start:] + ordered[:start])[:size]
+    return batch, (batch[-1].session_id if batch else cursor)

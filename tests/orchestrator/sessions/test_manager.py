@@ -1,0 +1,154 @@
+"""SandboxManager over the local provider: acquire, suspend (checkpoint, destroy, mark), resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandcell_orchestrator.errors import CheckpointError, RegistryError, SandboxNotFoundError
+from sandcell_orchestrator.providers.base import NativeSuspend, SandboxProvider, SandboxSpec
+from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
+from sandcell_orchestrator.registry import InProcessRegistry, Lease, SessionRecord
+from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
+from sandcell_orchestrator.sessions.persistence import PersistentWorkspace
+from sandcell_orchestrator.snapshots import DirectorySnapshotStore, SnapshotStore
+from tests.fixtures.paths import traversable_dir
+from tests.orchestrator.sessions.conftest import runner_pids
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[LocalProvider, SnapshotStore, Path]]:
+    with traversable_dir("mgr-") as root:
+        async with DirectorySnapshotStore(root / "snapshots") as store:
+            provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
+            try:
+                yield provider, store, root
+            finally:
+                await provider.close()
+                for child in (root / "rt").iterdir():
+                    await provider.destroy(child.name)
+
+
+async def test_acquire_suspend_resume_destroy(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    provider, store, root = env
+    manager = SandboxManager(provider, InProcessRegistry(), store)
+    session_id = sandbox_session_key("alice-sandbox")
+    handle = await manager.acquire(session_id, SandboxSpec(), owner="alice")
+    assert handle.session_id == session_id
+    await handle.files.write("notes/todo.txt", "ship it")
+    await handle.commands.run("mkdir -p empty && chmod 700 empty")
+    first_id = handle.sandbox_id
+    assert await manager.suspend(session_id)
+    await handle.close()
+    record = await manager.record(session_id)
+    assert record is not None
+    assert record.state == "suspended"
+    assert record.checkpoint_key is not None
+    assert await store.exists(record.checkpoint_key)
+    assert runner_pids(root) == []  # checkpoint, then destroy
+    with pytest.raises(SandboxNotFoundError):
+        await manager.connect(session_id)
+    assert not await manager.suspend(session_id)  # nothing active to suspend
+
+    resumed = await manager.resume(session_id, SandboxSpec())
+    assert resumed.sandbox_id != first_id  # the provider id changes; the session does not
+    assert await resumed.files.read("notes/todo.txt") == "ship it"
+    listing = {entry.name: entry for entry in await resumed.files.list()}
+    assert listing["empty"].kind == "dir"
+    record = await manager.record(session_id)
+    assert record is not None
+    assert record.state == "active"
+    assert record.sandbox_id == resumed.sandbox_id
+    await resumed.close()
+
+    assert await manager.destroy(session_id)
+    assert await manager.record(session_id) is None
+    assert await store.list("checkpoints/") == []
+    assert runner_pids(root) == []
+    assert not await manager.destroy(session_id)  # idempotent
+
+
+class _BrokenRegistry(InProcessRegistry):
+    async def put(self, lease: Lease, record: SessionRecord) -> None:
+        raise RegistryError("registry down")
+
+
+async def test_failed_registration_destroys_the_new_sandbox(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    provider, store, root = env
+    manager = SandboxManager(provider, _BrokenRegistry(), store)
+    with pytest.raises(RegistryError):
+        await manager.acquire(sandbox_session_key("bob"), SandboxSpec(), owner="bob")
+    assert runner_pids(root) == []
+    assert list((root / "rt").iterdir()) == []
+
+
+async def test_provider_contract_shape(env: tuple[LocalProvider, SnapshotStore, Path]) -> None:
+    provider, _, _ = env
+    assert isinstance(provider, SandboxProvider)
+    assert provider.capabilities.pause_resume is False
+    assert not isinstance(provider, NativeSuspend)
+    await provider.destroy("local-0000000000000000")  # a missing sandbox is a no-op
+    with pytest.raises(SandboxNotFoundError):
+        await provider.connect("local-0000000000000000")
+
+
+async def test_suspend_keeps_only_the_persistent_workspace(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    provider, store, _ = env
+    manager = SandboxManager(provider, InProcessRegistry(), store)
+    session_id = sandbox_session_key("carol")
+    handle = await manager.acquire(session_id, SandboxSpec(), owner="carol")
+    await handle.files.write("keep/notes.txt", "kept")
+    await handle.files.write("cache/blob.bin", "dropped")
+    await manager.suspend(session_id, workspace=PersistentWorkspace(exclude=("cache",)))
+    await handle.close()
+    resumed = await manager.resume(session_id, SandboxSpec())
+    names = {entry.name for entry in await resumed.files.list()}
+    assert names == {"keep"}
+    await resumed.close()
+    await manager.destroy(session_id)
+
+
+async def test_live_checkpoint_then_replace_a_lost_sandbox(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    provider, store, root = env
+    manager = SandboxManager(provider, InProcessRegistry(), store)
+    session_id = sandbox_session_key("dave")
+    handle = await manager.acquire(session_id, SandboxSpec(), owner="dave")
+    with pytest.raises(CheckpointError):
+        await manager.replace_lost(session_id, SandboxSpec())  # nothing saved yet
+    assert runner_pids(root) != []  # and the refused replacement destroyed nothing
+
+    await handle.files.write("work.txt", "turn 1")
+    ref = await manager.save(session_id, handle)
+    assert await store.exists(ref.key)
+    record = await manager.record(session_id)
+    assert record is not None
+    assert (record.state, record.checkpoint_key) == ("active", ref.key)
+    # The sandbox kept running through its checkpoint.
+    await handle.files.write("work.txt", "turn 2, after the checkpoint")
+    lost_id = handle.sandbox_id
+    await handle.close()
+
+    for pid in runner_pids(root):
+        os.kill(pid, signal.SIGKILL)
+    replaced = await manager.replace_lost(session_id, SandboxSpec())
+    assert replaced.sandbox_id != lost_id
+    assert await replaced.files.read("work.txt") == "turn 1"
+    record = await manager.record(session_id)
+    assert record is not None
+    assert (record.state, record.sandbox_id) == ("active", replaced.sandbox_id)
+    assert not (root / "rt" / lost_id).exists()  # the remains were destroyed
+    await replaced.close()
+    await manager.destroy(session_id)
+    assert not await store.exists(ref.key)

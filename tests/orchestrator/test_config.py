@@ -1,0 +1,110 @@
+"""One configuration object per process: everything read and validated at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from sandcell_orchestrator.config import OrchestratorSettings
+from sandcell_orchestrator.env import EnvReader
+from sandcell_orchestrator.errors import ConfigError
+from sandcell_orchestrator.providers.docker_settings import DockerSettings
+from sandcell_orchestrator.providers.lambda_settings import LambdaMicrovmSettings
+from sandcell_orchestrator.providers.local_settings import LocalSettings
+
+HOME = {"SANDCELL_HOME": "/nonexistent/sandcell"}
+
+
+def test_the_defaults_are_the_embedded_stack() -> None:
+    settings = OrchestratorSettings.from_env(HOME)
+    assert isinstance(settings.provider, LocalSettings)
+    assert (settings.provider_name, settings.registry_url, settings.s3) == ("local", None, None)
+    assert settings.snapshot_dir == Path("/nonexistent/sandcell/snapshots")
+
+
+@pytest.mark.parametrize(
+    ("name", "settings_type", "extra"),
+    [
+        ("local", LocalSettings, {}),
+        ("docker", DockerSettings, {}),
+        ("lambda-microvm", LambdaMicrovmSettings, {"SANDCELL_MICROVM_IMAGE": "i"}),
+    ],
+)
+def test_the_provider_is_a_union_tagged_by_kind(
+    name: str, settings_type: type, extra: dict[str, str]
+) -> None:
+    settings = OrchestratorSettings.from_env({**HOME, "SANDCELL_PROVIDER": name, **extra})
+    assert isinstance(settings.provider, settings_type)
+    assert settings.provider.kind == name == settings.provider_name
+
+
+def test_no_raw_environment_is_kept() -> None:
+    """Every field is typed configuration; nothing later parses the environment again."""
+    settings = OrchestratorSettings.from_env({**HOME, "UNRELATED_SECRET": "s3cr3t-value"})
+    names = {f.name for f in dataclasses.fields(settings)}
+    assert "env" not in names
+    assert "s3cr3t-value" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"SANDCELL_PROVIDER": "kubernetes"}, "SANDCELL_PROVIDER"),
+        ({"SANDCELL_LOCAL_RUNTIME_DIR": "relative/dir"}, "SANDCELL_LOCAL_RUNTIME_DIR"),
+        ({"SANDCELL_LOCAL_POOL_SIZE": "many"}, "SANDCELL_LOCAL_POOL_SIZE"),
+        ({"SANDCELL_SERVE_PORT": "-1"}, "SANDCELL_SERVE_PORT"),
+        ({"SANDCELL_CHECKPOINT_GRACE_S": "-5"}, "SANDCELL_CHECKPOINT_GRACE_S"),
+        ({"SANDCELL_PROVIDER": "docker", "DOCKER_HOST": "tcp://x:1"}, "DOCKER_HOST"),
+        ({"SANDCELL_PROVIDER": "lambda-microvm"}, "SANDCELL_MICROVM_IMAGE"),
+        (
+            {"SANDCELL_SNAPSHOT_URL": "s3://snaps/p", "SANDCELL_S3_ENDPOINT": "ftp://x"},
+            "SANDCELL_S3_ENDPOINT",
+        ),
+        ({"SANDCELL_APP_GIT_AUTHOR": "nobody"}, "SANDCELL_APP_GIT_AUTHOR"),
+        ({"SANDCELL_API_KEYS": "short=ns"}, "SANDCELL_API_KEYS"),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_its_variable(env: dict[str, str], variable: str) -> None:
+    """Sub-settings (provider, S3, apps, serve) are validated at start-up, not on first use."""
+    with pytest.raises(ConfigError, match=variable):
+        OrchestratorSettings.from_env({**HOME, **env})
+
+
+def test_sub_settings_are_read_at_start_up() -> None:
+    settings = OrchestratorSettings.from_env(
+        {
+            **HOME,
+            "SANDCELL_SNAPSHOT_URL": "s3://snaps/prod",
+            "SANDCELL_S3_ENDPOINT": "http://minio:9000",
+            "SANDCELL_S3_ACCESS_KEY": "access",
+            "SANDCELL_S3_SECRET_KEY": "secret-key-value",
+            "SANDCELL_SERVE_HOST": "0.0.0.0",
+            "SANDCELL_SERVE_PORT": "9100",
+            "SANDCELL_LOCAL_POOL_SIZE": "2",
+            "SANDCELL_RUNNER_MAX_JOBS": "3",
+        }
+    )
+    assert settings.s3 is not None
+    assert (settings.s3.endpoint, settings.s3.bucket, settings.s3.prefix) == (
+        "minio:9000",
+        "snaps",
+        "prod",
+    )
+    assert "secret-key-value" not in repr(settings)
+    assert (settings.serve.host, settings.serve.port) == ("0.0.0.0", 9100)
+    assert settings.apps.public_url == "http://127.0.0.1:9100"
+    assert isinstance(settings.provider, LocalSettings)
+    assert settings.provider.pool_size == 2
+    assert settings.provider.runner_env["SANDCELL_RUNNER_MAX_JOBS"] == "3"
+
+
+def test_the_reader_names_the_variable_and_echoes_little() -> None:
+    read = EnvReader({"N": "x" * 100, "F": "maybe", "BLANK": "  "})
+    with pytest.raises(ConfigError, match=r"^N: must be a number, got 'x{40}'$"):
+        read.number("N", 1.0)
+    with pytest.raises(ConfigError, match=r"^F: must be 0 or 1"):
+        read.flag("F")
+    assert read.number("BLANK", 2.5) == 2.5
+    assert "xxxx" not in repr(read)
