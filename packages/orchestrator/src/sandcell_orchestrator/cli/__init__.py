@@ -1,0 +1,91 @@
+"""``sandcell``: run code in a sandbox from a shell, serve the HTTP API, manage sessions.
+
+    sandcell exec [--session HINT] [--language python] [--file PATH]... [--json]
+                  [--timeout-s N] (CODE | -)
+    sandcell serve [--host H] [--port P]
+    sandcell sessions list [--json]
+    sandcell sessions destroy (ID | HINT)
+
+One module per command (``exec.py``, ``sessions.py``, ``serve.py``), each adding
+its parser and running it; ``common.py`` holds what they share.
+
+Every ``sandcell exec`` is its own process. With the embedded defaults its
+registry dies with it and its sandbox is destroyed on exit, so a session's files
+reach the next call through the snapshot store: the turn checkpoints at its end
+and the next call restores before it runs. Which sessions the CLI made is kept
+in ``$SANDCELL_HOME/cli-sessions.json``, since no registry outlives the process.
+
+Exit codes: the job's own (124 for a timeout, 137 when killed for memory or by a
+signal, 1 for another failure without one); 2 when sandcell itself failed (one
+line on stderr, never a traceback); 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from sandcell_protocol import ProtocolError
+
+from ..config import OrchestratorSettings
+from ..errors import SandcellError
+from . import exec as exec_command
+from . import serve as serve_command
+from . import sessions as sessions_command
+from .common import CLI_NAMESPACE, EXIT_INTERRUPTED, EXIT_SANDCELL_ERROR, UsageError, run_async
+from .exec import job_exit_code
+
+__all__ = ["CLI_NAMESPACE", "build_parser", "job_exit_code", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sandcell`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="sandcell", description="Run untrusted code in sandboxes."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    exec_command.add_parser(commands)
+    serve_command.add_parser(commands)
+    sessions_command.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    environ = os.environ if env is None else env
+    logging.basicConfig(
+        level=logging.INFO if args.command == "serve" else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        if args.command == "serve"
+        else "sandcell: %(message)s",
+    )
+    # httpx logs every runner request at INFO: noise to an operator.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        settings = OrchestratorSettings.from_env(environ)
+        if args.command == "serve":
+            return serve_command.run_serve(args, settings)
+        if args.command == "exec":
+            return run_async(lambda: exec_command.run_exec(args, settings, sys.stdout, sys.stderr))
+        if args.action == "list":
+            return run_async(lambda: sessions_command.run_list(args, settings, sys.stdout))
+        return run_async(lambda: sessions_command.run_destroy(args, settings, sys.stdout))
+    except (SandcellError, ProtocolError, UsageError) as exc:
+        return _fail(str(exc))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        # Unknown errors may carry anything in their text; name the type only.
+        if environ.get("SANDCELL_DEBUG") == "1":
+            raise
+        return _fail(f"internal error ({type(exc).__name__}); SANDCELL_DEBUG=1 shows a traceback")
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"sandcell: {message}\n")
+    return EXIT_SANDCELL_ERROR

@@ -1,0 +1,129 @@
+"""``sandcell exec``: run code in a sandbox, print what it printed, exit with its code."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from sandcell_protocol import (
+    ExecuteRequest,
+    ExecuteResult,
+    FileRef,
+    RunStatus,
+    encode,
+    runtime_session_id,
+)
+
+from ..bootstrap import open_services
+from ..config import OrchestratorSettings
+from ..sessions.execution import Identity
+from ..sessions.inputs import DirectoryInputSource
+from .common import (
+    CLI_NAMESPACE,
+    CLI_STORAGE_SESSION,
+    UsageError,
+    hint_argument,
+    os_user,
+    positive_float,
+)
+from .session_index import CliSessions
+
+__all__ = ["add_parser", "job_exit_code", "run_exec"]
+
+
+def add_parser(commands: Any) -> None:
+    """Add ``exec`` to the ``sandcell`` sub-command parsers."""
+    run = commands.add_parser("exec", help="run code in a sandbox")
+    run.add_argument("code", metavar="CODE", help="the code to run, or - to read it from stdin")
+    run.add_argument(
+        "--session", metavar="HINT", help="runtime session: files persist across calls"
+    )
+    run.add_argument("--language", default="python", help="the code's language [python]")
+    run.add_argument(
+        "--file", metavar="PATH", action="append", default=[], help="deliver a file (repeatable)"
+    )
+    run.add_argument("--json", action="store_true", help="print the ExecuteResult as JSON")
+    run.add_argument("--timeout-s", type=positive_float, metavar="N", help="job timeout [30]")
+
+
+async def run_exec(
+    args: argparse.Namespace, settings: OrchestratorSettings, out: TextIO, err: TextIO
+) -> int:
+    hint = hint_argument(args.session) if args.session is not None else None
+    code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
+    files = await asyncio.to_thread(_store_files, settings.inputs_dir, args.file)
+    request = ExecuteRequest(
+        language=args.language,
+        code=code,
+        files=files,
+        **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
+    )
+    identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
+    async with open_services(settings) as services:
+        if hint is not None:
+            session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
+            # Recorded before the turn: a turn that dies after its checkpoint still
+            # leaves a session the user can list and destroy.
+            await asyncio.to_thread(CliSessions(settings.home).touch, session_id, hint=hint)
+        result = await services.execution.execute(request, identity, hint=hint)
+    if args.json:
+        out.write(encode(result).decode() + "\n")
+    else:
+        _print_human(result, out, err)
+    return job_exit_code(result)
+
+
+def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
+    """Keep each file in the input source and refer to it by its content id."""
+    source = DirectoryInputSource(inputs_dir)
+    refs: list[FileRef] = []
+    for raw in paths:
+        path = Path(raw)
+        name = path.name
+        if any(ref.name == name for ref in refs):
+            raise UsageError(f"--file: two files are named {name!r}")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"--file {raw}: {exc.strerror or exc}") from None
+        object_id = source.store(CLI_STORAGE_SESSION, data)
+        refs.append(FileRef(storage_session=CLI_STORAGE_SESSION, object_id=object_id, name=name))
+    return refs
+
+
+def _print_human(result: ExecuteResult, out: TextIO, err: TextIO) -> None:
+    out.write(result.stdout)
+    out.flush()
+    err.write(result.stderr)
+    notes = []
+    if result.status != RunStatus.OK:
+        exit_text = "" if result.exit_code is None else f", exit code {result.exit_code}"
+        signal_text = "" if result.signal is None else f", signal {result.signal}"
+        notes.append(f"status {result.status}{exit_text}{signal_text}")
+    for stream, truncated in (
+        ("stdout", result.stdout_truncated),
+        ("stderr", result.stderr_truncated),
+    ):
+        if truncated:
+            notes.append(f"{stream} truncated")
+    if result.files:
+        notes.append("files: " + ", ".join(f.name for f in result.files))
+    for note in notes:
+        err.write(f"sandcell: {note}\n")
+    err.flush()
+
+
+def job_exit_code(result: ExecuteResult) -> int:
+    """The exit code a shell would have seen had the job run there."""
+    if result.status == RunStatus.TIMEOUT:
+        return 124
+    if result.status in (RunStatus.MEMORY_LIMIT, RunStatus.SIGNALED):
+        return 137
+    ok = result.status == RunStatus.OK
+    code = (result.exit_code or 0) & 0xFF
+    # A failure must never read as success, even when its code wraps to 0.
+    return code if ok or code else 1
