@@ -27,14 +27,14 @@ from sandcell_protocol import (
     validate_workspace_path,
 )
 
-from . import fsops
 from .config import MIB, RunnerSettings
 from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
-from .jail import Jail, OutputCallback
-from .job_outcome import JobOutcome
-from .job_spec import JobLimits, JobSpec
+from .jail.nsjail import Jail, OutputCallback
+from .jail.outcome import JobOutcome
+from .jail.spec import JobLimits, JobSpec
 from .languages import LanguageSpec
-from .workspace import WorkspaceManager
+from .workspace import fsops
+from .workspace.manager import WorkspaceManager
 
 log = logging.getLogger(__name__)
 

@@ -12,20 +12,20 @@ from pathlib import Path
 
 from sandcell_protocol import ExecuteResult
 
-from .apps import AppManager
-from .cgroups import CgroupManager
+from .apps.manager import AppManager
 from .config import MIB, RunnerSettings
 from .errors import BusyError
 from .executor import Executor, JobWorkspace, PreparedRequest
-from .inputcache import InputCache
-from .jail import Jail, OutputCallback
+from .inputs.cache import InputCache
+from .inputs.priming import Primer
+from .jail.cgroups import CgroupManager
+from .jail.nsjail import Jail, OutputCallback
+from .jail.spawner import Spawner
+from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
-from .priming import Primer
-from .session import SessionManager
-from .spawner import Spawner
-from .uidpool import UidPool
 from .warmup import Warmup
-from .workspace import JobDirs, WorkspaceManager
+from .workspace.manager import JobDirs, WorkspaceManager
+from .workspace.session import SessionManager
 
 log = logging.getLogger(__name__)
 
