@@ -15,7 +15,7 @@ from sandcell_protocol import ExecuteResult
 from .apps.manager import AppManager
 from .config import MIB, RunnerSettings
 from .errors import BusyError
-from .executor import Executor, JobWorkspace, PreparedRequest
+from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
 from .jail.cgroups import CgroupManager
@@ -24,7 +24,7 @@ from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
 from .warmup import Warmup
-from .workspace.manager import JobDirs, WorkspaceManager
+from .workspace.manager import JobDirs, JobWorkspace, WorkspaceManager
 from .workspace.session import SessionManager
 
 log = logging.getLogger(__name__)

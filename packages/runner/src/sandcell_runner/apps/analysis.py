@@ -25,10 +25,10 @@ from typing import Any
 from sandcell_protocol.app_messages import AnalysisResult, Diagnostic, ToolStatus
 
 from ..config import MIB, RunnerSettings
-from ..executor import JobWorkspace
 from ..jail.nsjail import Jail
 from ..jail.outcome import JobOutcome
 from ..jail.spec import JobLimits, JobSpec
+from ..workspace.manager import JobWorkspace
 
 RUFF_INSIDE = "/opt/sandcell/bin/ruff"
 _NO_TSC = "__sandcell_no_tsc__"

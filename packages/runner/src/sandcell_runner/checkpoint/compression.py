@@ -45,6 +45,7 @@ _AHEAD_CHUNK_BYTES = 1 << 20
 _AHEAD_CHUNKS = 4
 # isal's stub declares its error class as an instance of Exception.
 _ISAL_ERROR = cast(type[Exception], isal_zlib.error)
+_GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _ZSTD_MAX_BLOCK_BYTES = 128 << 10
 
@@ -66,6 +67,15 @@ def choose_encoding(accept_encoding: str | None) -> Encoding:
         if q_value > 0:
             return "zstd"
     return "gzip"
+
+
+def sniff_encoding(first: bytes) -> Encoding:
+    """The archive's compression from its magic bytes (the body is untrusted)."""
+    if first.startswith(_GZIP_MAGIC):
+        return "gzip"
+    if first.startswith(_ZSTD_MAGIC):
+        return "zstd"
+    raise ArchiveRejectedError("archive is neither gzip nor zstd")
 
 
 class Compressor(Protocol):

@@ -28,7 +28,7 @@ from sandcell_protocol import (
     validate_workspace_path,
 )
 
-from ..checkpoint.compression import Encoding, choose_encoding
+from ..checkpoint.compression import choose_encoding, sniff_encoding
 from ..checkpoint.export import ArchiveLimits, stream_checkpoint
 from ..checkpoint.restore import restore_checkpoint
 from ..checkpoint.selection import WorkspaceSelection
@@ -37,7 +37,6 @@ from ..errors import (
     BadRequestError,
     InvalidPathError,
     NotFoundError,
-    RunnerError,
 )
 from ..workspace import fsops
 from ..workspace.session import SessionState
@@ -46,8 +45,6 @@ if TYPE_CHECKING:
     from .app import RunnerApp
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def _entry(name: str, st: os.stat_result, target: str | None = None) -> FileEntry:
@@ -78,15 +75,6 @@ def _list_dir(root: os.PathLike[str], relpath: str) -> FileListing:
             target = os.readlink(item.name, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else None
             entries.append(_entry(item.name, st, target))
     return FileListing(path=relpath, entries=sorted(entries, key=lambda e: e.name))
-
-
-def sniff_encoding(first: bytes) -> Encoding:
-    """The archive's compression from its magic bytes (the body is untrusted)."""
-    if first.startswith(_GZIP_MAGIC):
-        return "gzip"
-    if first.startswith(_ZSTD_MAGIC):
-        return "zstd"
-    raise ArchiveRejectedError("archive is neither gzip nor zstd")
 
 
 class SessionRoutes:
@@ -325,4 +313,4 @@ def _parse_mode(raw: str | None) -> int:
     return mode
 
 
-__all__ = ["RunnerError", "SessionRoutes", "sniff_encoding"]
+__all__ = ["SessionRoutes"]

@@ -15,8 +15,8 @@ import os
 
 from sandcell_protocol import FileRef, PrimedInput, SurfacedOutput
 
-from ..executor import JobWorkspace
 from ..workspace import fsops
+from ..workspace.manager import JobWorkspace
 from .cache import CachedObject, InputCache
 
 

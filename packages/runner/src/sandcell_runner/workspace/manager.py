@@ -18,8 +18,10 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from sandcell_protocol import SurfacedOutput
 
 from ..errors import ConfigError
 from . import mounts
@@ -33,6 +35,19 @@ class JobDirs:
 
     workspace: Path
     job_dir: Path
+
+
+@dataclass(slots=True)
+class JobWorkspace:
+    """The workspace a job runs in, and what the caller already knows of its files."""
+
+    path: Path
+    uid: int
+    gid: int
+    job_dir: Path
+    surfaced: dict[str, SurfacedOutput] = field(default_factory=dict)
+    """Files the caller has seen (inputs it wrote, outputs of earlier turns)."""
+    session_id: str | None = None
 
 
 class WorkspaceManager:
