@@ -7,6 +7,8 @@ import json
 import os
 import posixpath
 import stat
+import subprocess
+import sys
 import tarfile
 from collections.abc import AsyncIterator
 
@@ -308,3 +310,30 @@ def test_the_extractor_reads_only_the_runners_own_arguments() -> None:
     ]:
         with pytest.raises(SystemExit, match=why):
             _parse_args(bad)
+
+
+def test_the_extractor_loads_only_what_an_extraction_needs() -> None:
+    """The extractor child imports its own package's tar rules and codecs, and nothing of
+    the HTTP side (starlette, anyio, asyncio, subprocess, the export): every restore waits
+    for its start-up."""
+    probe = (
+        "import sys, sandcell_runner.checkpoint.extractor\nprint('\\n'.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-X", "utf8", "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={},
+    ).stdout.split()
+    ours = {name for name in loaded if name.startswith("sandcell_runner")}
+    assert ours == {
+        "sandcell_runner",
+        "sandcell_runner.checkpoint",
+        "sandcell_runner.checkpoint.archive_rules",
+        "sandcell_runner.checkpoint.compression",
+        "sandcell_runner.checkpoint.extractor",
+        "sandcell_runner.errors",
+    }
+    heavy = ("starlette", "uvicorn", "anyio", "asyncio", "httpx", "subprocess", "argparse")
+    assert not [name for name in loaded if name.split(".")[0] in heavy]

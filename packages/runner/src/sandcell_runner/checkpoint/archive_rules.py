@@ -1,8 +1,8 @@
 """What a checkpoint restore accepts at the tar level.
 
 tarfile only parses header blocks; these rules sit on top of it. The extractor
-(``restore_child``) walks the archive with ``StrictTarInfo.next_member`` and
-checks every name with ``workspace_relpath``; the exporter (``checkpoint.py``)
+(``extractor.py``) walks the archive with ``StrictTarInfo.next_member`` and
+checks every name with ``workspace_relpath``; the exporter (``export.py``)
 writes nothing they would refuse.
 """
 

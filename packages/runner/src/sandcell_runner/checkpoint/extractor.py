@@ -1,13 +1,14 @@
 """The hardened extractor, run by ``restore.py`` as a child process.
 
-    python -I -X utf8 -m sandcell_runner.checkpoint.extractor --staging-fd FD
-        --encoding gzip|zstd --max-bytes N --max-members N [--uid UID --gid GID]
+    python -I -X utf8 -m sandcell_runner.checkpoint.extractor '<ExtractorArgs as JSON>'
 
-It makes the directory open as ``--staging-fd`` its working directory and, when
+It makes the directory open as ``staging_fd`` its working directory and, when
 it may (root), its root directory too; drops to the pinned UID (when given)
 before reading a byte of input; reads the compressed archive on stdin, extracts
 its ``workspace/`` members there, and writes one ``ChildResult`` JSON object on
-stdout. Everything it needs is imported before the chroot.
+stdout. Everything it needs is imported before the chroot, and it imports as
+little as it can (no HTTP, anyio or subprocess): its start-up is on every
+restore's path.
 
 Why not ``TarFile.extractall(filter="data")``: the data filter resolves names
 with ``os.path.realpath`` against the live tree, which was bypassed repeatedly in
@@ -370,7 +371,7 @@ def _drop_privileges(uid: int, gid: int) -> None:
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
-        raise SystemExit("restore_child: could not drop privileges")
+        raise SystemExit("extractor: could not drop privileges")
 
 
 def _raise_fd_limit() -> None:
@@ -384,11 +385,11 @@ def _raise_fd_limit() -> None:
 def _parse_args(argv: Sequence[str] | None) -> ExtractorArgs:
     items = sys.argv[1:] if argv is None else argv
     if len(items) != 1:
-        raise SystemExit("restore_child: expects one argument, its ExtractorArgs as JSON")
+        raise SystemExit("extractor: expects one argument, its ExtractorArgs as JSON")
     try:
         return msgspec.json.decode(items[0], type=ExtractorArgs)
     except msgspec.MsgspecError as exc:
-        raise SystemExit(f"restore_child: {exc}") from None
+        raise SystemExit(f"extractor: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

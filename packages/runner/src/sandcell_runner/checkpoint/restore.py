@@ -1,7 +1,7 @@
 """Checkpoint restore: feed an archive to the hardened extractor in a child process.
 
 The extraction itself (decompression, tar parsing, file creation) happens in
-``restore_child``, a separate process that drops to the workspace's pinned UID
+``extractor.py``, a separate process that drops to the workspace's pinned UID
 before it reads a byte: a parser bug can then write only what that UID may,
 and nothing of it runs in the runner's address space. This side streams the
 request body into the child's stdin with backpressure, hashes what it sent,

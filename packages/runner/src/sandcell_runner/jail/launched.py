@@ -1,6 +1,6 @@
 """A job that outlives the request that started it (``Jail.launch``): signal it, wait for it.
 
-Kept apart from ``jail.py``, which builds the nsjail command line; reading nsjail's
+Kept apart from ``nsjail.py``, which builds the nsjail command line; reading nsjail's
 log for the job's own status is passed in (``status_of``) so nsjail's log format
 stays known to that module alone.
 """

@@ -1,6 +1,6 @@
 """Runs one job under nsjail with hard limits; the only module that starts nsjail.
 
-Each job gets its own nsjail configuration (rendered by ``jail_config.py``, written
+Each job gets its own nsjail configuration (rendered by ``nsjail_config.py``, written
 into a pipe nsjail reads as ``/dev/fd/N``, so nothing touches disk) with new user,
 pid, mount, ipc, uts, cgroup and network namespaces; the job's UID is mapped to the
 same unprivileged UID outside. Memory and pids are limited by the job cgroup

@@ -1,6 +1,6 @@
 """One job's nsjail configuration: namespaces, rlimits, mounts and the seccomp policy.
 
-Renders a ``JobSpec`` to nsjail's protobuf text format, nothing more; ``jail.py``
+Renders a ``JobSpec`` to nsjail's protobuf text format, nothing more; ``nsjail.py``
 passes the text to nsjail through a pipe and runs the job.
 """
 

@@ -1,7 +1,7 @@
 """What a finished job reports: nsjail's log and wait status read, its peak memory chosen.
 
 nsjail exits 128+N both when the job exited N and when a signal N killed it, so
-the job's own status comes from nsjail's log; ``jail.py`` runs the job and
+the job's own status comes from nsjail's log; ``nsjail.py`` runs the job and
 hands the raw figures here.
 """
 

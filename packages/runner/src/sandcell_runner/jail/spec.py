@@ -1,7 +1,7 @@
 """The description of one job to run under nsjail: its command, paths, identity and limits.
 
-Shared by the configuration renderer (``jail_config.py``) and the runner that
-starts the job (``jail.py``).
+Shared by the configuration renderer (``nsjail_config.py``) and the runner that
+starts the job (``nsjail.py``).
 """
 
 from __future__ import annotations

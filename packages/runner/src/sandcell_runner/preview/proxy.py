@@ -1,13 +1,13 @@
 """HTTP reverse proxy from ``/v1/session/ports/{port}/…`` to ``localhost:port`` in the session.
 
 Upstream connections are sockets made inside the session's network namespace
-(``netns.py``) and handed to an httpcore pool through a custom network backend,
+(``jail/netns.py``) and handed to an httpcore pool through a custom network backend,
 so the runner reaches the jail's ports without the jail reaching the host's.
 Requests lose the runner's own headers (bearer token, session id) and hop-by-hop
 headers, and ask for identity encoding, so HTML comes back uncompressed and gets
-the error reporter (``preview_inject.py``) before ``</head>``. Everything else is
+the error reporter (``inject.py``) before ``</head>``. Everything else is
 streamed through byte for byte. WebSocket upgrades take another path
-(``preview_ws.py``): they need the raw connection.
+(``ws_tunnel.py``): they need the raw connection.
 """
 
 from __future__ import annotations

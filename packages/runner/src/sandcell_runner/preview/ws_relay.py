@@ -2,7 +2,7 @@
 
 With a WebSocket library installed (the runner depends on ``websockets``), uvicorn
 completes the client's handshake and hands the app a ``websocket`` scope, so
-there is no raw connection to tunnel (``preview_ws.py`` covers servers without
+there is no raw connection to tunnel (``ws_tunnel.py`` covers servers without
 one). The app then opens its own WebSocket to the upstream inside the session's
 namespace and relays whole messages both ways. The upstream end is a minimal RFC
 6455 client (masked frames out, fragments reassembled, pings answered) rather

@@ -1,7 +1,7 @@
 """An ``Upgrade`` request through the preview as a raw byte tunnel after the handshake.
 
 uvicorn speaks the ASGI ``websocket`` scope only with a WebSocket library
-installed (the runner declares ``websockets``; ``preview_wsrelay.py`` serves that
+installed (the runner declares ``websockets``; ``ws_relay.py`` serves that
 case). Without one (an image built without it, ``ws="none"``) or for any other
 protocol (``Upgrade: h2c``…), the upgrade arrives as a plain HTTP request, and
 ASGI has no way to hand the connection over. So such a request to a preview port
