@@ -1,4 +1,5 @@
-"""The runner's process-wide state: settings, jail, pools, and the job lifecycle."""
+"""The runner as a whole: its process-wide state, the job lifecycle, and the one entry
+point of the HTTP layer."""
 
 from __future__ import annotations
 
