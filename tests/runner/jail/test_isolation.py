@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import os
 import signal
@@ -182,11 +183,15 @@ def test_planted_symlink_is_never_read_through(runner: RunnerProcess) -> None:
 
 
 def test_sixteen_concurrent_jobs_see_only_their_own_workspace(runner: RunnerProcess) -> None:
+    """Each of 16 concurrent jobs sees only its own workspace, and no two jobs that ran at
+    the same time shared a UID (a UID returns to the pool after its job: jobs that did not
+    overlap, as on a loaded machine, may reuse one)."""
     code = (
         "import os, sys, time\n"
+        "start = time.time()\n"
         "open(f'job-{sys.argv[1]}.txt', 'w').write(sys.argv[1])\n"
         "time.sleep(0.5)\n"
-        "print(sorted(os.listdir('.')), os.getuid())\n"
+        "print(sorted(os.listdir('.')), os.getuid(), start, time.time())\n"
     )
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(
@@ -195,12 +200,16 @@ def test_sixteen_concurrent_jobs_see_only_their_own_workspace(runner: RunnerProc
                 range(16),
             )
         )
-    uids = set()
+    spans = []
     for i, result in enumerate(results):
-        listing, uid = result["stdout"].rsplit(" ", 1)
+        listing, uid, start, end = result["stdout"].rsplit(" ", 3)
         assert listing == str([f"job-{i}.txt"]), result
-        uids.add(int(uid))
-    assert len(uids) == 16
+        spans.append((int(uid), float(start), float(end)))
+    overlapping = [
+        (a, b) for a, b in itertools.combinations(spans, 2) if a[1] < b[2] and b[1] < a[2]
+    ]
+    assert overlapping, spans
+    assert all(a[0] != b[0] for a, b in overlapping), overlapping
 
 
 def test_disk_quota_stops_many_medium_files(runner_factory: StartRunner) -> None:
