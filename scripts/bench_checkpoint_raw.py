@@ -31,9 +31,9 @@ from pathlib import Path
 import anyio
 
 from sandcell_protocol import PROTOCOL_VERSION, CheckpointMeta
-from sandcell_runner.checkpoint import ArchiveLimits, export_checkpoint
-from sandcell_runner.compression import Encoding
-from sandcell_runner.restore import restore_checkpoint
+from sandcell_runner.checkpoint.compression import Encoding
+from sandcell_runner.checkpoint.export import ArchiveLimits, export_checkpoint
+from sandcell_runner.checkpoint.restore import restore_checkpoint
 
 MiB = 1 << 20
 META = CheckpointMeta(session_id="bench", protocol=PROTOCOL_VERSION)

@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 from tests.fixtures.paths import traversable_dir  # noqa: E402
 from tests.fixtures.runner_process import start_runner  # noqa: E402
 
-from sandcell_runner.cgroups import CgroupManager  # noqa: E402
 from sandcell_runner.config import RunnerSettings  # noqa: E402
-from sandcell_runner.jail import Jail  # noqa: E402
-from sandcell_runner.job_spec import JobLimits, JobSpec  # noqa: E402
+from sandcell_runner.jail.cgroups import CgroupManager  # noqa: E402
+from sandcell_runner.jail.nsjail import Jail  # noqa: E402
+from sandcell_runner.jail.spec import JobLimits, JobSpec  # noqa: E402
 from sandcell_runner.languages import discover_languages  # noqa: E402
 
 WRK_LUA = """

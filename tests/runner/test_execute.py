@@ -130,6 +130,36 @@ def test_streaming_order_and_final_event(runner: RunnerProcess) -> None:
     assert lines[-1]["result"]["status"] == "ok"
 
 
+def test_streamed_and_json_answers_render_the_same_run(runner: RunnerProcess) -> None:
+    """The NDJSON stream and the JSON answer are two renderings of one execute: a refusal
+    before the jail runs is the same HTTP error in both, and a run ends the same way."""
+    missing = {"storage_session": "nope", "object_id": "nothing", "name": "x.txt"}
+    refused = {"language": "bash", "code": "true", "files": [missing]}
+    plain = httpx.post(runner.url + "/v1/execute", json=refused, headers=runner.headers())
+    streamed = httpx.post(
+        runner.url + "/v1/execute",
+        json=refused,
+        headers=runner.headers(Accept="application/x-ndjson"),
+    )
+    assert plain.status_code == streamed.status_code == 400
+    assert streamed.headers["content-type"].startswith("application/json")
+    assert plain.json() == streamed.json()
+    assert streamed.json()["error"]["code"] == "input_missing"
+
+    ran = {"language": "bash", "code": "echo out; echo err >&2; exit 3"}
+    plain = httpx.post(runner.url + "/v1/execute", json=ran, headers=runner.headers())
+    streamed = httpx.post(
+        runner.url + "/v1/execute", json=ran, headers=runner.headers(Accept="application/x-ndjson")
+    )
+    last = json.loads(streamed.text.splitlines()[-1])
+    assert last["type"] == "result"
+    measured = ("wall_ms", "cpu_ms", "max_rss_kib")
+    same = {k: v for k, v in plain.json().items() if k not in measured}
+    assert {k: v for k, v in last["result"].items() if k not in measured} == same
+    assert same["status"] == "error"
+    assert (same["exit_code"], same["stdout"], same["stderr"]) == (3, "out\n", "err\n")
+
+
 def test_timeout_kills_tree_keeps_partial_output(runner: RunnerProcess) -> None:
     result = execute(
         runner,

@@ -8,9 +8,9 @@ import sys
 
 import uvicorn
 
-from .app import create_app
 from .config import RunnerSettings
 from .errors import ConfigError
+from .http.app import create_app
 from .service import RunnerService, raise_nofile_limit
 
 log = logging.getLogger("sandcell_runner")

@@ -13,8 +13,7 @@ import binascii
 import hashlib
 import logging
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from sandcell_protocol import (
     ExecuteRequest,
@@ -27,14 +26,14 @@ from sandcell_protocol import (
     validate_workspace_path,
 )
 
-from . import fsops
 from .config import MIB, RunnerSettings
 from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
-from .jail import Jail, OutputCallback
-from .job_outcome import JobOutcome
-from .job_spec import JobLimits, JobSpec
+from .jail.nsjail import Jail, OutputCallback
+from .jail.outcome import JobOutcome
+from .jail.spec import JobLimits, JobSpec
 from .languages import LanguageSpec
-from .workspace import WorkspaceManager
+from .workspace import fsops
+from .workspace.manager import JobWorkspace, WorkspaceManager
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +59,6 @@ class PreparedRequest:
     refs: list[FileRef]
     limits: JobLimits
     env: dict[str, str]
-
-
-@dataclass(slots=True)
-class JobWorkspace:
-    """The workspace a job runs in, and what the caller already knows of its files."""
-
-    path: Path
-    uid: int
-    gid: int
-    job_dir: Path
-    surfaced: dict[str, SurfacedOutput] = field(default_factory=dict)
-    """Files the caller has seen (inputs it wrote, outputs of earlier turns)."""
-    session_id: str | None = None
 
 
 class Executor:
@@ -332,4 +318,4 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-__all__ = ["Executor", "JobWorkspace", "PreparedRequest", "classify"]
+__all__ = ["Executor", "PreparedRequest", "classify"]

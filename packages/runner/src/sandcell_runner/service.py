@@ -1,4 +1,5 @@
-"""The runner's process-wide state: settings, jail, pools, and the job lifecycle."""
+"""The runner as a whole: its process-wide state, the job lifecycle, and the one entry
+point of the HTTP layer."""
 
 from __future__ import annotations
 
@@ -10,22 +11,27 @@ import resource
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from sandcell_protocol import ExecuteResult
+from sandcell_protocol import PROTOCOL_VERSION, ExecuteRequest, ExecuteResult, Health
+from sandcell_protocol.app_messages import AnalysisResult
 
-from .apps import AppManager
-from .cgroups import CgroupManager
+from . import __version__
+from .apps.manager import AppManager
+from .checkpoint.export import ArchiveLimits
+from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
 from .errors import BusyError
-from .executor import Executor, JobWorkspace, PreparedRequest
-from .inputcache import InputCache
-from .jail import Jail, OutputCallback
+from .executor import Executor, PreparedRequest
+from .inputs.cache import InputCache
+from .inputs.priming import Primer
+from .jail.cgroups import CgroupManager
+from .jail.nsjail import Jail, OutputCallback
+from .jail.spawner import Spawner
+from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
-from .priming import Primer
-from .session import SessionManager
-from .spawner import Spawner
-from .uidpool import UidPool
 from .warmup import Warmup
-from .workspace import JobDirs, WorkspaceManager
+from .workspace.files import SessionFiles
+from .workspace.manager import JobDirs, JobWorkspace, WorkspaceManager
+from .workspace.session import SessionManager
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,14 @@ def instance_key(workspace_root: Path) -> str:
 
 
 class RunnerService:
-    """Everything a runner process holds; built once at start-up."""
+    """Everything a runner process holds; built once at start-up.
+
+    The HTTP layer's one entry point. Routes call its methods (``prepare``,
+    ``execute``, ``analyse``, ``health``, ``running``) and its feature objects:
+    ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs`` and ``apps``.
+    The machinery behind them (executor, jail, workspaces, cgroups, UIDs, warmup)
+    is its own.
+    """
 
     def __init__(
         self,
@@ -56,63 +69,71 @@ class RunnerService:
     ) -> None:
         self.settings = settings
         self.warnings: list[str] = []
-        self.workspaces = WorkspaceManager(
+        self._workspaces = WorkspaceManager(
             settings.workspace_root, quota_bytes=settings.limits.workspace_quota_mib * MIB
         )
-        self.workspaces.prepare()
-        self.cgroups = CgroupManager(instance_key(settings.workspace_root))
-        reaped = self.cgroups.reap_leftovers()
+        self._workspaces.prepare()
+        self._cgroups = CgroupManager(instance_key(settings.workspace_root))
+        reaped = self._cgroups.reap_leftovers()
         if reaped:
             log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
-        self.spawner = Spawner()
-        self.jail = Jail(
+        self._spawner = Spawner()
+        self._jail = Jail(
             nsjail=settings.nsjail_path if settings.jail_mode == "nsjail" else None,
-            cgroups=self.cgroups,
-            spawner=self.spawner,
+            cgroups=self._cgroups,
+            spawner=self._spawner,
         )
-        self.uids = UidPool(settings.uid_min, settings.uid_max)
+        self._uids = UidPool(settings.uid_min, settings.uid_max)
         self.languages = (
-            languages if languages is not None else discover_languages(jailed=self.jail.jailed)
+            languages if languages is not None else discover_languages(jailed=self._jail.jailed)
         )
-        self.executor = Executor(
-            settings, jail=self.jail, workspaces=self.workspaces, languages=self.languages
+        self._executor = Executor(
+            settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
         )
         self.inputs = InputCache(
             settings.input_cache_dir,
             max_object_bytes=settings.input_max_object_bytes,
             file_server_url=settings.file_server_url,
         )
-        self.primer = Primer(self.inputs)
+        self._primer = Primer(self.inputs)
         self.apps = AppManager(
-            settings, jail=self.jail, workspaces=self.workspaces, languages=self.languages
+            settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
         )
         self.sessions = SessionManager(
             enabled=settings.sessions_enabled,
-            workspaces=self.workspaces,
-            uids=self.uids,
+            workspaces=self._workspaces,
+            uids=self._uids,
             wait_ms=settings.session_wait_ms,
             netns_factory=self.apps.create_netns if settings.sessions_enabled else None,
         )
         # A session's processes end before its workspace is wiped, and its jobs share
         # its network namespace.
         self.sessions.release_hooks.append(self.apps.release)
-        self.jail.netns_for = self.sessions.netns_fd_for
-        self.warmup = Warmup(settings.warmup_command)
+        self._jail.netns_for = self.sessions.netns_fd_for
+        self.files = SessionFiles(self.sessions, max_read_bytes=settings.max_body_bytes)
+        self.checkpoints = SessionCheckpoints(
+            self.sessions,
+            limits=ArchiveLimits(
+                max_bytes=settings.checkpoint_max_bytes,
+                max_members=settings.checkpoint_max_members,
+            ),
+        )
+        self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._active_jobs: set[Path] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._collect_warnings()
 
     def _collect_warnings(self) -> None:
-        if not self.jail.jailed:
+        if not self._jail.jailed:
             self.warnings.append("jail disabled (SANDCELL_RUNNER_JAIL=none): jobs are NOT isolated")
-        if not self.cgroups.available:
+        if not self._cgroups.available:
             self.warnings.append(
-                f"{self.cgroups.reason}; memory and pids limits fall back to rlimits"
+                f"{self._cgroups.reason}; memory and pids limits fall back to rlimits"
             )
-        if not self.workspaces.quota_enforced:
+        if not self._workspaces.quota_enforced:
             self.warnings.append("workspace disk quota not enforced (not root: no tmpfs mounts)")
-        if self.uids.shared:
+        if self._uids.shared:
             self.warnings.append("not root: every job runs as the runner's own UID")
         if self.settings.token is None:
             self.warnings.append("authentication disabled (SANDCELL_RUNNER_INSECURE_NO_AUTH=1)")
@@ -120,7 +141,7 @@ class RunnerService:
             log.warning("weakened isolation: %s", warning)
 
     @contextlib.asynccontextmanager
-    async def job_slot(self) -> AsyncIterator[None]:
+    async def _job_slot(self) -> AsyncIterator[None]:
         """One of ``SANDCELL_RUNNER_MAX_JOBS`` slots, or ``BusyError`` (503) at once."""
         if self._slots.locked():
             raise BusyError(f"runner at its concurrency limit ({self.settings.max_jobs} jobs)")
@@ -128,18 +149,18 @@ class RunnerService:
             yield
 
     @contextlib.asynccontextmanager
-    async def fresh_workspace(
+    async def _fresh_workspace(
         self, fill: Callable[[JobWorkspace], None] | None = None
     ) -> AsyncIterator[JobWorkspace]:
         """A fresh per-job workspace and UID, removed and released afterwards.
 
         ``fill`` (blocking) writes into it in the same thread hop that creates it.
         """
-        uid = self.uids.allocate()
+        uid = self._uids.allocate()
         made: list[JobDirs] = []
 
         def create() -> JobWorkspace:
-            dirs = self.workspaces.create_job(uid=uid, gid=uid)
+            dirs = self._workspaces.create_job(uid=uid, gid=uid)
             made.append(dirs)
             workspace = JobWorkspace(path=dirs.workspace, uid=uid, gid=uid, job_dir=dirs.job_dir)
             if fill is not None:
@@ -165,15 +186,15 @@ class RunnerService:
     async def _remove_fresh(self, dirs: JobDirs | None, uid: int) -> None:
         try:
             if dirs is not None:
-                await asyncio.to_thread(self.workspaces.remove_job, dirs)
+                await asyncio.to_thread(self._workspaces.remove_job, dirs)
                 self._active_jobs.discard(dirs.job_dir.parent)
         except OSError as exc:
             log.warning("fresh workspace not removed (the reaper will retry): %s", exc)
         finally:
-            self.uids.release(uid)
+            self._uids.release(uid)
 
     @contextlib.asynccontextmanager
-    async def session_workspace(
+    async def _session_workspace(
         self, session_id: str, fill: Callable[[JobWorkspace], None] | None = None
     ) -> AsyncIterator[JobWorkspace]:
         """The bound session's workspace and pinned UID, holding the session lock.
@@ -184,7 +205,7 @@ class RunnerService:
             made: list[Path] = []
 
             def create() -> JobWorkspace:
-                job_dir = self.workspaces.create_session_job_dir()
+                job_dir = self._workspaces.create_session_job_dir()
                 made.append(job_dir)
                 workspace = JobWorkspace(
                     path=state.workspace,
@@ -202,42 +223,19 @@ class RunnerService:
                 workspace = await asyncio.to_thread(create)
             except BaseException:
                 for job_dir in made:
-                    await asyncio.shield(asyncio.to_thread(self.workspaces.remove_dir, job_dir))
+                    await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
                 raise
             job_dir = made[0]
             self._active_jobs.add(job_dir)
             try:
                 yield workspace
             finally:
-                await asyncio.shield(asyncio.to_thread(self.workspaces.remove_dir, job_dir))
+                await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
                 self._active_jobs.discard(job_dir)
 
-    async def begin(
-        self,
-        prepared: PreparedRequest,
-        *,
-        session_id: str | None,
-        stack: contextlib.AsyncExitStack,
-    ) -> JobWorkspace:
-        """Everything before the jail runs: slot, workspace, inputs, priming.
-
-        Errors raised here (busy, session busy, input missing) reach the caller as
-        HTTP errors before any output is streamed; cleanup is pushed on ``stack``.
-        """
-        self.sessions.require_not_quarantined()
-        await stack.enter_async_context(self.job_slot())
-
-        def fill(workspace: JobWorkspace) -> None:
-            self.executor.write_inputs(prepared, workspace)
-
-        if session_id is not None:
-            workspace = await stack.enter_async_context(self.session_workspace(session_id, fill))
-            primed = self.sessions.bound.primed if self.sessions.bound else None
-        else:
-            workspace = await stack.enter_async_context(self.fresh_workspace(fill))
-            primed = None
-        await self.primer.prime(prepared.refs, workspace, primed=primed)
-        return workspace
+    def prepare(self, request: ExecuteRequest) -> PreparedRequest:
+        """Validate everything about a request before anything is written; raises a 4xx."""
+        return self._executor.prepare(request)
 
     async def execute(
         self,
@@ -245,20 +243,75 @@ class RunnerService:
         *,
         session_id: str | None = None,
         on_output: OutputCallback | None = None,
+        on_started: Callable[[], None] | None = None,
     ) -> ExecuteResult:
-        """Run a request start to finish (in the session's workspace when given)."""
-        async with contextlib.AsyncExitStack() as stack:
-            workspace = await self.begin(prepared, session_id=session_id, stack=stack)
-            return await self.executor.run_in(prepared, workspace, on_output=on_output)
+        """Run a request start to finish (in the session's workspace when given).
 
-    def reap(self) -> list[Path]:
+        The one path of every execution, answered as JSON or streamed. Refusals
+        (busy, session busy, input missing) are raised before ``on_started`` is
+        called, which is when the slot, the workspace and the inputs are ready and
+        the jail is about to run; ``on_output`` then gets the output as it comes.
+        """
+        self.sessions.require_not_quarantined()
+
+        def fill(workspace: JobWorkspace) -> None:
+            self._executor.write_inputs(prepared, workspace)
+
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self._job_slot())
+            if session_id is not None:
+                workspace = await stack.enter_async_context(
+                    self._session_workspace(session_id, fill)
+                )
+                primed = self.sessions.bound.primed if self.sessions.bound else None
+            else:
+                workspace = await stack.enter_async_context(self._fresh_workspace(fill))
+                primed = None
+            await self._primer.prime(prepared.refs, workspace, primed=primed)
+            if on_started is not None:
+                on_started()
+            return await self._executor.run_in(prepared, workspace, on_output=on_output)
+
+    async def analyse(self, session_id: str) -> AnalysisResult:
+        """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
+        async with self._job_slot(), self._session_workspace(session_id) as workspace:
+            return await self.apps.analyzer.analyse(workspace)
+
+    def health(self) -> Health:
+        """What ``/health`` answers: state, versions, warmup, languages, weakened isolation."""
+        sessions = self.sessions
+        return Health(
+            status="quarantined" if sessions.quarantined else "ok",
+            protocol=PROTOCOL_VERSION,
+            runner_version=__version__,
+            session_id=sessions.bound.session_id if sessions.bound else None,
+            warmup=self._warmup.state,
+            languages=sorted(self.languages),
+            warnings=list(self.warnings),
+        )
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The service while it serves: warmup and the reaper run; shut down on exit."""
+        self._warmup.start()
+        reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await self._warmup.stop()
+            await self.shutdown()
+
+    def _reap(self) -> list[Path]:
         """Remove leftover per-job directories; never the session's, staging, or the cache."""
         keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
-        return self.workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
+        return self._workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
 
-    async def reaper_loop(self) -> None:
+    async def _reaper_loop(self) -> None:
         while True:
-            removed = await asyncio.to_thread(self.reap)
+            removed = await asyncio.to_thread(self._reap)
             if removed:
                 log.info("reaper removed %d leftover workspaces", len(removed))
             await asyncio.sleep(self.settings.reap_interval_s)
@@ -272,8 +325,8 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
         with contextlib.suppress(Exception):
-            await asyncio.to_thread(self.spawner.close)
-            await asyncio.to_thread(self.cgroups.release_all)
+            await asyncio.to_thread(self._spawner.close)
+            await asyncio.to_thread(self._cgroups.release_all)
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]

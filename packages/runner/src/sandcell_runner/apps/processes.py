@@ -1,0 +1,419 @@
+"""A session's background processes: started by tag, jailed, logged, stopped on request.
+
+Each process is ``bash -lc <command>`` under ``procinit`` in its own nsjail (own
+cgroup limits, no wall time unless asked), in the session's workspace and network
+namespace. It outlives the request that started it; it is reported with its exit
+status when it ends and never restarted. Stopping sends SIGTERM, then SIGKILL
+after a grace. Checkpoints and restores do not touch processes: a restored
+session runs nothing until its processes are started again (after an in-place
+restore, a process still running keeps the workspace it started with).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandcell_protocol import ProtocolError, validate_workspace_path
+from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
+
+from ..config import MIB, RunnerSettings
+from ..errors import BadRequestError, InvalidPathError, NotFoundError, SessionConflictError
+from ..jail.launched import LaunchedJob, LaunchOutcome
+from ..jail.nsjail import Jail
+from ..jail.outcome import signal_name
+from ..jail.spec import JobLimits, JobSpec
+from ..workspace import fsops
+from ..workspace.manager import WorkspaceManager
+from .logbuffer import LineBuffer
+from .procinit import INIT_SOURCE, parse_report
+from .runtime_errors import ErrorEvent, RuntimeErrorStore
+from .tracescan import TraceScanner
+
+log = logging.getLogger(__name__)
+
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+NOTE = "[sandcell] "
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessTarget:
+    """Where a process runs: the session's workspace, UID and network namespace."""
+
+    workspace: Path
+    uid: int
+    netns_fd: int | None
+
+
+@dataclass(slots=True)
+class _Process:
+    tag: str
+    buffer: LineBuffer
+    started_at_s: float
+    job_dir: Path
+    job: LaunchedJob | None = None
+    stdin_fd: int | None = None
+    ended_at_s: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    sent: int | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    monitor: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+
+    def info(self) -> ProcessInfo:
+        running = not self.done.is_set()
+        return ProcessInfo(
+            tag=self.tag,
+            pid=self.job.pid if self.job is not None and running else None,
+            state="running" if running else "exited",
+            exit_code=self.exit_code,
+            signal=self.signal,
+            started_at_s=self.started_at_s,
+            ended_at_s=self.ended_at_s,
+        )
+
+
+class ProcessManager:
+    """The processes of one session (a runner holds at most one)."""
+
+    def __init__(
+        self,
+        settings: RunnerSettings,
+        *,
+        jail: Jail,
+        workspaces: WorkspaceManager,
+        errors: RuntimeErrorStore,
+        python: str | None,
+        bash: str,
+        grace_s: float = 3.0,
+        max_running: int = 16,
+        max_kept: int = 64,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._jail = jail
+        self._workspaces = workspaces
+        self._errors = errors
+        self._python = python
+        self._bash = bash
+        self.grace_s = grace_s
+        self._max_running = max_running
+        self._max_kept = max_kept
+        self._clock = clock
+        self._procs: dict[str, _Process] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- queries ----------------------------------------------------------------
+
+    def list(self) -> list[ProcessInfo]:
+        return [proc.info() for proc in sorted(self._procs.values(), key=lambda p: p.started_at_s)]
+
+    def buffer(self, tag: str) -> LineBuffer:
+        return self._get(tag).buffer
+
+    def _get(self, tag: str) -> _Process:
+        proc = self._procs.get(tag)
+        if proc is None:
+            raise NotFoundError(f"no process tagged {tag!r}")
+        return proc
+
+    def keep_paths(self) -> set[Path]:
+        """Job directories of processes not yet finished (the reaper must skip them)."""
+        return {proc.job_dir for proc in self._procs.values() if not proc.done.is_set()}
+
+    # -- start ------------------------------------------------------------------
+
+    async def start(self, request: ProcessStart, target: ProcessTarget) -> ProcessInfo:
+        """Launch ``request`` in ``target``; 409 when the tag is running already."""
+        old = self._procs.get(request.tag)
+        if old is not None and not old.done.is_set():
+            raise SessionConflictError(f"process {request.tag!r} is already running")
+        if sum(not p.done.is_set() for p in self._procs.values()) >= self._max_running:
+            raise BadRequestError(f"at most {self._max_running} processes may run at once")
+        workspace_inside, _ = self._jail.inside_paths(target.workspace, target.workspace)
+        env = self._env(request, home=workspace_inside)
+        relative = await self._cwd(request.cwd, target.workspace)
+        cwd_inside = f"{workspace_inside}/{relative}" if relative else workspace_inside
+        job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
+        proc = _Process(
+            tag=request.tag,
+            buffer=LineBuffer(on_line=TraceScanner(f"process:{request.tag}", self._record).feed),
+            started_at_s=self._clock(),
+            job_dir=job_dir,
+        )
+        try:
+            await self._launch(proc, request, target, env, cwd_inside)
+        except BaseException:
+            await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
+            raise
+        self._procs.pop(request.tag, None)
+        self._procs[request.tag] = proc
+        self._trim()
+        log.info("process %s started (pid %d)", request.tag, proc.job.pid if proc.job else -1)
+        return proc.info()
+
+    def _record(self, event: ErrorEvent) -> None:
+        self._errors.record(event)
+
+    async def _launch(
+        self,
+        proc: _Process,
+        request: ProcessStart,
+        target: ProcessTarget,
+        env: dict[str, str],
+        cwd_inside: str,
+    ) -> None:
+        stdin_r, stdin_w = os.pipe()
+        out_r, out_w = os.pipe()
+        report_r, report_w = os.pipe()
+        keep = {stdin_w, out_r, report_r}
+        try:
+            if self._python is not None:
+                argv = [self._python, "-I", "-S", "-c", INIT_SOURCE, str(report_w), cwd_inside]
+                argv += [self._bash, "-lc", request.command]
+            else:
+                argv = [self._bash, "-lc", f'cd -- "$0" || exit 1\n{request.command}', cwd_inside]
+            spec = JobSpec(
+                argv=argv,
+                workspace=target.workspace,
+                job_dir=proc.job_dir,
+                uid=target.uid,
+                gid=target.uid,
+                env=env,
+                limits=self._limits(request),
+                network=self._settings.allow_network,
+                netns_fd=target.netns_fd,
+                long_running=True,
+                pass_fds=(report_w,),
+            )
+            proc.job = await self._jail.launch(spec, stdin_fd=stdin_r, output_fd=out_w)
+        except BaseException:
+            for fd in keep:
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, out_w, report_w):
+                os.close(fd)
+        proc.stdin_fd = stdin_w
+        os.set_blocking(stdin_w, False)
+        output_done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def read_output() -> None:
+            try:
+                data = os.read(out_r, 65536)
+            except BlockingIOError:
+                return
+            if data:
+                proc.buffer.feed(data)
+                return
+            loop.remove_reader(out_r)
+            output_done.set()
+
+        os.set_blocking(out_r, False)
+        loop.add_reader(out_r, read_output)
+        proc.monitor = asyncio.create_task(
+            self._monitor(proc, out_r, report_r, output_done), name=f"sandcell-proc-{proc.tag}"
+        )
+        if request.timeout_ms is not None:
+            timeout_s = min(request.timeout_ms, self._settings.limits.max_timeout_ms) / 1000
+            proc.timer = loop.call_later(timeout_s, self._on_timeout, proc)
+
+    def _on_timeout(self, proc: _Process) -> None:
+        proc.buffer.write_line(NOTE + "timeout reached; stopping")
+        task = asyncio.ensure_future(self._stop(proc))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _monitor(
+        self, proc: _Process, out_r: int, report_r: int, output_done: asyncio.Event
+    ) -> None:
+        assert proc.job is not None
+        loop = asyncio.get_running_loop()
+        outcome: LaunchOutcome | None = None
+        try:
+            outcome = await proc.job.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    await output_done.wait()
+        finally:
+            loop.remove_reader(out_r)
+            os.close(out_r)
+            report = _read_report(report_r)
+            if proc.stdin_fd is not None:
+                os.close(proc.stdin_fd)
+                proc.stdin_fd = None
+            if proc.timer is not None:
+                proc.timer.cancel()
+            self._finish(proc, outcome, report)
+            await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, proc.job_dir))
+
+    def _finish(
+        self, proc: _Process, outcome: LaunchOutcome | None, report: tuple[int | None, int | None]
+    ) -> None:
+        exit_code, signum = report
+        if exit_code is not None or signum is not None:
+            proc.exit_code = exit_code
+            proc.signal = signal_name(signum) if signum is not None else None
+        elif outcome is None or (outcome.jail_failed and proc.sent == signal.SIGKILL):
+            proc.exit_code, proc.signal = None, "SIGKILL"
+        else:
+            proc.exit_code, proc.signal = outcome.exit_code, outcome.signal
+            if outcome.jail_failed:
+                proc.buffer.write_line(NOTE + "the jail could not run the process:")
+                for line in outcome.jail_log.splitlines()[-20:]:
+                    proc.buffer.write_line(NOTE + line)
+        if outcome is not None and outcome.oom_killed:
+            proc.buffer.write_line(NOTE + "killed: memory limit reached")
+        ending = f"exit code {proc.exit_code}" if proc.signal is None else proc.signal
+        proc.buffer.write_line(NOTE + f"process exited ({ending})")
+        proc.buffer.close()
+        proc.ended_at_s = self._clock()
+        proc.done.set()
+        log.info("process %s exited (%s)", proc.tag, ending)
+
+    # -- stop, stdin --------------------------------------------------------------
+
+    async def stop(self, tag: str) -> ProcessInfo:
+        """SIGTERM, SIGKILL after the grace; the process's info once it has ended."""
+        proc = self._get(tag)
+        await self._stop(proc)
+        return proc.info()
+
+    async def _stop(self, proc: _Process) -> None:
+        if proc.done.is_set() or proc.job is None:
+            return
+        if proc.sent is None:
+            proc.sent = signal.SIGTERM
+            proc.job.signal(signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.grace_s):
+                await proc.done.wait()
+            return
+        proc.sent = signal.SIGKILL
+        proc.job.kill()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                await proc.done.wait()
+
+    async def write_stdin(self, tag: str, data: bytes, *, close: bool = False) -> None:
+        """Write to the process's stdin (then close it, when asked); 400 if it has ended."""
+        proc = self._get(tag)
+        fd = proc.stdin_fd
+        if fd is None or proc.done.is_set():
+            raise BadRequestError(f"process {tag!r} is not running")
+        view = memoryview(data)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(5):
+                while view:
+                    try:
+                        view = view[os.write(fd, view) :]
+                    except BlockingIOError:
+                        writable = loop.create_future()
+                        loop.add_writer(fd, writable.set_result, None)
+                        try:
+                            await writable
+                        finally:
+                            loop.remove_writer(fd)
+        except TimeoutError:
+            raise BadRequestError(f"process {tag!r} is not reading its stdin") from None
+        except BrokenPipeError:
+            raise BadRequestError(f"process {tag!r} closed its stdin") from None
+        if close and proc.stdin_fd is not None:
+            os.close(proc.stdin_fd)
+            proc.stdin_fd = None
+
+    async def stop_all(self) -> None:
+        """Stop every running process (release, shutdown); waits for them to end."""
+        running = [p for p in self._procs.values() if not p.done.is_set()]
+        await asyncio.gather(*(self._stop(p) for p in running), return_exceptions=True)
+        for proc in running:
+            if proc.monitor is not None:
+                with contextlib.suppress(BaseException):
+                    await proc.monitor
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _env(self, request: ProcessStart, *, home: str) -> dict[str, str]:
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # Dev servers' prints reach the log as they happen, not at exit.
+            "PYTHONUNBUFFERED": "1",
+        }
+        if "\x00" in request.command:
+            raise BadRequestError("command must not contain NUL")
+        for key, value in request.env.items():
+            if not _ENV_KEY_RE.fullmatch(key):
+                raise BadRequestError(f"env: invalid variable name {key[:64]!r}")
+            if "\x00" in value:
+                raise BadRequestError(f"env[{key}]: must not contain NUL")
+            env[key] = value
+        return env
+
+    async def _cwd(self, cwd: str | None, workspace: Path) -> str:
+        if cwd in (None, "", "."):
+            return ""
+        assert cwd is not None
+        try:
+            relative = validate_workspace_path(cwd)
+        except ProtocolError as exc:
+            raise InvalidPathError(f"invalid cwd: {exc}") from None
+
+        def check() -> None:
+            with fsops.open_dir(workspace, relative.split("/")):
+                pass
+
+        try:
+            await asyncio.to_thread(check)
+        except (FileNotFoundError, NotADirectoryError, fsops.UnsafePathError):
+            raise InvalidPathError(f"cwd {relative!r} is not a directory") from None
+        return relative
+
+    def _limits(self, request: ProcessStart) -> JobLimits:
+        conf = self._settings.limits
+        asked = request.limits
+        memory = asked.memory_mib if asked and asked.memory_mib else conf.memory_mib
+        pids = asked.pids if asked and asked.pids else conf.pids
+        return JobLimits(
+            timeout_ms=min(request.timeout_ms or conf.max_timeout_ms, conf.max_timeout_ms),
+            memory_bytes=min(memory, conf.max_memory_mib) * MIB,
+            pids=min(pids, conf.max_pids),
+            stdout_bytes=conf.stdout_bytes,
+            stderr_bytes=conf.stderr_bytes,
+            file_size_mib=conf.file_size_mib,
+            open_files=conf.open_files,
+            tmp_mib=conf.tmp_mib,
+        )
+
+    def _trim(self) -> None:
+        exited = [p for p in self._procs.values() if p.done.is_set()]
+        exited.sort(key=lambda p: p.ended_at_s or 0)
+        while len(self._procs) > self._max_kept and exited:
+            del self._procs[exited.pop(0).tag]
+
+
+def _read_report(fd: int) -> tuple[int | None, int | None]:
+    try:
+        os.set_blocking(fd, False)
+        text = os.read(fd, 256).decode("ascii", "replace")
+    except OSError:
+        text = ""
+    finally:
+        os.close(fd)
+    return parse_report(text) or (None, None)
+
+
+__all__ = ["ProcessManager", "ProcessTarget"]

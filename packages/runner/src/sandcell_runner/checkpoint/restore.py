@@ -1,0 +1,248 @@
+"""Checkpoint restore: feed an archive to the hardened extractor in a child process.
+
+The extraction itself (decompression, tar parsing, file creation) happens in
+``extractor.py``, a separate process that drops to the workspace's pinned UID
+before it reads a byte: a parser bug can then write only what that UID may,
+and nothing of it runs in the runner's address space. This side streams the
+request body into the child's stdin with backpressure, hashes what it sent,
+and turns the child's verdict into ``CheckpointMeta`` or ``ArchiveRejectedError``.
+
+What a restore accepts at the tar level is stated in ``archive_rules``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+
+from sandcell_protocol import CheckpointMeta, ProtocolError, decode
+
+from ..errors import ArchiveRejectedError
+from .archive_rules import MAX_META_BYTES
+from .compression import Encoding
+from .export import ArchiveLimits
+from .extractor import ChildResult, ExtractorArgs
+
+__all__ = ["ChildResult", "restore_checkpoint"]
+
+# The meta member travels back as a JSON string: escaping at most doubles it.
+_MAX_RESULT_BYTES = 2 * MAX_META_BYTES + 4096
+_STDERR_TAIL_BYTES = 4096
+# With CAP_SYS_RESOURCE a pipe may grow past /proc/sys/fs/pipe-max-size (1 MiB
+# by default): 16 MiB of body then waits in the kernel while the extractor
+# starts. Without it (containers often drop it) the pipe gets pipe-max-size.
+# Pages are only taken as data arrives.
+_PIPE_BYTES_PRIVILEGED = 16 << 20
+_PIPE_BYTES = 1 << 20
+_STAGING_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+async def restore_checkpoint(
+    chunks: AsyncIterator[bytes],
+    staging: Path,
+    *,
+    uid: int,
+    gid: int,
+    encoding: Encoding,
+    limits: ArchiveLimits,
+    expected_sha256: str | None,
+) -> CheckpointMeta:
+    """Extract a checkpoint archive into the empty directory ``staging``, as ``uid:gid``.
+
+    Returns the archive's ``CheckpointMeta``. Any failure (a hostile or corrupt
+    archive, a limit, a digest mismatch, the extractor dying) raises
+    ``ArchiveRejectedError`` and leaves ``staging`` in an unspecified state for
+    the caller to delete; nothing outside ``staging`` is touched. When the
+    runner is not root, ``uid`` must be its own UID. Cancelling the call kills
+    the extractor.
+    """
+    privileged = os.geteuid() == 0
+    if not privileged and uid != os.getuid():
+        raise ArchiveRejectedError(f"cannot restore as uid {uid}: the runner is not root")
+    try:
+        staging_fd = await anyio.to_thread.run_sync(os.open, staging, _STAGING_FLAGS)
+    except OSError as exc:
+        raise ArchiveRejectedError(f"staging is not a directory: {exc.strerror}") from exc
+    # The child drops privileges itself, after its imports: the interpreter and
+    # this package need not be readable by the sandbox UID.
+    drop = privileged and uid != os.geteuid()
+    args = ExtractorArgs(
+        staging_fd=staging_fd,
+        encoding=encoding,
+        max_bytes=limits.max_bytes,
+        max_members=limits.max_members,
+        uid=uid if drop else None,
+        gid=gid if drop else None,
+    )
+    argv = [
+        sys.executable,
+        "-I",  # no cwd, user site or PYTHON* variables on sys.path
+        "-X",
+        "utf8",
+        "-m",
+        "sandcell_runner.checkpoint.extractor",
+        msgspec.json.encode(args).decode(),
+    ]
+    try:
+        result, digest = await _run_child(argv, chunks, staging_fd)
+    finally:
+        os.close(staging_fd)
+    if not result.ok:
+        raise ArchiveRejectedError(result.reason or "archive rejected")
+    if expected_sha256 is not None and digest != expected_sha256.lower():
+        raise ArchiveRejectedError("archive sha256 does not match the expected digest")
+    try:
+        return decode((result.meta or "").encode("utf-8"), CheckpointMeta)
+    except ProtocolError as exc:
+        raise ArchiveRejectedError(f"invalid checkpoint metadata: {exc}") from exc
+
+
+async def _run_child(
+    argv: list[str], chunks: AsyncIterator[bytes], staging_fd: int
+) -> tuple[ChildResult, str]:
+    read_fd, write_fd = _archive_pipe()
+    run = _ChildRun(write_fd)
+    try:
+        process = await anyio.open_process(
+            argv,
+            stdin=read_fd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(staging_fd,),
+            cwd="/",
+            env={},
+        )
+    except BaseException:
+        run.close_pipe()
+        raise
+    finally:
+        os.close(read_fd)
+    try:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        # The tasks never raise (task groups would wrap it in an ExceptionGroup):
+        # they record a failure and kill the child, which ends the others.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run.feed, process, chunks)
+            tg.start_soon(run.collect, process, process.stdout, run.stdout, _MAX_RESULT_BYTES)
+            tg.start_soon(run.collect, process, process.stderr, run.stderr, None)
+        returncode = await process.wait()
+    finally:
+        run.close_pipe()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+    if run.failure is not None:
+        raise run.failure
+    if returncode != 0:
+        tail = run.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        raise ArchiveRejectedError(f"extractor failed (exit {returncode}): {tail[0][:300]}")
+    try:
+        result = msgspec.json.decode(bytes(run.stdout), type=ChildResult)
+    except msgspec.MsgspecError as exc:
+        raise ArchiveRejectedError(f"extractor gave no verdict: {exc}") from exc
+    return result, run.hasher.hexdigest()
+
+
+def _archive_pipe() -> tuple[int, int]:
+    """The child's stdin: a pipe as large as the kernel allows, its write end non-blocking.
+
+    Made here rather than by ``open_process`` so that it is large before the
+    child starts: the body keeps flowing into it while the child's interpreter
+    starts, and the two processes take turns far less often afterwards.
+    """
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    for size in (_PIPE_BYTES_PRIVILEGED, _PIPE_BYTES):
+        try:
+            fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, size)
+            break
+        except OSError:
+            continue  # past /proc/sys/fs/pipe-max-size without CAP_SYS_RESOURCE
+    os.set_blocking(write_fd, False)
+    return read_fd, write_fd
+
+
+async def _write_pipe(fd: int, data: bytes) -> None:
+    # os.write on a non-blocking pipe plus the event loop's writability wait:
+    # no buffering transport between the body and the pipe, and no copy of the tail.
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            await anyio.wait_writable(fd)
+
+
+class _ChildRun:
+    """The parent's half of one extraction: the bytes it sent, what came back."""
+
+    def __init__(self, pipe_fd: int) -> None:
+        self._pipe_fd: int | None = pipe_fd
+        self.hasher = hashlib.sha256()
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.failure: ArchiveRejectedError | None = None
+        # Cancelled once the child closes its stdout: a child that rejected
+        # early must not wait for a slow client's next chunk to be noticed.
+        self.feed_scope = anyio.CancelScope()
+
+    def close_pipe(self) -> None:
+        """Close the child's stdin (its end of input); idempotent."""
+        if self._pipe_fd is not None:
+            os.close(self._pipe_fd)
+            self._pipe_fd = None
+
+    async def feed(self, process: anyio.abc.Process, chunks: AsyncIterator[bytes]) -> None:
+        """Copy the body into the child's stdin, waiting while the pipe is full; closes it."""
+        assert self._pipe_fd is not None
+        pipe_fd = self._pipe_fd
+        try:
+            with self.feed_scope:
+                async for chunk in chunks:
+                    if chunk:
+                        self.hasher.update(chunk)
+                        await _write_pipe(pipe_fd, chunk)
+        except BrokenPipeError:
+            pass  # the child stopped reading: it has a verdict already
+        except Exception as exc:  # the body failed: the archive is incomplete
+            self._fail(process, ArchiveRejectedError(f"reading the archive failed: {exc}"))
+        finally:
+            self.close_pipe()
+
+    async def collect(
+        self,
+        process: anyio.abc.Process,
+        stream: anyio.abc.ByteReceiveStream,
+        into: bytearray,
+        cap: int | None,
+    ) -> None:
+        """Read ``stream`` to its end: refuse to grow past ``cap``, or keep only a tail."""
+        async for data in stream:
+            into += data
+            if cap is None:
+                del into[:-_STDERR_TAIL_BYTES]
+            elif len(into) > cap:
+                self._fail(process, ArchiveRejectedError("extractor output too large"))
+                break
+        if cap is not None:
+            self.feed_scope.cancel()
+
+    def _fail(self, process: anyio.abc.Process, failure: ArchiveRejectedError) -> None:
+        if self.failure is None:
+            self.failure = failure
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()

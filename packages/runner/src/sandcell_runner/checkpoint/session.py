@@ -1,0 +1,114 @@
+"""Checkpoint and restore of the bound session's workspace, under the session lock.
+
+Export streams the workspace while the lock is held (no job runs half-way through
+a checkpoint). Restore extracts into a fresh staging directory and swaps it in
+only once the whole archive was accepted and belongs to this session; on any
+failure the workspace in place is left as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from sandcell_protocol import RestoreResult
+
+from ..errors import ArchiveRejectedError
+from ..workspace import fsops
+from ..workspace.session import SessionManager, SessionState
+from .compression import Encoding, sniff_encoding
+from .export import ArchiveLimits, stream_checkpoint
+from .restore import restore_checkpoint
+from .selection import WorkspaceSelection
+
+# Enough of the body to tell gzip from zstd by its magic bytes.
+_SNIFF_BYTES = 4
+
+
+class SessionCheckpoints:
+    """The session's checkpoint stream out and its restore in."""
+
+    def __init__(self, sessions: SessionManager, *, limits: ArchiveLimits) -> None:
+        self._sessions = sessions
+        self._limits = limits
+
+    async def export(
+        self, session_id: str, *, encoding: Encoding, selection: WorkspaceSelection
+    ) -> AsyncIterator[bytes]:
+        """The checkpoint archive's chunks; the session stays locked until they are consumed.
+
+        The first chunk is made before this returns: export's size checks fail
+        here, so the caller answers a 4xx instead of a truncated 200. Close the
+        iterator (``aclose``) if it is not read to its end.
+        """
+        stack = contextlib.AsyncExitStack()
+        state: SessionState = await stack.enter_async_context(self._sessions.locked(session_id))
+        try:
+            chunks = stream_checkpoint(
+                state.workspace,
+                state.metadata(),
+                encoding=encoding,
+                limits=self._limits,
+                selection=selection,
+            )
+            first = await anext(aiter(chunks), b"")
+        except BaseException:
+            await stack.aclose()
+            raise
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                yield first
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await chunks.aclose()  # type: ignore[attr-defined]
+                await stack.aclose()
+
+        return body()
+
+    async def restore(
+        self, session_id: str, body: AsyncIterator[bytes], *, expected_sha256: str | None
+    ) -> RestoreResult:
+        """Replace the session's workspace by the archive in ``body`` (gzip or zstd, sniffed)."""
+        async with self._sessions.locked(session_id) as state:
+            first = b""
+            async for chunk in body:
+                first += chunk
+                if len(first) >= _SNIFF_BYTES:
+                    break
+            encoding = sniff_encoding(first)
+
+            async def chunks() -> AsyncIterator[bytes]:
+                yield first
+                async for chunk in body:
+                    yield chunk
+
+            staging = await self._sessions.new_staging(state)
+            try:
+                meta = await restore_checkpoint(
+                    chunks(),
+                    staging,
+                    uid=state.uid,
+                    gid=state.uid,
+                    encoding=encoding,
+                    limits=self._limits,
+                    expected_sha256=expected_sha256,
+                )
+            except BaseException:
+                await self._sessions.discard_staging(state, staging)
+                raise
+            if meta.session_id != session_id:
+                await self._sessions.discard_staging(state, staging)
+                raise ArchiveRejectedError("checkpoint belongs to another runtime session")
+            await self._sessions.swap_in(state, staging)
+            state.adopt(meta)
+            entries = await asyncio.to_thread(fsops.scan, state.workspace)
+        files = [e for e in entries if e.kind == "file"]
+        return RestoreResult(
+            session_id=session_id, files=len(files), bytes=sum(e.size for e in files)
+        )
+
+
+__all__ = ["SessionCheckpoints"]

@@ -1,0 +1,174 @@
+"""What every route module shares: auth, bounded bodies, JSON and error answers.
+
+Route modules import this module and ``RunnerService``, never each other, and
+``app`` imports the route modules: the HTTP layer has no import cycle. Every
+handler is wrapped by ``RouteGroup.guarded``, which checks the bearer token and
+turns a ``RunnerError`` into its protocol error body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute
+from starlette.types import Receive, Scope, Send
+
+from sandcell_protocol import (
+    ProtocolError,
+    check_compatible,
+    decode,
+    encode,
+    error_body,
+    headers,
+    routes,
+)
+from sandcell_protocol import ProtocolMismatchError as WireMismatch
+
+from ..apps.manager import SessionApp
+from ..errors import (
+    BadRequestError,
+    BusyError,
+    PayloadTooLargeError,
+    ProtocolMismatchError,
+    RunnerError,
+    UnauthorizedError,
+)
+from ..preview.ws_tunnel import is_upgrade
+from ..service import RunnerService
+from ..workspace.session import SessionState
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+T = TypeVar("T")
+Handler = Callable[[Request], Awaitable[Response]]
+Upgrade = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(encode(value), status_code=status, media_type=JSON)
+
+
+def error_response(exc: RunnerError) -> Response:
+    """The protocol error body of ``exc`` (with ``Retry-After`` when the runner is busy)."""
+    body = error_body(exc.code, str(exc) or exc.code.value, retryable=exc.retryable)
+    response = json_response(body, exc.http_status)
+    if isinstance(exc, BusyError):
+        response.headers[headers.RETRY_AFTER] = str(exc.retry_after_s)
+    return response
+
+
+class RouteGroup:
+    """Base of each route module's handlers: the service and the plumbing every route uses."""
+
+    def __init__(self, service: RunnerService) -> None:
+        self.service = service
+        self.sessions = service.sessions
+        self.settings = service.settings
+        token = service.settings.token
+        self._token = token.encode() if token is not None else None
+
+    def routes(self) -> list[BaseRoute]:
+        """This group's routes, each handler wrapped by ``guarded``."""
+        raise NotImplementedError
+
+    def authorize(self, request: Request) -> None:
+        """Bearer token (constant-time) and, when sent, a compatible protocol major."""
+        if self._token is not None:
+            given = request.headers.get(headers.AUTHORIZATION, "")
+            if not given.startswith(headers.BEARER_PREFIX):
+                raise UnauthorizedError("missing bearer token")
+            candidate = given[len(headers.BEARER_PREFIX) :].encode()
+            if not hmac.compare_digest(candidate, self._token):
+                raise UnauthorizedError("invalid bearer token")
+        peer = request.headers.get(headers.PROTOCOL)
+        if peer is not None:
+            try:
+                check_compatible(peer)
+            except WireMismatch as exc:
+                raise ProtocolMismatchError(str(exc)) from None
+
+    def guarded(self, handler: Handler, *, auth: bool = True) -> Handler:
+        """``handler`` behind the token check, its ``RunnerError`` answered as a protocol error."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                if auth:
+                    self.authorize(request)
+                return await handler(request)
+            except RunnerError as exc:
+                return error_response(exc)
+
+        return endpoint
+
+    async def read_body(self, request: Request, *, max_bytes: int | None = None) -> bytes:
+        """The request body, refused with 413 as soon as it passes the cap."""
+        cap = max_bytes or self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cap:
+            raise PayloadTooLargeError(f"body larger than {cap} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise PayloadTooLargeError(f"body larger than {cap} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def read_message(self, request: Request, type_: type[T]) -> T:
+        """The body decoded as a protocol message; a malformed one is a 400."""
+        body = await self.read_body(request)
+        try:
+            return decode(body, type_)
+        except ProtocolError as exc:
+            raise BadRequestError(str(exc)) from None
+
+    def session_header(self, request: Request) -> str | None:
+        """The ``X-Runtime-Session-Id`` the request names, checked against the binding."""
+        return self.sessions.check_header(request.headers.get(headers.RUNTIME_SESSION_ID))
+
+    def required_session(self, request: Request) -> str:
+        """The session a session-bound route acts on: sessions enabled, header present."""
+        self.sessions.require_enabled()
+        session_id = self.session_header(request)
+        if session_id is None:
+            raise BadRequestError(f"{headers.RUNTIME_SESSION_ID} header is required")
+        return session_id
+
+    async def bound_app(self, request: Request) -> tuple[SessionState, SessionApp]:
+        """The session a session-bound route names, bound, and its app state."""
+        state = await self.sessions.bind(self.required_session(request))
+        return state, self.service.apps.get(state)
+
+
+class RunnerStarlette(Starlette):
+    """Starlette that hands ``Upgrade`` requests under the preview prefix to ``upgrade``
+    before its middleware, which would hide the connection a tunnel has to take."""
+
+    def __init__(self, *args: Any, upgrade: Upgrade, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._upgrade = upgrade
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"].startswith(routes.SESSION_PORTS_PREFIX)
+            and is_upgrade(scope)
+        ):
+            scope["app"] = self
+            try:
+                await self._upgrade(scope, receive, send)
+            except Exception:
+                log.exception("preview upgrade failed on %s", scope["path"][:200])
+                with contextlib.suppress(Exception):
+                    await Response(status_code=500)(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)

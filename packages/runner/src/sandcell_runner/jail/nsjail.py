@@ -1,0 +1,393 @@
+"""Runs one job under nsjail with hard limits; the only module that starts nsjail.
+
+Each job gets its own nsjail configuration (rendered by ``nsjail_config.py``, written
+into a pipe nsjail reads as ``/dev/fd/N``, so nothing touches disk) with new user,
+pid, mount, ipc, uts, cgroup and network namespaces; the job's UID is mapped to the
+same unprivileged UID outside. Memory and pids are limited by the job cgroup
+(``cgroups.py``); wall time by the runner's own timer (so a timeout is known, not
+guessed), with nsjail's ``time_limit`` as a backstop.
+
+A session's jobs share one network namespace instead (``netns.py``): the spawner
+child joins it and nsjail runs with ``clone_newnet: false``, so a dev server and a
+later command meet on the session's own ``localhost`` and still reach nothing else.
+``launch`` starts a long-running job (no wall time unless its caller keeps one)
+that the caller signals and waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import heapq
+import os
+import resource
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import JailError
+from ..languages import JOB_DIR, WORKSPACE_DIR
+from .cgroups import CgroupManager, JobCgroup
+from .launched import LaunchedJob
+from .nsjail_config import render_config
+from .outcome import (
+    JobOutcome,
+    decode_status,
+    job_peak_kib,
+    job_status_from_log,
+    launch_status,
+    warnings_only,
+)
+from .spawner import Spawner, SpawnRequest, wait_process
+from .spec import JobLimits, JobSpec
+
+OutputCallback = Callable[[str, bytes], None]
+
+
+class _Capture:
+    """Keeps a stream's bytes up to its cap; past it, notes truncation and drops the rest."""
+
+    def __init__(self, name: str, cap: int, on_output: OutputCallback | None) -> None:
+        self.name = name
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+        self.eof = asyncio.Event()
+        self._on_output = on_output
+
+    def feed(self, data: bytes) -> bool:
+        """Store ``data``; return True when this chunk pushed the stream past its cap."""
+        room = self.cap - self.size
+        if room <= 0:
+            self.truncated = True
+            return False
+        kept = data[:room]
+        self.chunks.append(kept)
+        self.size += len(kept)
+        if self._on_output is not None and kept:
+            self._on_output(self.name, kept)
+        if len(data) > room:
+            self.truncated = True
+            return True
+        return False
+
+    def value(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class Jail:
+    """Runs jobs under nsjail (or, for developer machines, unjailed)."""
+
+    def __init__(
+        self,
+        *,
+        nsjail: Path | None,
+        cgroups: CgroupManager,
+        spawner: Spawner,
+    ) -> None:
+        self._nsjail = nsjail
+        self._cgroups = cgroups
+        self._spawner = spawner
+        self._counter = 0
+        # Pooled cgroup slots: a slot is held by one running job at a time. Keyed by
+        # slot, not by job UID, because an unprivileged runner gives every job the
+        # same UID, and two jobs in one cgroup would reset and kill each other.
+        self._idle_slots: list[int] = []
+        self._slots_made = 0
+        self.netns_for: Callable[[Path], int | None] | None = None
+        """Which network namespace a job in this workspace joins (the session's);
+        set by the service. Jobs with ``network`` or an explicit ``netns_fd`` skip it."""
+
+    @property
+    def jailed(self) -> bool:
+        return self._nsjail is not None
+
+    def inside_paths(self, spec_workspace: Path, job_dir: Path) -> tuple[str, str]:
+        """Where the workspace and job directory appear to the job."""
+        if self.jailed:
+            return WORKSPACE_DIR, JOB_DIR
+        return str(spec_workspace), str(job_dir)
+
+    def config_text(self, spec: JobSpec) -> str:
+        """The nsjail configuration of one job (protobuf text format)."""
+        return render_config(spec, cgroups_available=self._cgroups.available)
+
+    async def run(self, spec: JobSpec, *, on_output: OutputCallback | None = None) -> JobOutcome:
+        """Run the job to completion (or its limits) and report what happened."""
+        spec = self._with_netns(spec)
+        self._counter += 1
+        if not self._cgroups.available:
+            return await self._run_in(spec, None, None, on_output)
+        slot = heapq.heappop(self._idle_slots) if self._idle_slots else self._new_slot()
+        key, memory, pids = f"s{slot}", spec.limits.memory_bytes, spec.limits.pids
+        settled = False
+        try:
+            cgroup = self._cgroups.pooled(key, memory_bytes=memory, pids=pids)
+            if cgroup is not None:
+                # Unchanged limits: a counter reset, cheaper inline than a thread hop.
+                cgroup.begin(memory_bytes=memory, pids=pids)
+            else:
+                cgroup = await asyncio.to_thread(
+                    self._cgroups.acquire, key, memory_bytes=memory, pids=pids
+                )
+            try:
+                return await self._run_in(spec, cgroup, key, on_output)
+            finally:
+                # Nothing may outlive the job into the slot's next job. Usually nothing
+                # is left (the pid namespace died with nsjail): one read says so.
+                if cgroup.signal_leftovers():
+                    await asyncio.to_thread(cgroup.kill_all)
+                settled = True
+        finally:
+            # A cancellation during the acquire or the kill leaves its thread running
+            # on this slot's cgroup: the slot is retired rather than handed to a job
+            # that thread could race or kill.
+            if settled:
+                heapq.heappush(self._idle_slots, slot)
+
+    def _new_slot(self) -> int:
+        self._slots_made += 1
+        return self._slots_made - 1
+
+    def _spawn_request(
+        self,
+        spec: JobSpec,
+        *,
+        stdin: int,
+        stdout: int,
+        stderr: int,
+        log_fd: int,
+        cgroup: JobCgroup | None,
+        resident_key: str | None,
+        close_after: list[int],
+    ) -> SpawnRequest:
+        """How to start ``spec``: nsjail with its configuration on a pipe (or, unjailed,
+        the job itself). Descriptors the caller must close once it has spawned are
+        appended to ``close_after``."""
+        argv = list(spec.argv)
+        pass_fds = list(spec.pass_fds)
+        if self._nsjail is not None:
+            config = self.config_text(spec).encode()
+            # The config fits a pipe buffer (64 KiB) unless env is huge; check, don't hang.
+            if len(config) > 60_000:
+                raise JailError("job configuration too large (environment too big)")
+            read_fd, write_fd = os.pipe()
+            close_after.append(read_fd)
+            try:
+                os.write(write_fd, config)
+            finally:
+                os.close(write_fd)
+            argv = [str(self._nsjail), "--log_fd", str(log_fd), "--config", f"/dev/fd/{read_fd}"]
+            argv += ["--", *spec.argv]
+            pass_fds += [read_fd, log_fd]
+        unjailed_root = self._nsjail is None and os.geteuid() == 0
+        tasks = cgroup.thread_join_paths() if cgroup is not None else None
+        cgroup_fds: list[int] = []
+        if cgroup is not None and (tasks is None or unjailed_root or not self._spawner.fast):
+            # Only the forking path joins through cgroup.procs; the fast one writes tasks.
+            cgroup_fds = cgroup.open_procs_fds()
+            close_after += cgroup_fds
+        return SpawnRequest(
+            argv=argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=self._spawn_env(spec),
+            cwd=str(spec.workspace) if self._nsjail is None else None,
+            pass_fds=pass_fds,
+            cgroup_fds=cgroup_fds,
+            cgroup_tasks=tasks,
+            resident_key=resident_key if cgroup is not None else None,
+            user=spec.uid if unjailed_root else None,
+            group=spec.gid if unjailed_root else None,
+            netns_fd=spec.netns_fd,
+        )
+
+    async def _run_in(
+        self,
+        spec: JobSpec,
+        cgroup: JobCgroup | None,
+        slot_key: str | None,
+        on_output: OutputCallback | None,
+    ) -> JobOutcome:
+        loop = asyncio.get_running_loop()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        log_r, log_w = os.pipe()
+        stdout = _Capture("stdout", spec.limits.stdout_bytes, on_output)
+        stderr = _Capture("stderr", spec.limits.stderr_bytes, on_output)
+        jail_log = _Capture("log", 256 * 1024, None)
+        state = {"timed_out": False, "stdout_limited": False}
+        close_after = [out_w, err_w, log_w]
+        # The runner's own high-water mark so far: nsjail's ru_maxrss is at least this.
+        runner_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        started = time.monotonic()
+        try:
+            stdin_fd = self._stdin_fd(spec)
+            close_after.append(stdin_fd)
+            request = self._spawn_request(
+                spec,
+                stdin=stdin_fd,
+                stdout=out_w,
+                stderr=err_w,
+                log_fd=log_w,
+                cgroup=cgroup,
+                resident_key=slot_key,
+                close_after=close_after,
+            )
+            process = await self._spawner.spawn(request)
+        except BaseException:
+            # Nothing started (a refused configuration, a failed fork): no reader will.
+            for fd in (out_r, err_r, log_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in close_after:
+                os.close(fd)
+
+        def kill() -> None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            if cgroup is not None:
+                cgroup.kill_all()
+
+        def on_timeout() -> None:
+            state["timed_out"] = True
+            kill()
+
+        def reader(fd: int, capture: _Capture, kill_on_cap: bool) -> None:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return
+            if not data:
+                loop.remove_reader(fd)
+                capture.eof.set()
+                return
+            if capture.feed(data) and kill_on_cap:
+                state["stdout_limited"] = True
+                kill()
+
+        for fd in (out_r, err_r, log_r):
+            os.set_blocking(fd, False)
+        loop.add_reader(out_r, reader, out_r, stdout, True)
+        loop.add_reader(err_r, reader, err_r, stderr, False)
+        # Drained as it comes so a chatty nsjail can never fill the pipe and stall.
+        loop.add_reader(log_r, reader, log_r, jail_log, False)
+        timer = loop.call_later(spec.limits.timeout_ms / 1000, on_timeout)
+        try:
+            status, rusage = await wait_process(process)
+            # Output written just before exit is still in the pipes; descendants are
+            # dead with the pid namespace, so EOF follows promptly.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    await asyncio.gather(stdout.eof.wait(), stderr.eof.wait(), jail_log.eof.wait())
+        except BaseException:
+            kill()
+            with contextlib.suppress(ChildProcessError):
+                await asyncio.shield(asyncio.to_thread(os.waitpid, process.pid, 0))
+            process.returncode = -9
+            raise
+        finally:
+            timer.cancel()
+            for fd in (out_r, err_r, log_r):
+                loop.remove_reader(fd)
+                os.close(fd)
+        wall_ms = int((time.monotonic() - started) * 1000)
+        # Three reads of a few bytes of sysfs (~70 us): inline, not a thread hop.
+        stats = cgroup.stats() if cgroup is not None else None
+        log_text = jail_log.value().decode("utf-8", "replace")
+        exit_code, signame = decode_status(status)
+        if self._nsjail is not None:
+            reported = job_status_from_log(log_text)
+            if reported is not None:
+                exit_code, signame = reported
+            elif state["timed_out"] or state["stdout_limited"]:
+                exit_code, signame = None, "SIGKILL"  # the runner killed nsjail first
+            else:
+                raise JailError("nsjail could not run the job: " + warnings_only(log_text)[-2000:])
+        cpu_ms = int((rusage.ru_utime + rusage.ru_stime) * 1000) if rusage else 0
+        return JobOutcome(
+            exit_code=exit_code,
+            signal=signame,
+            timed_out=state["timed_out"],
+            stdout_limited=state["stdout_limited"],
+            stdout=stdout.value(),
+            stderr=stderr.value(),
+            stdout_truncated=stdout.truncated,
+            stderr_truncated=stderr.truncated,
+            wall_ms=wall_ms,
+            cpu_ms=cpu_ms,
+            max_rss_kib=job_peak_kib(stats, rusage, runner_peak_kib),
+            cgroup=stats,
+            jail_log=warnings_only(log_text),
+        )
+
+    def _with_netns(self, spec: JobSpec) -> JobSpec:
+        if spec.network or spec.netns_fd is not None or self.netns_for is None:
+            return spec
+        fd = self.netns_for(spec.workspace)
+        return spec if fd is None else dataclasses.replace(spec, netns_fd=fd)
+
+    async def launch(self, spec: JobSpec, *, stdin_fd: int, output_fd: int) -> LaunchedJob:
+        """Start a job that outlives the call: stdin from ``stdin_fd``, stdout and stderr
+        both to ``output_fd`` (the caller keeps and closes both)."""
+        spec = self._with_netns(spec)
+        self._counter += 1
+        cgroup: JobCgroup | None = None
+        if self._cgroups.available:
+            cgroup = await asyncio.to_thread(
+                self._cgroups.create,
+                f"{os.getpid()}-{self._counter}",
+                memory_bytes=spec.limits.memory_bytes,
+                pids=spec.limits.pids,
+            )
+        log_r, log_w = os.pipe()
+        close_after: list[int] = [log_w]
+        try:
+            request = self._spawn_request(
+                spec,
+                stdin=stdin_fd,
+                stdout=output_fd,
+                stderr=output_fd,
+                log_fd=log_w,
+                cgroup=cgroup,
+                resident_key=None,
+                close_after=close_after,
+            )
+            process = await self._spawner.spawn(request)
+        except BaseException:
+            os.close(log_r)
+            if cgroup is not None:
+                await asyncio.shield(asyncio.to_thread(cgroup.destroy))
+            raise
+        finally:
+            for fd in close_after:
+                os.close(fd)
+        return LaunchedJob(
+            process, cgroup, log_r, status_of=launch_status if self._nsjail is not None else None
+        )
+
+    def _stdin_fd(self, spec: JobSpec) -> int:
+        if spec.stdin is None:
+            return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        # A file, not a pipe: no writer task to manage, and a job that never reads
+        # its stdin cannot block the runner.
+        path = spec.job_dir.parent / f"{spec.job_dir.name}.stdin"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.unlink(path)
+        os.write(fd, spec.stdin)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    def _spawn_env(self, spec: JobSpec) -> dict[str, str]:
+        if self._nsjail is None:
+            return dict(spec.env)
+        # nsjail itself gets no environment of the runner (the token stays out).
+        return {"PATH": "/usr/bin:/bin"}
+
+
+__all__ = ["Jail", "JobLimits", "JobSpec", "OutputCallback"]

@@ -1,0 +1,108 @@
+"""What a finished job reports: nsjail's log and wait status read, its peak memory chosen.
+
+nsjail exits 128+N both when the job exited N and when a signal N killed it, so
+the job's own status comes from nsjail's log; ``nsjail.py`` runs the job and
+hands the raw figures here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import signal
+from dataclasses import dataclass
+
+from .cgroups import JobCgroupStats
+
+__all__ = [
+    "JobOutcome",
+    "decode_status",
+    "job_peak_kib",
+    "job_status_from_log",
+    "launch_status",
+    "signal_name",
+    "warnings_only",
+]
+
+
+@dataclass(slots=True)
+class JobOutcome:
+    """What happened to a job, as measured by the runner."""
+
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    stdout_limited: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_truncated: bool
+    stderr_truncated: bool
+    wall_ms: int
+    cpu_ms: int
+    max_rss_kib: int | None
+    cgroup: JobCgroupStats | None
+    jail_log: str = ""
+
+
+_EXITED_RE = re.compile(r"\) exited with status: (\d+)")
+_SIGNALED_RE = re.compile(r"\) terminated with signal: \w+ \((\d+)\)")
+
+
+def job_status_from_log(log_text: str) -> tuple[int | None, str | None] | None:
+    """The job's own (exit code, signal) from nsjail's log; nsjail's exit code is 128+N
+    for both. None when the log never says how the job ended: nsjail failed to run it
+    (configuration, namespaces) or was killed first."""
+    for line in reversed(log_text.splitlines()):
+        if match := _EXITED_RE.search(line):
+            return int(match.group(1)), None
+        if match := _SIGNALED_RE.search(line):
+            return None, signal_name(int(match.group(1)))
+    return None
+
+
+def launch_status(log_text: str, status: int) -> tuple[int | None, str | None, bool]:
+    """(exit code, signal, whether nsjail never reported the job's end) of a launched job."""
+    reported = job_status_from_log(log_text)
+    if reported is None:
+        return (*decode_status(status), True)
+    return (*reported, False)
+
+
+def warnings_only(log_text: str) -> str:
+    """nsjail's log without its info lines, the last 8 KiB."""
+    kept = [line for line in log_text.splitlines() if not line.startswith("[I]")]
+    return "\n".join(kept)[-8192:]
+
+
+def job_peak_kib(
+    stats: JobCgroupStats | None, rusage: resource.struct_rusage | None, runner_peak_kib: int
+) -> int | None:
+    """The job's peak memory in KiB, for ``ExecuteResult.max_rss_kib``.
+
+    Not ``ru_maxrss`` as such: nsjail is vforked from the runner, and exec records
+    the borrowed address space's high-water mark (the runner's RSS) as nsjail's
+    own, so every job smaller than the runner would report the runner's size. The
+    job cgroup's peak is the figure (what the memory limit counts); without
+    cgroups, ``ru_maxrss`` only when it passes what the runner itself had reached.
+    """
+    if stats is not None and stats.memory_peak_bytes is not None:
+        return stats.memory_peak_bytes // 1024
+    if rusage is not None and rusage.ru_maxrss > runner_peak_kib:
+        return rusage.ru_maxrss
+    return None
+
+
+def decode_status(status: int) -> tuple[int | None, str | None]:
+    """(exit code, signal name) of a wait status."""
+    if os.WIFSIGNALED(status):
+        return None, signal_name(os.WTERMSIG(status))
+    return os.WEXITSTATUS(status), None
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``SIG<n>`` for a number with no name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"

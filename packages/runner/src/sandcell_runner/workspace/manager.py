@@ -1,0 +1,181 @@
+"""Where jobs run: fresh per-job workspaces and the session workspace, on disk.
+
+Layout under ``SANDCELL_WORKSPACE_ROOT`` (mode 0711: jobs never see it, the jail
+bind-mounts only their own directories)::
+
+    jobs/<id>/ws       fresh workspace (tmpfs sized to the quota), removed after the job
+    jobs/<id>/job      the job's entry file, mounted read-only at /mnt/job
+    session/ws-<n>     the bound session's workspace (n grows with each restore)
+    (a restore extracts into the next ws-<n> and becomes the workspace only when complete)
+    session/job-<id>   a session job's entry file
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandcell_protocol import SurfacedOutput
+
+from ..errors import ConfigError
+from . import mounts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class JobDirs:
+    """The host directories of one job."""
+
+    workspace: Path
+    job_dir: Path
+
+
+@dataclass(slots=True)
+class JobWorkspace:
+    """The workspace a job runs in, and what the caller already knows of its files."""
+
+    path: Path
+    uid: int
+    gid: int
+    job_dir: Path
+    surfaced: dict[str, SurfacedOutput] = field(default_factory=dict)
+    """Files the caller has seen (inputs it wrote, outputs of earlier turns)."""
+    session_id: str | None = None
+
+
+class WorkspaceManager:
+    """Creates and removes workspaces; mounts a quota-sized tmpfs where it can."""
+
+    def __init__(self, root: Path, *, quota_bytes: int) -> None:
+        self.root = root
+        self.quota_bytes = quota_bytes
+        self.quota_enforced = mounts.can_mount()
+        self.jobs = root / "jobs"
+        self.session = root / "session"
+
+    def prepare(self) -> None:
+        """Create the root directories (idempotent).
+
+        nsjail mounts a job's directories after switching to the job's UID, so every
+        ancestor of the root must be traversable by others (``o+x``); a 0700 parent
+        would fail every job, so it fails start-up instead, naming the variable.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        for ancestor in self.root.resolve().parents:
+            if not os.stat(ancestor).st_mode & 0o001:
+                raise ConfigError(
+                    f"SANDCELL_WORKSPACE_ROOT: ancestor {ancestor} is not traversable by job "
+                    "UIDs (needs o+x); choose another root or chmod o+x it"
+                )
+        for directory in (self.root, self.jobs, self.session):
+            directory.mkdir(parents=True, exist_ok=True)
+            # Traversable, not listable: job UIDs reach only the mounts nsjail makes.
+            os.chmod(directory, 0o711)  # noqa: S103
+
+    # -- workspaces -------------------------------------------------------------
+
+    def make_workspace(self, path: Path, *, uid: int, gid: int) -> None:
+        """An empty workspace at ``path`` owned by ``uid``, quota-capped when possible."""
+        path.mkdir(mode=0o700)
+        if self.quota_enforced:
+            try:
+                mounts.mount_tmpfs(path, size_bytes=self.quota_bytes, uid=uid, gid=gid)
+            except OSError as exc:
+                log.warning("workspace quota unavailable (%s); using a plain directory", exc)
+                self.quota_enforced = False
+            else:
+                return
+        os.chown(path, uid, gid)
+
+    def remove_workspace(self, path: Path) -> None:
+        """Unmount and delete; raises OSError when the tree cannot be removed."""
+        if mounts.is_mount_point(path):
+            mounts.unmount(path)
+        if path.exists() or path.is_symlink():
+            shutil.rmtree(path)
+
+    def disk_full(self, path: Path) -> bool:
+        """True when the workspace has (almost) no free space left: a quota hit."""
+        if not self.quota_enforced:
+            return False
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < 64 * 1024
+
+    # -- fresh per-job directories ------------------------------------------------
+
+    def create_job(self, *, uid: int, gid: int, with_workspace: bool = True) -> JobDirs:
+        """A new ``jobs/<id>`` with an empty workspace and an empty job directory."""
+        base = self.jobs / f"{int(time.time())}-{secrets.token_hex(6)}"
+        base.mkdir(mode=0o711)
+        job_dir = base / "job"
+        job_dir.mkdir(mode=0o755)
+        workspace = base / "ws"
+        if with_workspace:
+            self.make_workspace(workspace, uid=uid, gid=gid)
+        return JobDirs(workspace=workspace, job_dir=job_dir)
+
+    def remove_job(self, dirs: JobDirs) -> None:
+        """Remove a fresh job's directories."""
+        base = dirs.job_dir.parent
+        with contextlib.suppress(FileNotFoundError):
+            if dirs.workspace.parent == base:
+                self.remove_workspace(dirs.workspace)
+            shutil.rmtree(base)
+
+    def create_session_job_dir(self) -> Path:
+        """A job directory for one session turn (the workspace is the session's)."""
+        path = self.session / f"job-{int(time.time())}-{secrets.token_hex(6)}"
+        path.mkdir(mode=0o755)
+        return path
+
+    def remove_dir(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)
+
+    # -- reaping --------------------------------------------------------------
+
+    def reap(self, *, older_than_s: float, keep: set[Path], now: float | None = None) -> list[Path]:
+        """Remove leftovers older than ``older_than_s``; never a path in ``keep``.
+
+        ``keep`` holds the bound session's workspace and any staging directory; the
+        input cache lives outside the workspace root and is never looked at.
+        """
+        now = time.time() if now is None else now
+        removed: list[Path] = []
+        for parent in (self.jobs, self.session):
+            if not parent.is_dir():
+                continue
+            for entry in parent.iterdir():
+                if entry in keep or any(entry == k or entry in k.parents for k in keep):
+                    continue
+                try:
+                    age = now - entry.lstat().st_mtime
+                except FileNotFoundError:
+                    continue
+                if age < older_than_s:
+                    continue
+                try:
+                    self._remove_any(entry)
+                    removed.append(entry)
+                except OSError as exc:
+                    log.warning("reaper could not remove %s: %s", entry, exc)
+        return removed
+
+    def _remove_any(self, entry: Path) -> None:
+        if entry.is_symlink() or entry.is_file():
+            entry.unlink()
+            return
+        for child in (entry / "ws", entry):
+            if mounts.is_mount_point(child):
+                mounts.unmount(child)
+        shutil.rmtree(entry)

@@ -1,0 +1,147 @@
+"""Pooled job cgroups under concurrency, driven through ``Jail`` with a real nsjail.
+
+An unprivileged runner gives every job the same UID (``UidPool.shared``), so the
+pooled cgroup a job runs in must not be chosen by UID: two concurrent jobs would
+share it, and the first to finish would kill the other as its "leftover".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandcell_runner.config import _find_nsjail
+from sandcell_runner.errors import JailError
+from sandcell_runner.jail.cgroups import CgroupManager
+from sandcell_runner.jail.nsjail import Jail
+from sandcell_runner.jail.spawner import Spawner
+from sandcell_runner.jail.spec import JobLimits, JobSpec
+from tests.fixtures.paths import traversable_dir
+
+UID = 61_234
+LIMITS = JobLimits(
+    timeout_ms=20_000,
+    memory_bytes=256 * 1024 * 1024,
+    pids=64,
+    stdout_bytes=64 * 1024,
+    stderr_bytes=64 * 1024,
+    file_size_mib=16,
+    open_files=64,
+    tmp_mib=16,
+)
+
+
+@pytest.fixture
+def jail_root() -> Iterator[tuple[Jail, CgroupManager, Path]]:
+    with traversable_dir("jail-") as root:
+        cgroups = CgroupManager(f"test-{os.getpid()}-{root.name}")
+        if not cgroups.available:
+            pytest.fail("this test needs writable cgroups (run as root, as CI does)")
+        spawner = Spawner()
+        jail = Jail(nsjail=_find_nsjail(None), cgroups=cgroups, spawner=spawner)
+        try:
+            yield jail, cgroups, root
+        finally:
+            spawner.close()
+            cgroups.release_all()
+
+
+def _spec(root: Path, name: str, script: str) -> JobSpec:
+    workspace, job_dir = root / name, root / f"{name}-job"
+    for directory in (workspace, job_dir):
+        directory.mkdir()
+        os.chown(directory, UID, UID)
+    return JobSpec(
+        argv=["/bin/sh", "-c", script],
+        workspace=workspace,
+        job_dir=job_dir,
+        uid=UID,
+        gid=UID,
+        env={"PATH": "/usr/bin:/bin"},
+        limits=LIMITS,
+    )
+
+
+def test_concurrent_jobs_of_one_uid_do_not_share_a_cgroup(
+    jail_root: tuple[Jail, CgroupManager, Path],
+) -> None:
+    jail, _, root = jail_root
+    # The slow job blocks on a FIFO the test opens only once the quick job is done,
+    # so the two overlap however slow the host is.
+    slow = _spec(root, "slow", "cat gate > /dev/null; echo survived")
+    gate = slow.workspace / "gate"
+    os.mkfifo(gate, 0o666)
+    quick = _spec(root, "quick", "echo quick")
+
+    async def both() -> tuple[str, str]:
+        slow_task = asyncio.create_task(jail.run(slow))
+        quick_outcome = await jail.run(quick)
+        assert not slow_task.done()
+        await _release(gate)
+        slow_outcome = await slow_task
+        assert quick_outcome.exit_code == 0, quick_outcome.jail_log
+        assert slow_outcome.exit_code == 0, (slow_outcome.signal, slow_outcome.jail_log)
+        return slow_outcome.stdout.decode(), quick_outcome.stdout.decode()
+
+    slow_out, quick_out = asyncio.run(both())
+    assert (slow_out, quick_out) == ("survived\n", "quick\n")
+
+
+async def _release(fifo: Path) -> None:
+    """Open ``fifo`` for writing once its reader is there, then close it (EOF)."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            os.close(fd)
+            return
+
+
+def test_a_job_that_cannot_start_leaks_no_descriptor(
+    jail_root: tuple[Jail, CgroupManager, Path],
+) -> None:
+    jail, _, root = jail_root
+    oversized = dataclasses.replace(
+        _spec(root, "huge", "true"), env={"PATH": "/usr/bin:/bin", "X": "a" * 70_000}
+    )
+
+    async def refused() -> None:
+        with pytest.raises(JailError, match="too large"):
+            await jail.run(oversized)
+
+    asyncio.run(refused())  # a first run settles what the loop itself opens
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        asyncio.run(refused())
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_slots_are_reused_not_multiplied(jail_root: tuple[Jail, CgroupManager, Path]) -> None:
+    jail, cgroups, root = jail_root
+
+    async def sequential() -> None:
+        for index in range(4):
+            outcome = await jail.run(_spec(root, f"job{index}", "true"))
+            assert outcome.exit_code == 0, outcome.jail_log
+
+    asyncio.run(sequential())
+    pooled = {path.name for directory in cgroups._parents for path in directory.iterdir()}
+    assert {name for name in pooled if name.startswith("job-pool-")} == {"job-pool-s0"}
+
+
+@pytest.fixture(autouse=True)
+def _needs_root() -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.fail("the jail tests run as root with util-linux's setpriv, as CI does")
