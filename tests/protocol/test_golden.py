@@ -11,11 +11,14 @@ from sandcell_protocol import (
     ProtocolError,
     checkpoint_key,
     checkpoint_prefix,
+    escape_name,
     input_cache_key,
+    is_escaped_name,
     is_runtime_session_id,
     legacy_checkpoint_key,
     parse_checkpoint_key,
     runtime_session_id,
+    unescape_name,
     validate_workspace_path,
 )
 from tests.golden import load_golden
@@ -131,3 +134,26 @@ def test_is_runtime_session_id_rejects(value: str) -> None:
         checkpoint_key(value, 1)
     with pytest.raises(ProtocolError):
         legacy_checkpoint_key(value)
+
+
+@pytest.mark.parametrize("vector", GOLDEN["escaped_name"])
+def test_escaped_name_golden(vector: dict[str, str]) -> None:
+    """A job's file name travels as the golden wire name, and comes back as its bytes."""
+    raw = bytes.fromhex(vector["raw_hex"])
+    assert escape_name(raw) == vector["name"]
+    assert unescape_name(vector["name"]) == raw
+    assert is_escaped_name(vector["name"]) == ("\\" in vector["name"])
+
+
+@pytest.mark.parametrize("name", GOLDEN["escaped_name_rejected"])
+def test_escaped_name_rejected(name: str) -> None:
+    with pytest.raises(ProtocolError, match="name"):
+        unescape_name(name)
+
+
+def test_an_escaped_name_is_never_a_workspace_path() -> None:
+    """The escaped form always holds a backslash, which paths refuse: never addressable."""
+    for vector in GOLDEN["escaped_name"]:
+        if is_escaped_name(vector["name"]):
+            with pytest.raises(ProtocolError):
+                validate_workspace_path(vector["name"])
