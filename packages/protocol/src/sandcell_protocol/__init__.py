@@ -40,6 +40,12 @@ from .errors import (
     ProtocolMismatchError,
     SandcellProtocolError,
 )
+from .input_refs import (
+    MAX_INPUT_REF_CHARS,
+    MAX_STORAGE_SESSION_CHARS,
+    scoped_storage_session,
+    validate_input_ref,
+)
 from .messages import (
     CheckpointMeta,
     ErrorBody,
@@ -79,6 +85,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ERROR_SEMANTICS",
+    "MAX_INPUT_REF_CHARS",
+    "MAX_STORAGE_SESSION_CHARS",
     "PROTOCOL_VERSION",
     "AnalysisResult",
     "CheckpointMeta",
@@ -146,7 +154,9 @@ __all__ = [
     "parse_version",
     "routes",
     "runtime_session_id",
+    "scoped_storage_session",
     "unescape_name",
     "validate_hint",
+    "validate_input_ref",
     "validate_workspace_path",
 ]
