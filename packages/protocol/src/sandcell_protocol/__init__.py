@@ -5,7 +5,7 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import app_messages, headers, routes
+from . import app_messages, headers, names, routes
 from .app_messages import (
     AnalysisResult,
     Diagnostic,
@@ -76,6 +76,7 @@ from .messages import (
     StreamEvent,
     SurfacedOutput,
 )
+from .names import escape_name, is_escaped_name, unescape_name
 from .version import PROTOCOL_VERSION, check_compatible, parse_version
 
 # A constant, not importlib.metadata (~40 ms at every start-up); a test checks it
@@ -141,16 +142,20 @@ __all__ = [
     "encode",
     "encode_event",
     "error_body",
+    "escape_name",
     "headers",
     "input_cache_key",
+    "is_escaped_name",
     "is_input_cache_key",
     "is_runtime_session_id",
     "legacy_checkpoint_key",
+    "names",
     "parse_checkpoint_key",
     "parse_version",
     "routes",
     "runtime_session_id",
     "scoped_storage_session",
+    "unescape_name",
     "validate_hint",
     "validate_input_ref",
     "validate_workspace_path",
