@@ -5,7 +5,8 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import app_messages, headers, routes
+from . import addresses, app_messages, egress, headers, routes
+from .addresses import AddressRules
 from .app_messages import (
     AnalysisResult,
     Diagnostic,
@@ -32,6 +33,7 @@ from .derivations import (
     validate_hint,
     validate_workspace_path,
 )
+from .egress import EgressEvent, EgressPolicy, EgressStatus
 from .errors import (
     ERROR_SEMANTICS,
     ErrorCode,
@@ -79,9 +81,13 @@ __version__ = "0.1.0"
 __all__ = [
     "ERROR_SEMANTICS",
     "PROTOCOL_VERSION",
+    "AddressRules",
     "AnalysisResult",
     "CheckpointMeta",
     "Diagnostic",
+    "EgressEvent",
+    "EgressPolicy",
+    "EgressStatus",
     "ErrorBody",
     "ErrorCode",
     "ErrorDetail",
@@ -124,12 +130,14 @@ __all__ = [
     "SurfacedOutput",
     "ToolStatus",
     "__version__",
+    "addresses",
     "app_messages",
     "check_compatible",
     "checkpoint_key",
     "checkpoint_prefix",
     "decode",
     "decode_event",
+    "egress",
     "encode",
     "encode_event",
     "error_body",
