@@ -42,6 +42,12 @@ from .errors import (
     ProtocolMismatchError,
     SandcellProtocolError,
 )
+from .input_refs import (
+    MAX_INPUT_REF_CHARS,
+    MAX_STORAGE_SESSION_CHARS,
+    scoped_storage_session,
+    validate_input_ref,
+)
 from .messages import (
     CheckpointMeta,
     ErrorBody,
@@ -80,6 +86,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ERROR_SEMANTICS",
+    "MAX_INPUT_REF_CHARS",
+    "MAX_STORAGE_SESSION_CHARS",
     "PROTOCOL_VERSION",
     "AddressRules",
     "AnalysisResult",
@@ -150,6 +158,8 @@ __all__ = [
     "parse_version",
     "routes",
     "runtime_session_id",
+    "scoped_storage_session",
     "validate_hint",
+    "validate_input_ref",
     "validate_workspace_path",
 ]

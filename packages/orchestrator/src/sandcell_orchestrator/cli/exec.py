@@ -16,6 +16,7 @@ from sandcell_protocol import (
     RunStatus,
     encode,
     runtime_session_id,
+    scoped_storage_session,
 )
 
 from ..bootstrap import open_services
@@ -90,7 +91,7 @@ def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
             data = path.read_bytes()
         except OSError as exc:
             raise UsageError(f"--file {raw}: {exc.strerror or exc}") from None
-        object_id = source.store(CLI_STORAGE_SESSION, data)
+        object_id = source.store(scoped_storage_session(CLI_NAMESPACE, CLI_STORAGE_SESSION), data)
         refs.append(FileRef(storage_session=CLI_STORAGE_SESSION, object_id=object_id, name=name))
     return refs
 

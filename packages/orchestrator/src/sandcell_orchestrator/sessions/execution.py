@@ -42,7 +42,7 @@ from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
 from ..registry import SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
-from .inputs import InputSource, deliver_inputs
+from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import SandboxManager
 
 __all__ = ["ExecutionService", "Identity"]
@@ -105,7 +105,12 @@ class ExecutionService:
     async def execute(
         self, request: ExecuteRequest, identity: Identity, *, hint: str | None = None
     ) -> ExecuteResult:
-        """Run ``request`` for ``identity``; ``hint`` names a runtime session."""
+        """Run ``request`` for ``identity``; ``hint`` names a runtime session.
+
+        Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
+        ref can only ever name this tenant's objects.
+        """
+        request = scope_inputs(request, identity.namespace)
         if self.mode == "stateless":
             return await self._stateless(request)
         if hint is None:
@@ -129,7 +134,10 @@ class ExecutionService:
     # -- sessions -------------------------------------------------------------
 
     async def execute_in_session(self, request: ExecuteRequest, session_id: str) -> ExecuteResult:
-        """The session path for an already-derived ``rt_…`` id."""
+        """The session path for an already-derived ``rt_…`` id.
+
+        ``request``'s input refs must already be scoped (``execute`` does it).
+        """
         manager = self.manager
         async with manager.hold(session_id) as hold:
             attached = await manager.attach(hold, self.spec)
