@@ -5,7 +5,7 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import addresses, app_messages, egress, headers, routes
+from . import addresses, app_messages, egress, headers, names, routes
 from .addresses import AddressRules
 from .app_messages import (
     AnalysisResult,
@@ -78,6 +78,7 @@ from .messages import (
     StreamEvent,
     SurfacedOutput,
 )
+from .names import escape_name, is_escaped_name, unescape_name
 from .version import PROTOCOL_VERSION, check_compatible, parse_version
 
 # A constant, not importlib.metadata (~40 ms at every start-up); a test checks it
@@ -149,16 +150,20 @@ __all__ = [
     "encode",
     "encode_event",
     "error_body",
+    "escape_name",
     "headers",
     "input_cache_key",
+    "is_escaped_name",
     "is_input_cache_key",
     "is_runtime_session_id",
     "legacy_checkpoint_key",
+    "names",
     "parse_checkpoint_key",
     "parse_version",
     "routes",
     "runtime_session_id",
     "scoped_storage_session",
+    "unescape_name",
     "validate_hint",
     "validate_input_ref",
     "validate_workspace_path",
