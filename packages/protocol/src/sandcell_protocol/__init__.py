@@ -5,7 +5,8 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import app_messages, headers, names, routes
+from . import addresses, app_messages, egress, headers, names, routes
+from .addresses import AddressRules
 from .app_messages import (
     AnalysisResult,
     Diagnostic,
@@ -32,6 +33,7 @@ from .derivations import (
     validate_hint,
     validate_workspace_path,
 )
+from .egress import EgressEvent, EgressPolicy, EgressStatus
 from .errors import (
     ERROR_SEMANTICS,
     ErrorCode,
@@ -88,9 +90,13 @@ __all__ = [
     "MAX_INPUT_REF_CHARS",
     "MAX_STORAGE_SESSION_CHARS",
     "PROTOCOL_VERSION",
+    "AddressRules",
     "AnalysisResult",
     "CheckpointMeta",
     "Diagnostic",
+    "EgressEvent",
+    "EgressPolicy",
+    "EgressStatus",
     "ErrorBody",
     "ErrorCode",
     "ErrorDetail",
@@ -133,12 +139,14 @@ __all__ = [
     "SurfacedOutput",
     "ToolStatus",
     "__version__",
+    "addresses",
     "app_messages",
     "check_compatible",
     "checkpoint_key",
     "checkpoint_prefix",
     "decode",
     "decode_event",
+    "egress",
     "encode",
     "encode_event",
     "error_body",
