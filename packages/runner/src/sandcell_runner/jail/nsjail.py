@@ -61,19 +61,23 @@ class _Capture:
         self._on_output = on_output
 
     def feed(self, data: bytes) -> bool:
-        """Store ``data``; return True when this chunk pushed the stream past its cap."""
-        room = self.cap - self.size
-        if room <= 0:
-            self.truncated = True
-            return False
+        """Store ``data``; return True when this is the first chunk that did not fit.
+
+        Past the cap means a byte was dropped: output that ends exactly at the cap is
+        whole (not truncated), and the chunk after a chunk that filled it exactly
+        is the one that passes it.
+        """
+        room = max(self.cap - self.size, 0)
         kept = data[:room]
-        self.chunks.append(kept)
-        self.size += len(kept)
-        if self._on_output is not None and kept:
-            self._on_output(self.name, kept)
-        if len(data) > room:
+        if kept:
+            self.chunks.append(kept)
+            self.size += len(kept)
+            if self._on_output is not None:
+                self._on_output(self.name, kept)
+        if len(data) > len(kept):
+            first = not self.truncated
             self.truncated = True
-            return True
+            return first
         return False
 
     def value(self) -> bytes:
