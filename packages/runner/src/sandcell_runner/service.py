@@ -28,6 +28,7 @@ from .jail.nsjail import Jail, OutputCallback
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
+from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
 from .workspace.manager import JobDirs, JobWorkspace, WorkspaceManager
@@ -56,7 +57,8 @@ class RunnerService:
 
     The HTTP layer's one entry point. Routes call its methods (``prepare``,
     ``execute``, ``analyse``, ``health``, ``running``) and its feature objects:
-    ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs`` and ``apps``.
+    ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs``, ``apps`` and
+    ``sandbox``.
     The machinery behind them (executor, jail, workspaces, cgroups, UIDs, warmup)
     is its own.
     """
@@ -109,6 +111,14 @@ class RunnerService:
         # A session's processes end before its workspace is wiped, and its jobs share
         # its network namespace.
         self.sessions.release_hooks.append(self.apps.release)
+        python = self.languages.get("python")
+        self.sandbox = SandboxSessions(
+            settings,
+            jail=self._jail,
+            workspaces=self._workspaces,
+            python=python.binary if python else None,
+        )
+        self.sessions.release_hooks.append(self.sandbox.release)
         self._jail.netns_for = self.sessions.netns_fd_for
         self.files = SessionFiles(self.sessions, max_read_bytes=settings.max_body_bytes)
         self.checkpoints = SessionCheckpoints(
@@ -307,6 +317,7 @@ class RunnerService:
     def _reap(self) -> list[Path]:
         """Remove leftover per-job directories; never the session's, staging, or the cache."""
         keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
+        keep |= self.sandbox.keep_paths()
         return self._workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
 
     async def _reaper_loop(self) -> None:
@@ -322,6 +333,8 @@ class RunnerService:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.apps.shutdown()
+        with contextlib.suppress(Exception):
+            await self.sandbox.shutdown()
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
         with contextlib.suppress(Exception):

@@ -23,6 +23,7 @@ from .files import FileRoutes
 from .health import HealthRoutes
 from .inputs import InputRoutes
 from .preview import PreviewRoutes
+from .sandbox import SandboxRoutes
 from .session import SessionRoutes
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def create_app(service: RunnerService) -> Starlette:
         FileRoutes(service),
         InputRoutes(service),
         AppRoutes(service),
+        SandboxRoutes(service),
         preview,
     ]
 
