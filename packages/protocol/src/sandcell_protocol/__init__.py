@@ -5,7 +5,7 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import app_messages, headers, routes
+from . import app_messages, contexts, headers, routes
 from .app_messages import (
     AnalysisResult,
     Diagnostic,
@@ -126,6 +126,7 @@ __all__ = [
     "__version__",
     "app_messages",
     "check_compatible",
+    "contexts",
     "checkpoint_key",
     "checkpoint_prefix",
     "decode",
