@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 import resource
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from sandcell_protocol.contexts import ContextEndEvent, ContextRun
 
 from . import __version__
 from .apps.manager import AppManager
+from .apps.processes import MAX_RUNNING_PROCESSES
 from .checkpoint.export import ArchiveLimits
 from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
@@ -27,7 +29,8 @@ from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
 from .jail.cgroups import CgroupManager
-from .jail.nsjail import Jail, OutputCallback
+from .jail.host_limits import apply_host_limits, required_limits
+from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
@@ -82,10 +85,28 @@ class RunnerService:
         if reaped:
             log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
         self._spawner = Spawner()
+        nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
+        job_user_refused = None
+        if nsjail is not None:
+            needs = required_limits(
+                max_jobs=settings.max_jobs,
+                max_pids=settings.limits.max_pids,
+                open_files=settings.limits.open_files,
+                session_processes=MAX_RUNNING_PROCESSES if settings.sessions_enabled else 0,
+            )
+            self.warnings += apply_host_limits(needs, may_raise=os.geteuid() == 0)
+        if nsjail is not None and os.geteuid() == 0:
+            job_user_refused = probe_job_user_nsjail(nsjail, settings.uid_max)
+            if job_user_refused is not None:
+                self.warnings.append(
+                    "nsjail runs as root, so jobs' inotify and namespace budgets are "
+                    f"root's, shared by every job ({job_user_refused})"
+                )
         self._jail = Jail(
-            nsjail=settings.nsjail_path if settings.jail_mode == "nsjail" else None,
+            nsjail=nsjail,
             cgroups=self._cgroups,
             spawner=self._spawner,
+            as_job_user=job_user_refused is None,
         )
         self._uids = UidPool(settings.uid_min, settings.uid_max)
         self.languages = (
