@@ -44,6 +44,10 @@ _SYSTEM_MOUNTS = (
     ("/etc/ld.so.cache", False),
     ("/etc/alternatives", False),
     ("/etc/localtime", False),
+    # Debian's matplotlib reads its defaults from here (without it, import fails),
+    # and fontconfig its configuration.
+    ("/etc/matplotlibrc", False),
+    ("/etc/fonts", False),
 )
 _NETWORK_MOUNTS = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates")
 
