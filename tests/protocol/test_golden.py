@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pytest
 
 from sandcell_protocol import (
+    FileRef,
     ProtocolError,
     checkpoint_key,
     checkpoint_prefix,
+    decode,
+    escape_name,
     input_cache_key,
+    is_escaped_name,
     is_runtime_session_id,
     legacy_checkpoint_key,
     parse_checkpoint_key,
     runtime_session_id,
+    scoped_storage_session,
+    unescape_name,
+    validate_input_ref,
     validate_workspace_path,
 )
 from tests.golden import load_golden
@@ -131,3 +139,73 @@ def test_is_runtime_session_id_rejects(value: str) -> None:
         checkpoint_key(value, 1)
     with pytest.raises(ProtocolError):
         legacy_checkpoint_key(value)
+
+
+@pytest.mark.parametrize("value", GOLDEN["input_ref"]["accepted"], ids=repr)
+def test_input_ref_accepted_golden(value: str) -> None:
+    """Either part may be any accepted value; the wire type agrees with the function."""
+    assert validate_input_ref(value, value) == (value, value)
+    ref = decode(json.dumps({"storage_session": value, "object_id": value, "name": "f"}), FileRef)
+    assert (ref.storage_session, ref.object_id) == (value, value)
+
+
+@pytest.mark.parametrize("value", GOLDEN["input_ref"]["rejected"], ids=repr)
+def test_input_ref_rejected_golden(value: str) -> None:
+    """Refused in either part, by the function and by the wire type, without echoing it."""
+    with pytest.raises(ProtocolError, match="storage_session") as refused:
+        validate_input_ref(value, "obj-1")
+    if len(value) > 2:
+        assert value not in str(refused.value)
+    with pytest.raises(ProtocolError, match="object_id"):
+        validate_input_ref("sess-A", value)
+    for field in ("storage_session", "object_id"):
+        body = {"storage_session": "sess-A", "object_id": "obj-1", "name": "f", field: value}
+        with pytest.raises(ProtocolError, match=field):
+            decode(json.dumps(body), FileRef)
+
+
+@pytest.mark.parametrize("vector", GOLDEN["scoped_storage_session"])
+def test_scoped_storage_session_golden(vector: dict[str, str]) -> None:
+    """The scoped form is itself a valid wire part, and the namespace's tag prefixes it."""
+    scoped = scoped_storage_session(vector["namespace"], vector["storage_session"])
+    assert scoped == vector["scoped"]
+    validate_input_ref(scoped, "obj-1")
+    tag = hashlib.sha256(vector["namespace"].encode()).hexdigest()[:30]
+    assert scoped == f"t{tag}.{vector['storage_session']}"
+
+
+def test_scoped_storage_sessions_of_two_namespaces_never_meet() -> None:
+    """A caller writing another namespace's scoped value still gets its own prefix."""
+    a, b = GOLDEN["scoped_storage_session"][:2]
+    assert a["storage_session"] == b["storage_session"]
+    assert a["scoped"] != b["scoped"]
+    assert scoped_storage_session(b["namespace"], a["scoped"]) != a["scoped"]
+
+
+@pytest.mark.parametrize("vector", GOLDEN["scoped_storage_session_rejected"])
+def test_scoped_storage_session_rejected_golden(vector: dict[str, str]) -> None:
+    with pytest.raises(ProtocolError):
+        scoped_storage_session(vector["namespace"], vector["storage_session"])
+
+
+@pytest.mark.parametrize("vector", GOLDEN["escaped_name"])
+def test_escaped_name_golden(vector: dict[str, str]) -> None:
+    """A job's file name travels as the golden wire name, and comes back as its bytes."""
+    raw = bytes.fromhex(vector["raw_hex"])
+    assert escape_name(raw) == vector["name"]
+    assert unescape_name(vector["name"]) == raw
+    assert is_escaped_name(vector["name"]) == ("\\" in vector["name"])
+
+
+@pytest.mark.parametrize("name", GOLDEN["escaped_name_rejected"])
+def test_escaped_name_rejected(name: str) -> None:
+    with pytest.raises(ProtocolError, match="name"):
+        unescape_name(name)
+
+
+def test_an_escaped_name_is_never_a_workspace_path() -> None:
+    """The escaped form always holds a backslash, which paths refuse: never addressable."""
+    for vector in GOLDEN["escaped_name"]:
+        if is_escaped_name(vector["name"]):
+            with pytest.raises(ProtocolError):
+                validate_workspace_path(vector["name"])

@@ -19,6 +19,7 @@ def test_all_is_pinned() -> None:
             "messages",
             "version",
             "schema",
+            "input_refs",
         }
     )
     for name in sandcell_protocol.__all__:

@@ -23,8 +23,8 @@ from tests.runner.inputs import (
 )
 
 GOLDEN = load_golden()["input_cache_key"]
+REFUSED = load_golden()["input_ref"]["rejected"]
 A = Blob("sess-A", "obj-1", b"alpha,beta\n1,2\n")
-ODD = Blob("sess/A?x=1", "dir/obj#1 %", b"odd names travel quoted")
 SECRET_NAME = "reports/q3-acquisition-target.xlsx"
 
 
@@ -32,7 +32,7 @@ async def test_miss_is_pulled_from_the_file_server(
     pulling_cache: InputCache, file_server: FileServer
 ) -> None:
     """A miss pulls GET /files/{session}/{object} once and stores it like a push would."""
-    vector = GOLDEN[1]
+    vector = GOLDEN[0]
     blob = Blob(vector["storage_session"], vector["object_id"], b"\x00\xffbinary", read_only=True)
     path = file_server.serve(blob.storage_session, blob.object_id, Served(blob.data))
 
@@ -55,17 +55,21 @@ async def test_miss_is_pulled_from_the_file_server(
     assert file_server.hits == {path: 1}
 
 
-async def test_pull_url_quotes_both_segments(
-    pulling_cache: InputCache, file_server: FileServer
+@pytest.mark.parametrize("value", REFUSED, ids=repr)
+async def test_a_ref_the_protocol_refuses_is_never_pulled(
+    pulling_cache: InputCache, file_server: FileServer, value: str
 ) -> None:
-    """Slashes, '?', '#' and '%' in the ids stay inside their own URL segment."""
-    path = file_server.serve(ODD.storage_session, ODD.object_id, Served(ODD.data))
-    assert path == "/files/sess%2FA%3Fx%3D1/dir%2Fobj%231%20%25"
-
-    found = await pulling_cache.resolve(ODD.ref())
-
-    assert found.path.read_bytes() == ODD.data
-    assert file_server.hits == {path: 1}
+    """A refused storage_session or object_id (golden vectors) is a BadRequestError for
+    probe and resolve alike, and no request reaches the file server."""
+    for ref in (
+        FileRef(storage_session=value, object_id="obj-1", name="x"),
+        FileRef(storage_session="sess-A", object_id=value, name="x"),
+    ):
+        with pytest.raises(BadRequestError):
+            await pulling_cache.resolve(ref)
+        with pytest.raises(BadRequestError):
+            pulling_cache.missing([ref])
+    assert file_server.hits == {}
 
 
 async def test_one_object_at_two_names_is_fetched_once(

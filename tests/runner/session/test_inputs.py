@@ -155,7 +155,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def file_server() -> Iterator[_FileServer]:
     server = _FileServer(("127.0.0.1", 0), _Handler)
-    server.objects = {("store", "obj/1"): b"pulled bytes"}
+    server.objects = {("store", "obj-1"): b"pulled bytes", ("..", "obj-1"): b"escaped"}
     server.requests = []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -173,11 +173,22 @@ def test_miss_pulls_from_file_server(runner_factory: StartRunner, file_server: _
         runner,
         language="bash",
         code="cat a.txt; echo; cat b/a.txt",
-        files=[ref("store", "obj/1", "a.txt"), ref("store", "obj/1", "b/a.txt")],
+        files=[ref("store", "obj-1", "a.txt"), ref("store", "obj-1", "b/a.txt")],
     )
     assert result["stdout"] == "pulled bytes\npulled bytes", result
-    assert file_server.requests == ["/files/store/obj%2F1"]
-    assert input_cache_key("store", "obj/1") in cache_listing(runner)
+    assert file_server.requests == ["/files/store/obj-1"]
+    assert input_cache_key("store", "obj-1") in cache_listing(runner)
+    # A ref the protocol refuses is a 400 before any pull (the file server would answer it).
+    for bad in (ref("..", "obj-1", "c.txt"), ref("store", "obj/1", "c.txt")):
+        response = httpx.post(
+            runner.url + "/v1/execute",
+            json={"language": "bash", "code": "cat c.txt", "files": [bad]},
+            headers=runner.headers(),
+            timeout=60,
+        )
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "bad_request"
+    assert file_server.requests == ["/files/store/obj-1"]
 
 
 def test_priming_dedup_and_read_only_revert(session_runner: RunnerProcess) -> None:

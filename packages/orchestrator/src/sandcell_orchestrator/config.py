@@ -12,7 +12,7 @@ environment is kept. Its parts are typed sub-settings:
     serve      ServeSettings (listen address, API keys)
 
 With no configuration at all sandcell runs embedded on one machine: the local
-provider, an in-process registry and a snapshot directory under ``SANDCELL_HOME``.
+provider, a SQLite registry and a snapshot directory under ``SANDCELL_HOME``.
 Only the chosen provider's settings module is imported.
 """
 
@@ -142,6 +142,22 @@ class OrchestratorSettings:
         return self.home / "sandboxes"
 
     @property
+    def registry_path(self) -> Path:
+        """The embedded registry's SQLite file (unless ``SANDCELL_REGISTRY_URL`` names one)."""
+        url = self.registry_url
+        if url is not None and url.startswith("sqlite:///"):
+            return Path(url.removeprefix("sqlite://"))
+        return self.home / "registry.sqlite3"
+
+    @property
+    def distributed_registry(self) -> bool:
+        """Whether the registry is shared beyond this machine (Redis): sandboxes then
+        outlive this process; with an embedded one they go when it exits."""
+        return self.registry_url is not None and not self.registry_url.startswith(
+            ("sqlite:", "memory:")
+        )
+
+    @property
     def snapshot_dir(self) -> Path:
         return self.home / "snapshots"
 
@@ -158,10 +174,14 @@ class OrchestratorSettings:
         provider_name = read.choice("SANDCELL_PROVIDER", _PROVIDERS, "local")
         mode = read.choice("SANDCELL_RUNTIME_SESSION_MODE", _MODES, "affinity")
         registry_url = read.text("SANDCELL_REGISTRY_URL")
-        if registry_url is not None and not registry_url.startswith(
-            ("redis://", "rediss://", "unix://")
+        if registry_url is not None and not (
+            registry_url.startswith(("redis://", "rediss://", "unix://", "sqlite:///"))
+            or registry_url == "memory://"
         ):
-            raise ConfigError("SANDCELL_REGISTRY_URL must be a redis://, rediss:// or unix:// URL")
+            raise ConfigError(
+                "SANDCELL_REGISTRY_URL must be a redis://, rediss://, unix://,"
+                " sqlite:///absolute/path or memory:// URL"
+            )
         snapshot_url = read.text("SANDCELL_SNAPSHOT_URL")
         if snapshot_url is not None and not snapshot_url.startswith(("s3://", "file://")):
             raise ConfigError("SANDCELL_SNAPSHOT_URL must be s3://bucket/prefix or file:///path")

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from .errors import ErrorCode
+from .input_refs import INPUT_REF_PATTERN
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -15,6 +16,8 @@ NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 # "(?![\s\S])" rather than "$": "$" also matches before a trailing newline, and
 # the lookahead reads the same in Python and ECMAScript (the JSON Schema's dialect).
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
+InputRefPart = Annotated[str, msgspec.Meta(pattern=INPUT_REF_PATTERN)]
+"""A ``storage_session`` or ``object_id``; ``validate_input_ref`` checks the same rule."""
 SessionHint = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}(?![\s\S])")]
 
 
@@ -25,8 +28,8 @@ class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 class FileRef(Message, frozen=True):
     """An input object delivered by reference, primed into the workspace at ``name``."""
 
-    storage_session: NonEmptyStr
-    object_id: NonEmptyStr
+    storage_session: InputRefPart
+    object_id: InputRefPart
     name: NonEmptyStr
     read_only: bool = False
 
@@ -136,6 +139,8 @@ StreamEvent = StdoutEvent | StderrEvent | ResultEvent
 
 HealthStatus = Literal["ok", "quarantined", "starting"]
 WarmupState = Literal["none", "running", "done", "failed"]
+EgressMechanism = Literal["nftables", "none"]
+"""How a runner enforces egress policy: ``nftables`` (its gateway), ``none`` (only ``lo``)."""
 
 
 class Health(Message, frozen=True):
@@ -149,6 +154,8 @@ class Health(Message, frozen=True):
     languages: list[str] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
     """Weakened isolation the operator should know of (no cgroups, no jail)."""
+    egress: EgressMechanism = "none"
+    """What enforces the egress policy; with ``none`` only ``deny_all`` can be set."""
 
 
 class Language(Message, frozen=True):
@@ -156,6 +163,8 @@ class Language(Message, frozen=True):
 
     name: str
     version: str
+    contexts: bool = False
+    """Whether stateful code contexts (``/v1/session/contexts``) run this language."""
 
 
 class Languages(Message, frozen=True):

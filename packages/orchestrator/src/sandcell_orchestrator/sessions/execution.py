@@ -42,7 +42,7 @@ from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
 from ..registry import SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
-from .inputs import InputSource, deliver_inputs
+from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import SandboxManager
 
 __all__ = ["ExecutionService", "Identity"]
@@ -79,6 +79,7 @@ class ExecutionService:
         metrics: Metrics | None = None,
         spec: SandboxSpec | None = None,
         wall_clock: Callable[[], float] = time.time,
+        keep_warm: bool = True,
     ) -> None:
         if manager is None:
             if provider is None or registry is None or store is None:
@@ -99,13 +100,20 @@ class ExecutionService:
         self.inputs = inputs
         self.metrics = manager.metrics
         self.spec = spec or SandboxSpec()
+        self.keep_warm = keep_warm
+        """False: park each session's sandbox at the end of its turn (see ``open_services``)."""
 
     # -- entry point ----------------------------------------------------------
 
     async def execute(
         self, request: ExecuteRequest, identity: Identity, *, hint: str | None = None
     ) -> ExecuteResult:
-        """Run ``request`` for ``identity``; ``hint`` names a runtime session."""
+        """Run ``request`` for ``identity``; ``hint`` names a runtime session.
+
+        Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
+        ref can only ever name this tenant's objects.
+        """
+        request = scope_inputs(request, identity.namespace)
         if self.mode == "stateless":
             return await self._stateless(request)
         if hint is None:
@@ -129,7 +137,10 @@ class ExecutionService:
     # -- sessions -------------------------------------------------------------
 
     async def execute_in_session(self, request: ExecuteRequest, session_id: str) -> ExecuteResult:
-        """The session path for an already-derived ``rt_…`` id."""
+        """The session path for an already-derived ``rt_…`` id.
+
+        ``request``'s input refs must already be scoped (``execute`` does it).
+        """
         manager = self.manager
         async with manager.hold(session_id) as hold:
             attached = await manager.attach(hold, self.spec)
@@ -180,6 +191,8 @@ class ExecutionService:
                         type(exc).__name__,
                     )
             await manager.touch(session_id)
+            if not self.keep_warm:
+                await manager.park(hold, attached)
         return result
 
     def _turn_timeout(self, request: ExecuteRequest) -> float:

@@ -18,6 +18,7 @@ from sandcell_protocol import ErrorCode, error_body
 from ..service import RunnerService
 from .apps import AppRoutes
 from .base import RunnerStarlette, json_response
+from .contexts import ContextRoutes
 from .execute import ExecuteRoutes
 from .files import FileRoutes
 from .health import HealthRoutes
@@ -39,6 +40,7 @@ def create_app(service: RunnerService) -> Starlette:
         FileRoutes(service),
         InputRoutes(service),
         AppRoutes(service),
+        ContextRoutes(service),
         SandboxRoutes(service),
         preview,
     ]

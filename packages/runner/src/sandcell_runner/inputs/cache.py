@@ -38,6 +38,7 @@ from sandcell_protocol import (
     encode,
     input_cache_key,
     is_input_cache_key,
+    validate_input_ref,
 )
 
 from ..errors import BadRequestError, ConfigError, InputMissingError, PayloadTooLargeError
@@ -77,7 +78,10 @@ def _describe(ref: FileRef) -> str:
 
 
 def _key_of(ref: FileRef) -> str:
+    # Every ref the runner acts on passes here first (probe, execute, pull), so a
+    # value the protocol refuses never becomes a cache key or a pull URL.
     try:
+        validate_input_ref(ref.storage_session, ref.object_id)
         return input_cache_key(ref.storage_session, ref.object_id)
     except ProtocolError as exc:
         raise BadRequestError(f"{_describe(ref)}: {exc}") from exc
@@ -310,6 +314,8 @@ class InputCache:
                 del self._pulls[key]
 
     async def _pull(self, ref: FileRef, key: str, base_url: str) -> CachedObject:
+        # The parts passed validate_input_ref (in _key_of): quoting cannot change them,
+        # and it stays as a second guard.
         segments = (quote(ref.storage_session, safe=""), quote(ref.object_id, safe=""))
         url = f"{base_url}/files/{segments[0]}/{segments[1]}"
         staging = await anyio.to_thread.run_sync(StagingFile, self._root)
