@@ -34,6 +34,7 @@ from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
+from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
 from .workspace.manager import JobDirs, JobWorkspace, WorkspaceManager
@@ -63,7 +64,7 @@ class RunnerService:
     The HTTP layer's one entry point. Routes call its methods (``prepare``,
     ``execute``, ``run_in_context``, ``analyse``, ``health``, ``running``) and its
     feature objects: ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs``,
-    ``apps`` and ``contexts``.
+    ``apps``, ``contexts`` and ``sandbox``.
     The machinery behind them (executor, jail, workspaces, cgroups, UIDs, warmup)
     is its own.
     """
@@ -138,6 +139,14 @@ class RunnerService:
         # its jobs share its network namespace.
         self.sessions.release_hooks.append(self.apps.release)
         self.sessions.release_hooks.append(self.contexts.release)
+        python = self.languages.get("python")
+        self.sandbox = SandboxSessions(
+            settings,
+            jail=self._jail,
+            workspaces=self._workspaces,
+            python=python.binary if python else None,
+        )
+        self.sessions.release_hooks.append(self.sandbox.release)
         self._jail.netns_for = self.sessions.netns_fd_for
         self.files = SessionFiles(self.sessions, max_read_bytes=settings.max_body_bytes)
         self.checkpoints = SessionCheckpoints(
@@ -363,6 +372,7 @@ class RunnerService:
         """Remove leftover per-job directories; never the session's, staging, or the cache."""
         keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
         keep |= self.contexts.keep_paths()
+        keep |= self.sandbox.keep_paths()
         return self._workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
 
     async def _reaper_loop(self) -> None:
@@ -391,6 +401,8 @@ class RunnerService:
             await self.apps.shutdown()
         with contextlib.suppress(Exception):
             await self.contexts.shutdown()
+        with contextlib.suppress(Exception):
+            await self.sandbox.shutdown()
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
         with contextlib.suppress(Exception):
