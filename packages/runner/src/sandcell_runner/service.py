@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import resource
@@ -28,6 +27,7 @@ from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
+from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
 from .jail.host_limits import apply_host_limits, required_limits
 from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
@@ -53,11 +53,6 @@ def raise_nofile_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-def instance_key(workspace_root: Path) -> str:
-    """Stable per-runner key (from its workspace root) naming its cgroup subtree."""
-    return hashlib.sha256(str(workspace_root).encode()).hexdigest()[:16]
-
-
 class RunnerService:
     """Everything a runner process holds; built once at start-up.
 
@@ -81,10 +76,13 @@ class RunnerService:
             settings.workspace_root, quota_bytes=settings.limits.workspace_quota_mib * MIB
         )
         self._workspaces.prepare()
-        self._cgroups = CgroupManager(instance_key(settings.workspace_root))
-        reaped = self._cgroups.reap_leftovers()
-        if reaped:
-            log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
+        instance = instance_key(settings.workspace_root)
+        self._lease = InstanceLease(instance)
+        self._cgroups = CgroupManager(instance)
+        if self._lease.held:
+            reaped = self._cgroups.reap_leftovers()
+            if reaped:
+                log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
         self._spawner = Spawner()
         nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
         job_user_refused = None
@@ -373,6 +371,10 @@ class RunnerService:
         keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
         keep |= self.contexts.keep_paths()
         keep |= self.sandbox.keep_paths()
+        if self._cgroups.available:
+            orphans = reap_orphans(older_than_s=self.settings.reap_age_s)
+            if orphans:
+                log.info("reaper removed the cgroups of %d runners that are gone", len(orphans))
         return self._workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
 
     async def _reaper_loop(self) -> None:
@@ -408,6 +410,7 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
+        self._lease.release()
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]
