@@ -25,6 +25,7 @@ VENDOR_HOMES = {
     "botocore": {"providers/lambda_client.py"},
     "redis": {"registry/redis.py", "providers/ratelimit_redis.py"},
     "minio": {"snapshots/s3.py"},
+    "joserfc": {"serve/librechat/jwt.py"},
     "urllib3": {"snapshots/s3.py"},
 }
 """Each vendor SDK and the only modules that may import it."""

@@ -18,7 +18,13 @@ from starlette.requests import Request
 from ..config import INSECURE_NO_AUTH_ENV, OrchestratorSettings
 from ..errors import ConfigError
 
-__all__ = ["INSECURE_NAMESPACE", "INSECURE_NO_AUTH_ENV", "UnauthorizedError", "load_api_keys"]
+__all__ = [
+    "INSECURE_NAMESPACE",
+    "INSECURE_NO_AUTH_ENV",
+    "ApiKeys",
+    "UnauthorizedError",
+    "load_api_keys",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +53,34 @@ class _ApiKeys:
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not credential.strip():
             raise UnauthorizedError
-        offered = _digest(credential.strip())
+        found = self.namespace_of_key(credential.strip())
+        if found is None:
+            raise UnauthorizedError
+        return found
+
+    @property
+    def insecure(self) -> bool:
+        """Serving without keys (``SANDCELL_SERVE_INSECURE_NO_AUTH=1``)."""
+        return self._insecure
+
+    def namespace_of_key(self, key: str) -> str | None:
+        """The namespace of API key ``key``, or ``None`` (compared over every key)."""
+        if self._insecure:
+            return INSECURE_NAMESPACE
+        offered = _digest(key)
         found = None
         for digest, namespace in self._digests:
             if hmac.compare_digest(offered, digest) and found is None:
                 found = namespace
-        if found is None:
-            raise UnauthorizedError
         return found
 
 
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
+ApiKeys = _ApiKeys
+"""The type ``load_api_keys`` returns."""
 
 
 def load_api_keys(settings: OrchestratorSettings) -> _ApiKeys:
