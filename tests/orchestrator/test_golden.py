@@ -15,7 +15,7 @@ from sandcell_orchestrator.registry import InProcessRegistry
 from sandcell_orchestrator.sessions.execution import ExecutionService, Identity
 from sandcell_orchestrator.sessions.persistence import Persistence
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
-from sandcell_protocol import ExecuteRequest, checkpoint_key
+from sandcell_protocol import ExecuteRequest, checkpoint_key, unescape_name
 from tests.fixtures.paths import traversable_dir
 from tests.golden import load_golden
 
@@ -72,3 +72,28 @@ async def test_the_latest_stored_checkpoint_is_the_highest_golden_generation(
         latest = Persistence.latest(stored)
         assert latest is not None
         assert latest.key == checkpoint_key(session, max(order["generations"]))
+
+
+async def test_output_files_with_names_that_are_not_utf8_arrive_as_the_golden_names() -> None:
+    """A job names files with the golden raw bytes; the orchestrator's result carries
+    the golden wire names, and unescaping them gives the bytes back."""
+    vectors = GOLDEN["escaped_name"]
+    raws = [bytes.fromhex(v["raw_hex"]) for v in vectors if b"/" not in bytes.fromhex(v["raw_hex"])]
+    code = "import sys\nfor raw in sys.argv[1:]: open(bytes.fromhex(raw), 'wb').write(b'x')"
+    with traversable_dir("golden-") as root:
+        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
+        async with DirectorySnapshotStore(root / "snapshots") as store:
+            service = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
+            try:
+                result = await service.execute(
+                    ExecuteRequest(language="python", code=code, args=[r.hex() for r in raws]),
+                    Identity("tenant-1", "user-42"),
+                    hint=None,
+                )
+            finally:
+                await service.aclose(destroy_sandboxes=True)
+                await provider.close()
+    assert result.status == "ok", result.stderr
+    expected = {v["name"] for v in vectors if bytes.fromhex(v["raw_hex"]) in raws}
+    assert {item.name for item in result.files} == expected
+    assert {unescape_name(item.name) for item in result.files} == set(raws)

@@ -14,12 +14,15 @@ from sandcell_protocol import (
     checkpoint_key,
     checkpoint_prefix,
     decode,
+    escape_name,
     input_cache_key,
+    is_escaped_name,
     is_runtime_session_id,
     legacy_checkpoint_key,
     parse_checkpoint_key,
     runtime_session_id,
     scoped_storage_session,
+    unescape_name,
     validate_input_ref,
     validate_workspace_path,
 )
@@ -183,3 +186,26 @@ def test_scoped_storage_sessions_of_two_namespaces_never_meet() -> None:
 def test_scoped_storage_session_rejected_golden(vector: dict[str, str]) -> None:
     with pytest.raises(ProtocolError):
         scoped_storage_session(vector["namespace"], vector["storage_session"])
+
+
+@pytest.mark.parametrize("vector", GOLDEN["escaped_name"])
+def test_escaped_name_golden(vector: dict[str, str]) -> None:
+    """A job's file name travels as the golden wire name, and comes back as its bytes."""
+    raw = bytes.fromhex(vector["raw_hex"])
+    assert escape_name(raw) == vector["name"]
+    assert unescape_name(vector["name"]) == raw
+    assert is_escaped_name(vector["name"]) == ("\\" in vector["name"])
+
+
+@pytest.mark.parametrize("name", GOLDEN["escaped_name_rejected"])
+def test_escaped_name_rejected(name: str) -> None:
+    with pytest.raises(ProtocolError, match="name"):
+        unescape_name(name)
+
+
+def test_an_escaped_name_is_never_a_workspace_path() -> None:
+    """The escaped form always holds a backslash, which paths refuse: never addressable."""
+    for vector in GOLDEN["escaped_name"]:
+        if is_escaped_name(vector["name"]):
+            with pytest.raises(ProtocolError):
+                validate_workspace_path(vector["name"])

@@ -8,7 +8,14 @@ import posixpath
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandcell_protocol import ProtocolError, input_cache_key, validate_workspace_path
+from sandcell_protocol import (
+    ProtocolError,
+    escape_name,
+    input_cache_key,
+    is_escaped_name,
+    unescape_name,
+    validate_workspace_path,
+)
 
 nul_free = st.text(
     alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
@@ -48,3 +55,28 @@ def test_workspace_path_never_escapes(raw: str) -> None:
     assert "\x00" not in normalized
     assert posixpath.normpath(posixpath.join("/ws", normalized)).startswith("/ws/")
     assert validate_workspace_path(normalized) == normalized
+
+
+name_bytes = st.binary(min_size=1, max_size=40) | st.lists(
+    st.sampled_from([b"a", b"\\", b"x", b"\xc3", b"\xa9", b"\xff", b"\\x41", "é".encode()]),
+    min_size=1,
+    max_size=12,
+).map(b"".join)
+
+
+@given(name_bytes, name_bytes)
+def test_escaped_names_round_trip_and_never_collide(first: bytes, second: bytes) -> None:
+    """Any bytes escape to text that unescapes to them; distinct bytes, distinct names."""
+    wire = escape_name(first)
+    wire.encode("utf-8")  # always JSON-able text
+    assert unescape_name(wire) == first
+    assert (escape_name(second) == wire) == (first == second)
+    assert is_escaped_name(wire) != _plain_utf8(first)
+
+
+def _plain_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\\" not in raw

@@ -20,6 +20,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "redis": ("redis",),
     "s3": ("minio", "urllib3"),
     "librechat": ("joserfc",),
+    "e2b": ("e2b", "connectrpc", "protobuf", "pyqwest"),
 }
 """Extra -> the top-level modules it provides (``sandcell-orchestrator[extra]``)."""
 

@@ -5,7 +5,8 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import app_messages, headers, routes
+from . import addresses, app_messages, contexts, egress, headers, names, routes, sandbox_messages
+from .addresses import AddressRules
 from .app_messages import (
     AnalysisResult,
     Diagnostic,
@@ -32,6 +33,7 @@ from .derivations import (
     validate_hint,
     validate_workspace_path,
 )
+from .egress import EgressEvent, EgressPolicy, EgressStatus
 from .errors import (
     ERROR_SEMANTICS,
     ErrorCode,
@@ -76,6 +78,7 @@ from .messages import (
     StreamEvent,
     SurfacedOutput,
 )
+from .names import escape_name, is_escaped_name, unescape_name
 from .version import PROTOCOL_VERSION, check_compatible, parse_version
 
 # A constant, not importlib.metadata (~40 ms at every start-up); a test checks it
@@ -87,9 +90,13 @@ __all__ = [
     "MAX_INPUT_REF_CHARS",
     "MAX_STORAGE_SESSION_CHARS",
     "PROTOCOL_VERSION",
+    "AddressRules",
     "AnalysisResult",
     "CheckpointMeta",
     "Diagnostic",
+    "EgressEvent",
+    "EgressPolicy",
+    "EgressStatus",
     "ErrorBody",
     "ErrorCode",
     "ErrorDetail",
@@ -132,25 +139,33 @@ __all__ = [
     "SurfacedOutput",
     "ToolStatus",
     "__version__",
+    "addresses",
     "app_messages",
     "check_compatible",
+    "contexts",
     "checkpoint_key",
     "checkpoint_prefix",
     "decode",
     "decode_event",
+    "egress",
     "encode",
     "encode_event",
     "error_body",
+    "escape_name",
     "headers",
     "input_cache_key",
+    "is_escaped_name",
     "is_input_cache_key",
     "is_runtime_session_id",
     "legacy_checkpoint_key",
+    "names",
     "parse_checkpoint_key",
     "parse_version",
     "routes",
     "runtime_session_id",
+    "sandbox_messages",
     "scoped_storage_session",
+    "unescape_name",
     "validate_hint",
     "validate_input_ref",
     "validate_workspace_path",

@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import logging
+import os
 import re
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from sandcell_protocol import (
     ProtocolError,
     RunStatus,
     SurfacedOutput,
+    escape_name,
     validate_workspace_path,
 )
 
@@ -107,6 +109,7 @@ class Executor:
         for ref in refs:
             if ref.name in names:
                 raise BadRequestError(f"files[{ref.name}]: also given as an inline file")
+        _refuse_file_under_file(names | {ref.name for ref in refs})
         env = {}
         for key, value in request.env.items():
             if not _ENV_KEY_RE.fullmatch(key):
@@ -161,14 +164,20 @@ class Executor:
             mode=0o444,
         )
         for item in prepared.inline_files:
-            st = fsops.write_file(
-                workspace.path,
-                item.name,
-                item.content,
-                mode=0o755 if item.executable else 0o644,
-                uid=workspace.uid,
-                gid=workspace.gid,
-            )
+            try:
+                st = fsops.write_file(
+                    workspace.path,
+                    item.name,
+                    item.content,
+                    mode=0o755 if item.executable else 0o644,
+                    uid=workspace.uid,
+                    gid=workspace.gid,
+                )
+            except fsops.UnsafePathError as exc:
+                # The session's workspace has a directory, a link or a file in the way.
+                raise InvalidPathError(
+                    f"inline_files[{item.name}]: {exc.strerror or exc} in the workspace"
+                ) from None
             workspace.surfaced[item.name] = SurfacedOutput(
                 name=item.name,
                 size=st.st_size,
@@ -244,41 +253,46 @@ class Executor:
         cap = self._settings.output_inline_bytes
         outputs: list[OutputFile] = []
         seen: set[str] = set()
-        for entry in fsops.scan(workspace.path):
-            seen.add(entry.name)
-            known = workspace.surfaced.get(entry.name)
+        for dir_fd, entry in fsops.walk(workspace.path):
+            # The wire name: a name that is not UTF-8 travels escaped (sandcell_protocol.names).
+            name = escape_name(os.fsencode(entry.name))
+            seen.add(name)
+            known = workspace.surfaced.get(name)
             # Size and mtime unchanged: the file was not rewritten, skip the hash.
             if known and known.size == entry.size and known.mtime_ns == entry.mtime_ns:
                 continue
             if len(outputs) >= self._settings.max_output_files:
                 continue
             if entry.kind == "symlink":
-                target = entry.symlink_target or ""
-                digest = _sha256(target.encode())
+                raw_target = os.fsencode(entry.symlink_target or "")
+                digest = _sha256(raw_target)
                 content = None
+                target: str | None = escape_name(raw_target)
             else:
                 try:
-                    digest, raw = fsops.hash_file(workspace.path, entry.name, inline_max=cap)
+                    digest, raw = fsops.hash_at(
+                        dir_fd, entry.name.rsplit("/", 1)[-1], inline_max=cap
+                    )
                 except OSError:
                     continue  # replaced or removed by a process still running
                 content = base64.b64encode(raw).decode() if raw is not None else None
                 target = None
             if known and known.sha256 == digest and known.size == entry.size:
-                workspace.surfaced[entry.name] = SurfacedOutput(
-                    name=entry.name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
+                workspace.surfaced[name] = SurfacedOutput(
+                    name=name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
                 )
                 continue
             outputs.append(
                 OutputFile(
-                    name=entry.name,
+                    name=name,
                     size=entry.size,
                     sha256=digest,
                     content_b64=content,
                     symlink_target=target,
                 )
             )
-            workspace.surfaced[entry.name] = SurfacedOutput(
-                name=entry.name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
+            workspace.surfaced[name] = SurfacedOutput(
+                name=name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
             )
         gone = set(workspace.surfaced) - seen
         for name in gone:
@@ -305,6 +319,19 @@ def classify(outcome: JobOutcome, *, disk_full: bool) -> RunStatus:
     if outcome.signal is not None:
         return RunStatus.SIGNALED
     return RunStatus.INTERNAL_ERROR
+
+
+def _refuse_file_under_file(names: set[str]) -> None:
+    """A request cannot make ``dir`` a file and ``dir/x`` a file under it (either order)."""
+    for name in names:
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            if parent in names:
+                raise InvalidPathError(
+                    f"inline_files: {parent[:200]!r} is given as a file and as the directory"
+                    f" of {name[:200]!r}"
+                )
 
 
 def _workspace_path(name: str) -> str:

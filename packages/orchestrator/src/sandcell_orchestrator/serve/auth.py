@@ -48,12 +48,23 @@ class _ApiKeys:
         return f"_ApiKeys(<{len(self._digests)} keys>, insecure={self._insecure})"
 
     def namespace(self, request: Request) -> str:
+        """The namespace of the request's bearer key; ``UnauthorizedError`` otherwise."""
+        scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            credential = ""
+        return self.namespace_of_key(credential)
+
+    def namespace_of_key(self, credential: str | None) -> str:
+        """The namespace of an API key however it was sent (E2B's SDK: ``X-API-KEY``)."""
         if self._insecure:
             return INSECURE_NAMESPACE
-        scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not credential.strip():
+        if credential is None or not credential.strip():
             raise UnauthorizedError
-        found = self.namespace_of_key(credential.strip())
+        offered = _digest(credential.strip())
+        found = None
+        for digest, namespace in self._digests:
+            if hmac.compare_digest(offered, digest) and found is None:
+                found = namespace
         if found is None:
             raise UnauthorizedError
         return found
@@ -62,17 +73,6 @@ class _ApiKeys:
     def insecure(self) -> bool:
         """Serving without keys (``SANDCELL_SERVE_INSECURE_NO_AUTH=1``)."""
         return self._insecure
-
-    def namespace_of_key(self, key: str) -> str | None:
-        """The namespace of API key ``key``, or ``None`` (compared over every key)."""
-        if self._insecure:
-            return INSECURE_NAMESPACE
-        offered = _digest(key)
-        found = None
-        for digest, namespace in self._digests:
-            if hmac.compare_digest(offered, digest) and found is None:
-                found = namespace
-        return found
 
 
 def _digest(value: str) -> bytes:

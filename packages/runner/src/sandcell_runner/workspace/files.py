@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from sandcell_protocol import FileEntry, FileListing, SurfacedOutput
+from sandcell_protocol import FileEntry, FileListing, SurfacedOutput, escape_name
 
 from ..errors import BadRequestError, InvalidPathError, NotFoundError
 from . import fsops
@@ -107,8 +107,11 @@ def _list_dir(root: os.PathLike[str], relpath: str) -> FileListing:
         entries = []
         for item in scan:
             st = item.stat(follow_symlinks=False)
-            target = os.readlink(item.name, dir_fd=dir_fd) if stat.S_ISLNK(st.st_mode) else None
-            entries.append(_entry(item.name, st, target))
+            target = None
+            if stat.S_ISLNK(st.st_mode):
+                target = escape_name(os.readlink(os.fsencode(item.name), dir_fd=dir_fd))
+            # A name that is not UTF-8 is listed escaped (sandcell_protocol.names).
+            entries.append(_entry(escape_name(os.fsencode(item.name)), st, target))
     return FileListing(path=relpath, entries=sorted(entries, key=lambda e: e.name))
 
 

@@ -208,73 +208,138 @@ def remove_path(root: Path, relpath: str) -> bool:
 
 
 def _rmtree_at(parent_fd: int, name: str) -> None:
+    """Remove the tree ``name`` under ``parent_fd``, iteratively (a job may nest 2,000 deep)."""
+    # Each level: its fd, its name, the fd it was opened from, its subdirectories left.
+    stack: list[tuple[int, str, int, list[str]]] = []
     fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    stack.append((fd, name, parent_fd, _clear_files(fd)))
     try:
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    _rmtree_at(fd, entry.name)
-                else:
-                    os.unlink(entry.name, dir_fd=fd)
+        while stack:
+            fd, dir_name, dir_parent, subdirs = stack[-1]
+            if subdirs:
+                child_name = subdirs.pop()
+                child = os.open(child_name, _DIR_FLAGS, dir_fd=fd)
+                stack.append((child, child_name, fd, []))  # closed by the finally if clearing fails
+                stack[-1][3].extend(_clear_files(child))
+                continue
+            stack.pop()
+            os.close(fd)
+            os.rmdir(dir_name, dir_fd=dir_parent)
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
+        for fd, _, _, _ in stack:
+            os.close(fd)
+
+
+def _clear_files(dir_fd: int) -> list[str]:
+    """Unlink every non-directory in ``dir_fd``; return the subdirectories' names."""
+    subdirs = []
+    for base, st in _list(dir_fd):
+        if stat.S_ISDIR(st.st_mode):
+            subdirs.append(base)
+        else:
+            os.unlink(base, dir_fd=dir_fd)
+    return subdirs
+
+
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """One directory of a walk in progress: its fd, its path prefix, entries left to visit."""
+
+    fd: int
+    prefix: str
+    pending: list[tuple[str, os.stat_result]]
+
+
+def walk(root: Path, *, limit: int = 1_000_000) -> Iterator[tuple[int, Entry]]:
+    """Every regular file and symlink under ``root`` with the fd of its directory.
+
+    Directories are walked, links never followed. Iterative, holding one fd per
+    level, so a tree as deep as a path can be costs no recursion. The fd is valid
+    until the iterator moves on (open the file relative to it: ``os.open(name,
+    dir_fd=fd)``). Names are as the host's ``os`` functions take them (bytes that
+    are not UTF-8 surrogate-escaped); ``sandcell_protocol.escape_name`` makes wire names.
+    """
+    found = 0
+    top = os.open(root, _DIR_FLAGS)
+    try:
+        stack = [_Level(top, "", _list(top))]
+    except BaseException:
+        os.close(top)
+        raise
+    try:
+        while stack and found < limit:
+            level = stack[-1]
+            if not level.pending:
+                os.close(stack.pop().fd)
+                continue
+            base, st = level.pending.pop()
+            name = level.prefix + base
+            if stat.S_ISDIR(st.st_mode):
+                try:
+                    child = os.open(base, _DIR_FLAGS, dir_fd=level.fd)
+                except OSError:
+                    continue  # replaced by a link since listed: not ours to follow
+                try:
+                    pending = _list(child)
+                except OSError:
+                    os.close(child)
+                    continue
+                stack.append(_Level(child, name + "/", pending))
+            elif stat.S_ISREG(st.st_mode):
+                found += 1
+                yield level.fd, Entry(name, "file", st.st_size, st.st_mtime_ns)
+            elif stat.S_ISLNK(st.st_mode):
+                try:
+                    target = os.readlink(base, dir_fd=level.fd)
+                except OSError:
+                    continue
+                found += 1
+                size = len(os.fsencode(target))
+                yield level.fd, Entry(name, "symlink", size, st.st_mtime_ns, target)
+    finally:
+        for level in stack:
+            os.close(level.fd)
+
+
+def _list(fd: int) -> list[tuple[str, os.stat_result]]:
+    """The entries of the directory ``fd`` with their lstat, in reverse order."""
+    # scandir works on its own duplicate of fd: fd stays open and at its position.
+    listed = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                listed.append((entry.name, entry.stat(follow_symlinks=False)))
+            except FileNotFoundError:
+                continue  # removed since listed (a session process still runs)
+    listed.reverse()  # popped from the end: visited in directory order
+    return listed
 
 
 def scan(root: Path, *, limit: int = 1_000_000) -> list[Entry]:
     """Every regular file and symlink under ``root`` (directories walked, links not)."""
-    found: list[Entry] = []
-
-    def walk(dir_fd: int, prefix: str) -> None:
-        with os.scandir(dir_fd) as entries:
-            for entry in entries:
-                if len(found) >= limit:
-                    return
-                name = prefix + entry.name
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    try:
-                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
-                    except OSError:
-                        continue  # replaced by a link since listed: not ours to follow
-                    try:
-                        walk(child, name + "/")
-                    finally:
-                        os.close(child)
-                elif stat.S_ISREG(st.st_mode):
-                    found.append(Entry(name, "file", st.st_size, st.st_mtime_ns))
-                elif stat.S_ISLNK(st.st_mode):
-                    target = os.readlink(entry.name, dir_fd=dir_fd)
-                    found.append(
-                        Entry(name, "symlink", len(target.encode()), st.st_mtime_ns, target)
-                    )
-
-    with open_dir(root, []) as top:
-        walk(top, "")
-    return found
+    return [entry for _, entry in walk(root, limit=limit)]
 
 
-def hash_file(root: Path, relpath: str, *, inline_max: int) -> tuple[str, bytes | None]:
-    """sha256 of a regular file, and its bytes when no larger than ``inline_max``."""
-    *dirs, name = relpath.split("/")
-    with open_dir(root, dirs) as dir_fd:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafePathError(21, f"not a regular file: {relpath}")
-            digest = hashlib.sha256()
-            kept: list[bytes] = []
-            size = 0
-            while chunk := os.read(fd, _CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                if size <= inline_max:
-                    kept.append(chunk)
-            content = b"".join(kept) if size <= inline_max else None
-            return digest.hexdigest(), content
-        finally:
-            os.close(fd)
+def hash_at(dir_fd: int, name: str, *, inline_max: int) -> tuple[str, bytes | None]:
+    """sha256 of the regular file ``name`` in ``dir_fd``, and its bytes when no larger
+    than ``inline_max``."""
+    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(21, f"not a regular file: {name}")
+        digest = hashlib.sha256()
+        kept: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, _CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            if size <= inline_max:
+                kept.append(chunk)
+        content = b"".join(kept) if size <= inline_max else None
+        return digest.hexdigest(), content
+    finally:
+        os.close(fd)
 
 
 def _read_all(fd: int, size_hint: int) -> bytes:

@@ -42,24 +42,23 @@ class LibreChatAuth:
 
     def caller(self, request: Request, *, body_key: str | None = None) -> Caller:
         if self._keys.insecure:
-            return Caller(namespace=self._keys.namespace_of_key(""))  # type: ignore[arg-type]
-        header_key = request.headers.get("x-api-key", "").strip()
-        if header_key:
-            namespace = self._keys.namespace_of_key(header_key)
-            if namespace is not None:
-                return Caller(namespace=namespace)
+            return Caller(namespace=self._keys.namespace_of_key(None))
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-        credential = credential.strip()
-        if scheme.lower() == "bearer" and credential:
-            namespace = self._keys.namespace_of_key(credential)
+        bearer = credential.strip() if scheme.lower() == "bearer" else ""
+        for key in (request.headers.get("x-api-key", ""), bearer, body_key or ""):
+            namespace = self._namespace(key)
             if namespace is not None:
                 return Caller(namespace=namespace)
-            if self._verifier.enabled and looks_like_jwt(credential):
-                user = self._verifier.user_of(credential)
-                if user is not None:
-                    return Caller(namespace=self._jwt_namespace, token_user=user)
-        if body_key:
-            namespace = self._keys.namespace_of_key(body_key.strip())
-            if namespace is not None:
-                return Caller(namespace=namespace)
+        if bearer and self._verifier.enabled and looks_like_jwt(bearer):
+            user = self._verifier.user_of(bearer)
+            if user is not None:
+                return Caller(namespace=self._jwt_namespace, token_user=user)
         raise UnauthorizedError
+
+    def _namespace(self, key: str) -> str | None:
+        if not key.strip():
+            return None
+        try:
+            return self._keys.namespace_of_key(key)
+        except UnauthorizedError:
+            return None
