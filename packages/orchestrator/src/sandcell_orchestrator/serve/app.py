@@ -253,6 +253,10 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
             services=lambda: service.services,
             namespace_of_key=service.keys.namespace_of_key,
         )
+    # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
+    from .librechat import install_librechat
+
+    install_librechat(app, settings.librechat, keys=service.keys, services=lambda: service.services)
     return app
 
 
@@ -274,6 +278,10 @@ def serve(
         proxy_headers=False,
         server_header=False,
         log_config=None,
+        # Longer than clients keep idle connections (node >= 19 pools them for 5 s,
+        # uvicorn's default is also 5 s): otherwise a client reuses a socket at the
+        # moment the server closes it, and its request fails as "socket hang up".
+        timeout_keep_alive=75,
     )
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(config).run()
