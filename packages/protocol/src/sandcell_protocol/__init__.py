@@ -5,7 +5,8 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import app_messages, headers, names, routes
+from . import addresses, app_messages, contexts, egress, headers, names, routes, sandbox_messages
+from .addresses import AddressRules
 from .app_messages import (
     AnalysisResult,
     Diagnostic,
@@ -32,6 +33,7 @@ from .derivations import (
     validate_hint,
     validate_workspace_path,
 )
+from .egress import EgressEvent, EgressPolicy, EgressStatus
 from .errors import (
     ERROR_SEMANTICS,
     ErrorCode,
@@ -88,9 +90,13 @@ __all__ = [
     "MAX_INPUT_REF_CHARS",
     "MAX_STORAGE_SESSION_CHARS",
     "PROTOCOL_VERSION",
+    "AddressRules",
     "AnalysisResult",
     "CheckpointMeta",
     "Diagnostic",
+    "EgressEvent",
+    "EgressPolicy",
+    "EgressStatus",
     "ErrorBody",
     "ErrorCode",
     "ErrorDetail",
@@ -133,12 +139,15 @@ __all__ = [
     "SurfacedOutput",
     "ToolStatus",
     "__version__",
+    "addresses",
     "app_messages",
     "check_compatible",
+    "contexts",
     "checkpoint_key",
     "checkpoint_prefix",
     "decode",
     "decode_event",
+    "egress",
     "encode",
     "encode_event",
     "error_body",
@@ -154,6 +163,7 @@ __all__ = [
     "parse_version",
     "routes",
     "runtime_session_id",
+    "sandbox_messages",
     "scoped_storage_session",
     "unescape_name",
     "validate_hint",

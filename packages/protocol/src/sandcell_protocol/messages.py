@@ -139,6 +139,8 @@ StreamEvent = StdoutEvent | StderrEvent | ResultEvent
 
 HealthStatus = Literal["ok", "quarantined", "starting"]
 WarmupState = Literal["none", "running", "done", "failed"]
+EgressMechanism = Literal["nftables", "none"]
+"""How a runner enforces egress policy: ``nftables`` (its gateway), ``none`` (only ``lo``)."""
 
 
 class Health(Message, frozen=True):
@@ -152,6 +154,8 @@ class Health(Message, frozen=True):
     languages: list[str] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
     """Weakened isolation the operator should know of (no cgroups, no jail)."""
+    egress: EgressMechanism = "none"
+    """What enforces the egress policy; with ``none`` only ``deny_all`` can be set."""
 
 
 class Language(Message, frozen=True):
@@ -159,6 +163,8 @@ class Language(Message, frozen=True):
 
     name: str
     version: str
+    contexts: bool = False
+    """Whether stateful code contexts (``/v1/session/contexts``) run this language."""
 
 
 class Languages(Message, frozen=True):

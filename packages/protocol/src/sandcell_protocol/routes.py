@@ -12,6 +12,8 @@ SESSION_FILES = "/v1/session/files/{path:path}"
 SESSION_FILES_PREFIX = "/v1/session/files/"
 INPUTS_PROBE = "/v1/inputs/probe"
 INPUTS = "/v1/inputs"
+EGRESS = "/v1/egress"
+"""GET: the sandbox's egress status; PUT an ``EgressPolicy``: replace it at once."""
 
 SESSION_PROCESSES = "/v1/session/processes"
 SESSION_RUNTIME_ERRORS = "/v1/session/runtime-errors"

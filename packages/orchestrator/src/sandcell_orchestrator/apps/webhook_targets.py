@@ -15,11 +15,9 @@ allow-listed its network (``SANDCELL_APP_WEBHOOK_ALLOW_NETS``), checked twice:
   address itself, never re-resolved, so a name that answers public at the first
   lookup and private at the next (DNS rebinding) gains nothing.
 
-An address that reaches an IPv4 address through IPv6 (IPv4-mapped ``::ffff:0:0/96``,
-6to4 ``2002::/16``, NAT64 ``64:ff9b::/96``) is judged as that IPv4 address. The
-special-purpose ranges are listed here rather than left to ``is_global``, whose
-answers differ between Python patch releases (3.11 calls multicast, site-local,
-6to4 and IPv4-compatible addresses global).
+What counts as refused (every spelling of loopback, link-local, metadata, private
+and special-purpose addresses, and the loopback and metadata names) is
+``sandcell_protocol.addresses``, shared with the runner's egress gateway.
 
 Not covered: the orchestrator host's own public addresses. A service there that
 listens on every interface is reachable through them; bind such services to
@@ -35,11 +33,13 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv6Address
 
 import anyio
 import httpcore
 import httpx
+
+from sandcell_protocol.addresses import AddressRules, IPAddress, IPNetwork, literal_address
 
 from .errors import AppRequestError
 
@@ -53,93 +53,14 @@ __all__ = [
     "resolve_host",
 ]
 
-IPAddress = IPv4Address | IPv6Address
-IPNetwork = IPv4Network | IPv6Network
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 """``(host, port) -> addresses``: how ``PinnedTransport`` looks a host up."""
 
 _ALLOW_HINT = "(an operator can allow private receivers with SANDCELL_APP_WEBHOOK_ALLOW_NETS)"
 
-# IANA's special-purpose registries: nothing here is a webhook receiver on the internet.
-_SPECIAL_NETS: tuple[IPNetwork, ...] = tuple(
-    ipaddress.ip_network(net)
-    for net in (
-        "0.0.0.0/8",  # "this network"; 0.0.0.0 connects to the local host on Linux
-        "10.0.0.0/8",
-        "100.64.0.0/10",  # carrier-grade NAT
-        "127.0.0.0/8",
-        "169.254.0.0/16",  # link-local, cloud metadata
-        "168.63.129.16/32",  # Azure's WireServer and metadata host (a public address)
-        "172.16.0.0/12",
-        "192.0.0.0/24",
-        "192.0.2.0/24",
-        "192.88.99.0/24",  # 6to4 relay anycast
-        "192.168.0.0/16",
-        "198.18.0.0/15",
-        "198.51.100.0/24",
-        "203.0.113.0/24",
-        "224.0.0.0/4",  # multicast
-        "240.0.0.0/4",  # reserved, broadcast
-        "::/96",  # unspecified, loopback, IPv4-compatible
-        "::ffff:0:0:0/96",  # IPv4-translated (SIIT)
-        "64:ff9b:1::/48",  # local-use NAT64
-        "100::/64",  # discard-only
-        "2001::/23",  # IETF protocol assignments, Teredo
-        "2001:db8::/32",
-        "3fff::/20",
-        "5f00::/16",  # SRv6 SIDs
-        "fc00::/7",  # unique local
-        "fe80::/10",  # link-local
-        "fec0::/10",  # site-local (deprecated, still routed by some stacks)
-        "ff00::/8",  # multicast
-    )
-)
-_NAT64 = IPv6Network("64:ff9b::/96")
-_LOOPBACK = (IPv4Address("127.0.0.1"), IPv6Address("::1"))
-
 
 class WebhookTargetError(AppRequestError):
     """A webhook URL points where this service does not send (a ``bad_request``)."""
-
-
-def _embedded_ipv4(address: IPv6Address) -> IPv4Address | None:
-    """The IPv4 address a packet to ``address`` really goes to, if it is a translation."""
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address in _NAT64:
-        return IPv4Address(int(address) & 0xFFFFFFFF)
-    return None
-
-
-def _is_public(address: IPAddress) -> bool:
-    if any(address in net for net in _SPECIAL_NETS):
-        return False
-    special = (
-        address.is_private
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_multicast
-        or address.is_reserved
-        or address.is_unspecified
-        or (isinstance(address, IPv6Address) and address.is_site_local)
-    )
-    return address.is_global and not special
-
-
-def _literal_address(host: str) -> IPAddress | None:
-    """``host`` as an address if it is one in any form ``getaddrinfo`` reads without DNS."""
-    # "127.0.0.1." goes to DNS, not the numeric parser, but no public receiver is named so.
-    bare = host.strip("[]").removesuffix(".").replace("%25", "%")
-    with contextlib.suppress(ValueError):
-        return ipaddress.ip_address(bare)
-    try:
-        # inet_aton is what getaddrinfo uses for numeric IPv4: "127.1", "0x7f.1", "2130706433".
-        packed = socket.inet_aton(bare)
-    except OSError:
-        return None
-    return IPv4Address(packed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,13 +72,7 @@ class WebhookTargets:
 
     def allows(self, address: IPAddress) -> bool:
         """True if a webhook may be sent to ``address``."""
-        if any(address in net for net in self.allow_nets):
-            return True
-        if isinstance(address, IPv6Address):
-            embedded = _embedded_ipv4(address)
-            if embedded is not None:
-                return self.allows(embedded)
-        return _is_public(address)
+        return AddressRules(self.allow_nets).allows(address)
 
     def check_url(self, url: str) -> None:
         """Refuse (``WebhookTargetError``) a URL whose destination is known to be refused.
@@ -174,7 +89,7 @@ class WebhookTargets:
             raise WebhookTargetError("webhook_url must be an http(s) URL with a host")
         if parsed.userinfo:
             raise WebhookTargetError("webhook_url must not carry user info")
-        address = _literal_address(host)
+        address = literal_address(host)
         if address is not None:
             if not self.allows(address):
                 raise WebhookTargetError(
@@ -182,11 +97,12 @@ class WebhookTargets:
                 )
             return
         name = host.rstrip(".").lower()
-        # RFC 6761: these names always mean this machine, whatever DNS says.
-        if (name == "localhost" or name.endswith(".localhost")) and not all(
-            self.allows(loopback) for loopback in _LOOPBACK
-        ):
-            raise WebhookTargetError(f"webhook_url: {name[:255]} is this machine {_ALLOW_HINT}")
+        # RFC 6761: these names always mean this machine (or a metadata service),
+        # whatever DNS says.
+        if not AddressRules(self.allow_nets).allows_name(name):
+            raise WebhookTargetError(
+                f"webhook_url: {name[:255]} is this machine or a metadata service {_ALLOW_HINT}"
+            )
 
     def vet(self, host: str, addresses: Iterable[IPAddress]) -> list[IPAddress]:
         """``addresses`` of ``host`` to connect to, in order; refused if any is not allowed.

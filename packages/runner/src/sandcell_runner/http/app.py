@@ -18,11 +18,13 @@ from sandcell_protocol import ErrorCode, error_body
 from ..service import RunnerService
 from .apps import AppRoutes
 from .base import RunnerStarlette, json_response
+from .contexts import ContextRoutes
 from .execute import ExecuteRoutes
 from .files import FileRoutes
 from .health import HealthRoutes
 from .inputs import InputRoutes
 from .preview import PreviewRoutes
+from .sandbox import SandboxRoutes
 from .session import SessionRoutes
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ def create_app(service: RunnerService) -> Starlette:
         FileRoutes(service),
         InputRoutes(service),
         AppRoutes(service),
+        ContextRoutes(service),
+        SandboxRoutes(service),
         preview,
     ]
 
