@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from .errors import ConfigError
+from .runner_token import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE, TokenSourceError, read_token_file
 
 JailMode = Literal["nsjail", "none"]
 T = TypeVar("T")
@@ -82,16 +83,33 @@ class RunnerSettings:
         return self.token is not None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> RunnerSettings:
-        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault."""
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        read_token_file: Callable[[str], str] = read_token_file,
+    ) -> RunnerSettings:
+        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault.
+
+        ``read_token_file`` reads ``SANDCELL_RUNNER_TOKEN_FILE``; the runner's
+        ``__main__`` passes one that unlinks the file once read.
+        """
         reader = _EnvReader(env)
         production = env.get("SANDCELL_ENV", "").strip().lower() == "production"
-        token = env.get("SANDCELL_RUNNER_TOKEN") or None
+        token = env.get(TOKEN_VARIABLE) or None
+        token_file = env.get(TOKEN_FILE_VARIABLE) or None
+        if token is not None and token_file is not None:
+            raise ConfigError(f"set {TOKEN_VARIABLE} or {TOKEN_FILE_VARIABLE}, not both")
+        if token_file is not None:
+            try:
+                token = read_token_file(token_file)
+            except TokenSourceError as exc:
+                raise ConfigError(str(exc)) from None
         insecure = reader.flag("SANDCELL_RUNNER_INSECURE_NO_AUTH", default=False)
         if token is None and not insecure:
             raise ConfigError(
-                "SANDCELL_RUNNER_TOKEN is required (or SANDCELL_RUNNER_INSECURE_NO_AUTH=1 "
-                "outside SANDCELL_ENV=production)"
+                "SANDCELL_RUNNER_TOKEN (or SANDCELL_RUNNER_TOKEN_FILE) is required (or "
+                "SANDCELL_RUNNER_INSECURE_NO_AUTH=1 outside SANDCELL_ENV=production)"
             )
         if insecure and production:
             raise ConfigError(
