@@ -18,6 +18,7 @@ from sandcell_protocol import ErrorCode, error_body
 from ..service import RunnerService
 from .apps import AppRoutes
 from .base import RunnerStarlette, json_response
+from .egress import EgressRoutes
 from .execute import ExecuteRoutes
 from .files import FileRoutes
 from .health import HealthRoutes
@@ -38,6 +39,7 @@ def create_app(service: RunnerService) -> Starlette:
         FileRoutes(service),
         InputRoutes(service),
         AppRoutes(service),
+        EgressRoutes(service),
         preview,
     ]
 
