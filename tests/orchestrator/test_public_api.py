@@ -14,6 +14,7 @@ PINNED = [
     "CheckpointError",
     "CommandResult",
     "ConfigError",
+    "ContextLostError",
     "DirectoryInputSource",
     "ExecutionService",
     "FencedError",

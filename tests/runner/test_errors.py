@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sandcell_protocol import ErrorBody, decode
+from sandcell_protocol import PROTOCOL_VERSION, ErrorBody, decode
 from sandcell_runner.config import RunnerSettings
 from sandcell_runner.errors import ConfigError
 from tests.fixtures.runner_process import RunnerProcess
@@ -104,7 +104,7 @@ def test_unauthenticated_is_401(runner: RunnerProcess, auth: str | None) -> None
 def test_health_needs_no_auth_and_has_no_secrets(runner: RunnerProcess) -> None:
     response = httpx.get(runner.url + "/health")
     assert response.status_code == 200
-    assert response.json()["protocol"] == "1.0"
+    assert response.json()["protocol"] == PROTOCOL_VERSION
     assert runner.token not in response.text
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pwd
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -100,7 +102,7 @@ def test_sessions_list_and_destroy(cli: Cli) -> None:
 
     listing = cli.run("sessions", "list")
     assert listing.returncode == 0, listing.stderr
-    assert f"{sid}  saved" in listing.stdout
+    assert f"{sid}  suspended" in listing.stdout  # its row outlives the call
     assert listing.stdout.rstrip().endswith("demo")
     rows = json.loads(cli.run("sessions", "list", "--json").stdout)
     assert [(r["session_id"], r["hint"], r["checkpoint"]) for r in rows] == [(sid, "demo", True)]
@@ -138,4 +140,38 @@ def test_errors_are_one_line_and_exit_2(
     assert done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+    assert_clean(cli)
+
+
+def test_parallel_calls_on_one_session_never_lose_a_turn(cli: Cli) -> None:
+    """Three ``sandcell exec --session race`` processes at once: each turn is either
+    kept (exit 0, its file is there afterwards) or refused as busy (exit 75, one
+    line saying so, its file never made); none exits 0 and then vanishes."""
+    calls = [
+        subprocess.Popen(
+            [
+                *cli.command(),
+                "exec",
+                "--session",
+                "race",
+                f"import time; open('turn{i}', 'w').write('{i}'); time.sleep(0.5)",
+            ],
+            env=cli.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    outcomes = [(call.wait(timeout=300), call.communicate()[1]) for call in calls]
+    kept = {f"turn{i}" for i, (code, _) in enumerate(outcomes) if code == 0}
+    for code, stderr in outcomes:
+        if code != 0:
+            assert code == 75, stderr
+            assert stderr.startswith("sandcell: session 'race' is busy"), stderr
+            assert "did not run" in stderr
+    assert kept, outcomes
+    listing = cli.run("exec", "--session", "race", "import os; print(sorted(os.listdir('.')))")
+    assert listing.returncode == 0, listing.stderr
+    assert sorted(ast.literal_eval(listing.stdout)) == sorted(kept)
     assert_clean(cli)

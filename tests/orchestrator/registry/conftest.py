@@ -9,9 +9,12 @@ that silently skipped Redis would pass while proving nothing about production.
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from sandcell_orchestrator.registry import (
     RedisRegistry,
     SessionRecord,
     SessionRegistry,
+    SqliteRegistry,
 )
 from sandcell_protocol import runtime_session_id
 
@@ -36,6 +40,12 @@ class Backdoor:
     registry: SessionRegistry
 
     async def corrupt_record(self, session_id: str, raw: bytes) -> None:
+        if isinstance(self.registry, SqliteRegistry):
+            # Another process's connection: what a second sandcell would do.
+            await self.registry.current_generation(session_id)  # creates the schema
+            with contextlib.closing(sqlite3.connect(self.registry.path)) as db, db:
+                db.execute("INSERT OR REPLACE INTO records VALUES (?, ?)", (session_id, raw))
+            return
         if isinstance(self.registry, InProcessRegistry):
             self.registry._records[session_id] = raw
             return
@@ -45,6 +55,10 @@ class Backdoor:
         await self.registry._client.sadd(f"{prefix}sessions", session_id)
 
     async def drop_lock(self, session_id: str) -> None:
+        if isinstance(self.registry, SqliteRegistry):
+            with contextlib.closing(sqlite3.connect(self.registry.path)) as db, db:
+                db.execute("DELETE FROM locks WHERE session_id = ?", (session_id,))
+            return
         if isinstance(self.registry, InProcessRegistry):
             self.registry._locks.pop(session_id, None)
             return
@@ -91,13 +105,20 @@ class FlakyRenew:
         return await self._inner.renew(lease, ttl_ms=ttl_ms)
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def registry(request: pytest.FixtureRequest) -> AsyncIterator[SessionRegistry]:
-    """Each contract test runs against both backends."""
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def registry(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[SessionRegistry]:
+    """Each contract test runs against every backend."""
     if request.param == "memory":
         memory = InProcessRegistry()
         yield memory
         await memory.close()
+        return
+    if request.param == "sqlite":
+        embedded = SqliteRegistry(tmp_path / "registry.sqlite3")
+        yield embedded
+        await embedded.close()
         return
     url = request.getfixturevalue("redis_url")
     prefix = f"sandcell-test:{uuid.uuid4().hex}:"

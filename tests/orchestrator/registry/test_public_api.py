@@ -25,6 +25,7 @@ def test_all_is_pinned() -> None:
         "SessionRecord",
         "SessionRegistry",
         "SessionState",
+        "SqliteRegistry",
         "hold_session",
         "lock_ttl_ms",
         "validate_session_id",

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import time
 
 import httpx
@@ -165,7 +166,8 @@ async def test_protocol_mismatch_on_a_real_uvicorn_server() -> None:
         while not server.started:
             await asyncio.sleep(0.01)
         async with RunnerClient(f"http://127.0.0.1:{port}", token=TOKEN) as client:
-            with pytest.raises(ProtocolMismatchError, match=r"'2\.0'.*'1\.0'"):
+            ours = re.escape(PROTOCOL_VERSION)
+            with pytest.raises(ProtocolMismatchError, match=rf"'2\.0'.*'{ours}'"):
                 await client.wait_ready(timeout_s=5)
     finally:
         server.should_exit = True

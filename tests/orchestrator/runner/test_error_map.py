@@ -30,6 +30,7 @@ EXPECTED: dict[ErrorCode, type[errors.SandcellError]] = {
     ErrorCode.ARCHIVE_REJECTED: errors.ArchiveRejectedError,
     ErrorCode.PROTOCOL_MISMATCH: errors.ProtocolMismatchError,
     ErrorCode.BUSY: errors.SandboxUnavailableError,
+    ErrorCode.CONTEXT_LOST: errors.ContextLostError,
     ErrorCode.INTERNAL: errors.RunnerRequestError,
 }
 

@@ -50,15 +50,22 @@ class Services:
 
 
 def open_registry(settings: OrchestratorSettings) -> SessionRegistry:
-    """The in-process registry, or Redis when ``SANDCELL_REGISTRY_URL`` is set."""
-    if settings.registry_url is None:
+    """The registry ``SANDCELL_REGISTRY_URL`` names: unset, the SQLite file under
+    ``SANDCELL_HOME`` every process on this machine shares; ``memory://`` an
+    in-process one (only where this process owns every session); else Redis."""
+    url = settings.registry_url
+    if url is None or url.startswith("sqlite:"):
+        from .registry.sqlite import SqliteRegistry
+
+        return SqliteRegistry(settings.registry_path)
+    if url == "memory://":
         from .registry.memory import InProcessRegistry
 
         return InProcessRegistry()
     with needs_extra("redis", "SANDCELL_REGISTRY_URL"):
         from .registry.redis import RedisRegistry
 
-    return RedisRegistry.from_url(settings.registry_url)
+    return RedisRegistry.from_url(url)
 
 
 def _metrics() -> Metrics:
@@ -69,12 +76,18 @@ def _metrics() -> Metrics:
 
 
 @contextlib.asynccontextmanager
-async def open_services(settings: OrchestratorSettings) -> AsyncIterator[Services]:
+async def open_services(
+    settings: OrchestratorSettings, *, keep_warm: bool = True
+) -> AsyncIterator[Services]:
     """Build every service from ``settings``; close them in reverse order on exit.
 
-    With the in-process registry, sandboxes are destroyed on exit: nothing else
-    could ever find them again. Their checkpoints stay in the snapshot store, so
-    the next process restores the session.
+    With an embedded registry (SQLite or in-process), the sandboxes this process
+    launched are destroyed on exit (the local provider's runners die with it
+    anyway) and their rows marked suspended; their checkpoints stay in the
+    snapshot store, so the next process restores the session. ``keep_warm=False``
+    (a process that runs one turn, like ``sandcell exec``) parks each session's
+    sandbox the same way at the end of its turn, while the turn still holds the
+    session, so no other process is ever handed a sandbox about to die.
     """
     async with contextlib.AsyncExitStack() as stack:
         store = open_snapshot_store(
@@ -96,9 +109,11 @@ async def open_services(settings: OrchestratorSettings) -> AsyncIterator[Service
             checkpoint_grace_s=settings.checkpoint_grace_s,
             metrics=metrics,
         )
-        embedded = settings.registry_url is None
+        embedded = not settings.distributed_registry
         stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded)
-        execution = ExecutionService(manager=manager, mode=settings.session_mode, inputs=inputs)
+        execution = ExecutionService(
+            manager=manager, mode=settings.session_mode, inputs=inputs, keep_warm=keep_warm
+        )
         yield Services(
             settings=settings,
             store=store,

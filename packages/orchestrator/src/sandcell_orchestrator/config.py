@@ -12,12 +12,13 @@ environment is kept. Its parts are typed sub-settings:
     serve      ServeSettings (listen address, API keys)
 
 With no configuration at all sandcell runs embedded on one machine: the local
-provider, an in-process registry and a snapshot directory under ``SANDCELL_HOME``.
+provider, a SQLite registry and a snapshot directory under ``SANDCELL_HOME``.
 Only the chosen provider's settings module is imported.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,8 @@ class ServeSettings:
     """API key -> tenant namespace (``SANDCELL_API_KEYS``)."""
     insecure_no_auth: bool = False
     """``SANDCELL_SERVE_INSECURE_NO_AUTH=1``: serve every caller as one namespace."""
+    e2b_domain: str | None = None
+    """``SANDCELL_E2B_DOMAIN``: also route E2B's ``api.{domain}`` / ``{port}-{id}.{domain}``."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServeSettings:
@@ -85,12 +88,22 @@ class ServeSettings:
             port=int(read.number("SANDCELL_SERVE_PORT", 8000.0, minimum=0)),
             api_keys=_api_keys(read.text("SANDCELL_API_KEYS") or ""),
             insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
+            e2b_domain=_e2b_domain(read.text("SANDCELL_E2B_DOMAIN")),
         )
 
     @property
     def public_host(self) -> str:
         """The host a link to this service names (a wildcard address means this host)."""
         return self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
+
+
+def _e2b_domain(value: str | None) -> str | None:
+    if not value:
+        return None
+    domain = value.strip().lower().rstrip(".")
+    if not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)+", domain):
+        raise ConfigError(f"SANDCELL_E2B_DOMAIN: not a DNS domain: {value[:100]!r}")
+    return domain
 
 
 def _default_home() -> Path:
@@ -129,6 +142,22 @@ class OrchestratorSettings:
         return self.home / "sandboxes"
 
     @property
+    def registry_path(self) -> Path:
+        """The embedded registry's SQLite file (unless ``SANDCELL_REGISTRY_URL`` names one)."""
+        url = self.registry_url
+        if url is not None and url.startswith("sqlite:///"):
+            return Path(url.removeprefix("sqlite://"))
+        return self.home / "registry.sqlite3"
+
+    @property
+    def distributed_registry(self) -> bool:
+        """Whether the registry is shared beyond this machine (Redis): sandboxes then
+        outlive this process; with an embedded one they go when it exits."""
+        return self.registry_url is not None and not self.registry_url.startswith(
+            ("sqlite:", "memory:")
+        )
+
+    @property
     def snapshot_dir(self) -> Path:
         return self.home / "snapshots"
 
@@ -145,10 +174,14 @@ class OrchestratorSettings:
         provider_name = read.choice("SANDCELL_PROVIDER", _PROVIDERS, "local")
         mode = read.choice("SANDCELL_RUNTIME_SESSION_MODE", _MODES, "affinity")
         registry_url = read.text("SANDCELL_REGISTRY_URL")
-        if registry_url is not None and not registry_url.startswith(
-            ("redis://", "rediss://", "unix://")
+        if registry_url is not None and not (
+            registry_url.startswith(("redis://", "rediss://", "unix://", "sqlite:///"))
+            or registry_url == "memory://"
         ):
-            raise ConfigError("SANDCELL_REGISTRY_URL must be a redis://, rediss:// or unix:// URL")
+            raise ConfigError(
+                "SANDCELL_REGISTRY_URL must be a redis://, rediss://, unix://,"
+                " sqlite:///absolute/path or memory:// URL"
+            )
         snapshot_url = read.text("SANDCELL_SNAPSHOT_URL")
         if snapshot_url is not None and not snapshot_url.startswith(("s3://", "file://")):
             raise ConfigError("SANDCELL_SNAPSHOT_URL must be s3://bucket/prefix or file:///path")

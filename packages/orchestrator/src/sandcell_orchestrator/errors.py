@@ -7,6 +7,7 @@ SandcellError
 │   ├── SandboxTimeoutError       a command or execution ran past its deadline
 │   ├── SandboxUnavailableError   retryable: launch, health, network, quarantine, capacity
 │   ├── SandboxNotFoundError      the sandbox is gone
+│   ├── ContextLostError          a code context's interpreter is gone (restart it)
 │   └── RunnerRequestError        the runner refused a request (bad input, bad path, ...)
 ├── SessionError
 │   ├── SessionBusyError          retryable: another worker holds the session
@@ -59,6 +60,11 @@ class SandboxUnavailableError(SandboxError):
 
 class SandboxNotFoundError(SandboxError):
     """The sandbox does not exist (any more)."""
+
+
+class ContextLostError(SandboxError):
+    """A code context's interpreter is gone (killed, crashed, or not restored with the
+    workspace): its variables are lost; restart the context for a fresh one."""
 
 
 class RunnerRequestError(SandboxError):

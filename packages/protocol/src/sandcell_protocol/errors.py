@@ -48,6 +48,8 @@ class ErrorCode(enum.StrEnum):
     ARCHIVE_REJECTED = "archive_rejected"
     PROTOCOL_MISMATCH = "protocol_mismatch"
     BUSY = "busy"
+    CONTEXT_LOST = "context_lost"
+    """The context's interpreter is gone (killed, crashed, or not restored); restart it."""
     INTERNAL = "internal"
 
 
@@ -75,5 +77,6 @@ ERROR_SEMANTICS: dict[ErrorCode, ErrorSemantics] = {
     ErrorCode.ARCHIVE_REJECTED: ErrorSemantics(400, retryable=False),
     ErrorCode.PROTOCOL_MISMATCH: ErrorSemantics(400, retryable=False),
     ErrorCode.BUSY: ErrorSemantics(503, retryable=True),
+    ErrorCode.CONTEXT_LOST: ErrorSemantics(409, retryable=False),
     ErrorCode.INTERNAL: ErrorSemantics(500, retryable=False),
 }

@@ -163,6 +163,8 @@ class Language(Message, frozen=True):
 
     name: str
     version: str
+    contexts: bool = False
+    """Whether stateful code contexts (``/v1/session/contexts``) run this language."""
 
 
 class Languages(Message, frozen=True):

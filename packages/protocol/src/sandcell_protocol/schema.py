@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from .app_messages import APP_MESSAGES
+from .contexts import CONTEXT_MESSAGES
 from .egress import EGRESS_MESSAGES
 from .messages import ALL_MESSAGES
 from .version import PROTOCOL_VERSION
@@ -14,7 +15,8 @@ from .version import PROTOCOL_VERSION
 
 def json_schema() -> dict[str, Any]:
     """One document: ``components`` holds every message's schema."""
-    _, components = msgspec.json.schema_components((*ALL_MESSAGES, *APP_MESSAGES, *EGRESS_MESSAGES))
+    messages = (*ALL_MESSAGES, *APP_MESSAGES, *EGRESS_MESSAGES, *CONTEXT_MESSAGES)
+    _, components = msgspec.json.schema_components(messages)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": f"sandcell protocol {PROTOCOL_VERSION}",

@@ -6,7 +6,7 @@ import re
 
 from .errors import ProtocolError, ProtocolMismatchError
 
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 """Majors must match between peers; minors only add."""
 
 _VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")

@@ -70,6 +70,12 @@ class RunnerSettings:
     reap_age_s: int = 3600
     reap_interval_s: int = 300
     log_level: str = "info"
+    max_contexts: int = 8
+    """Code contexts (live interpreters) one session may hold."""
+    context_idle_s: int = 1800
+    """A context's interpreter idle this long is stopped (the context becomes lost)."""
+    context_grace_ms: int = 2000
+    """After a run's timeout and its SIGINT, how long before the interpreter is killed."""
 
     @property
     def auth_required(self) -> bool:
@@ -182,6 +188,9 @@ class RunnerSettings:
             reap_age_s=reader.integer("SANDCELL_RUNNER_REAP_AGE_S", 3600),
             reap_interval_s=reader.integer("SANDCELL_RUNNER_REAP_INTERVAL_S", 300),
             log_level=env.get("SANDCELL_RUNNER_LOG_LEVEL", "info").lower(),
+            max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
+            context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
+            context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),
         )
 
 

@@ -14,6 +14,7 @@ RunnerError
 ├── ArchiveRejectedError     400 archive_rejected
 ├── ProtocolMismatchError    400 protocol_mismatch
 ├── BusyError                503 busy (retryable, Retry-After)
+├── ContextLostError         409 context_lost: the context's interpreter is gone
 ├── JailError                500 internal: nsjail could not run the job
 └── ConfigError              start-up: a setting is invalid (names the variable)
 """
@@ -91,6 +92,10 @@ class BusyError(RunnerError):
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class ContextLostError(RunnerError):
+    code = ErrorCode.CONTEXT_LOST
 
 
 class JailError(RunnerError):

@@ -5,31 +5,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
+import os
 import resource
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from sandcell_protocol import PROTOCOL_VERSION, ExecuteRequest, ExecuteResult, Health
 from sandcell_protocol.app_messages import AnalysisResult
+from sandcell_protocol.contexts import ContextEndEvent, ContextRun
 
 from . import __version__
 from .apps.manager import AppManager
+from .apps.processes import MAX_RUNNING_PROCESSES
 from .checkpoint.export import ArchiveLimits
 from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
+<<<<<<< HEAD
 from .egress.manager import EgressManager, unavailable_reason
+=======
+from .contexts.interpreter import EventCallback
+from .contexts.manager import ContextManager
+>>>>>>> main
 from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
+from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
+<<<<<<< HEAD
 from .jail.netns import SessionNetns
 from .jail.nsjail import Jail, OutputCallback
+=======
+from .jail.host_limits import apply_host_limits, required_limits
+from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
+>>>>>>> main
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
+from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
 from .workspace.manager import JobDirs, JobWorkspace, WorkspaceManager
@@ -48,17 +62,13 @@ def raise_nofile_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-def instance_key(workspace_root: Path) -> str:
-    """Stable per-runner key (from its workspace root) naming its cgroup subtree."""
-    return hashlib.sha256(str(workspace_root).encode()).hexdigest()[:16]
-
-
 class RunnerService:
     """Everything a runner process holds; built once at start-up.
 
     The HTTP layer's one entry point. Routes call its methods (``prepare``,
-    ``execute``, ``analyse``, ``health``, ``running``) and its feature objects:
-    ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs`` and ``apps``.
+    ``execute``, ``run_in_context``, ``analyse``, ``health``, ``running``) and its
+    feature objects: ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs``,
+    ``apps``, ``contexts`` and ``sandbox``.
     The machinery behind them (executor, jail, workspaces, cgroups, UIDs, warmup)
     is its own.
     """
@@ -75,15 +85,36 @@ class RunnerService:
             settings.workspace_root, quota_bytes=settings.limits.workspace_quota_mib * MIB
         )
         self._workspaces.prepare()
-        self._cgroups = CgroupManager(instance_key(settings.workspace_root))
-        reaped = self._cgroups.reap_leftovers()
-        if reaped:
-            log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
+        instance = instance_key(settings.workspace_root)
+        self._lease = InstanceLease(instance)
+        self._cgroups = CgroupManager(instance)
+        if self._lease.held:
+            reaped = self._cgroups.reap_leftovers()
+            if reaped:
+                log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
         self._spawner = Spawner()
+        nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
+        job_user_refused = None
+        if nsjail is not None:
+            needs = required_limits(
+                max_jobs=settings.max_jobs,
+                max_pids=settings.limits.max_pids,
+                open_files=settings.limits.open_files,
+                session_processes=MAX_RUNNING_PROCESSES if settings.sessions_enabled else 0,
+            )
+            self.warnings += apply_host_limits(needs, may_raise=os.geteuid() == 0)
+        if nsjail is not None and os.geteuid() == 0:
+            job_user_refused = probe_job_user_nsjail(nsjail, settings.uid_max)
+            if job_user_refused is not None:
+                self.warnings.append(
+                    "nsjail runs as root, so jobs' inotify and namespace budgets are "
+                    f"root's, shared by every job ({job_user_refused})"
+                )
         self._jail = Jail(
-            nsjail=settings.nsjail_path if settings.jail_mode == "nsjail" else None,
+            nsjail=nsjail,
             cgroups=self._cgroups,
             spawner=self._spawner,
+            as_job_user=job_user_refused is None,
         )
         self._uids = UidPool(settings.uid_min, settings.uid_max)
         self.languages = (
@@ -115,10 +146,25 @@ class RunnerService:
             wait_ms=settings.session_wait_ms,
             netns_factory=self._session_netns if settings.sessions_enabled else None,
         )
-        # A session's processes end before its workspace is wiped, and its jobs share
-        # its network namespace.
+        self.contexts = ContextManager(
+            settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
+        )
+        # A session's processes and interpreters end before its workspace is wiped, and
+        # its jobs share its network namespace.
         self.sessions.release_hooks.append(self.apps.release)
+<<<<<<< HEAD
         self.sessions.release_hooks.append(self._release_egress)
+=======
+        self.sessions.release_hooks.append(self.contexts.release)
+        python = self.languages.get("python")
+        self.sandbox = SandboxSessions(
+            settings,
+            jail=self._jail,
+            workspaces=self._workspaces,
+            python=python.binary if python else None,
+        )
+        self.sessions.release_hooks.append(self.sandbox.release)
+>>>>>>> main
         self._jail.netns_for = self.sessions.netns_fd_for
         self._jail.egress_for = self.egress.apply
         self.egress.start()
@@ -130,6 +176,8 @@ class RunnerService:
                 max_members=settings.checkpoint_max_members,
             ),
         )
+        # A restore replaces the workspace the interpreters run in: their state is gone.
+        self.checkpoints.restore_hooks.append(self._lose_contexts)
         self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._active_jobs: set[Path] = set()
@@ -293,6 +341,28 @@ class RunnerService:
                 on_started()
             return await self._executor.run_in(prepared, workspace, on_output=on_output)
 
+    async def run_in_context(
+        self,
+        session_id: str,
+        context_id: str,
+        request: ContextRun,
+        *,
+        on_event: EventCallback,
+        on_started: Callable[[], None] | None = None,
+    ) -> ContextEndEvent:
+        """Run a cell in one of the session's contexts: a job (a slot, the session lock).
+
+        Refusals (busy, session busy, unknown or lost context) are raised before
+        ``on_started``; the events then go to ``on_event``, the end event is returned.
+        """
+        self.sessions.require_not_quarantined()
+        self.contexts.check_runnable(session_id, context_id)
+        async with self._job_slot(), self.sessions.locked(session_id) as state:
+            self.contexts.check_runnable(session_id, context_id)
+            if on_started is not None:
+                on_started()
+            return await self.contexts.run(state, context_id, request, on_event)
+
     async def analyse(self, session_id: str) -> AnalysisResult:
         """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
         async with self._job_slot(), self._session_workspace(session_id) as workspace:
@@ -317,18 +387,26 @@ class RunnerService:
         """The service while it serves: warmup and the reaper run; shut down on exit."""
         self._warmup.start()
         reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
+        idle = asyncio.create_task(self._idle_context_loop(), name="sandcell-context-idle")
         try:
             yield
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            for task in (reaper, idle):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self._warmup.stop()
             await self.shutdown()
 
     def _reap(self) -> list[Path]:
         """Remove leftover per-job directories; never the session's, staging, or the cache."""
         keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
+        keep |= self.contexts.keep_paths()
+        keep |= self.sandbox.keep_paths()
+        if self._cgroups.available:
+            orphans = reap_orphans(older_than_s=self.settings.reap_age_s)
+            if orphans:
+                log.info("reaper removed the cgroups of %d runners that are gone", len(orphans))
         return self._workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
 
     async def _reaper_loop(self) -> None:
@@ -338,6 +416,17 @@ class RunnerService:
                 log.info("reaper removed %d leftover workspaces", len(removed))
             await asyncio.sleep(self.settings.reap_interval_s)
 
+    async def _lose_contexts(self, state: SessionState) -> None:
+        await self.contexts.lose_all(state, "the workspace was restored from a checkpoint")
+
+    async def _idle_context_loop(self) -> None:
+        interval_s = min(60.0, max(1.0, self.settings.context_idle_s / 4))
+        while True:
+            await asyncio.sleep(interval_s)
+            stopped = await self.contexts.sweep_idle()
+            if stopped:
+                log.info("stopped %d idle context interpreters", stopped)
+
     async def shutdown(self) -> None:
         """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""
         if self._cleanups:
@@ -345,12 +434,17 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await self.apps.shutdown()
         with contextlib.suppress(Exception):
+            await self.contexts.shutdown()
+        with contextlib.suppress(Exception):
+            await self.sandbox.shutdown()
+        with contextlib.suppress(Exception):
             await self.sessions.release(None)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.egress.close)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
+        self._lease.release()
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]

@@ -9,15 +9,18 @@
 One module per command (``exec.py``, ``sessions.py``, ``serve.py``), each adding
 its parser and running it; ``common.py`` holds what they share.
 
-Every ``sandcell exec`` is its own process. With the embedded defaults its
-registry dies with it and its sandbox is destroyed on exit, so a session's files
-reach the next call through the snapshot store: the turn checkpoints at its end
-and the next call restores before it runs. Which sessions the CLI made is kept
-in ``$SANDCELL_HOME/cli-sessions.json``, since no registry outlives the process.
+Every ``sandcell exec`` is its own process. With the embedded defaults they
+share one registry file (``$SANDCELL_HOME/registry.sqlite3``), so a session has
+one holder at a time across processes: a second call on a busy session does not
+run its turn and exits 75 saying so. A call's sandbox dies with it, so at the end
+of its turn it checkpoints and parks (destroys) the sandbox while it still holds
+the session; the next call restores before it runs. Which hints the CLI was
+given is kept in ``$SANDCELL_HOME/cli-sessions.json``.
 
 Exit codes: the job's own (124 for a timeout, 137 when killed for memory or by a
 signal, 1 for another failure without one); 2 when sandcell itself failed (one
-line on stderr, never a traceback); 130 when interrupted.
+line on stderr, never a traceback); 75 when the session was busy (the turn did
+not run); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -36,7 +39,15 @@ from ..errors import SandcellError
 from . import exec as exec_command
 from . import serve as serve_command
 from . import sessions as sessions_command
-from .common import CLI_NAMESPACE, EXIT_INTERRUPTED, EXIT_SANDCELL_ERROR, UsageError, run_async
+from .common import (
+    CLI_NAMESPACE,
+    EXIT_INTERRUPTED,
+    EXIT_SANDCELL_ERROR,
+    EXIT_SESSION_BUSY,
+    SessionBusyExit,
+    UsageError,
+    run_async,
+)
 from .exec import job_exit_code
 
 __all__ = ["CLI_NAMESPACE", "build_parser", "job_exit_code", "main"]
@@ -75,6 +86,9 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         if args.action == "list":
             return run_async(lambda: sessions_command.run_list(args, settings, sys.stdout))
         return run_async(lambda: sessions_command.run_destroy(args, settings, sys.stdout))
+    except SessionBusyExit as exc:
+        sys.stderr.write(f"sandcell: {exc}\n")
+        return EXIT_SESSION_BUSY
     except (SandcellError, ProtocolError, UsageError) as exc:
         return _fail(str(exc))
     except (KeyboardInterrupt, asyncio.CancelledError):

@@ -17,6 +17,8 @@ __all__ = [
     "CLI_STORAGE_SESSION",
     "EXIT_INTERRUPTED",
     "EXIT_SANDCELL_ERROR",
+    "EXIT_SESSION_BUSY",
+    "SessionBusyExit",
     "UsageError",
     "hint_argument",
     "os_user",
@@ -31,11 +33,17 @@ CLI_NAMESPACE = "cli"
 CLI_STORAGE_SESSION = "cli"
 """Where ``--file`` inputs are kept in the input source (content-addressed)."""
 EXIT_SANDCELL_ERROR = 2
+EXIT_SESSION_BUSY = 75
+"""EX_TEMPFAIL: the session was busy and the turn did not run; retrying may work."""
 EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):
     """A bad argument found after parsing (an unreadable file, an invalid hint)."""
+
+
+class SessionBusyExit(Exception):
+    """Another process holds the session: the turn did not run (exit 75)."""
 
 
 def positive_float(raw: str) -> float:

@@ -21,11 +21,13 @@ from sandcell_protocol import (
 
 from ..bootstrap import open_services
 from ..config import OrchestratorSettings
+from ..errors import SessionBusyError
 from ..sessions.execution import Identity
 from ..sessions.inputs import DirectoryInputSource
 from .common import (
     CLI_NAMESPACE,
     CLI_STORAGE_SESSION,
+    SessionBusyExit,
     UsageError,
     hint_argument,
     os_user,
@@ -64,13 +66,22 @@ async def run_exec(
         **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
     )
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
-    async with open_services(settings) as services:
+    # With an embedded registry this process's sandboxes die with it: each turn
+    # parks its sandbox before it lets go of the session, so no other call reuses
+    # one about to vanish. With Redis they stay for the next call, as a service's do.
+    async with open_services(settings, keep_warm=settings.distributed_registry) as services:
         if hint is not None:
             session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
             # Recorded before the turn: a turn that dies after its checkpoint still
             # leaves a session the user can list and destroy.
             await asyncio.to_thread(CliSessions(settings.home).touch, session_id, hint=hint)
-        result = await services.execution.execute(request, identity, hint=hint)
+        try:
+            result = await services.execution.execute(request, identity, hint=hint)
+        except SessionBusyError:
+            raise SessionBusyExit(
+                f"session {hint!r} is busy: another call is running a turn in it;"
+                " this turn did not run (retry when that one has finished)"
+            ) from None
     if args.json:
         out.write(encode(result).decode() + "\n")
     else:

@@ -38,8 +38,8 @@ async def run_list(args: argparse.Namespace, settings: OrchestratorSettings, out
             record = records.get(session_id)
             entry = entries.get(session_id, {})
             saved = await services.manager.current_checkpoint(session_id) is not None
-            # Without a registry record (the embedded default between calls) a
-            # session lives on as its checkpoint only.
+            # Without a registry record (a registry wiped or moved) a session lives
+            # on as its checkpoint only.
             state = record.state if record else ("saved" if saved else "empty")
             used = record.updated_at_s if record else entry.get("last_used_s")
             rows.append(

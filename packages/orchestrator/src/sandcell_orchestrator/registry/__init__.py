@@ -15,10 +15,13 @@ only a fenced record ever points at one.
 
 Backends, chosen by configuration:
 
-    InProcessRegistry   one event loop, no dependencies (the embedded default)
-    RedisRegistry       redis-py asyncio + Lua scripts (production)
+    SqliteRegistry      one SQLite file under SANDCELL_HOME, shared by every
+                        process on the machine (the embedded default)
+    InProcessRegistry   one event loop, no dependencies: only where one process
+                        owns every session (``SANDCELL_REGISTRY_URL=memory://``)
+    RedisRegistry       redis-py asyncio + Lua scripts (production, many hosts)
 
-Both are imported lazily, so the embedded default never imports redis.
+They are imported lazily, so the embedded default never imports redis.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .ttl import lock_ttl_ms
 if TYPE_CHECKING:
     from .memory import InProcessRegistry
     from .redis import RedisRegistry
+    from .sqlite import SqliteRegistry
 
 __all__ = [
     "FencedError",
@@ -47,6 +51,7 @@ __all__ = [
     "SessionRecord",
     "SessionRegistry",
     "SessionState",
+    "SqliteRegistry",
     "hold_session",
     "lock_ttl_ms",
     "validate_session_id",
@@ -253,4 +258,8 @@ def __getattr__(name: str) -> object:
         from .redis import RedisRegistry
 
         return RedisRegistry
+    if name == "SqliteRegistry":
+        from .sqlite import SqliteRegistry
+
+        return SqliteRegistry
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

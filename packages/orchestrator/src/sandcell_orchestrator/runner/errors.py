@@ -25,6 +25,7 @@ from sandcell_protocol import ErrorBody, ErrorCode, ProtocolError, decode, heade
 from ..errors import (
     ArchiveRejectedError,
     ConfigError,
+    ContextLostError,
     InputMissingError,
     ProtocolMismatchError,
     RunnerRequestError,
@@ -64,6 +65,7 @@ ERROR_CODE_MAP: Mapping[ErrorCode, type[SandcellError]] = MappingProxyType(
         ErrorCode.ARCHIVE_REJECTED: ArchiveRejectedError,
         ErrorCode.PROTOCOL_MISMATCH: ProtocolMismatchError,
         ErrorCode.BUSY: SandboxUnavailableError,
+        ErrorCode.CONTEXT_LOST: ContextLostError,
         # Not retryable on the wire; RunnerRequestError keeps the code so the
         # caller can still choose to recycle the sandbox.
         ErrorCode.INTERNAL: RunnerRequestError,

@@ -29,6 +29,7 @@ from sandcell_protocol import ProtocolMismatchError as PeerProtocolMismatchError
 
 from ..errors import (
     CheckpointError,
+    ContextLostError,
     InputMissingError,
     LockLostError,
     ProtocolMismatchError,
@@ -85,6 +86,7 @@ _DIRECT: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, ErrorCo
     (SessionRequiredError, 400, ErrorCode.SESSION_REQUIRED),
     (SessionBusyError, 409, ErrorCode.SESSION_BUSY),
     (SessionConflictError, 409, ErrorCode.SESSION_CONFLICT),
+    (ContextLostError, 409, ErrorCode.CONTEXT_LOST),
     (InputMissingError, 400, ErrorCode.INPUT_MISSING),
     ((ProtocolMismatchError, PeerProtocolMismatchError), 502, ErrorCode.PROTOCOL_MISMATCH),
     ((SandboxUnavailableError, LockLostError, RegistryError), 503, ErrorCode.BUSY),

@@ -79,6 +79,7 @@ class ExecutionService:
         metrics: Metrics | None = None,
         spec: SandboxSpec | None = None,
         wall_clock: Callable[[], float] = time.time,
+        keep_warm: bool = True,
     ) -> None:
         if manager is None:
             if provider is None or registry is None or store is None:
@@ -99,6 +100,8 @@ class ExecutionService:
         self.inputs = inputs
         self.metrics = manager.metrics
         self.spec = spec or SandboxSpec()
+        self.keep_warm = keep_warm
+        """False: park each session's sandbox at the end of its turn (see ``open_services``)."""
 
     # -- entry point ----------------------------------------------------------
 
@@ -188,6 +191,8 @@ class ExecutionService:
                         type(exc).__name__,
                     )
             await manager.touch(session_id)
+            if not self.keep_warm:
+                await manager.park(hold, attached)
         return result
 
     def _turn_timeout(self, request: ExecuteRequest) -> float:

@@ -44,6 +44,7 @@ from ..errors import (
     SandboxError,
     SandboxNotFoundError,
     SandboxUnavailableError,
+    SandcellError,
     SessionBusyError,
 )
 from ..handle import SandboxHandle
@@ -258,6 +259,15 @@ class SandboxManager:
     async def recycle(self, hold: Hold, attached: Attached) -> None:
         """Destroy a sandbox that may be dirty (a job may still run in it); never reuse it."""
         self.metrics.inc("sandcell_fallbacks_total", reason="recycled")
+        await self.park(hold, attached)
+
+    async def park(self, hold: Hold, attached: Attached) -> None:
+        """Destroy the session's sandbox and mark its row suspended, still holding it.
+
+        The next holder restores the current checkpoint into a new sandbox. A
+        process whose sandboxes die with it parks them before it lets go of the
+        session, so no other process reuses one that is about to vanish.
+        """
         self.sandboxes.release(hold.session_id)
         await self.sandboxes.shielded(self._retire(hold, attached.handle))
 
@@ -417,19 +427,36 @@ class SandboxManager:
         return await self.sweeper.sweep(idle_s=idle_s)
 
     async def aclose(self, *, destroy_sandboxes: bool) -> None:
-        """Close clients; with ``destroy_sandboxes`` also destroy every active sandbox.
+        """Close clients; with ``destroy_sandboxes`` also destroy the sandboxes this
+        process launched (active or natively suspended) and mark their rows suspended.
 
-        The embedded (in-process) registry dies with this process, so its sandboxes
-        must go too; their checkpoints stay in the snapshot store.
+        With an embedded registry the sandboxes die with this process, so they go
+        now, cleanly; their checkpoints stay in the snapshot store. Only this
+        process's own: a registry file shared by other processes lists theirs too.
         """
         await self.sandboxes.aclose()
-        if destroy_sandboxes:
-            # A natively suspended sandbox still exists (a suspended MicroVM): it goes too.
-            native = self.sandboxes.native is not None
-            for record in await self.registry.list_records():
-                if record.provider == self.provider.name and (record.state == "active" or native):
-                    with contextlib.suppress(SandboxError):
-                        await self.provider.destroy(record.sandbox_id)
+        if not destroy_sandboxes or not self.sandboxes.launched:
+            return
+        native = self.sandboxes.native is not None
+        for record in await self.registry.list_records():
+            if record.sandbox_id not in self.sandboxes.launched:
+                continue
+            if record.provider != self.provider.name or not (record.state == "active" or native):
+                continue
+            with contextlib.suppress(SandboxError):
+                await self.provider.destroy(record.sandbox_id)
+            self.sandboxes.launched.discard(record.sandbox_id)
+            await self._mark_left(record.session_id, record.sandbox_id)
+
+    async def _mark_left(self, session_id: str, sandbox_id: str) -> None:
+        """Mark a row whose sandbox this process destroyed at exit as suspended, so the
+        next process restores without first probing a sandbox that is gone."""
+        try:
+            async with self.hold(session_id) as hold:
+                if hold.record is not None and hold.record.sandbox_id == sandbox_id:
+                    await self._write(hold, state="suspended")
+        except SandcellError as exc:  # busy or lost: the next holder finds it gone instead
+            log.info("session %s: left its row as it was (%s)", session_id[:11], exc)
 
     # -- records --------------------------------------------------------------------------
 

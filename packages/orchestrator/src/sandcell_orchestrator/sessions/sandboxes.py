@@ -97,6 +97,8 @@ class Sandboxes:
         self._metrics = metrics
         self._handles: dict[str, SandboxHandle] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
+        self.launched: set[str] = set()
+        """Ids of the sandboxes this process launched and has not destroyed."""
 
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
         """A new sandbox, within the launch and health budgets."""
@@ -110,6 +112,7 @@ class Sandboxes:
             self._metrics.inc("sandcell_launches_total", outcome="failed")
             raise
         self._metrics.inc("sandcell_launches_total", outcome="ok")
+        self.launched.add(handle.sandbox_id)
         return handle
 
     async def discard(self, handle: SandboxHandle) -> None:
@@ -123,6 +126,8 @@ class Sandboxes:
             await self.provider.destroy(handle.sandbox_id)
         except SandboxError as exc:
             log.warning("destroy of %s failed: %s", handle.sandbox_id, exc)
+        else:
+            self.launched.discard(handle.sandbox_id)
 
     async def reuse(self, session_id: str, record: SessionRecord) -> SandboxHandle | None:
         """The session's live sandbox, or None (an unreachable one is destroyed)."""

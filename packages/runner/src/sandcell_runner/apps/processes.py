@@ -82,6 +82,10 @@ class _Process:
         )
 
 
+MAX_RUNNING_PROCESSES = 16
+"""Long-lived processes a session may run at once."""
+
+
 class ProcessManager:
     """The processes of one session (a runner holds at most one)."""
 
@@ -95,7 +99,7 @@ class ProcessManager:
         python: str | None,
         bash: str,
         grace_s: float = 3.0,
-        max_running: int = 16,
+        max_running: int = MAX_RUNNING_PROCESSES,
         max_kept: int = 64,
         clock: Callable[[], float] = time.time,
     ) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from sandcell_protocol import RestoreResult
 
@@ -32,6 +32,8 @@ class SessionCheckpoints:
     def __init__(self, sessions: SessionManager, *, limits: ArchiveLimits) -> None:
         self._sessions = sessions
         self._limits = limits
+        self.restore_hooks: list[Callable[[SessionState], Awaitable[None]]] = []
+        """Run under the session lock once a restored workspace is in place."""
 
     async def export(
         self, session_id: str, *, encoding: Encoding, selection: WorkspaceSelection
@@ -104,6 +106,8 @@ class SessionCheckpoints:
                 raise ArchiveRejectedError("checkpoint belongs to another runtime session")
             await self._sessions.swap_in(state, staging)
             state.adopt(meta)
+            for hook in self.restore_hooks:
+                await hook(state)
             entries = await asyncio.to_thread(fsops.scan, state.workspace)
         files = [e for e in entries if e.kind == "file"]
         return RestoreResult(

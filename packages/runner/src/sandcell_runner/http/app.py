@@ -18,12 +18,17 @@ from sandcell_protocol import ErrorCode, error_body
 from ..service import RunnerService
 from .apps import AppRoutes
 from .base import RunnerStarlette, json_response
+<<<<<<< HEAD
 from .egress import EgressRoutes
+=======
+from .contexts import ContextRoutes
+>>>>>>> main
 from .execute import ExecuteRoutes
 from .files import FileRoutes
 from .health import HealthRoutes
 from .inputs import InputRoutes
 from .preview import PreviewRoutes
+from .sandbox import SandboxRoutes
 from .session import SessionRoutes
 
 log = logging.getLogger(__name__)
@@ -39,7 +44,12 @@ def create_app(service: RunnerService) -> Starlette:
         FileRoutes(service),
         InputRoutes(service),
         AppRoutes(service),
+<<<<<<< HEAD
         EgressRoutes(service),
+=======
+        ContextRoutes(service),
+        SandboxRoutes(service),
+>>>>>>> main
         preview,
     ]
 

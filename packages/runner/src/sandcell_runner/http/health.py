@@ -29,7 +29,11 @@ class HealthRoutes(RouteGroup):
         return json_response(
             Languages(
                 languages=[
-                    Language(name=spec.name, version=spec.version)
+                    Language(
+                        name=spec.name,
+                        version=spec.version,
+                        contexts=spec.name in self.service.contexts.languages,
+                    )
                     for spec in self.service.languages.values()
                 ]
             )

@@ -26,7 +26,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-_V1_CONTROLLERS = ("memory", "pids")
+V1_CONTROLLERS = ("memory", "pids")
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,8 +226,8 @@ class CgroupManager:
         return self.version != 0
 
     def _setup(self) -> None:
-        if all((self._root / c / "cgroup.procs").exists() for c in _V1_CONTROLLERS):
-            parents = [self._root / c / "sandcell" / self._instance for c in _V1_CONTROLLERS]
+        if all((self._root / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
+            parents = [self._root / c / "sandcell" / self._instance for c in V1_CONTROLLERS]
             for parent in parents:
                 parent.mkdir(parents=True, exist_ok=True)
             self._parents = parents
@@ -296,6 +296,10 @@ class CgroupManager:
     def create(self, name: str, *, memory_bytes: int, pids: int) -> JobCgroup:
         """Make ``job-<name>`` with the given limits (swap disabled)."""
         dirs: list[Path] = []
+        if not all(parent.is_dir() for parent in self._parents):
+            # Removed under us (a host-wide orphan sweep of an older runner version):
+            # make it again rather than fail every job from now on.
+            self._setup()
         try:
             for parent in self._parents:
                 directory = parent / f"job-{name}"

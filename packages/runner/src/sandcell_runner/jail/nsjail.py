@@ -22,7 +22,9 @@ import dataclasses
 import heapq
 import os
 import resource
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +84,29 @@ class _Capture:
         return b"".join(self.chunks)
 
 
+def probe_job_user_nsjail(nsjail: Path, uid: int) -> str | None:
+    """Whether nsjail can run as an unprivileged ``uid`` here: None if so, else why not.
+
+    It cannot when job UIDs may not execute the binary (it lies under a 0700
+    home), or when unprivileged user namespaces are off (a sysctl, or a container
+    engine's seccomp profile that allows them only with CAP_SYS_ADMIN).
+    """
+    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
+    if setpriv is None:
+        return "setpriv (util-linux) not found"
+    argv = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    argv += [str(nsjail), "-Mo", "--quiet", "--disable_proc", "-u", str(uid), "-g", str(uid)]
+    argv += ["--chroot", "/", "--", "/bin/true"]
+    try:
+        probe = subprocess.run(argv, capture_output=True, timeout=10, check=False, env={})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"probe failed: {exc}"
+    if probe.returncode != 0:
+        tail = probe.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        return f"nsjail as uid {uid} exited {probe.returncode}: {tail[0][:200]}"
+    return None
+
+
 class Jail:
     """Runs jobs under nsjail (or, for developer machines, unjailed)."""
 
@@ -91,10 +116,13 @@ class Jail:
         nsjail: Path | None,
         cgroups: CgroupManager,
         spawner: Spawner,
+        as_job_user: bool = True,
     ) -> None:
         self._nsjail = nsjail
         self._cgroups = cgroups
         self._spawner = spawner
+        # nsjail itself runs as the job's UID (when root; see ``_spawn_request``).
+        self._as_job_user = as_job_user and os.geteuid() == 0
         self._counter = 0
         # Pooled cgroup slots: a slot is held by one running job at a time. Keyed by
         # slot, not by job UID, because an unprivileged runner gives every job the
@@ -178,22 +206,25 @@ class Jail:
         pass_fds = list(spec.pass_fds)
         if self._nsjail is not None:
             config = self.config_text(spec).encode()
-            # The config fits a pipe buffer (64 KiB) unless env is huge; check, don't hang.
+            # Only a huge environment makes the configuration this large: refuse it.
             if len(config) > 60_000:
                 raise JailError("job configuration too large (environment too big)")
-            read_fd, write_fd = os.pipe()
-            close_after.append(read_fd)
-            try:
-                os.write(write_fd, config)
-            finally:
-                os.close(write_fd)
-            argv = [str(self._nsjail), "--log_fd", str(log_fd), "--config", f"/dev/fd/{read_fd}"]
+            # A memfd, not a pipe: nsjail runs as the job's UID and reopens the
+            # descriptor by path, and a pipe's inode is its creator's (root), 0600.
+            config_fd = os.memfd_create("sandcell-nsjail-config", os.MFD_CLOEXEC)
+            close_after.append(config_fd)
+            os.write(config_fd, config)
+            argv = [str(self._nsjail), "--log_fd", str(log_fd), "--config", f"/dev/fd/{config_fd}"]
             argv += ["--", *spec.argv]
-            pass_fds += [read_fd, log_fd]
-        unjailed_root = self._nsjail is None and os.geteuid() == 0
+            pass_fds += [config_fd, log_fd]
+        # nsjail itself runs as the job's UID, so the user namespace it makes is
+        # owned by that UID and the kernel charges the job's per-user budgets
+        # (inotify instances and watches, namespaces, fanotify groups) to it in
+        # the initial namespace instead of to root, whom every job would share.
+        as_job_user = self._as_job_user or (self._nsjail is None and os.geteuid() == 0)
         tasks = cgroup.thread_join_paths() if cgroup is not None else None
         cgroup_fds: list[int] = []
-        if cgroup is not None and (tasks is None or unjailed_root or not self._spawner.fast):
+        if cgroup is not None and (tasks is None or not self._spawner.fast):
             # Only the forking path joins through cgroup.procs; the fast one writes tasks.
             cgroup_fds = cgroup.open_procs_fds()
             close_after += cgroup_fds
@@ -208,8 +239,8 @@ class Jail:
             cgroup_fds=cgroup_fds,
             cgroup_tasks=tasks,
             resident_key=resident_key if cgroup is not None else None,
-            user=spec.uid if unjailed_root else None,
-            group=spec.gid if unjailed_root else None,
+            user=spec.uid if as_job_user else None,
+            group=spec.gid if as_job_user else None,
             netns_fd=spec.netns_fd,
         )
 

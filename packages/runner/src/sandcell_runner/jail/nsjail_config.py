@@ -16,15 +16,21 @@ from .spec import JobSpec
 # with any CLONE_NEW* flag gets its own rule: blocking unshare() alone does not stop
 # a nested user namespace. clone3 answers ENOSYS so libc falls back to clone(),
 # whose flags seccomp can inspect, and threads keep working.
+#
+# Kernel-wide budgets (docs: "Kernel budgets"): fanotify groups and marks are
+# refused (no language runtime we ship needs them; inotify serves file watchers);
+# io_setup answers ENOSYS, as on a kernel without native AIO, because its
+# contexts count against fs.aio-max-nr, one counter for the whole host (glibc's
+# POSIX AIO and libuv use threads, not io_setup).
 SECCOMP_POLICY = (
     "ERRNO(1) { ptrace, process_vm_readv, process_vm_writev, mount, umount, "
     "pivot_root, chroot, unshare, setns, keyctl, add_key, request_key, bpf, userfaultfd, "
     "perf_event_open, kexec_load, kexec_file_load, init_module, finit_module, delete_module, "
     "reboot, swapon, swapoff, syslog, acct, open_by_handle_at, name_to_handle_at, fsopen, "
     "fsmount, fsconfig, fspick, move_mount, open_tree, io_uring_setup, io_uring_enter, "
-    "io_uring_register }",
+    "io_uring_register, fanotify_init, fanotify_mark }",
     "ERRNO(1) { clone { (clone_flags & 0x7E020000) != 0 } }",
-    "ERRNO(38) { clone3 }",
+    "ERRNO(38) { clone3, io_setup }",
     "DEFAULT ALLOW",
 )
 
@@ -38,6 +44,10 @@ _SYSTEM_MOUNTS = (
     ("/etc/ld.so.cache", False),
     ("/etc/alternatives", False),
     ("/etc/localtime", False),
+    # Debian's matplotlib reads its defaults from here (without it, import fails),
+    # and fontconfig its configuration.
+    ("/etc/matplotlibrc", False),
+    ("/etc/fonts", False),
 )
 _NETWORK_MOUNTS = ("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates")
 
@@ -118,6 +128,18 @@ def render_config(spec: JobSpec, *, cgroups_available: bool) -> str:
     ]
     for bind_source, target in spec.readonly_binds:
         lines.append(_bind(str(bind_source), target, rw=False))
+    if spec.home_link is not None:
+        lines.append(
+            f"mount {{ src: {_quote(WORKSPACE_DIR)} dst: {_quote(spec.home_link)} "
+            "is_symlink: true }"
+        )
+    if spec.devpts:
+        # A fresh instance: the job sees only its own terminals, never the host's.
+        lines.append(
+            'mount { dst: "/dev/pts" fstype: "devpts" '
+            'options: "newinstance,ptmxmode=0666,mode=0620" rw: true nosuid: true noexec: true }'
+        )
+        lines.append('mount { src: "/dev/pts/ptmx" dst: "/dev/ptmx" is_symlink: true }')
     lines += [f"seccomp_string: {_quote(rule)}" for rule in SECCOMP_POLICY]
     return "\n".join(lines) + "\n"
 

@@ -50,6 +50,7 @@ class SpawnRequest:
     cgroup_fds: Sequence[int] = ()
     new_session: bool = True
     user: int | None = None
+    """Exec as this UID (GID ``group``, no supplementary groups); None: as the runner."""
     group: int | None = None
     netns_fd: int | None = None
     """An open ``/proc/…/ns/net`` the child joins before exec (None: stay in ours)."""
@@ -59,19 +60,18 @@ class SpawnRequest:
     """A pooled cgroup's key: spawn from the worker thread that lives in it."""
 
 
-def _child_setup(cgroup_fds: Sequence[int], netns_fd: int | None = None) -> Callable[[], None]:
+def _child_setup(cgroup_fds: Sequence[int]) -> Callable[[], None]:
     parent_pid = os.getpid()
 
     def setup() -> None:
-        # Runs in the forked child, before exec: keep it to raw syscalls.
+        # Runs in the forked child after its UID switch, before exec: raw syscalls
+        # only, and nothing that needs root (the namespace was joined by the thread).
         if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             os._exit(126)
         if os.getppid() != parent_pid:  # the runner died between fork and prctl
             os._exit(126)
         for fd in cgroup_fds:
             os.write(fd, b"0")
-        if netns_fd is not None and _libc.setns(netns_fd, _CLONE_NEWNET) != 0:
-            os._exit(126)
 
     return setup
 
@@ -167,13 +167,11 @@ class Spawner:
         self, request: SpawnRequest, home: _ThreadHome, resident: Sequence[Path] | None
     ) -> subprocess.Popen[bytes]:
         """Fork from the calling (worker) thread."""
-        if (
-            self._setpriv is not None
-            and request.user is None
-            and (not request.cgroup_fds or request.cgroup_tasks is not None)
+        if self._setpriv is not None and (
+            not request.cgroup_fds or request.cgroup_tasks is not None
         ):
             return self._spawn_fast(request, home, self._setpriv, resident)
-        return self._spawn_forked(request)
+        return self._spawn_forked(request, home)
 
     def _spawn_fast(
         self,
@@ -193,8 +191,13 @@ class Spawner:
             if request.netns_fd is not None and _libc.setns(request.netns_fd, _CLONE_NEWNET) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"setns into the session namespace: {os.strerror(err)}")
+            # setpriv sets the death signal after its UID switch (which clears it).
+            identity = []
+            if request.user is not None:
+                group = request.group if request.group is not None else request.user
+                identity = [f"--reuid={request.user}", f"--regid={group}", "--clear-groups"]
             return subprocess.Popen(
-                [setpriv, "--pdeathsig", "KILL", "--", *request.argv],
+                [setpriv, *identity, "--pdeathsig", "KILL", "--", *request.argv],
                 stdin=request.stdin,
                 stdout=request.stdout,
                 stderr=request.stderr,
@@ -214,22 +217,31 @@ class Spawner:
                 else:
                     home.restore(tid)
 
-    def _spawn_forked(self, request: SpawnRequest) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            list(request.argv),
-            stdin=request.stdin,
-            stdout=request.stdout,
-            stderr=request.stderr,
-            env=dict(request.env),
-            cwd=request.cwd,
-            pass_fds=tuple(request.pass_fds),
-            start_new_session=request.new_session,
-            preexec_fn=_child_setup(request.cgroup_fds, request.netns_fd),
-            user=request.user,
-            group=request.group,
-            extra_groups=[] if request.group is not None else None,
-            close_fds=True,
-        )
+    def _spawn_forked(self, request: SpawnRequest, home: _ThreadHome) -> subprocess.Popen[bytes]:
+        # The child drops to ``user`` before ``preexec_fn`` runs, and joining a
+        # namespace needs root: the thread joins it and the child inherits it.
+        if request.netns_fd is not None and _libc.setns(request.netns_fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into the session namespace: {os.strerror(err)}")
+        try:
+            return subprocess.Popen(
+                list(request.argv),
+                stdin=request.stdin,
+                stdout=request.stdout,
+                stderr=request.stderr,
+                env=dict(request.env),
+                cwd=request.cwd,
+                pass_fds=tuple(request.pass_fds),
+                start_new_session=request.new_session,
+                preexec_fn=_child_setup(request.cgroup_fds),
+                user=request.user,
+                group=request.group,
+                extra_groups=[] if request.group is not None else None,
+                close_fds=True,
+            )
+        finally:
+            if request.netns_fd is not None:
+                home.restore_netns()
 
     def submit(self, request: SpawnRequest) -> Future[subprocess.Popen[bytes]]:
         return self._worker_for(request).submit(request)

@@ -1,10 +1,24 @@
-"""The pool of unprivileged UIDs jobs run as; one UID is never shared by two live jobs."""
+"""The pool of unprivileged UIDs jobs run as; one UID is never shared by two live jobs.
+
+Not by two jobs of this runner, and not by jobs of two runners on one host: the
+kernel keeps some budgets per UID (inotify instances and watches, user namespaces,
+epoll watches, pending signals), and a job's are charged to its own UID (``nsjail.py``
+runs nsjail as that UID), so a UID shared by two tenants would be a shared budget.
+Each UID in use is leased host-wide by an ``flock`` on ``<lease_dir>/<uid>``; the
+kernel drops the lock when the runner dies, however it dies, so a killed runner
+never strands its UIDs.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from pathlib import Path
 
 from ..errors import BusyError
+
+LEASE_DIR = Path("/run/sandcell/uid-leases")
 
 
 class UidPool:
@@ -15,26 +29,54 @@ class UidPool:
     which ``/health`` reports.
     """
 
-    def __init__(self, uid_min: int, uid_max: int) -> None:
+    def __init__(self, uid_min: int, uid_max: int, *, lease_dir: Path | None = LEASE_DIR) -> None:
         self.shared = os.geteuid() != 0
         self._free = [os.geteuid()] if self.shared else list(range(uid_max, uid_min - 1, -1))
         self._in_use: set[int] = set()
+        self._leases: dict[int, int] = {}
+        self._lease_dir = None if self.shared else lease_dir
+        if self._lease_dir is not None:
+            self._lease_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def allocate(self) -> int:
-        """Take a free UID (the lowest first); ``BusyError`` when none is left."""
+        """Take a free UID (the lowest this host lets us lease); ``BusyError`` when none is left."""
         if self.shared:
             return self._free[0]
-        if not self._free:
-            raise BusyError("no free job UID; retry shortly")
-        uid = self._free.pop()
-        self._in_use.add(uid)
-        return uid
+        skipped: list[int] = []
+        try:
+            while self._free:
+                uid = self._free.pop()
+                if self._lease(uid):
+                    self._in_use.add(uid)
+                    return uid
+                skipped.append(uid)  # another runner on this host holds it
+        finally:
+            if skipped:
+                self._free.extend(skipped)
+                self._free.sort(reverse=True)
+        raise BusyError("no free job UID; retry shortly")
+
+    def _lease(self, uid: int) -> bool:
+        if self._lease_dir is None:
+            return True
+        fd = os.open(self._lease_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._leases[uid] = fd
+        return True
 
     def release(self, uid: int) -> None:
         """Return a UID once nothing of its job is left (processes dead, files gone)."""
         if self.shared or uid not in self._in_use:
             return
         self._in_use.discard(uid)
+        fd = self._leases.pop(uid, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # closing the only descriptor drops the lock
         self._free.append(uid)
         self._free.sort(reverse=True)
 

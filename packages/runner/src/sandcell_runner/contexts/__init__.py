@@ -1,0 +1,1 @@
+"""Stateful code contexts: a long-lived jailed interpreter per context (``manager.py``)."""
