@@ -21,25 +21,18 @@ from .apps.processes import MAX_RUNNING_PROCESSES
 from .checkpoint.export import ArchiveLimits
 from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
-<<<<<<< HEAD
-from .egress.manager import EgressManager, unavailable_reason
-=======
 from .contexts.interpreter import EventCallback
 from .contexts.manager import ContextManager
->>>>>>> main
+from .egress.manager import EgressManager, unavailable_reason
 from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
 from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
-<<<<<<< HEAD
-from .jail.netns import SessionNetns
-from .jail.nsjail import Jail, OutputCallback
-=======
 from .jail.host_limits import apply_host_limits, required_limits
+from .jail.netns import SessionNetns
 from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
->>>>>>> main
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
@@ -152,9 +145,6 @@ class RunnerService:
         # A session's processes and interpreters end before its workspace is wiped, and
         # its jobs share its network namespace.
         self.sessions.release_hooks.append(self.apps.release)
-<<<<<<< HEAD
-        self.sessions.release_hooks.append(self._release_egress)
-=======
         self.sessions.release_hooks.append(self.contexts.release)
         python = self.languages.get("python")
         self.sandbox = SandboxSessions(
@@ -164,7 +154,7 @@ class RunnerService:
             python=python.binary if python else None,
         )
         self.sessions.release_hooks.append(self.sandbox.release)
->>>>>>> main
+        self.sessions.release_hooks.append(self._release_egress)
         self._jail.netns_for = self.sessions.netns_fd_for
         self._jail.egress_for = self.egress.apply
         self.egress.start()

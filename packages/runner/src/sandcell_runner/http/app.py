@@ -18,11 +18,8 @@ from sandcell_protocol import ErrorCode, error_body
 from ..service import RunnerService
 from .apps import AppRoutes
 from .base import RunnerStarlette, json_response
-<<<<<<< HEAD
-from .egress import EgressRoutes
-=======
 from .contexts import ContextRoutes
->>>>>>> main
+from .egress import EgressRoutes
 from .execute import ExecuteRoutes
 from .files import FileRoutes
 from .health import HealthRoutes
@@ -44,12 +41,9 @@ def create_app(service: RunnerService) -> Starlette:
         FileRoutes(service),
         InputRoutes(service),
         AppRoutes(service),
-<<<<<<< HEAD
-        EgressRoutes(service),
-=======
         ContextRoutes(service),
         SandboxRoutes(service),
->>>>>>> main
+        EgressRoutes(service),
         preview,
     ]
 
