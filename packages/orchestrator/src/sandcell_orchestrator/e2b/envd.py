@@ -12,7 +12,7 @@ the request to:
     /process.Process/…         the generated Connect app (process.py)
     /filesystem.Filesystem/…   the generated Connect app (filesystem.py)
 
-Port 49983 is envd. Other ports are not served yet (502, as for a closed port).
+Port 49983 is envd. Other ports are not served (502, as for a closed port).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .envd_http import read_file, write_files
 from .errors import e2b_error_response, sandbox_gone_response
+from .filesystem import filesystem_app
 from .process import process_app
 from .sandboxes import E2bSandbox, E2bSandboxes
 
@@ -47,6 +48,7 @@ class EnvdApp:
         self._sandboxes = sandboxes
         self._rpc: dict[str, ASGIApp] = {
             "/process.Process/": process_app(self._sandbox_of),
+            "/filesystem.Filesystem/": filesystem_app(self._sandbox_of),
         }
 
     def _lookup(self, headers: Callable[[str], str | None]) -> E2bSandbox | None:
