@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from .egress.settings import EgressSettings
 from .errors import ConfigError
 from .runner_token import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE, TokenSourceError, read_token_file
 
@@ -61,6 +62,7 @@ class RunnerSettings:
     output_inline_bytes: int = 1 * MIB
     max_output_files: int = 1000
     allow_network: bool = False
+    egress: EgressSettings = field(default_factory=EgressSettings)
     sessions_enabled: bool = False
     session_wait_ms: int = 2000
     warmup_command: str | None = None
@@ -196,6 +198,7 @@ class RunnerSettings:
             ),
             max_output_files=reader.integer("SANDCELL_RUNNER_MAX_OUTPUT_FILES", 1000, minimum=0),
             allow_network=reader.flag("SANDCELL_RUNNER_ALLOW_NETWORK", default=False),
+            egress=EgressSettings.from_env(env),
             sessions_enabled=reader.flag("SANDCELL_RUNNER_SESSIONS", default=False),
             session_wait_ms=reader.integer("SANDCELL_RUNNER_SESSION_WAIT_MS", 2000, minimum=0),
             warmup_command=env.get("SANDCELL_RUNNER_WARMUP_COMMAND") or None,

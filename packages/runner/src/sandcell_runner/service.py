@@ -23,6 +23,7 @@ from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
 from .contexts.interpreter import EventCallback
 from .contexts.manager import ContextManager
+from .egress.manager import EgressManager, unavailable_reason
 from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
@@ -30,6 +31,7 @@ from .inputs.priming import Primer
 from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
 from .jail.host_limits import apply_host_limits, required_limits
+from .jail.netns import SessionNetns
 from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
@@ -123,12 +125,19 @@ class RunnerService:
         self.apps = AppManager(
             settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
         )
+        self.egress = EgressManager(
+            settings.egress,
+            unavailable=unavailable_reason(
+                jailed=self._jail.jailed, allow_network=settings.allow_network
+            ),
+            state_dir=settings.workspace_root.parent / "egress",
+        )
         self.sessions = SessionManager(
             enabled=settings.sessions_enabled,
             workspaces=self._workspaces,
             uids=self._uids,
             wait_ms=settings.session_wait_ms,
-            netns_factory=self.apps.create_netns if settings.sessions_enabled else None,
+            netns_factory=self._session_netns if settings.sessions_enabled else None,
         )
         self.contexts = ContextManager(
             settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
@@ -145,7 +154,10 @@ class RunnerService:
             python=python.binary if python else None,
         )
         self.sessions.release_hooks.append(self.sandbox.release)
+        self.sessions.release_hooks.append(self._release_egress)
         self._jail.netns_for = self.sessions.netns_fd_for
+        self._jail.egress_for = self.egress.apply
+        self.egress.start()
         self.files = SessionFiles(self.sessions, max_read_bytes=settings.max_body_bytes)
         self.checkpoints = SessionCheckpoints(
             self.sessions,
@@ -161,6 +173,15 @@ class RunnerService:
         self._active_jobs: set[Path] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._collect_warnings()
+
+    def _session_netns(self) -> SessionNetns | None:
+        """A bound session's namespace, linked for egress when the policy lets anything out."""
+        netns = self.apps.create_netns()
+        self.egress.session_netns(netns)
+        return netns
+
+    async def _release_egress(self, state: SessionState) -> None:
+        await asyncio.to_thread(self.egress.session_released, state.netns)
 
     def _collect_warnings(self) -> None:
         if not self._jail.jailed:
@@ -350,6 +371,7 @@ class RunnerService:
             warmup=self._warmup.state,
             languages=sorted(self.languages),
             warnings=list(self.warnings),
+            egress=self.egress.mechanism,
         )
 
     @contextlib.asynccontextmanager
@@ -409,6 +431,8 @@ class RunnerService:
             await self.sandbox.shutdown()
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.egress.close)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
