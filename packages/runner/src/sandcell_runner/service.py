@@ -78,7 +78,7 @@ class RunnerService:
         self._workspaces.prepare()
         instance = instance_key(settings.workspace_root)
         self._lease = InstanceLease(instance)
-        self._cgroups = CgroupManager(instance)
+        self._cgroups = CgroupManager(instance, cpu_millicores=settings.cpu_millicores)
         if self._lease.held:
             reaped = self._cgroups.reap_leftovers()
             if reaped:
@@ -169,6 +169,8 @@ class RunnerService:
             self.warnings.append(
                 f"{self._cgroups.reason}; memory and pids limits fall back to rlimits"
             )
+        elif not self._cgroups.cpu_limited:
+            self.warnings.append("no cpu cgroup controller: the session's CPU use is not bounded")
         if not self._workspaces.quota_enforced:
             self.warnings.append("workspace disk quota not enforced (not root: no tmpfs mounts)")
         if self._uids.shared:
