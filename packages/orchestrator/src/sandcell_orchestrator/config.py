@@ -18,6 +18,7 @@ Only the chosen provider's settings module is imported.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,8 @@ class ServeSettings:
     """API key -> tenant namespace (``SANDCELL_API_KEYS``)."""
     insecure_no_auth: bool = False
     """``SANDCELL_SERVE_INSECURE_NO_AUTH=1``: serve every caller as one namespace."""
+    e2b_domain: str | None = None
+    """``SANDCELL_E2B_DOMAIN``: also route E2B's ``api.{domain}`` / ``{port}-{id}.{domain}``."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServeSettings:
@@ -85,12 +88,22 @@ class ServeSettings:
             port=int(read.number("SANDCELL_SERVE_PORT", 8000.0, minimum=0)),
             api_keys=_api_keys(read.text("SANDCELL_API_KEYS") or ""),
             insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
+            e2b_domain=_e2b_domain(read.text("SANDCELL_E2B_DOMAIN")),
         )
 
     @property
     def public_host(self) -> str:
         """The host a link to this service names (a wildcard address means this host)."""
         return self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"  # noqa: S104
+
+
+def _e2b_domain(value: str | None) -> str | None:
+    if not value:
+        return None
+    domain = value.strip().lower().rstrip(".")
+    if not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)+", domain):
+        raise ConfigError(f"SANDCELL_E2B_DOMAIN: not a DNS domain: {value[:100]!r}")
+    return domain
 
 
 def _default_home() -> Path:

@@ -5,7 +5,7 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import addresses, app_messages, contexts, egress, headers, names, routes
+from . import addresses, app_messages, contexts, egress, headers, names, routes, sandbox_messages
 from .addresses import AddressRules
 from .app_messages import (
     AnalysisResult,
@@ -163,6 +163,7 @@ __all__ = [
     "parse_version",
     "routes",
     "runtime_session_id",
+    "sandbox_messages",
     "scoped_storage_session",
     "unescape_name",
     "validate_hint",

@@ -54,6 +54,8 @@ class RunnerSettings:
     uid_max: int = 20_999
     limits: LimitSettings = field(default_factory=LimitSettings)
     max_jobs: int = 32
+    cpu_millicores: int = 1000
+    """CPU quota shared by every job and long-lived process of this runner (its session)."""
     max_body_bytes: int = 64 * MIB
     output_inline_bytes: int = 1 * MIB
     max_output_files: int = 1000
@@ -169,6 +171,7 @@ class RunnerSettings:
             uid_max=uid_max,
             limits=limits,
             max_jobs=reader.integer("SANDCELL_RUNNER_MAX_JOBS", 32),
+            cpu_millicores=reader.integer("SANDCELL_RUNNER_CPU_MILLICORES", 1000, minimum=10),
             max_body_bytes=reader.integer("SANDCELL_RUNNER_MAX_BODY_BYTES", 64 * MIB),
             output_inline_bytes=reader.integer(
                 "SANDCELL_RUNNER_OUTPUT_INLINE_BYTES", 1 * MIB, minimum=0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import resource
@@ -30,12 +29,14 @@ from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
+from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
 from .jail.host_limits import apply_host_limits, required_limits
 from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
+from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
 from .workspace.manager import JobDirs, JobWorkspace, WorkspaceManager
@@ -54,18 +55,13 @@ def raise_nofile_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
-def instance_key(workspace_root: Path) -> str:
-    """Stable per-runner key (from its workspace root) naming its cgroup subtree."""
-    return hashlib.sha256(str(workspace_root).encode()).hexdigest()[:16]
-
-
 class RunnerService:
     """Everything a runner process holds; built once at start-up.
 
     The HTTP layer's one entry point. Routes call its methods (``prepare``,
     ``execute``, ``run_in_context``, ``analyse``, ``health``, ``running``) and its
     feature objects: ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs``,
-    ``apps`` and ``contexts``.
+    ``apps``, ``contexts`` and ``sandbox``.
     The machinery behind them (executor, jail, workspaces, cgroups, UIDs, warmup)
     is its own.
     """
@@ -82,10 +78,13 @@ class RunnerService:
             settings.workspace_root, quota_bytes=settings.limits.workspace_quota_mib * MIB
         )
         self._workspaces.prepare()
-        self._cgroups = CgroupManager(instance_key(settings.workspace_root))
-        reaped = self._cgroups.reap_leftovers()
-        if reaped:
-            log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
+        instance = instance_key(settings.workspace_root)
+        self._lease = InstanceLease(instance)
+        self._cgroups = CgroupManager(instance, cpu_millicores=settings.cpu_millicores)
+        if self._lease.held:
+            reaped = self._cgroups.reap_leftovers()
+            if reaped:
+                log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
         self._spawner = Spawner()
         nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
         job_user_refused = None
@@ -140,6 +139,14 @@ class RunnerService:
         # its jobs share its network namespace.
         self.sessions.release_hooks.append(self.apps.release)
         self.sessions.release_hooks.append(self.contexts.release)
+        python = self.languages.get("python")
+        self.sandbox = SandboxSessions(
+            settings,
+            jail=self._jail,
+            workspaces=self._workspaces,
+            python=python.binary if python else None,
+        )
+        self.sessions.release_hooks.append(self.sandbox.release)
         self._jail.netns_for = self.sessions.netns_fd_for
         self.files = SessionFiles(self.sessions, max_read_bytes=settings.max_body_bytes)
         self.checkpoints = SessionCheckpoints(
@@ -164,6 +171,8 @@ class RunnerService:
             self.warnings.append(
                 f"{self._cgroups.reason}; memory and pids limits fall back to rlimits"
             )
+        elif not self._cgroups.cpu_limited:
+            self.warnings.append("no cpu cgroup controller: the session's CPU use is not bounded")
         if not self._workspaces.quota_enforced:
             self.warnings.append("workspace disk quota not enforced (not root: no tmpfs mounts)")
         if self._uids.shared:
@@ -378,6 +387,11 @@ class RunnerService:
         """Remove leftover per-job directories; never the session's, staging, or the cache."""
         keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
         keep |= self.contexts.keep_paths()
+        keep |= self.sandbox.keep_paths()
+        if self._cgroups.available:
+            orphans = reap_orphans(older_than_s=self.settings.reap_age_s)
+            if orphans:
+                log.info("reaper removed the cgroups of %d runners that are gone", len(orphans))
         return self._workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
 
     async def _reaper_loop(self) -> None:
@@ -407,10 +421,13 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await self.contexts.shutdown()
         with contextlib.suppress(Exception):
+            await self.sandbox.shutdown()
+        with contextlib.suppress(Exception):
             await self.sessions.release(None)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
+        self._lease.release()
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]

@@ -31,7 +31,7 @@ import anyio.to_thread
 import psutil
 
 from ..providers.lambda_auth import decode_run_hook_payload
-from ..providers.runner_roots import free_loopback_port, remove_runner_root
+from ..providers.runner_roots import free_loopback_port, reap_runner_cgroups, remove_runner_root
 
 __all__ = [
     "EmulatedVm",
@@ -327,6 +327,8 @@ class MicrovmFleet:
         process, vm.process = vm.process, None
         if process is not None:
             await anyio.to_thread.run_sync(_kill, process)
+            # SIGKILLed: the runner could not remove its cgroups itself.
+            await anyio.to_thread.run_sync(reap_runner_cgroups, self.runner_command[0], vm.root)
         await anyio.to_thread.run_sync(remove_runner_root, vm.root)
         self._mark_terminated(vm, reason)
         log.info("emulator: %s terminated (%s)", vm.microvm_id, reason)

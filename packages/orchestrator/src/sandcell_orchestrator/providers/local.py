@@ -44,7 +44,7 @@ from .base import (
     sandbox_session_id,
 )
 from .local_settings import LocalSettings, default_runtime_dir
-from .runner_roots import free_loopback_port, remove_runner_root
+from .runner_roots import free_loopback_port, reap_runner_cgroups, remove_runner_root
 
 __all__ = ["LocalProvider", "LocalSettings", "default_runtime_dir"]
 
@@ -236,6 +236,8 @@ class LocalProvider:
 
     async def _kill(self, runner: _Runner) -> None:
         if not _alive(runner):
+            # Gone before us (crashed, killed): its cgroups may be left behind.
+            await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(runner.pid, signal.SIGTERM)
@@ -247,6 +249,11 @@ class LocalProvider:
             await asyncio.sleep(0.05)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(runner.pid, signal.SIGKILL)
+        for _ in range(40):
+            if not _alive(runner):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
 
     async def _kill_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
         await self._kill(runner)

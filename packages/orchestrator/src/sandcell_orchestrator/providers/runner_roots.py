@@ -9,14 +9,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import logging
+import os
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
-__all__ = ["free_loopback_port", "remove_runner_root"]
+__all__ = ["free_loopback_port", "reap_runner_cgroups", "remove_runner_root"]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _MNT_DETACH = 2
+log = logging.getLogger(__name__)
 
 
 def free_loopback_port() -> int:
@@ -39,3 +43,27 @@ def remove_runner_root(root: Path) -> None:
     for point in sorted(points, key=len, reverse=True):  # deepest first
         _libc.umount2(point.encode(), _MNT_DETACH)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def reap_runner_cgroups(python: str, root: Path) -> None:
+    """Remove the cgroup subtree a killed runner under ``root`` left behind.
+
+    A runner removes its own cgroups when it stops gracefully; after a SIGKILL
+    nobody would. The runner package owns that layout, so its reaper runs as a
+    child (``python -m sandcell_runner.jail.cgroup_reaper``) instead of this side
+    knowing cgroup paths; it removes nothing a live runner holds a lease on.
+    """
+    argv = [python, "-I", "-m", "sandcell_runner.jail.cgroup_reaper", str(root / "workspaces")]
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=30,
+            check=False,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("cgroup reaper for %s did not run: %s", root, exc)
+        return
+    if done.returncode != 0:
+        log.warning("cgroup reaper for %s failed: %s", root, done.stderr.decode()[-300:])

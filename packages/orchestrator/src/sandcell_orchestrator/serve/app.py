@@ -46,7 +46,8 @@ from sandcell_protocol import (
 
 from ..bootstrap import Services, open_services
 from ..config import OrchestratorSettings
-from ..errors import SandcellError
+from ..errors import ConfigError, SandcellError
+from ..extras import needs_extra
 from ..metrics import render_provider_counters
 from ..sessions.execution import ExecutionService, Identity
 from .auth import INSECURE_NO_AUTH_ENV, load_api_keys
@@ -255,6 +256,19 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
     install_app_routes(
         app, settings, services=lambda: service.services, namespace_of=service.keys.namespace
     )
+    # E2B's control plane and envd (issue 18), when the e2b extra is installed.
+    try:
+        with needs_extra("e2b", "the E2B API"):
+            from ..e2b import install_e2b_routes
+    except ConfigError as exc:
+        log.info("not serving /e2b: %s", exc)
+    else:
+        install_e2b_routes(
+            app,
+            settings,
+            services=lambda: service.services,
+            namespace_of_key=service.keys.namespace_of_key,
+        )
     return app
 
 

@@ -42,10 +42,17 @@ class _ApiKeys:
         return f"_ApiKeys(<{len(self._digests)} keys>, insecure={self._insecure})"
 
     def namespace(self, request: Request) -> str:
+        """The namespace of the request's bearer key; ``UnauthorizedError`` otherwise."""
+        scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            credential = ""
+        return self.namespace_of_key(credential)
+
+    def namespace_of_key(self, credential: str | None) -> str:
+        """The namespace of an API key however it was sent (E2B's SDK: ``X-API-KEY``)."""
         if self._insecure:
             return INSECURE_NAMESPACE
-        scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not credential.strip():
+        if credential is None or not credential.strip():
             raise UnauthorizedError
         offered = _digest(credential.strip())
         found = None

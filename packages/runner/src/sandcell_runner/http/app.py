@@ -24,6 +24,7 @@ from .files import FileRoutes
 from .health import HealthRoutes
 from .inputs import InputRoutes
 from .preview import PreviewRoutes
+from .sandbox import SandboxRoutes
 from .session import SessionRoutes
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ def create_app(service: RunnerService) -> Starlette:
         InputRoutes(service),
         AppRoutes(service),
         ContextRoutes(service),
+        SandboxRoutes(service),
         preview,
     ]
 

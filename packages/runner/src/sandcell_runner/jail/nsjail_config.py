@@ -128,6 +128,18 @@ def render_config(spec: JobSpec, *, cgroups_available: bool) -> str:
     ]
     for bind_source, target in spec.readonly_binds:
         lines.append(_bind(str(bind_source), target, rw=False))
+    if spec.home_link is not None:
+        lines.append(
+            f"mount {{ src: {_quote(WORKSPACE_DIR)} dst: {_quote(spec.home_link)} "
+            "is_symlink: true }"
+        )
+    if spec.devpts:
+        # A fresh instance: the job sees only its own terminals, never the host's.
+        lines.append(
+            'mount { dst: "/dev/pts" fstype: "devpts" '
+            'options: "newinstance,ptmxmode=0666,mode=0620" rw: true nosuid: true noexec: true }'
+        )
+        lines.append('mount { src: "/dev/pts/ptmx" dst: "/dev/ptmx" is_symlink: true }')
     lines += [f"seccomp_string: {_quote(rule)}" for rule in SECCOMP_POLICY]
     return "\n".join(lines) + "\n"
 

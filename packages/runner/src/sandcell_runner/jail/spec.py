@@ -45,6 +45,10 @@ class JobSpec:
     """No nsjail time or CPU limit; fatal signals to nsjail are forwarded to the job."""
     pass_fds: Sequence[int] = ()
     """Extra descriptors the job inherits under the same numbers."""
+    home_link: str | None = None
+    """An absolute path inside the jail made a symlink to the workspace (``/home/user``)."""
+    devpts: bool = False
+    """Mount a devpts instance of the job's own, so it can open pseudo-terminals."""
 
 
 __all__ = ["JobLimits", "JobSpec"]

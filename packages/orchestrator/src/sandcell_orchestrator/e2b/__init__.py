@@ -1,0 +1,113 @@
+"""E2B's API on ``sandcell serve``: the control plane and envd, so E2B's SDKs run unchanged.
+
+One adapter (DESIGN rule 7): ``control.py`` (``/e2b``) and ``envd.py``
+(``/e2b/sandbox``, routed by ``E2b-Sandbox-Id``) translate E2B's wire onto
+``E2bSandboxes`` (``sandboxes.py``), which holds sandboxes as ``SandboxManager``
+sessions; envd's RPCs are served from the generated Connect code the ``e2b``
+package ships. ``hosts.py`` maps E2B's production form (``api.{domain}``,
+``{port}-{id}.{domain}``, routed by ``Host``) onto the same prefixes.
+
+Wiring into the serve app::
+
+    install_e2b_routes(app, settings, services=lambda: service.services,
+                       namespace_of_key=service.keys.namespace_of_key)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from ..bootstrap import Services
+from ..config import OrchestratorSettings
+from ..errors import SandcellError
+from .control import ControlPlane
+from .envd import EnvdApp
+from .hosts import E2bHostRouting
+from .sandboxes import E2bSandboxes
+
+__all__ = ["E2bService", "install_e2b_routes"]
+
+log = logging.getLogger(__name__)
+
+EXPIRY_INTERVAL_S = 0.5
+
+
+class E2bService:
+    """The E2B surface's state: its sandbox table, made in the app's lifespan."""
+
+    def __init__(self) -> None:
+        self._sandboxes: E2bSandboxes | None = None
+
+    @property
+    def sandboxes(self) -> E2bSandboxes:
+        if self._sandboxes is None:
+            raise RuntimeError("the E2B API is not started (its lifespan has not run)")
+        return self._sandboxes
+
+    @contextlib.asynccontextmanager
+    async def running(self, services: Services) -> AsyncIterator[E2bSandboxes]:
+        """Serve sandboxes on ``services`` for the block; every sandbox is killed after."""
+        sandboxes = E2bSandboxes(services.manager)
+        self._sandboxes = sandboxes
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._expire_forever, sandboxes)
+                try:
+                    yield sandboxes
+                finally:
+                    group.cancel_scope.cancel()
+        finally:
+            self._sandboxes = None
+            await sandboxes.aclose()
+
+    @staticmethod
+    async def _expire_forever(sandboxes: E2bSandboxes) -> None:
+        while True:
+            await anyio.sleep(EXPIRY_INTERVAL_S)
+            try:
+                await sandboxes.expire()
+            except SandcellError as exc:
+                log.warning("e2b timeout sweep failed: %s", exc)
+            except Exception:
+                log.exception("e2b timeout sweep failed")
+
+
+def install_e2b_routes(
+    app: Starlette,
+    settings: OrchestratorSettings,
+    *,
+    services: Callable[[], Services],
+    namespace_of_key: Callable[[str | None], str],
+) -> E2bService:
+    """Add ``/e2b`` and ``/e2b/sandbox`` to ``app``; run the sandboxes in its lifespan.
+
+    With ``SANDCELL_E2B_DOMAIN`` set, requests for ``api.{domain}`` and
+    ``{port}-{id}.{domain}`` are routed there by ``Host`` as well.
+    """
+    service = E2bService()
+    domain = settings.serve.e2b_domain
+    control = ControlPlane(
+        lambda: service.sandboxes, namespace_of_key=namespace_of_key, domain=domain
+    )
+    # envd first: /e2b/sandbox/... must not reach the control plane's /e2b routes.
+    app.router.routes.append(Mount("/e2b/sandbox", app=EnvdApp(lambda: service.sandboxes)))
+    app.router.routes.extend(control.routes("/e2b"))
+    if domain is not None:
+        app.add_middleware(E2bHostRouting, domain=domain)
+    app.state.e2b = service
+    outer = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(target: Any) -> AsyncIterator[Any]:
+        async with outer(target) as state, service.running(services()):
+            yield state
+
+    app.router.lifespan_context = lifespan
+    return service

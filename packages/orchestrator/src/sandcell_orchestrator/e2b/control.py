@@ -1,0 +1,270 @@
+"""E2B's control plane under ``/e2b``: the sandbox lifecycle, as the ``e2b`` SDK calls it.
+
+    POST   /e2b/v2/sandboxes                 NewSandbox -> 201 SandboxCreated
+    GET    /e2b/v2/sandboxes                 [ListedSandbox] (?metadata=&state=&limit=&nextToken=)
+    GET    /e2b/sandboxes                    [ListedSandbox] (running ones, the v1 list)
+    GET    /e2b/sandboxes/{id}               SandboxDetail
+    DELETE /e2b/sandboxes/{id}               204
+    POST   /e2b/sandboxes/{id}/timeout       SetTimeout -> 204
+    POST   /e2b/sandboxes/{id}/pause         PauseSandbox -> 204 (409 if already paused)
+    POST   /e2b/v2/sandboxes/{id}/connect    ConnectSandbox -> 200 (running) / 201 (resumed)
+    POST   /e2b/sandboxes/{id}/resume        ConnectSandbox -> 201 (the older resume call)
+
+The API key comes in ``X-API-KEY`` (or as a bearer key) and names the tenant;
+every lookup is scoped by it. Paging: ``limit`` (1..100, default 100) and an
+opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from sandcell_protocol import ProtocolError, decode, encode
+
+from ..serve.errors import read_body
+from .errors import E2bError, e2b_error_response
+from .sandboxes import E2bSandbox, E2bSandboxes
+from .wire import (
+    ConnectSandbox,
+    ListedSandbox,
+    NewSandbox,
+    PauseSandbox,
+    SandboxCreated,
+    SandboxDetail,
+    SetTimeout,
+)
+
+__all__ = ["ENVD_VERSION", "ControlPlane"]
+
+ENVD_VERSION = "0.6.4"
+"""The envd version announced: the SDK enables every feature served here from it."""
+
+_JSON = "application/json"
+_MAX_LIMIT = 100
+Endpoint = Callable[[Request], Awaitable[Response]]
+T = TypeVar("T")
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat()
+
+
+def _json(value: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(encode(value), status_code=status, media_type=_JSON, headers=headers)
+
+
+async def _message(request: Request, kind: type[T], *, empty_ok: bool = False) -> T:
+    body = await read_body(request)
+    if empty_ok and not body.strip():
+        body = b"{}"
+    try:
+        return decode(body, kind)
+    except ProtocolError as exc:
+        raise E2bError(400, "bad_request", str(exc)) from None
+
+
+class ControlPlane:
+    """The control-plane routes over one ``E2bSandboxes`` table."""
+
+    def __init__(
+        self,
+        sandboxes: Callable[[], E2bSandboxes],
+        *,
+        namespace_of_key: Callable[[str | None], str],
+        domain: str | None,
+    ) -> None:
+        self._sandboxes = sandboxes
+        self._namespace_of_key = namespace_of_key
+        self._domain = domain
+
+    def routes(self, prefix: str = "/e2b") -> list[BaseRoute]:
+        g = self._guarded
+        one = prefix + "/sandboxes/{sandbox_id}"
+        return [
+            Route(prefix + "/v2/sandboxes", g(self.create), methods=["POST"]),
+            Route(prefix + "/v2/sandboxes", g(self.list_v2), methods=["GET"]),
+            Route(prefix + "/sandboxes", g(self.list_v1), methods=["GET"]),
+            Route(one, g(self.detail), methods=["GET"]),
+            Route(one, g(self.kill), methods=["DELETE"]),
+            Route(one + "/timeout", g(self.set_timeout), methods=["POST"]),
+            Route(one + "/pause", g(self.pause), methods=["POST"]),
+            Route(one + "/resume", g(self.resume), methods=["POST"]),
+            Route(prefix + "/v2/sandboxes/{sandbox_id}/connect", g(self.connect), methods=["POST"]),
+        ]
+
+    @staticmethod
+    def _guarded(endpoint: Endpoint) -> Endpoint:
+        async def guarded(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except Exception as exc:
+                return e2b_error_response(exc)
+
+        return guarded
+
+    def _owner(self, request: Request) -> str:
+        key = request.headers.get("x-api-key")
+        if key is None:
+            scheme, _, credential = request.headers.get("authorization", "").partition(" ")
+            key = credential if scheme.lower() == "bearer" else None
+        return self._namespace_of_key(key)
+
+    def _one(self, request: Request) -> E2bSandbox:
+        owner = self._owner(request)
+        return self._sandboxes().get(str(request.path_params["sandbox_id"]), owner=owner)
+
+    def _created(self, sandbox: E2bSandbox) -> SandboxCreated:
+        return SandboxCreated(
+            templateID=sandbox.template,
+            sandboxID=sandbox.sandbox_id,
+            clientID="sandcell",
+            envdVersion=ENVD_VERSION,
+            envdAccessToken=sandbox.access_token,
+            domain=self._domain,
+        )
+
+    def _listed(self, sandbox: E2bSandbox) -> ListedSandbox:
+        return ListedSandbox(
+            templateID=sandbox.template,
+            sandboxID=sandbox.sandbox_id,
+            clientID="sandcell",
+            startedAt=_iso(sandbox.started_at_s),
+            endAt=_iso(sandbox.end_at_s),
+            cpuCount=1,
+            memoryMB=0,
+            diskSizeMB=0,
+            state="paused" if sandbox.state == "paused" else "running",
+            envdVersion=ENVD_VERSION,
+            metadata=sandbox.metadata,
+        )
+
+    # -- routes ---------------------------------------------------------------------
+
+    async def create(self, request: Request) -> Response:
+        owner = self._owner(request)
+        new = await _message(request, NewSandbox)
+        unsupported = {
+            "mcp": new.mcp,
+            "iam": new.iam,
+            "volumeMounts": new.volumeMounts,
+            "network": new.network,
+        }
+        for name, value in unsupported.items():
+            if value:
+                raise E2bError(400, "bad_request", f"{name}: not supported by sandcell")
+        sandbox = await self._sandboxes().create(
+            owner=owner,
+            template=new.templateID,
+            timeout_s=new.timeout,
+            metadata=new.metadata,
+            env=new.envVars,
+            auto_pause=bool(new.autoPause),
+            idempotency_key=request.headers.get("idempotency-key"),
+        )
+        return _json(self._created(sandbox), 201)
+
+    def _page(self, request: Request, items: list[E2bSandbox]) -> Response:
+        raw_limit = request.query_params.get("limit") or str(_MAX_LIMIT)
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= _MAX_LIMIT:
+            raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
+        limit = int(raw_limit)
+        items = sorted(items, key=_order)
+        token = request.query_params.get("nextToken")
+        if token:
+            after = _token_order(token)
+            items = [s for s in items if _order(s) > after]
+        page, rest = items[:limit], items[limit:]
+        headers = {"X-Next-Token": _token(page[-1])} if rest else None
+        return _json([self._listed(s) for s in page], headers=headers)
+
+    async def list_v2(self, request: Request) -> Response:
+        owner = self._owner(request)
+        items = self._sandboxes().owned_by(owner)
+        states = request.query_params.get("state")
+        if states:
+            wanted = set(states.split(","))
+            if not wanted <= {"running", "paused"}:
+                raise E2bError(400, "bad_request", "state: running, paused")
+            items = [s for s in items if s.state in wanted]
+        metadata = request.query_params.get("metadata")
+        if metadata:
+            wanted_meta = {
+                urllib.parse.unquote(k): urllib.parse.unquote(v)
+                for k, v in urllib.parse.parse_qsl(metadata, keep_blank_values=True)
+            }
+            items = [
+                s for s in items if all(s.metadata.get(k) == v for k, v in wanted_meta.items())
+            ]
+        return self._page(request, items)
+
+    async def list_v1(self, request: Request) -> Response:
+        owner = self._owner(request)
+        items = [s for s in self._sandboxes().owned_by(owner) if s.state == "running"]
+        return _json([self._listed(s) for s in items])
+
+    async def detail(self, request: Request) -> Response:
+        sandbox = self._one(request)
+        listed = self._listed(sandbox)
+        detail = SandboxDetail(
+            **msgspec.structs.asdict(listed),
+            envdAccessToken=sandbox.access_token,
+            domain=self._domain,
+        )
+        return _json(detail)
+
+    async def kill(self, request: Request) -> Response:
+        await self._sandboxes().kill(self._one(request))
+        return Response(status_code=204)
+
+    async def set_timeout(self, request: Request) -> Response:
+        sandbox = self._one(request)
+        message = await _message(request, SetTimeout)
+        self._sandboxes().set_timeout(sandbox, message.timeout)
+        return Response(status_code=204)
+
+    async def pause(self, request: Request) -> Response:
+        sandbox = self._one(request)
+        await _message(request, PauseSandbox, empty_ok=True)
+        if not await self._sandboxes().pause(sandbox):
+            raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is paused")
+        return Response(status_code=204)
+
+    async def connect(self, request: Request) -> Response:
+        sandbox = self._one(request)
+        message = await _message(request, ConnectSandbox, empty_ok=True)
+        was_paused = sandbox.state == "paused"
+        await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
+        return _json(self._created(sandbox), 201 if was_paused else 200)
+
+    async def resume(self, request: Request) -> Response:
+        sandbox = self._one(request)
+        message = await _message(request, ConnectSandbox, empty_ok=True)
+        if sandbox.state != "paused":
+            raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is running")
+        await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
+        return _json(self._created(sandbox), 201)
+
+
+def _order(sandbox: E2bSandbox) -> tuple[int, str]:
+    return int(sandbox.started_at_s * 1_000_000), sandbox.sandbox_id
+
+
+def _token(sandbox: E2bSandbox) -> str:
+    started_us, sandbox_id = _order(sandbox)
+    return f"{started_us}.{sandbox_id}"
+
+
+def _token_order(token: str) -> tuple[int, str]:
+    """Where a ``nextToken`` says the previous page ended."""
+    started, _, sandbox_id = token.partition(".")
+    if not started.isdigit() or not sandbox_id.isalnum() or len(sandbox_id) > 40:
+        raise E2bError(400, "bad_request", "nextToken: not a token this service gave")
+    return int(started), sandbox_id

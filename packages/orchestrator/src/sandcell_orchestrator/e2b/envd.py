@@ -1,0 +1,102 @@
+"""envd under ``/e2b/sandbox``: one ASGI app for every sandbox, routed by headers.
+
+The SDK (with ``E2B_SANDBOX_URL``) sends every sandbox's envd traffic to one
+URL, naming the sandbox in ``E2b-Sandbox-Id`` and the port in
+``E2b-Sandbox-Port``; ``X-Access-Token`` carries the sandbox's envd token. This
+app checks the sandbox and token once (a missing sandbox, a paused one's RPCs,
+another tenant's and a wrong token answer alike: E2B's proxy's 502), then hands
+the request to:
+
+    /health                    204
+    /files                     GET, POST (envd_http.py)
+    /process.Process/…         the generated Connect app (process.py)
+    /filesystem.Filesystem/…   the generated Connect app (filesystem.py)
+
+Port 49983 is envd. Other ports are not served (502, as for a closed port).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .envd_http import read_file, write_files
+from .errors import e2b_error_response, sandbox_gone_response
+from .filesystem import filesystem_app
+from .process import process_app
+from .sandboxes import E2bSandbox, E2bSandboxes
+
+if TYPE_CHECKING:
+    from connectrpc.request import RequestContext
+
+__all__ = ["ENVD_PORT", "EnvdApp", "SANDBOX_ID_HEADER", "SANDBOX_PORT_HEADER"]
+
+ENVD_PORT = 49983
+SANDBOX_ID_HEADER = "e2b-sandbox-id"
+SANDBOX_PORT_HEADER = "e2b-sandbox-port"
+ACCESS_TOKEN_HEADER = "x-access-token"  # noqa: S105 (a header name)
+
+
+class EnvdApp:
+    """The envd surface of every sandbox in one ``E2bSandboxes`` table."""
+
+    def __init__(self, sandboxes: Callable[[], E2bSandboxes]) -> None:
+        self._sandboxes = sandboxes
+        self._rpc: dict[str, ASGIApp] = {
+            "/process.Process/": process_app(self._sandbox_of),
+            "/filesystem.Filesystem/": filesystem_app(self._sandbox_of),
+        }
+
+    def _lookup(self, headers: Callable[[str], str | None]) -> E2bSandbox | None:
+        return self._sandboxes().for_envd(headers(SANDBOX_ID_HEADER), headers(ACCESS_TOKEN_HEADER))
+
+    def _sandbox_of(self, ctx: RequestContext[object, object]) -> E2bSandbox:
+        from connectrpc.code import Code
+        from connectrpc.errors import ConnectError
+
+        found = self._lookup(ctx.request_headers.get)
+        if found is None:
+            raise ConnectError(Code.UNAVAILABLE, "The sandbox was not found")
+        return found
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        request = Request(scope, receive)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        sandbox_id = request.headers.get(SANDBOX_ID_HEADER)
+        sandbox = self._lookup(request.headers.get)
+        port = request.headers.get(SANDBOX_PORT_HEADER, str(ENVD_PORT))
+        if sandbox is None or port != str(ENVD_PORT):
+            await sandbox_gone_response(sandbox_id)(scope, receive, send)
+            return
+        for prefix, app in self._rpc.items():
+            if path.startswith(prefix):
+                await app(scope, receive, send)
+                return
+        handler = _HTTP_ROUTES.get((request.method, path))
+        if handler is None:
+            await Response(status_code=404)(scope, receive, send)
+            return
+        try:
+            response = await handler(request, sandbox)
+        except Exception as exc:
+            response = e2b_error_response(exc)
+        await response(scope, receive, send)
+
+
+async def _health(_request: Request, sandbox: E2bSandbox) -> Response:
+    if sandbox.handle is None:
+        return sandbox_gone_response(sandbox.sandbox_id)
+    return Response(status_code=204)
+
+
+_HTTP_ROUTES: dict[tuple[str, str], Callable[[Request, E2bSandbox], Awaitable[Response]]] = {
+    ("GET", "/health"): _health,
+    ("GET", "/files"): read_file,
+    ("POST", "/files"): write_files,
+}

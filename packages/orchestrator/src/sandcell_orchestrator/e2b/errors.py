@@ -1,0 +1,82 @@
+"""The E2B surface's error table: one place where sandcell errors become E2B's answers.
+
+Control plane: ``{"code": <status>, "message": …, "error_code": <sandcell code>}``
+with the status ``serve.errors.map_error`` gives (E2B's own ``E2bError`` first).
+envd RPCs: a ``ConnectError`` whose code the SDK turns into the same exception
+E2B's envd would have caused (``NOT_FOUND`` → ``NotFoundException``, …).
+"""
+
+from __future__ import annotations
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from starlette.responses import Response
+
+from sandcell_protocol import encode
+
+from ..errors import RunnerRequestError, SandboxUnavailableError
+from ..serve.errors import map_error
+from .wire import ErrorBody
+
+__all__ = ["E2bError", "connect_error", "e2b_error_response", "sandbox_gone_response"]
+
+JSON = "application/json"
+
+
+class E2bError(Exception):
+    """An answer of the E2B surface itself: an HTTP status and a sandcell error code."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def e2b_error_response(exc: BaseException) -> Response:
+    """Any exception as E2B's error body (unexpected ones say nothing about themselves)."""
+    if isinstance(exc, E2bError):
+        status, code, message = exc.status, exc.code, str(exc)
+    else:
+        status, body = map_error(exc)
+        code, message = body.error.code, body.error.message
+    payload = ErrorBody(code=status, message=message, error_code=str(code))
+    return Response(encode(payload), status_code=status, media_type=JSON)
+
+
+def sandbox_gone_response(sandbox_id: str | None) -> Response:
+    """What E2B's proxy answers for a sandbox it cannot reach (missing, paused, another
+    tenant's, or a wrong access token: all alike)."""
+    payload = ErrorBody(
+        code=502,
+        message=f"The sandbox {(sandbox_id or '')[:40]} was not found",
+        error_code="not_found",
+    )
+    return Response(encode(payload), status_code=502, media_type=JSON)
+
+
+_RUNNER_CODES = {
+    "not_found": Code.NOT_FOUND,
+    "invalid_path": Code.INVALID_ARGUMENT,
+    "bad_request": Code.INVALID_ARGUMENT,
+    "payload_too_large": Code.RESOURCE_EXHAUSTED,
+    "session_busy": Code.UNAVAILABLE,
+    "busy": Code.RESOURCE_EXHAUSTED,
+}
+
+
+def connect_error(exc: BaseException) -> ConnectError:
+    """The ``ConnectError`` an envd call answers for ``exc``."""
+    if isinstance(exc, ConnectError):
+        return exc
+    if isinstance(exc, E2bError):
+        by_status = {400: Code.INVALID_ARGUMENT, 404: Code.NOT_FOUND, 409: Code.ALREADY_EXISTS}
+        return ConnectError(by_status.get(exc.status, Code.INTERNAL), str(exc))
+    if isinstance(exc, RunnerRequestError):
+        code = _RUNNER_CODES.get(exc.code)
+        if code is not None:
+            return ConnectError(code, str(exc))
+    if isinstance(exc, SandboxUnavailableError):
+        return ConnectError(Code.UNAVAILABLE, "the sandbox is not reachable")
+    status, body = map_error(exc)
+    code = Code.INVALID_ARGUMENT if 400 <= status < 500 else Code.INTERNAL
+    return ConnectError(code, body.error.message)

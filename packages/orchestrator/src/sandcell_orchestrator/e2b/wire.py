@@ -1,0 +1,128 @@
+"""E2B's control-plane JSON, as the ``e2b`` SDK (2.63) sends and reads it.
+
+Field names are E2B's exactly (``templateID``, ``envVars``, ``allow_internet_access``…).
+Requests are strict (an unknown field is a 400); fields the SDK sends that
+sandcell does not serve are accepted only with their neutral value, so a caller
+asking for a volume or an MCP gateway gets a clear 400 instead of a sandbox
+without it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+__all__ = [
+    "ConnectSandbox",
+    "ErrorBody",
+    "ListedSandbox",
+    "NewSandbox",
+    "PauseSandbox",
+    "SandboxCreated",
+    "SandboxDetail",
+    "SetTimeout",
+    "State",
+]
+
+State = Literal["running", "paused"]
+TimeoutSeconds = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class NewSandbox(_Request, frozen=True, kw_only=True):
+    """``POST /v2/sandboxes``."""
+
+    templateID: str
+    timeout: TimeoutSeconds | None = None
+    autoPause: bool | None = None
+    autoPauseMemory: bool | None = None
+    autoResume: Any = None
+    allow_internet_access: bool | None = None
+    network: dict[str, Any] | None = None
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    envVars: dict[str, str] = msgspec.field(default_factory=dict)
+    mcp: Any = None
+    iam: Any = None
+    volumeMounts: list[Any] | None = None
+    secure: bool | None = None
+
+
+class ConnectSandbox(_Request, frozen=True, kw_only=True):
+    """``POST /v2/sandboxes/{id}/connect``: resume if paused; extend the timeout."""
+
+    timeout: TimeoutSeconds | None = None
+    memory: bool | None = None
+
+
+class SetTimeout(_Request, frozen=True, kw_only=True):
+    """``POST /sandboxes/{id}/timeout``: the sandbox ends ``timeout`` seconds from now."""
+
+    timeout: TimeoutSeconds
+
+
+class PauseSandbox(_Request, frozen=True, kw_only=True):
+    """``POST /sandboxes/{id}/pause``."""
+
+    memory: bool | None = None
+    requireHealthyGuest: bool | None = None
+
+
+class SandboxCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The answer of create and connect."""
+
+    templateID: str
+    sandboxID: str
+    clientID: str
+    envdVersion: str
+    envdAccessToken: str
+    alias: str | None = None
+    domain: str | None = None
+
+
+class ListedSandbox(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One item of ``GET /v2/sandboxes``."""
+
+    templateID: str
+    sandboxID: str
+    clientID: str
+    startedAt: str
+    endAt: str
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    state: State
+    envdVersion: str
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    alias: str | None = None
+
+
+class SandboxDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """``GET /sandboxes/{id}``."""
+
+    templateID: str
+    sandboxID: str
+    clientID: str
+    startedAt: str
+    endAt: str
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    state: State
+    envdVersion: str
+    envdAccessToken: str
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    alias: str | None = None
+    domain: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    """E2B's error shape (``code`` is the HTTP status) plus sandcell's machine-readable
+    ``error_code``."""
+
+    code: int
+    message: str
+    error_code: str

@@ -1,0 +1,1 @@
+"""A session's sandbox features for envd-style APIs: interactive processes and filesystem calls."""
