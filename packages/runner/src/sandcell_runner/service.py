@@ -11,6 +11,8 @@ import resource
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import msgspec
+
 from sandcell_protocol import PROTOCOL_VERSION, ExecuteRequest, ExecuteResult, Health
 from sandcell_protocol.app_messages import AnalysisResult
 from sandcell_protocol.contexts import ContextEndEvent, ContextRun
@@ -353,7 +355,20 @@ class RunnerService:
             self.contexts.check_runnable(session_id, context_id)
             if on_started is not None:
                 on_started()
-            return await self.contexts.run(state, context_id, request, on_event)
+            end = await self.contexts.run(state, context_id, request, on_event)
+            # What the cell wrote, as an execute reports it (and whether to checkpoint).
+            workspace = JobWorkspace(
+                path=state.workspace,
+                uid=state.uid,
+                gid=state.uid,
+                job_dir=state.workspace,
+                surfaced=state.surfaced,
+                session_id=session_id,
+            )
+            before = len(state.surfaced)
+            files, removed = await asyncio.to_thread(self._executor.collect_outputs, workspace)
+            changed = bool(files) or removed > 0 or len(state.surfaced) != before
+            return msgspec.structs.replace(end, files=files, workspace_changed=changed)
 
     async def analyse(self, session_id: str) -> AnalysisResult:
         """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
@@ -409,7 +424,7 @@ class RunnerService:
             await asyncio.sleep(self.settings.reap_interval_s)
 
     async def _lose_contexts(self, state: SessionState) -> None:
-        await self.contexts.lose_all(state, "the workspace was restored from a checkpoint")
+        await self.contexts.restored(state)
 
     async def _idle_context_loop(self) -> None:
         interval_s = min(60.0, max(1.0, self.settings.context_idle_s / 4))
