@@ -14,7 +14,7 @@ import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox
 from e2b.exceptions import NotFoundException, SandboxException
 
-from tests.e2b_api.conftest import KEY_B, E2bServe
+from tests.e2b_api.conftest import DOMAIN, KEY_A, KEY_B, E2bServe
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +199,42 @@ async def test_async_sdk_runs_commands(e2b_serve: E2bServe) -> None:
         assert await sandbox.files.read("/home/user/a.txt") == "async file"
     finally:
         assert await sandbox.kill() is True
+
+
+def test_host_routed_form(e2b_serve: E2bServe) -> None:
+    """E2B_DOMAIN's form: ``api.{domain}`` is the control plane and
+    ``{port}-{id}.{domain}`` a sandbox's envd, routed by ``Host`` alone (the SDK adds
+    TLS; a terminator in front of sandcell removes it)."""
+    with httpx.Client(base_url=e2b_serve.url, timeout=60) as client:
+        created = client.post(
+            "/v2/sandboxes",
+            json={"templateID": "base"},
+            headers={"Host": f"api.{DOMAIN}", "X-API-KEY": KEY_A},
+        )
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert body["domain"] == DOMAIN
+        sandbox_host = f"49983-{body['sandboxID']}.{DOMAIN}"
+        envd = {"Host": sandbox_host, "X-Access-Token": body["envdAccessToken"]}
+        try:
+            written = client.post(
+                "/files", params={"path": "h.txt"}, content=b"via host", headers=envd
+            )
+            assert written.status_code == 200, written.text
+            assert written.json()[0]["path"] == "/home/user/h.txt"
+            read = client.get("/files", params={"path": "/home/user/h.txt"}, headers=envd)
+            assert read.content == b"via host"
+            listed = client.post(
+                "/process.Process/List",
+                json={},
+                headers={**envd, "Content-Type": "application/json"},
+            )
+            assert listed.status_code == 200, listed.text
+            assert client.get("/health", headers=envd).status_code == 204
+            other = client.get("/health", headers={**envd, "Host": f"49983-{'c' * 20}.{DOMAIN}"})
+            assert other.status_code == 502
+        finally:
+            client.delete(
+                f"/sandboxes/{body['sandboxID']}",
+                headers={"Host": f"api.{DOMAIN}", "X-API-KEY": KEY_A},
+            )

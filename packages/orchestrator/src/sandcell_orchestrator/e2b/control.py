@@ -128,6 +128,7 @@ class ControlPlane:
             clientID="sandcell",
             envdVersion=ENVD_VERSION,
             envdAccessToken=sandbox.access_token,
+            trafficAccessToken=sandbox.traffic_token,
             domain=self._domain,
         )
 

@@ -76,6 +76,9 @@ class E2bSandbox:
     session_id: str
     spec: SandboxSpec
     access_token: str = field(repr=False)
+    traffic_token: str = field(repr=False)
+    """What ``e2b-code-interpreter`` sends (``E2B-Traffic-Access-Token``) on the calls
+    that carry no envd access token (its context calls)."""
     metadata: dict[str, str]
     env: dict[str, str] = field(repr=False)
     started_at_s: float
@@ -128,11 +131,17 @@ class E2bSandboxes:
         """``owner``'s sandboxes, oldest first."""
         return [s for s in self._sandboxes.values() if s.owner == owner and not s.gone]
 
-    def for_envd(self, sandbox_id: str | None, token: str | None) -> E2bSandbox | None:
-        """The sandbox named by an envd request, if ``token`` is its access token."""
+    def for_envd(
+        self, sandbox_id: str | None, token: str | None, *, traffic_token: str | None = None
+    ) -> E2bSandbox | None:
+        """The sandbox named by a request to one of its ports, if ``token`` is its envd
+        access token (or, where allowed, ``traffic_token`` its traffic token)."""
         found = self._sandboxes.get(sandbox_id or "")
-        expected = found.access_token if found is not None else "x" * 43
-        ok = hmac.compare_digest(expected.encode(), (token or "").encode())
+        access = found.access_token if found is not None else "x" * 43
+        traffic = found.traffic_token if found is not None else "y" * 43
+        ok = hmac.compare_digest(access.encode(), (token or "").encode())
+        if traffic_token is not None:
+            ok = hmac.compare_digest(traffic.encode(), traffic_token.encode()) or ok
         if not ok or found is None or found.gone:
             return None
         return found
@@ -188,6 +197,7 @@ class E2bSandboxes:
             session_id=session_id,
             spec=spec,
             access_token=self._new_token(),
+            traffic_token=self._new_token(),
             metadata=dict(metadata),
             env=dict(env),
             started_at_s=now,

@@ -31,6 +31,7 @@ from starlette.routing import BaseRoute, Route
 from sandcell_protocol import encode, routes
 from sandcell_protocol import sandbox_messages as sm
 
+from ..sandbox.fs import WorkspaceFs, run_fs
 from ..sandbox.processes import SandboxProcesses
 from .base import RouteGroup, json_response
 
@@ -51,6 +52,7 @@ class SandboxRoutes(RouteGroup):
             Route(sm.SANDBOX_PROCESS_CLOSE_STDIN, g(self.close_stdin), methods=["POST"]),
             Route(sm.SANDBOX_PROCESS_SIGNAL, g(self.signal), methods=["POST"]),
             Route(sm.SANDBOX_PROCESS_PTY, g(self.resize), methods=["POST"]),
+            Route(sm.SANDBOX_FS, g(self.fs), methods=["POST"]),
         ]
 
     async def _processes(self, request: Request) -> SandboxProcesses:
@@ -97,6 +99,14 @@ class SandboxRoutes(RouteGroup):
         message = await self.read_message(request, sm.PtyResize)
         processes.resize(int(request.path_params["pid"]), message.size)
         return Response(status_code=204)
+
+    async def fs(self, request: Request) -> Response:
+        session_id = self.required_session(request)
+        call: sm.FsRequest = await self.read_message(request, sm.FsRequest)  # type: ignore[arg-type]
+        async with self.sessions.locked(session_id) as state:
+            fs = WorkspaceFs(state.workspace, uid=state.uid)
+            result = await asyncio.to_thread(run_fs, fs, call)
+        return json_response(result)
 
 
 def _stream(events: AsyncIterator[sm.ProcessEvent]) -> StreamingResponse:

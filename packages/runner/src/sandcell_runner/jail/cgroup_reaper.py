@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .cgroups import CGROUP_ROOT, V1_CONTROLLERS, JobCgroup
+from .cgroups import CGROUP_ROOT, V1_ALL, JobCgroup
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +87,14 @@ def _take_lease(instance: str, lease_dir: Path) -> int | None:
 
 def _instance_dirs(root: Path, instance: str) -> list[Path]:
     """The subtree's directory in every controller (v1) or the one (v2)."""
-    found = [root / c / "sandcell" / instance for c in V1_CONTROLLERS]
+    found = [root / c / "sandcell" / instance for c in V1_ALL]
     found.append(root / "sandcell" / instance)
     return [d for d in found if d.is_dir()]
 
 
 def _instances(root: Path) -> set[str]:
     names: set[str] = set()
-    for parent in (*(root / c / "sandcell" for c in V1_CONTROLLERS), root / "sandcell"):
+    for parent in (*(root / c / "sandcell" for c in V1_ALL), root / "sandcell"):
         with contextlib.suppress(OSError):
             names.update(entry.name for entry in os.scandir(parent) if entry.is_dir())
     return names

@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "pids")
+V1_OPTIONAL = ("cpu",)
+"""Used when mounted: the session's CPU quota sits on the instance's cpu cgroup."""
+V1_ALL = V1_CONTROLLERS + V1_OPTIONAL
+CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,9 +211,14 @@ class JobCgroup:
 class CgroupManager:
     """Creates job cgroups under ``sandcell/<instance>`` in each controller."""
 
-    def __init__(self, instance: str, *, root: Path = CGROUP_ROOT) -> None:
+    def __init__(
+        self, instance: str, *, root: Path = CGROUP_ROOT, cpu_millicores: int | None = None
+    ) -> None:
         self._instance = instance
         self._root = root
+        self._cpu_millicores = cpu_millicores
+        self.cpu_limited = False
+        """Whether every job and process of this runner shares the CPU quota."""
         self._pool: dict[str, JobCgroup] = {}
         self.version = 0
         self._parents: list[Path] = []
@@ -227,11 +236,25 @@ class CgroupManager:
 
     def _setup(self) -> None:
         if all((self._root / c / "cgroup.procs").exists() for c in V1_CONTROLLERS):
-            parents = [self._root / c / "sandcell" / self._instance for c in V1_CONTROLLERS]
+            controllers = list(V1_CONTROLLERS)
+            cpu = (
+                self._cpu_millicores is not None and (self._root / "cpu" / "cgroup.procs").exists()
+            )
+            if cpu:
+                controllers.append("cpu")
+            parents = [self._root / c / "sandcell" / self._instance for c in controllers]
             for parent in parents:
                 parent.mkdir(parents=True, exist_ok=True)
             self._parents = parents
             self.version = 1
+            if cpu and self._cpu_millicores is not None:
+                # One quota on the instance: its job and process cgroups are children,
+                # and a v1 child never gets more than its parent's quota.
+                cpu_parent = parents[-1]
+                (cpu_parent / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+                quota = self._cpu_millicores * CPU_PERIOD_US // 1000
+                (cpu_parent / "cpu.cfs_quota_us").write_text(str(quota))
+                self.cpu_limited = True
             return
         if (self._root / "cgroup.controllers").exists():
             self._setup_v2()
@@ -243,10 +266,19 @@ class CgroupManager:
         # root down to our parent, whose children are only job cgroups.
         parent = self._root / "sandcell" / self._instance
         parent.mkdir(parents=True, exist_ok=True)
+        wanted = "+memory +pids"
+        if self._cpu_millicores is not None and "cpu" in (
+            (self._root / "cgroup.controllers").read_text().split()
+        ):
+            wanted += " +cpu"
         for node in (self._root, self._root / "sandcell", parent):
-            (node / "cgroup.subtree_control").write_text("+memory +pids")
+            (node / "cgroup.subtree_control").write_text(wanted)
         self._parents = [parent]
         self.version = 2
+        if "+cpu" in wanted and self._cpu_millicores is not None:
+            quota = self._cpu_millicores * CPU_PERIOD_US // 1000
+            (parent / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+            self.cpu_limited = True
 
     def reap_leftovers(self) -> int:
         """Kill and remove job cgroups a previous runner with this instance left behind."""

@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cgroups import write_small
+from .cgroups import V1_ALL, write_small
 
 _PR_SET_PDEATHSIG = 1
 _CLONE_NEWNET = 0x40000000
@@ -270,7 +270,7 @@ class _ThreadHome:
             lines = []
         for line in lines:
             _, controllers, path = line.split(":", 2)
-            for controller in ("memory", "pids"):
+            for controller in V1_ALL:
                 if controller in controllers.split(","):
                     tasks = Path("/sys/fs/cgroup") / controller / path.lstrip("/") / "tasks"
                     if tasks.exists():
