@@ -6,6 +6,7 @@ import ast
 import json
 import os
 import pwd
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -90,9 +91,54 @@ def test_exit_code_mirrors_the_job(cli: Cli) -> None:
 
 
 def test_timeout_exits_124(cli: Cli) -> None:
+    """A timeout names its limit and the flag that changes it."""
     done = cli.run("exec", "--timeout-s", "0.5", "while True: pass")
     assert done.returncode == 124, done.stderr
     assert "status timeout" in done.stderr
+    assert "time limit of 0.5 s (--timeout-s N changes it" in done.stderr
+    assert_clean(cli)
+
+
+def test_ctrl_c_keeps_what_the_job_wrote_like_a_timeout(cli: Cli) -> None:
+    """SIGINT mid-turn: the output so far is printed, stderr says the job was stopped and
+    what the session kept, exit 130; the next turn sees the interrupted turn's file (the
+    rule a timeout follows too)."""
+    assert cli.run("exec", "--session", "int", "open('kept', 'w').write('1')").returncode == 0
+    call = subprocess.Popen(
+        [
+            *cli.command(),
+            "exec",
+            "--session",
+            "int",
+            "open('partial', 'w').write('x')\nprint('started', flush=True)\n"
+            "import time\ntime.sleep(60)",
+        ],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert call.stdout is not None
+    assert call.stdout.readline() == "started\n"
+    call.send_signal(signal.SIGINT)
+    _, stderr = call.communicate(timeout=120)
+    assert call.returncode == 130, stderr
+    assert "sandcell: interrupted: the job was stopped\n" in stderr
+    assert "session 'int' keeps what the job wrote before it stopped" in stderr
+    listing = cli.run("exec", "--session", "int", "import os; print(sorted(os.listdir('.')))")
+    assert listing.stdout == "['kept', 'partial']\n", listing.stderr
+    timed_out = cli.run(
+        "exec",
+        "--session",
+        "int",
+        "--timeout-s",
+        "1",
+        "open('late', 'w').write('y')\nwhile 1: pass",
+    )
+    assert timed_out.returncode == 124
+    assert "session 'int' keeps what the job wrote before it was stopped" in timed_out.stderr
+    listing = cli.run("exec", "--session", "int", "import os; print(sorted(os.listdir('.')))")
+    assert listing.stdout == "['kept', 'late', 'partial']\n", listing.stderr
     assert_clean(cli)
 
 

@@ -73,4 +73,5 @@ METRIC_HELP = {
     "sandcell_fallbacks_total": "Turns run statelessly or recycled, by reason.",
     "sandcell_idle_suspends_total": "Sandboxes suspended by the idle sweeper.",
     "sandcell_checkpoints_collected_total": "Superseded checkpoint objects deleted.",
+    "sandcell_interrupted_turns_total": "Session turns interrupted (cancelled, client gone).",
 }

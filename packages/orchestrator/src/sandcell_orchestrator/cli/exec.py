@@ -21,7 +21,7 @@ from sandcell_protocol import (
     scoped_storage_session,
 )
 
-from ..bootstrap import open_services
+from ..bootstrap import Services, open_services
 from ..config import OrchestratorSettings
 from ..errors import SessionBusyError
 from ..sessions.execution import Identity
@@ -36,6 +36,7 @@ from .common import (
     positive_float,
 )
 from .session_index import CliSessions
+from .summary import print_summary
 
 __all__ = ["add_parser", "job_exit_code", "run_exec"]
 
@@ -72,6 +73,7 @@ async def run_exec(
     # parks its sandbox before it lets go of the session, so no other call reuses
     # one about to vanish. With Redis they stay for the next call, as a service's do.
     async with open_services(settings, keep_warm=settings.distributed_registry) as services:
+        session_id = None
         if hint is not None:
             session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
             # Recorded before the turn: a turn that dies after its checkpoint still
@@ -80,10 +82,16 @@ async def run_exec(
         # Human output streams: each chunk is printed as the job produces it, the
         # summary comes last. --json prints one ExecuteResult at the end.
         on_output = None if args.json else _Echo(out, err)
+        before = (
+            None if session_id is None else await services.manager.current_checkpoint(session_id)
+        )
         try:
             result = await services.execution.execute(
                 request, identity, hint=hint, on_output=on_output
             )
+        except asyncio.CancelledError:
+            await _say_interrupted(services, err, hint=hint, session_id=session_id, before=before)
+            raise
         except SessionBusyError:
             raise SessionBusyExit(
                 f"session {hint!r} is busy: another call is running a turn in it;"
@@ -92,8 +100,26 @@ async def run_exec(
     if args.json:
         out.write(encode(result).decode() + "\n")
     else:
-        _print_summary(result, err)
+        print_summary(result, request, err, hint=hint)
     return job_exit_code(result)
+
+
+async def _say_interrupted(
+    services: Services, err: TextIO, *, hint: str | None, session_id: str | None, before: str | None
+) -> None:
+    """Ctrl-C or SIGTERM mid-turn: the output so far is printed; say what became of the
+    session (the turn has finished its cleanup by the time this runs)."""
+    err.write("sandcell: interrupted: the job was stopped\n")
+    if session_id is not None:
+        after = await services.manager.current_checkpoint(session_id)
+        if after != before:
+            err.write(f"sandcell: session {hint!r} keeps what the job wrote before it stopped\n")
+        else:
+            err.write(
+                f"sandcell: session {hint!r} is as its last completed turn left it"
+                " (this turn's changes could not be saved)\n"
+            )
+    err.flush()
 
 
 class _Echo:
@@ -125,26 +151,6 @@ def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
         object_id = source.store(scoped_storage_session(CLI_NAMESPACE, CLI_STORAGE_SESSION), data)
         refs.append(FileRef(storage_session=CLI_STORAGE_SESSION, object_id=object_id, name=name))
     return refs
-
-
-def _print_summary(result: ExecuteResult, err: TextIO) -> None:
-    """The lines after the job's own output: status, truncation, files."""
-    notes = []
-    if result.status != RunStatus.OK:
-        exit_text = "" if result.exit_code is None else f", exit code {result.exit_code}"
-        signal_text = "" if result.signal is None else f", signal {result.signal}"
-        notes.append(f"status {result.status}{exit_text}{signal_text}")
-    for stream, truncated in (
-        ("stdout", result.stdout_truncated),
-        ("stderr", result.stderr_truncated),
-    ):
-        if truncated:
-            notes.append(f"{stream} truncated")
-    if result.files:
-        notes.append("files: " + ", ".join(f.name for f in result.files))
-    for note in notes:
-        err.write(f"sandcell: {note}\n")
-    err.flush()
 
 
 def job_exit_code(result: ExecuteResult) -> int:
