@@ -90,6 +90,17 @@ def test_exit_code_mirrors_the_job(cli: Cli) -> None:
     assert "sandcell: status error, exit code 3" in done.stderr
 
 
+def test_a_traceback_starts_at_the_users_code(cli: Cli) -> None:
+    """An uncaught error's traceback has no wrapper frame (File "<string>"); exit 1."""
+    done = cli.run("exec", "def f():\n    1/0\nf()\n")
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        'Traceback (most recent call last):\n  File "/mnt/job/main.py", line 3, in <module>\n'
+    ), done.stderr
+    assert "<string>" not in done.stderr
+    assert "ZeroDivisionError: division by zero\n" in done.stderr
+
+
 def test_timeout_exits_124(cli: Cli) -> None:
     """A timeout names its limit and the flag that changes it."""
     done = cli.run("exec", "--timeout-s", "0.5", "while True: pass")

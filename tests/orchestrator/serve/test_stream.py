@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 
 import httpx
@@ -85,6 +86,7 @@ async def test_a_refusal_before_any_output_is_a_plain_error(service: Service) ->
         )
         assert second.status_code == 409
         assert error_of(second).error.code == ErrorCode.SESSION_BUSY
+        assert second.headers["retry-after"] == "1"
         async for _ in lines:
             pass
 
@@ -135,6 +137,12 @@ async def test_a_client_that_leaves_cancels_its_turn(service: Service) -> None:
     assert after.stdout == "['kept', 'partial', 'plain']\n"
     metrics = (await service.client.get("/metrics")).text
     assert "sandcell_interrupted_turns_total 2" in metrics, metrics
+    for name in ("turn", "launch", "checkpoint"):
+        assert f"# TYPE sandcell_{name}_duration_seconds histogram" in metrics
+    assert 'sandcell_restore_duration_seconds_bucket{le="+Inf"} 0' in metrics
+    turns = re.search(r"^sandcell_turn_duration_seconds_count (\d+)$", metrics, re.MULTILINE)
+    assert turns is not None
+    assert int(turns.group(1)) >= 5  # and the 409s _exec_until_free met
 
 
 def test_events_are_protocol_stream_events() -> None:

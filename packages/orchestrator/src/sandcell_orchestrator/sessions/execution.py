@@ -144,6 +144,12 @@ class ExecutionService:
     async def _stateless(
         self, request: ExecuteRequest, on_output: OnOutput | None = None
     ) -> ExecuteResult:
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._stateless_turn(request, on_output)
+
+    async def _stateless_turn(
+        self, request: ExecuteRequest, on_output: OnOutput | None
+    ) -> ExecuteResult:
         handle = await self.manager.launch(self.spec)
         try:
             await deliver_inputs(handle, request, session_id=None, source=self.inputs)
@@ -237,6 +243,17 @@ class ExecutionService:
     ) -> _T:
         """One turn in a session: hold, attach (restore first), inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch."""
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._held_turn(session_id, request, work, changed=changed)
+
+    async def _held_turn(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        changed: Callable[[_T], bool | None],
+    ) -> _T:
         manager = self.manager
         async with manager.hold(session_id) as hold:
             attached = await manager.attach(hold, self.spec)
