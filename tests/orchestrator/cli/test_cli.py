@@ -262,3 +262,42 @@ def test_output_is_printed_as_the_job_produces_it(cli: Cli) -> None:
     job_end_s = float(rest.split()[-1])
     assert early_at_s < job_end_s
     assert stderr == "bye\nsandcell: files: f\n"
+
+
+def test_env_out_and_the_files_commands(cli: Cli, tmp_path: Path) -> None:
+    """--env reaches the job, --out writes the turn's files locally, and files ls/get/put
+    work on the session's workspace between turns (put is kept for the next turn)."""
+    out_dir = tmp_path / "out"
+    done = cli.run(
+        "exec",
+        "--session",
+        "fs",
+        "--env",
+        "GREETING=hi there",
+        "--out",
+        str(out_dir),
+        "import os; os.makedirs('sub'); open('sub/a.txt', 'w').write(os.environ['GREETING'])",
+    )
+    assert done.returncode == 0, done.stderr
+    assert (out_dir / "sub" / "a.txt").read_text() == "hi there"
+
+    listing = cli.run("files", "ls", "--session", "fs")
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[::2] for line in listing.stdout.splitlines()] == [["dir", "sub"]]
+    fetched = cli.run("files", "get", "--session", "fs", "sub/a.txt", "-")
+    assert (fetched.returncode, fetched.stdout) == (0, "hi there"), fetched.stderr
+
+    local = tmp_path / "notes.md"
+    local.write_text("# notes\n")
+    put = cli.run("files", "put", "--session", "fs", str(local), "docs/notes.md")
+    assert put.returncode == 0, put.stderr
+    seen = cli.run("exec", "--session", "fs", "print(open('docs/notes.md').read(), end='')")
+    assert (seen.returncode, seen.stdout) == (0, "# notes\n"), seen.stderr
+    copy = tmp_path / "copy.md"
+    got = cli.run("files", "get", "--session", "fs", "docs/notes.md", str(copy))
+    assert got.returncode == 0, got.stderr
+    assert copy.read_text() == "# notes\n"
+    bad = cli.run("exec", "--env", "NOEQUALS", "print(1)")
+    assert bad.returncode == 2
+    assert "KEY=VALUE" in bad.stderr
+    assert_clean(cli)

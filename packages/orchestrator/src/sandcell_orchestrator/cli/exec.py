@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,17 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument("--json", action="store_true", help="print the ExecuteResult as JSON")
     run.add_argument("--timeout-s", type=positive_float, metavar="N", help="job timeout [30]")
+    run.add_argument(
+        "--env",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        type=_env_pair,
+        help="an environment variable for the job (repeatable)",
+    )
+    run.add_argument(
+        "--out", metavar="DIR", type=Path, help="write the files the job made or changed into DIR"
+    )
 
 
 async def run_exec(
@@ -66,6 +78,7 @@ async def run_exec(
         language=args.language,
         code=code,
         files=files,
+        env=dict(args.env),
         **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
     )
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
@@ -97,6 +110,8 @@ async def run_exec(
                 f"session {hint!r} is busy: another call is running a turn in it;"
                 " this turn did not run (retry when that one has finished)"
             ) from None
+    if args.out is not None:
+        await asyncio.to_thread(_write_out, result, args.out, err)
     if args.json:
         out.write(encode(result).decode() + "\n")
     else:
@@ -133,6 +148,35 @@ class _Echo:
         stream = self._out if isinstance(event, StdoutEvent) else self._err
         stream.write(event.data)
         stream.flush()
+
+
+def _env_pair(raw: str) -> tuple[str, str]:
+    key, sep, value = raw.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env wants KEY=VALUE, got {raw[:40]!r}")
+    return key, value
+
+
+def _write_out(result: ExecuteResult, out_dir: Path, err: TextIO) -> None:
+    """The turn's output files into ``out_dir``, under their workspace paths.
+
+    Small files travel inline in the result; a larger one is named with the
+    command that fetches it from the session.
+    """
+    root = out_dir.resolve()
+    for file in result.files:
+        target = (root / file.name).resolve()
+        if not target.is_relative_to(root) or file.symlink_target is not None:
+            err.write(f"sandcell: --out: skipped {file.name!r} (a link or outside {out_dir})\n")
+            continue
+        if file.content_b64 is None:
+            err.write(
+                f"sandcell: --out: {file.name} ({file.size} bytes) is too large to travel inline;"
+                f" fetch it with: sandcell files get --session HINT {file.name}\n"
+            )
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(base64.b64decode(file.content_b64))
 
 
 def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
