@@ -9,6 +9,7 @@ environment is kept. Its parts are typed sub-settings:
                ``kind`` (``SANDCELL_PROVIDER``: local | docker | lambda-microvm)
     s3         S3Settings, when ``SANDCELL_SNAPSHOT_URL`` is ``s3://…``
     apps       AppSettings (the app-instance API of ``sandcell serve``)
+    librechat  LibreChatSettings (LibreChat's Code Interpreter API of ``sandcell serve``)
     serve      ServeSettings (listen address, API keys)
 
 With no configuration at all sandcell runs embedded on one machine: the local
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .apps.settings import AppSettings
     from .providers.docker_settings import DockerSettings
     from .providers.lambda_settings import LambdaMicrovmSettings
+    from .serve.librechat.settings import LibreChatSettings
     from .snapshots.s3_settings import S3Settings
 
     ProviderSettings: TypeAlias = LocalSettings | DockerSettings | LambdaMicrovmSettings
@@ -130,6 +132,8 @@ class OrchestratorSettings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     apps: AppSettings = field(default_factory=lambda: _apps({}, ServeSettings()))
     """The app-instance API's settings (``sandcell serve``'s ``/v1/instances``)."""
+    librechat: LibreChatSettings = field(default_factory=lambda: _librechat({}))
+    """LibreChat's Code Interpreter API (``sandcell serve``'s ``/librechat/v1``)."""
 
     @property
     def provider_name(self) -> ProviderName:
@@ -207,6 +211,7 @@ class OrchestratorSettings:
             sweep_interval_s=read.number("SANDCELL_SWEEP_INTERVAL_S", 60.0),
             serve=serve,
             apps=_apps(env, serve),
+            librechat=_librechat(env),
         )
 
 
@@ -235,6 +240,12 @@ def _apps(env: Mapping[str, str], serve: ServeSettings) -> AppSettings:
     from .apps.settings import AppSettings
 
     return AppSettings.from_env(env, default_public_url=f"http://{serve.public_host}:{serve.port}")
+
+
+def _librechat(env: Mapping[str, str]) -> LibreChatSettings:
+    from .serve.librechat.settings import LibreChatSettings
+
+    return LibreChatSettings.from_env(env)
 
 
 def _api_keys(raw: str) -> dict[str, str]:

@@ -233,6 +233,10 @@ class CheckpointMeta(Message, frozen=True):
     surfaced_outputs: list[SurfacedOutput] = msgspec.field(default_factory=list)
     skipped: list[str] = msgspec.field(default_factory=list)
     """Workspace entries not exported (FIFOs, sockets, devices)."""
+    contexts: dict[str, str] = msgspec.field(default_factory=dict)
+    """The session's code contexts (id -> language). Their variables are not in the
+    archive: a runner restoring it knows them as lost, so a run answers
+    ``context_lost`` instead of running in a silently empty namespace."""
 
 
 class FileEntry(Message, frozen=True):

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from .egress.settings import EgressSettings
 from .errors import ConfigError
+from .runner_token import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE, TokenSourceError, read_token_file
 
 JailMode = Literal["nsjail", "none"]
 T = TypeVar("T")
@@ -60,6 +62,7 @@ class RunnerSettings:
     output_inline_bytes: int = 1 * MIB
     max_output_files: int = 1000
     allow_network: bool = False
+    egress: EgressSettings = field(default_factory=EgressSettings)
     sessions_enabled: bool = False
     session_wait_ms: int = 2000
     warmup_command: str | None = None
@@ -82,16 +85,33 @@ class RunnerSettings:
         return self.token is not None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> RunnerSettings:
-        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault."""
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        read_token_file: Callable[[str], str] = read_token_file,
+    ) -> RunnerSettings:
+        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault.
+
+        ``read_token_file`` reads ``SANDCELL_RUNNER_TOKEN_FILE``; the runner's
+        ``__main__`` passes one that unlinks the file once read.
+        """
         reader = _EnvReader(env)
         production = env.get("SANDCELL_ENV", "").strip().lower() == "production"
-        token = env.get("SANDCELL_RUNNER_TOKEN") or None
+        token = env.get(TOKEN_VARIABLE) or None
+        token_file = env.get(TOKEN_FILE_VARIABLE) or None
+        if token is not None and token_file is not None:
+            raise ConfigError(f"set {TOKEN_VARIABLE} or {TOKEN_FILE_VARIABLE}, not both")
+        if token_file is not None:
+            try:
+                token = read_token_file(token_file)
+            except TokenSourceError as exc:
+                raise ConfigError(str(exc)) from None
         insecure = reader.flag("SANDCELL_RUNNER_INSECURE_NO_AUTH", default=False)
         if token is None and not insecure:
             raise ConfigError(
-                "SANDCELL_RUNNER_TOKEN is required (or SANDCELL_RUNNER_INSECURE_NO_AUTH=1 "
-                "outside SANDCELL_ENV=production)"
+                "SANDCELL_RUNNER_TOKEN (or SANDCELL_RUNNER_TOKEN_FILE) is required (or "
+                "SANDCELL_RUNNER_INSECURE_NO_AUTH=1 outside SANDCELL_ENV=production)"
             )
         if insecure and production:
             raise ConfigError(
@@ -178,6 +198,7 @@ class RunnerSettings:
             ),
             max_output_files=reader.integer("SANDCELL_RUNNER_MAX_OUTPUT_FILES", 1000, minimum=0),
             allow_network=reader.flag("SANDCELL_RUNNER_ALLOW_NETWORK", default=False),
+            egress=EgressSettings.from_env(env),
             sessions_enabled=reader.flag("SANDCELL_RUNNER_SESSIONS", default=False),
             session_wait_ms=reader.integer("SANDCELL_RUNNER_SESSION_WAIT_MS", 2000, minimum=0),
             warmup_command=env.get("SANDCELL_RUNNER_WARMUP_COMMAND") or None,

@@ -11,6 +11,8 @@ import resource
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import msgspec
+
 from sandcell_protocol import PROTOCOL_VERSION, ExecuteRequest, ExecuteResult, Health
 from sandcell_protocol.app_messages import AnalysisResult
 from sandcell_protocol.contexts import ContextEndEvent, ContextRun
@@ -23,6 +25,7 @@ from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
 from .contexts.interpreter import EventCallback
 from .contexts.manager import ContextManager
+from .egress.manager import EgressManager, unavailable_reason
 from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
@@ -30,6 +33,7 @@ from .inputs.priming import Primer
 from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
 from .jail.host_limits import apply_host_limits, required_limits
+from .jail.netns import SessionNetns
 from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
@@ -123,12 +127,19 @@ class RunnerService:
         self.apps = AppManager(
             settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
         )
+        self.egress = EgressManager(
+            settings.egress,
+            unavailable=unavailable_reason(
+                jailed=self._jail.jailed, allow_network=settings.allow_network
+            ),
+            state_dir=settings.workspace_root.parent / "egress",
+        )
         self.sessions = SessionManager(
             enabled=settings.sessions_enabled,
             workspaces=self._workspaces,
             uids=self._uids,
             wait_ms=settings.session_wait_ms,
-            netns_factory=self.apps.create_netns if settings.sessions_enabled else None,
+            netns_factory=self._session_netns if settings.sessions_enabled else None,
         )
         self.contexts = ContextManager(
             settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
@@ -145,7 +156,10 @@ class RunnerService:
             python=python.binary if python else None,
         )
         self.sessions.release_hooks.append(self.sandbox.release)
+        self.sessions.release_hooks.append(self._release_egress)
         self._jail.netns_for = self.sessions.netns_fd_for
+        self._jail.egress_for = self.egress.apply
+        self.egress.start()
         self.files = SessionFiles(self.sessions, max_read_bytes=settings.max_body_bytes)
         self.checkpoints = SessionCheckpoints(
             self.sessions,
@@ -161,6 +175,15 @@ class RunnerService:
         self._active_jobs: set[Path] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._collect_warnings()
+
+    def _session_netns(self) -> SessionNetns | None:
+        """A bound session's namespace, linked for egress when the policy lets anything out."""
+        netns = self.apps.create_netns()
+        self.egress.session_netns(netns)
+        return netns
+
+    async def _release_egress(self, state: SessionState) -> None:
+        await asyncio.to_thread(self.egress.session_released, state.netns)
 
     def _collect_warnings(self) -> None:
         if not self._jail.jailed:
@@ -332,7 +355,20 @@ class RunnerService:
             self.contexts.check_runnable(session_id, context_id)
             if on_started is not None:
                 on_started()
-            return await self.contexts.run(state, context_id, request, on_event)
+            end = await self.contexts.run(state, context_id, request, on_event)
+            # What the cell wrote, as an execute reports it (and whether to checkpoint).
+            workspace = JobWorkspace(
+                path=state.workspace,
+                uid=state.uid,
+                gid=state.uid,
+                job_dir=state.workspace,
+                surfaced=state.surfaced,
+                session_id=session_id,
+            )
+            before = len(state.surfaced)
+            files, removed = await asyncio.to_thread(self._executor.collect_outputs, workspace)
+            changed = bool(files) or removed > 0 or len(state.surfaced) != before
+            return msgspec.structs.replace(end, files=files, workspace_changed=changed)
 
     async def analyse(self, session_id: str) -> AnalysisResult:
         """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
@@ -350,6 +386,7 @@ class RunnerService:
             warmup=self._warmup.state,
             languages=sorted(self.languages),
             warnings=list(self.warnings),
+            egress=self.egress.mechanism,
         )
 
     @contextlib.asynccontextmanager
@@ -387,7 +424,7 @@ class RunnerService:
             await asyncio.sleep(self.settings.reap_interval_s)
 
     async def _lose_contexts(self, state: SessionState) -> None:
-        await self.contexts.lose_all(state, "the workspace was restored from a checkpoint")
+        await self.contexts.restored(state)
 
     async def _idle_context_loop(self) -> None:
         interval_s = min(60.0, max(1.0, self.settings.context_idle_s / 4))
@@ -409,6 +446,8 @@ class RunnerService:
             await self.sandbox.shutdown()
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.egress.close)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)

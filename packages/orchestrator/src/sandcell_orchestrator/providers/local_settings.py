@@ -20,7 +20,12 @@ from ..env import EnvReader
 __all__ = ["LocalSettings", "default_runtime_dir"]
 
 # The provider sets these per runner; the environment cannot.
-_OWN_ENV = ("SANDCELL_RUNNER_TOKEN", "SANDCELL_RUNNER_PORT", "SANDCELL_RUNNER_HOST")
+_OWN_ENV = (
+    "SANDCELL_RUNNER_TOKEN",
+    "SANDCELL_RUNNER_TOKEN_FILE",
+    "SANDCELL_RUNNER_PORT",
+    "SANDCELL_RUNNER_HOST",
+)
 _INHERITED = ("SANDCELL_NSJAIL", "SANDCELL_ENV", "SANDCELL_FILE_SERVER_URL", "PATH")
 
 

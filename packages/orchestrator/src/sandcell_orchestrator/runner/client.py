@@ -58,6 +58,7 @@ from .apps import (
     ws_url,
 )
 from .connection import RunnerConnection, new_request_id
+from .contexts import RunnerContexts
 from .errors import refused_before_sending
 from .transfers import (
     HASH_INLINE_MAX_BYTES,
@@ -108,6 +109,8 @@ class RunnerClient:
             clock=clock,
             new_request_id=new_request_id,
         )
+        self.contexts = RunnerContexts(self._conn)
+        """The code-context routes (``/v1/session/contexts``)."""
 
     @property
     def base_url(self) -> str:

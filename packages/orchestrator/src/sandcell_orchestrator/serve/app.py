@@ -5,6 +5,7 @@ Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``Erro
     POST   /v1/exec             ExecCall -> ExecuteResult       bearer API key
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
+    POST   /v1/run, /v1/sessions/{id}/contexts[...]   code contexts (serve/contexts.py)
     GET    /healthz             {"status": "ok"}                no auth
     GET    /metrics             Prometheus text                 no auth (aggregate counters)
 
@@ -30,7 +31,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import (
     ErrorCode,
@@ -50,6 +51,7 @@ from ..extras import needs_extra
 from ..metrics import render_provider_counters
 from ..sessions.execution import ExecutionService, Identity
 from .auth import INSECURE_NO_AUTH_ENV, load_api_keys
+from .contexts import ContextRoutes
 from .errors import (
     JSON_MEDIA_TYPE,
     MAX_BODY_BYTES,
@@ -208,6 +210,14 @@ class _Service:
         self._owners.pop(session_id, None)
         return Response(status_code=204)
 
+    def remember(self, session_id: str, namespace: str, user_id: str, hint: str) -> None:
+        """Index a session a tenant named (``/v1/run`` does it like ``/v1/exec``)."""
+        self._owners[session_id] = _Owner(namespace, user_id, hint)
+
+    def owner_of(self, session_id: str) -> str | None:
+        owner = self._owners.get(session_id)
+        return owner.namespace if owner is not None else None
+
     async def healthz(self, _request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON_MEDIA_TYPE)
 
@@ -225,13 +235,19 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
     Raises ``ConfigError`` when no API key is configured (see ``INSECURE_NO_AUTH_ENV``).
     """
     service = _Service(settings, services)
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/v1/exec", guarded(service.exec), methods=["POST"]),
         Route("/v1/sessions", guarded(service.list_sessions), methods=["GET"]),
         Route("/v1/sessions/{session_id}", guarded(service.destroy_session), methods=["DELETE"]),
         Route("/healthz", guarded(service.healthz), methods=["GET"]),
         Route("/metrics", guarded(service.metrics), methods=["GET"]),
     ]
+    routes += ContextRoutes(
+        execution=lambda: service.execution,
+        namespace_of=service.keys.namespace,
+        remember=service.remember,
+        owner_of=service.owner_of,
+    ).routes()
     handlers: dict[Any, Any] = {HTTPException: http_error_response}
     app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)
     # The app-instance API (issue 8) shares the services, keys and lifespan.
@@ -253,6 +269,10 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
             services=lambda: service.services,
             namespace_of_key=service.keys.namespace_of_key,
         )
+    # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
+    from .librechat import install_librechat
+
+    install_librechat(app, settings.librechat, keys=service.keys, services=lambda: service.services)
     return app
 
 
@@ -274,6 +294,10 @@ def serve(
         proxy_headers=False,
         server_header=False,
         log_config=None,
+        # Longer than clients keep idle connections (node >= 19 pools them for 5 s,
+        # uvicorn's default is also 5 s): otherwise a client reuses a socket at the
+        # moment the server closes it, and its request fails as "socket hang up".
+        timeout_keep_alive=75,
     )
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(config).run()

@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sandcell_protocol import ExecuteRequest, ExecuteResult, runtime_session_id
+from sandcell_protocol.contexts import ContextEvent, ContextRun, ContextRunResult
 
 from ..config import Budgets, SessionMode
 from ..errors import (
@@ -38,16 +40,20 @@ from ..errors import (
     SessionConflictError,
     SessionRequiredError,
 )
+from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
 from ..registry import SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
+from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import SandboxManager
 
 __all__ = ["ExecutionService", "Identity"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,8 @@ class ExecutionService:
         self.spec = spec or SandboxSpec()
         self.keep_warm = keep_warm
         """False: park each session's sandbox at the end of its turn (see ``open_services``)."""
+        self.contexts = SessionContexts(manager, spec=self.spec)
+        """Context operations by session id (``run_code`` runs the cells)."""
 
     # -- entry point ----------------------------------------------------------
 
@@ -141,6 +149,71 @@ class ExecutionService:
 
         ``request``'s input refs must already be scoped (``execute`` does it).
         """
+
+        async def run(handle: SandboxHandle) -> ExecuteResult:
+            result = await handle.runner.execute(
+                request, session_id=session_id, timeout_s=self._turn_timeout(request)
+            )
+            self.metrics.inc("sandcell_executions_total", status=str(result.status))
+            return result
+
+        return await self._session_turn(
+            session_id, request, run, changed=lambda result: result.workspace_changed
+        )
+
+    async def run_code(
+        self,
+        request: ExecuteRequest,
+        identity: Identity,
+        *,
+        hint: str | None,
+        context_id: str | None = None,
+        on_event: Callable[[ContextEvent], None] | None = None,
+    ) -> ContextRunResult:
+        """Run ``request.code`` in a code context of the session ``hint`` names.
+
+        The same turn as ``execute``: the session is held, its sandbox attached (a
+        new one restores the checkpoint first), inputs delivered, the cell run in
+        the context (``context_id``; None: the language's default context, created
+        on first use), and the workspace checkpointed when the cell changed it.
+        ``on_event`` gets the run's events as they happen. Contexts keep state, so
+        a hint is required in every mode.
+        """
+        if hint is None:
+            raise SessionRequiredError("code contexts live in a runtime session: give a hint")
+        refuse_for_contexts(request)
+        request = scope_inputs(request, identity.namespace)
+        session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
+        run = ContextRun(code=request.code, timeout_ms=request.timeout_ms, env=request.env)
+        wanted = context_id or default_context_id(request.language)
+
+        async def in_context(handle: SandboxHandle) -> ContextRunResult:
+            if request.files or request.inline_files:
+                await prime_inputs(handle, request, timeout_s=self._turn_timeout(request))
+            result = await handle.contexts.run(
+                run,
+                context_id=wanted,
+                language=request.language,
+                timeout_s=self._turn_timeout(request),
+                on_event=on_event,
+            )
+            self.metrics.inc("sandcell_context_runs_total", status=str(result.status))
+            return result
+
+        return await self._session_turn(
+            session_id, request, in_context, changed=lambda result: result.workspace_changed
+        )
+
+    async def _session_turn(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        changed: Callable[[_T], bool | None],
+    ) -> _T:
+        """One turn in a session: hold, attach (restore first), inputs, ``work``,
+        checkpoint unless ``changed`` says the workspace is as it was, touch."""
         manager = self.manager
         async with manager.hold(session_id) as hold:
             attached = await manager.attach(hold, self.spec)
@@ -148,9 +221,7 @@ class ExecutionService:
                 await deliver_inputs(
                     attached.handle, request, session_id=session_id, source=self.inputs
                 )
-                result = await attached.handle.runner.execute(
-                    request, session_id=session_id, timeout_s=self._turn_timeout(request)
-                )
+                result = await work(attached.handle)
             except (
                 LockLostError,
                 asyncio.CancelledError,
@@ -162,7 +233,6 @@ class ExecutionService:
                 # run: the sandbox may be dirty, so it is recycled, never reused.
                 await manager.recycle(hold, attached)
                 raise
-            self.metrics.inc("sandcell_executions_total", status=str(result.status))
             # A fresh sandbox that restored nothing and received no inputs holds only
             # what the job made: if it changed nothing, there is nothing to save.
             pristine = (
@@ -171,7 +241,7 @@ class ExecutionService:
                 and not request.files
                 and not request.inline_files
             )
-            if result.workspace_changed is False and (hold.checkpoint_key is not None or pristine):
+            if changed(result) is False and (hold.checkpoint_key is not None or pristine):
                 self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
             else:
                 try:

@@ -164,6 +164,7 @@ class ContextManager:
         except BaseException:
             contexts.pop(context_id, None)
             raise
+        state.contexts[context_id] = context.language
         log.info("context %s (%s) started", context_id, request.language)
         return context.info()
 
@@ -236,10 +237,11 @@ class ContextManager:
         if job_dir is not None:
             await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
 
-    async def delete(self, session_id: str, context_id: str) -> None:
+    async def delete(self, state: SessionState, context_id: str) -> None:
         """Stop the interpreter and forget the context."""
-        context = self._get(session_id, context_id)
-        self._sessions[session_id].pop(context_id, None)
+        context = self._get(state.session_id, context_id)
+        self._sessions[state.session_id].pop(context_id, None)
+        state.contexts.pop(context_id, None)
         await self._stop(context)
         log.info("context %s deleted", context_id)
 
@@ -324,11 +326,24 @@ class ContextManager:
 
     # -- session events ---------------------------------------------------------------
 
-    async def lose_all(self, state: SessionState, reason: str) -> None:
-        """Every context of the session loses its interpreter (kept as ``lost``)."""
-        for context in list(self._sessions.get(state.session_id, {}).values()):
-            if context.interpreter is not None:
-                await self._stop(context, lost_reason=reason)
+    async def restored(self, state: SessionState) -> None:
+        """A restore replaced the workspace: every context is lost, those the archive
+        names included (a restore into a new sandbox brings files, not variables)."""
+        contexts = self._sessions.setdefault(state.session_id, {})
+        for context in list(contexts.values()):
+            await self._stop(context, lost_reason="the workspace was restored from a checkpoint")
+            state.contexts[context.context_id] = context.language
+        for context_id, language in state.contexts.items():
+            if context_id not in contexts and len(contexts) < self._settings.max_contexts:
+                contexts[context_id] = _Context(
+                    context_id=context_id,
+                    language=language,
+                    cwd="",
+                    env={},
+                    last_used_s=self._clock(),
+                    lost_reason="the workspace was restored from a checkpoint; "
+                    "variables do not survive a restore",
+                )
 
     async def release(self, state: SessionState) -> None:
         """The session ends: stop and forget its contexts (a release hook; idempotent)."""

@@ -132,6 +132,9 @@ class Jail:
         self.netns_for: Callable[[Path], int | None] | None = None
         """Which network namespace a job in this workspace joins (the session's);
         set by the service. Jobs with ``network`` or an explicit ``netns_fd`` skip it."""
+        self.egress_for: Callable[[JobSpec], JobSpec] | None = None
+        """The job's egress (its namespace when it has none yet, proxy variables, resolver);
+        set by the service, called for every job without ``network``."""
 
     @property
     def jailed(self) -> bool:
@@ -362,10 +365,12 @@ class Jail:
         )
 
     def _with_netns(self, spec: JobSpec) -> JobSpec:
-        if spec.network or spec.netns_fd is not None or self.netns_for is None:
+        if spec.network:
             return spec
-        fd = self.netns_for(spec.workspace)
-        return spec if fd is None else dataclasses.replace(spec, netns_fd=fd)
+        if spec.netns_fd is None and self.netns_for is not None:
+            fd = self.netns_for(spec.workspace)
+            spec = spec if fd is None else dataclasses.replace(spec, netns_fd=fd)
+        return spec if self.egress_for is None else self.egress_for(spec)
 
     async def launch(self, spec: JobSpec, *, stdin_fd: int, output_fd: int) -> LaunchedJob:
         """Start a job that outlives the call: stdin from ``stdin_fd``, stdout and stderr
