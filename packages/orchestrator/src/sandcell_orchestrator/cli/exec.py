@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sandcell_protocol import (
+    EgressPolicy,
     ExecuteRequest,
     ExecuteResult,
     FileRef,
@@ -51,6 +52,14 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument("--json", action="store_true", help="print the ExecuteResult as JSON")
     run.add_argument("--timeout-s", type=positive_float, metavar="N", help="job timeout [30]")
+    run.add_argument(
+        "--allow-host",
+        metavar="RULE",
+        action="append",
+        default=[],
+        help="let the job reach RULE: a name, *.domain, CIDR, optionally :port (repeatable;"
+        " otherwise it has no network)",
+    )
 
 
 async def run_exec(
@@ -59,6 +68,7 @@ async def run_exec(
     hint = hint_argument(args.session) if args.session is not None else None
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
     files = await asyncio.to_thread(_store_files, settings.inputs_dir, args.file)
+    egress = _egress_policy(args.allow_host)
     request = ExecuteRequest(
         language=args.language,
         code=code,
@@ -76,7 +86,7 @@ async def run_exec(
             # leaves a session the user can list and destroy.
             await asyncio.to_thread(CliSessions(settings.home).touch, session_id, hint=hint)
         try:
-            result = await services.execution.execute(request, identity, hint=hint)
+            result = await services.execution.execute(request, identity, hint=hint, egress=egress)
         except SessionBusyError:
             raise SessionBusyExit(
                 f"session {hint!r} is busy: another call is running a turn in it;"
@@ -87,6 +97,16 @@ async def run_exec(
     else:
         _print_human(result, out, err)
     return job_exit_code(result)
+
+
+def _egress_policy(rules: Sequence[str]) -> EgressPolicy | None:
+    """``--allow-host`` rules as a policy (None without any: the sandbox's default)."""
+    if not rules:
+        return None
+    try:
+        return EgressPolicy(mode="allow", allow=tuple(rules))
+    except ValueError as exc:
+        raise UsageError(f"--allow-host: {exc}") from None
 
 
 def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:

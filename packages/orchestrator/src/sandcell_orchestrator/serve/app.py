@@ -5,6 +5,8 @@ Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``Erro
     POST   /v1/exec             ExecCall -> ExecuteResult       bearer API key
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
+    PUT    /v1/sessions/{id}/egress  EgressPolicy -> EgressStatus  bearer API key
+                                (its running sandbox's policy, at once; 404 as DELETE)
     POST   /v1/run, /v1/sessions/{id}/contexts[...]   code contexts (serve/contexts.py)
     GET    /healthz             {"status": "ok"}                no auth
     GET    /metrics             Prometheus text                 no auth (aggregate counters)
@@ -34,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import (
+    EgressPolicy,
     ErrorCode,
     ExecCall,
     ExecuteRequest,
@@ -46,7 +49,7 @@ from sandcell_protocol import (
 
 from ..bootstrap import Services, open_services
 from ..config import OrchestratorSettings
-from ..errors import ConfigError, SandcellError
+from ..errors import ConfigError, SandboxNotFoundError, SandcellError
 from ..extras import needs_extra
 from ..metrics import render_provider_counters
 from ..sessions.execution import ExecutionService, Identity
@@ -103,7 +106,7 @@ class _Owner:
 def _execute_request(call: ExecCall) -> ExecuteRequest:
     """The runner's part of an ``ExecCall`` (the runner refuses unknown fields)."""
     fields = msgspec.structs.asdict(call)
-    del fields["user_id"], fields["runtime_session_hint"]
+    del fields["user_id"], fields["runtime_session_hint"], fields["egress"]
     return ExecuteRequest(**fields)
 
 
@@ -170,9 +173,24 @@ class _Service:
             session_id = runtime_session_id(namespace, call.user_id, hint)
             self._owners[session_id] = _Owner(namespace, call.user_id, hint)
         result = await self.execution.execute(
-            run, Identity(namespace=namespace, user_id=call.user_id), hint=hint
+            run, Identity(namespace=namespace, user_id=call.user_id), hint=hint, egress=call.egress
         )
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)
+
+    async def set_egress(self, request: Request) -> Response:
+        namespace = self.keys.namespace(request)
+        session_id = request.path_params["session_id"]
+        if not is_runtime_session_id(session_id):
+            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
+        policy = decode(await read_body(request), EgressPolicy)
+        owner = self._owners.get(session_id)
+        if owner is None or owner.namespace != namespace:
+            return error_response(404, ErrorCode.NOT_FOUND, "no such session")
+        try:
+            status = await self.services.manager.set_egress(session_id, policy)
+        except SandboxNotFoundError:
+            return error_response(404, ErrorCode.NOT_FOUND, "the session has no running sandbox")
+        return Response(encode(status), media_type=JSON_MEDIA_TYPE)
 
     async def list_sessions(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
@@ -239,6 +257,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         Route("/v1/exec", guarded(service.exec), methods=["POST"]),
         Route("/v1/sessions", guarded(service.list_sessions), methods=["GET"]),
         Route("/v1/sessions/{session_id}", guarded(service.destroy_session), methods=["DELETE"]),
+        Route("/v1/sessions/{session_id}/egress", guarded(service.set_egress), methods=["PUT"]),
         Route("/healthz", guarded(service.healthz), methods=["GET"]),
         Route("/metrics", guarded(service.metrics), methods=["GET"]),
     ]
