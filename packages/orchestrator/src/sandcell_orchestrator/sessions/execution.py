@@ -49,6 +49,7 @@ from ..snapshots import SnapshotStore
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import SandboxManager
+from .output import OnOutput, run_job
 
 __all__ = ["ExecutionService", "Identity"]
 
@@ -120,9 +121,13 @@ class ExecutionService:
         identity: Identity,
         *,
         hint: str | None = None,
+        on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
+
+        ``on_output`` receives the job's stdout/stderr chunks as they are produced
+        (the result still carries all of it, as the runner captured it).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects. ``egress`` replaces the
@@ -130,26 +135,36 @@ class ExecutionService:
         """
         request = scope_inputs(request, identity.namespace)
         if self.mode == "stateless":
-            return await self._stateless(request, egress)
+            return await self._stateless(request, on_output, egress)
         if hint is None:
             if self.mode == "strict":
                 raise SessionRequiredError("strict runtime-session mode needs a session hint")
             self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
-            return await self._stateless(request, egress)
+            return await self._stateless(request, on_output, egress)
         session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
-        return await self.execute_in_session(request, session_id, egress=egress)
+        return await self.execute_in_session(
+            request, session_id, on_output=on_output, egress=egress
+        )
 
     def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
         return self.spec if egress is None else dataclasses.replace(self.spec, egress=egress)
 
     async def _stateless(
-        self, request: ExecuteRequest, egress: EgressPolicy | None = None
+        self,
+        request: ExecuteRequest,
+        on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
-        spec = self._spec_for(egress)
-        handle = await self.manager.launch(spec)
+        handle = await self.manager.launch(self._spec_for(egress))
         try:
             await deliver_inputs(handle, request, session_id=None, source=self.inputs)
-            result = await handle.runner.execute(request, timeout_s=self._turn_timeout(request))
+            result = await run_job(
+                handle,
+                request,
+                session_id=None,
+                timeout_s=self._turn_timeout(request),
+                on_output=on_output,
+            )
             await self.manager.count_egress(handle)
         finally:
             await self.manager.discard(handle)
@@ -159,7 +174,12 @@ class ExecutionService:
     # -- sessions -------------------------------------------------------------
 
     async def execute_in_session(
-        self, request: ExecuteRequest, session_id: str, *, egress: EgressPolicy | None = None
+        self,
+        request: ExecuteRequest,
+        session_id: str,
+        *,
+        on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
@@ -167,8 +187,12 @@ class ExecutionService:
         """
 
         async def run(handle: SandboxHandle) -> ExecuteResult:
-            result = await handle.runner.execute(
-                request, session_id=session_id, timeout_s=self._turn_timeout(request)
+            result = await run_job(
+                handle,
+                request,
+                session_id=session_id,
+                timeout_s=self._turn_timeout(request),
+                on_output=on_output,
             )
             self.metrics.inc("sandcell_executions_total", status=str(result.status))
             return result
