@@ -79,6 +79,9 @@ class RunnerSettings:
     """A context's interpreter idle this long is stopped (the context becomes lost)."""
     context_grace_ms: int = 2000
     """After a run's timeout and its SIGINT, how long before the interpreter is killed."""
+    idle_exit_s: int = 0
+    """Exit (gracefully) after this long without a request; 0: never. For runners that
+    outlive the process that started them (the CLI's warm code contexts)."""
 
     @property
     def auth_required(self) -> bool:
@@ -212,6 +215,7 @@ class RunnerSettings:
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
             context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
             context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),
+            idle_exit_s=reader.integer("SANDCELL_RUNNER_IDLE_EXIT_S", 0, minimum=0),
         )
 
 

@@ -8,6 +8,8 @@ import contextlib
 import logging
 import os
 import resource
+import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -170,6 +172,7 @@ class RunnerService:
         )
         # A restore replaces the workspace the interpreters run in: their state is gone.
         self.checkpoints.restore_hooks.append(self._lose_contexts)
+        self._last_request_s = time.monotonic()
         self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._active_jobs: set[Path] = set()
@@ -394,7 +397,7 @@ class RunnerService:
         """The service while it serves: warmup and the reaper run; shut down on exit."""
         self._warmup.start()
         reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
-        idle = asyncio.create_task(self._idle_context_loop(), name="sandcell-context-idle")
+        idle = asyncio.create_task(self._idle_loop(), name="sandcell-idle")
         try:
             yield
         finally:
@@ -426,13 +429,31 @@ class RunnerService:
     async def _lose_contexts(self, state: SessionState) -> None:
         await self.contexts.restored(state)
 
-    async def _idle_context_loop(self) -> None:
+    def note_request(self) -> None:
+        """A request arrived (the idle exit counts from the last one)."""
+        self._last_request_s = time.monotonic()
+
+    def _busy(self) -> bool:
+        bound = self.sessions.bound
+        return bool(self._active_jobs) or (bound is not None and bound.lock.locked())
+
+    async def _idle_loop(self) -> None:
+        """Stop idle interpreters; exit the runner when idle past ``idle_exit_s``."""
         interval_s = min(60.0, max(1.0, self.settings.context_idle_s / 4))
+        if self.settings.idle_exit_s:
+            interval_s = min(interval_s, max(0.5, self.settings.idle_exit_s / 4))
         while True:
             await asyncio.sleep(interval_s)
             stopped = await self.contexts.sweep_idle()
             if stopped:
                 log.info("stopped %d idle context interpreters", stopped)
+            idle_s = time.monotonic() - self._last_request_s
+            limit_s = self.settings.idle_exit_s
+            if limit_s and idle_s > limit_s and not self._busy():
+                log.info("no request for %d s (SANDCELL_RUNNER_IDLE_EXIT_S): exiting", idle_s)
+                # uvicorn's own graceful shutdown: the lifespan then runs shutdown().
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
     async def shutdown(self) -> None:
         """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""

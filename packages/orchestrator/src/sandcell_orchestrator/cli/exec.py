@@ -38,7 +38,7 @@ from .common import (
 )
 from .session_index import CliSessions
 
-__all__ = ["add_parser", "job_exit_code", "run_exec"]
+__all__ = ["add_parser", "job_exit_code", "run_exec", "store_files"]
 
 
 def add_parser(commands: Any) -> None:
@@ -69,7 +69,7 @@ async def run_exec(
 ) -> int:
     hint = hint_argument(args.session) if args.session is not None else None
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
-    files = await asyncio.to_thread(_store_files, settings.inputs_dir, args.file)
+    files = await asyncio.to_thread(store_files, settings.inputs_dir, args.file)
     egress = _egress_policy(args.allow_host)
     request = ExecuteRequest(
         language=args.language,
@@ -129,7 +129,7 @@ class _Echo:
         stream.flush()
 
 
-def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
+def store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
     """Keep each file in the input source and refer to it by its content id."""
     source = DirectoryInputSource(inputs_dir)
     refs: list[FileRef] = []
