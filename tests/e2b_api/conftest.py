@@ -61,6 +61,7 @@ class E2bServe:
 
 def start_serve(base: Path, *, env: Mapping[str, str] | None = None) -> E2bServe:
     """``python -m sandcell_orchestrator serve`` on a free port; waits for ``/healthz``."""
+    base.mkdir(parents=True, exist_ok=True)
     port = free_port()
     home, runtime_dir, log_path = base / "home", base / "sandboxes", base / "serve.log"
     environ = clean_environ(

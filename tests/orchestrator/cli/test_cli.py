@@ -7,6 +7,7 @@ import json
 import os
 import pwd
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,32 @@ def test_parallel_calls_on_one_session_never_lose_a_turn(cli: Cli) -> None:
     assert listing.returncode == 0, listing.stderr
     assert sorted(ast.literal_eval(listing.stdout)) == sorted(kept)
     assert_clean(cli)
+
+
+def test_output_is_printed_as_the_job_produces_it(cli: Cli) -> None:
+    """A line printed before a sleep is on the CLI's stdout before the job ends (the job's
+    own end time, printed last, is later than when we read the line); the summary comes
+    after the job's stderr."""
+    code = (
+        "import sys, time\n"
+        "print('early', flush=True)\n"
+        "time.sleep(1.5)\n"
+        "print('end', time.time())\n"
+        "print('bye', file=sys.stderr)\n"
+        "open('f', 'w').write('x')\n"
+    )
+    call = subprocess.Popen(
+        [*cli.command(), "exec", code],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert call.stdout is not None
+    assert call.stdout.readline() == "early\n"
+    early_at_s = time.time()
+    rest, stderr = call.communicate(timeout=300)
+    assert call.returncode == 0, stderr
+    job_end_s = float(rest.split()[-1])
+    assert early_at_s < job_end_s
+    assert stderr == "bye\nsandcell: files: f\n"

@@ -14,6 +14,8 @@ from sandcell_protocol import (
     ExecuteResult,
     FileRef,
     RunStatus,
+    StderrEvent,
+    StdoutEvent,
     encode,
     runtime_session_id,
     scoped_storage_session,
@@ -75,8 +77,13 @@ async def run_exec(
             # Recorded before the turn: a turn that dies after its checkpoint still
             # leaves a session the user can list and destroy.
             await asyncio.to_thread(CliSessions(settings.home).touch, session_id, hint=hint)
+        # Human output streams: each chunk is printed as the job produces it, the
+        # summary comes last. --json prints one ExecuteResult at the end.
+        on_output = None if args.json else _Echo(out, err)
         try:
-            result = await services.execution.execute(request, identity, hint=hint)
+            result = await services.execution.execute(
+                request, identity, hint=hint, on_output=on_output
+            )
         except SessionBusyError:
             raise SessionBusyExit(
                 f"session {hint!r} is busy: another call is running a turn in it;"
@@ -85,8 +92,21 @@ async def run_exec(
     if args.json:
         out.write(encode(result).decode() + "\n")
     else:
-        _print_human(result, out, err)
+        _print_summary(result, err)
     return job_exit_code(result)
+
+
+class _Echo:
+    """Prints output chunks as they arrive (a terminal or pipe write: small, then flushed)."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self._out = out
+        self._err = err
+
+    def __call__(self, event: StdoutEvent | StderrEvent) -> None:
+        stream = self._out if isinstance(event, StdoutEvent) else self._err
+        stream.write(event.data)
+        stream.flush()
 
 
 def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
@@ -107,10 +127,8 @@ def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
     return refs
 
 
-def _print_human(result: ExecuteResult, out: TextIO, err: TextIO) -> None:
-    out.write(result.stdout)
-    out.flush()
-    err.write(result.stderr)
+def _print_summary(result: ExecuteResult, err: TextIO) -> None:
+    """The lines after the job's own output: status, truncation, files."""
     notes = []
     if result.status != RunStatus.OK:
         exit_text = "" if result.exit_code is None else f", exit code {result.exit_code}"

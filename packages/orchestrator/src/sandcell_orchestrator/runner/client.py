@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Mapping,
+    Sequence,
+)
 
 import anyio
 import anyio.to_thread
@@ -199,7 +206,7 @@ class RunnerClient:
         *,
         session_id: str | None = None,
         timeout_s: float | None = None,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """``POST /v1/execute`` as NDJSON: output chunks as produced, then one ``ResultEvent``.
 
         Close the iterator (``contextlib.aclosing``) when leaving early.

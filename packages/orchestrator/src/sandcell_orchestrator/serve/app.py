@@ -3,6 +3,7 @@
 Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``ErrorBody``):
 
     POST   /v1/exec             ExecCall -> ExecuteResult       bearer API key
+                                (Accept: application/x-ndjson: StreamEvent lines, see stream.py)
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
     POST   /v1/run, /v1/sessions/{id}/contexts[...]   code contexts (serve/contexts.py)
@@ -61,6 +62,7 @@ from .errors import (
     map_error,
     read_body,
 )
+from .stream import run_until_disconnect, stream_turn, wants_stream
 
 __all__ = [
     "INSECURE_NO_AUTH_ENV",
@@ -169,9 +171,19 @@ class _Service:
             # and indexed before the turn so a failed turn's session is deletable.
             session_id = runtime_session_id(namespace, call.user_id, hint)
             self._owners[session_id] = _Owner(namespace, call.user_id, hint)
-        result = await self.execution.execute(
-            run, Identity(namespace=namespace, user_id=call.user_id), hint=hint
+        identity = Identity(namespace=namespace, user_id=call.user_id)
+        if wants_stream(request):
+            return await stream_turn(
+                request,
+                lambda on_output: self.execution.execute(
+                    run, identity, hint=hint, on_output=on_output
+                ),
+            )
+        result = await run_until_disconnect(
+            request, self.execution.execute(run, identity, hint=hint)
         )
+        if result is None:  # the caller left: the turn was cancelled, nobody reads this
+            return Response(status_code=499)
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)
 
     async def list_sessions(self, request: Request) -> Response:

@@ -48,6 +48,7 @@ from ..snapshots import SnapshotStore
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import SandboxManager
+from .output import OnOutput, run_job
 
 __all__ = ["ExecutionService", "Identity"]
 
@@ -114,29 +115,45 @@ class ExecutionService:
     # -- entry point ----------------------------------------------------------
 
     async def execute(
-        self, request: ExecuteRequest, identity: Identity, *, hint: str | None = None
+        self,
+        request: ExecuteRequest,
+        identity: Identity,
+        *,
+        hint: str | None = None,
+        on_output: OnOutput | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
+
+        ``on_output`` receives the job's stdout/stderr chunks as they are produced
+        (the result still carries all of it, as the runner captured it).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects.
         """
         request = scope_inputs(request, identity.namespace)
         if self.mode == "stateless":
-            return await self._stateless(request)
+            return await self._stateless(request, on_output)
         if hint is None:
             if self.mode == "strict":
                 raise SessionRequiredError("strict runtime-session mode needs a session hint")
             self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
-            return await self._stateless(request)
+            return await self._stateless(request, on_output)
         session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
-        return await self.execute_in_session(request, session_id)
+        return await self.execute_in_session(request, session_id, on_output=on_output)
 
-    async def _stateless(self, request: ExecuteRequest) -> ExecuteResult:
+    async def _stateless(
+        self, request: ExecuteRequest, on_output: OnOutput | None = None
+    ) -> ExecuteResult:
         handle = await self.manager.launch(self.spec)
         try:
             await deliver_inputs(handle, request, session_id=None, source=self.inputs)
-            result = await handle.runner.execute(request, timeout_s=self._turn_timeout(request))
+            result = await run_job(
+                handle,
+                request,
+                session_id=None,
+                timeout_s=self._turn_timeout(request),
+                on_output=on_output,
+            )
         finally:
             await self.manager.discard(handle)
         self.metrics.inc("sandcell_executions_total", status=str(result.status))
@@ -144,15 +161,21 @@ class ExecutionService:
 
     # -- sessions -------------------------------------------------------------
 
-    async def execute_in_session(self, request: ExecuteRequest, session_id: str) -> ExecuteResult:
+    async def execute_in_session(
+        self, request: ExecuteRequest, session_id: str, *, on_output: OnOutput | None = None
+    ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
         ``request``'s input refs must already be scoped (``execute`` does it).
         """
 
         async def run(handle: SandboxHandle) -> ExecuteResult:
-            result = await handle.runner.execute(
-                request, session_id=session_id, timeout_s=self._turn_timeout(request)
+            result = await run_job(
+                handle,
+                request,
+                session_id=session_id,
+                timeout_s=self._turn_timeout(request),
+                on_output=on_output,
             )
             self.metrics.inc("sandcell_executions_total", status=str(result.status))
             return result

@@ -205,8 +205,20 @@ class Sandboxes:
         task = asyncio.ensure_future(cleanup)
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+        cancelled = False
         with anyio.CancelScope(shield=True):
-            await asyncio.shield(task)
+            # A native task.cancel() passes anyio's shield: keep waiting for the
+            # cleanup through any number of them, then pass the cancellation on.
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if task.cancelled():
+                        raise
+                    cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        task.result()
 
     async def aclose(self) -> None:
         """Wait for cleanups in flight; close every cached client."""
