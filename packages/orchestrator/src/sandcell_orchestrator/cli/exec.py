@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sandcell_protocol import (
+    EgressPolicy,
     ExecuteRequest,
     ExecuteResult,
     FileRef,
@@ -37,7 +38,7 @@ from .common import (
 )
 from .session_index import CliSessions
 
-__all__ = ["add_parser", "job_exit_code", "run_exec"]
+__all__ = ["add_parser", "job_exit_code", "run_exec", "store_files"]
 
 
 def add_parser(commands: Any) -> None:
@@ -53,6 +54,14 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument("--json", action="store_true", help="print the ExecuteResult as JSON")
     run.add_argument("--timeout-s", type=positive_float, metavar="N", help="job timeout [30]")
+    run.add_argument(
+        "--allow-host",
+        metavar="RULE",
+        action="append",
+        default=[],
+        help="let the job reach RULE: a name, *.domain, CIDR, optionally :port (repeatable;"
+        " otherwise it has no network)",
+    )
 
 
 async def run_exec(
@@ -60,7 +69,8 @@ async def run_exec(
 ) -> int:
     hint = hint_argument(args.session) if args.session is not None else None
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
-    files = await asyncio.to_thread(_store_files, settings.inputs_dir, args.file)
+    files = await asyncio.to_thread(store_files, settings.inputs_dir, args.file)
+    egress = _egress_policy(args.allow_host)
     request = ExecuteRequest(
         language=args.language,
         code=code,
@@ -82,7 +92,7 @@ async def run_exec(
         on_output = None if args.json else _Echo(out, err)
         try:
             result = await services.execution.execute(
-                request, identity, hint=hint, on_output=on_output
+                request, identity, hint=hint, on_output=on_output, egress=egress
             )
         except SessionBusyError:
             raise SessionBusyExit(
@@ -94,6 +104,16 @@ async def run_exec(
     else:
         _print_summary(result, err)
     return job_exit_code(result)
+
+
+def _egress_policy(rules: Sequence[str]) -> EgressPolicy | None:
+    """``--allow-host`` rules as a policy (None without any: the sandbox's default)."""
+    if not rules:
+        return None
+    try:
+        return EgressPolicy(mode="allow", allow=tuple(rules))
+    except ValueError as exc:
+        raise UsageError(f"--allow-host: {exc}") from None
 
 
 class _Echo:
@@ -109,7 +129,7 @@ class _Echo:
         stream.flush()
 
 
-def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
+def store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
     """Keep each file in the input source and refer to it by its content id."""
     source = DirectoryInputSource(inputs_dir)
     refs: list[FileRef] = []
