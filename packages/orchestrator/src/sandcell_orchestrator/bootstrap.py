@@ -79,7 +79,7 @@ def _metrics() -> Metrics:
 
 @contextlib.asynccontextmanager
 async def open_services(
-    settings: OrchestratorSettings, *, keep_warm: bool = True
+    settings: OrchestratorSettings, *, keep_warm: bool = True, keep_sandboxes: bool = False
 ) -> AsyncIterator[Services]:
     """Build every service from ``settings``; close them in reverse order on exit.
 
@@ -90,6 +90,8 @@ async def open_services(
     (a process that runs one turn, like ``sandcell exec``) parks each session's
     sandbox the same way at the end of its turn, while the turn still holds the
     session, so no other process is ever handed a sandbox about to die.
+    ``keep_sandboxes=True`` leaves them running at exit instead: for sandboxes that
+    outlive this process (``sandcell run``'s detached local runners).
     """
     async with contextlib.AsyncExitStack() as stack:
         store = open_snapshot_store(
@@ -117,7 +119,7 @@ async def open_services(
             metrics=metrics,
         )
         embedded = not settings.distributed_registry
-        stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded)
+        stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded and not keep_sandboxes)
         execution = ExecutionService(
             manager=manager, mode=settings.session_mode, inputs=inputs, keep_warm=keep_warm
         )

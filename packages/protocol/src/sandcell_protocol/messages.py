@@ -82,12 +82,14 @@ class OutputFile(Message, frozen=True):
     """A file the job created or changed; ``content_b64`` only under the inline cap.
 
     A symlink is reported as one (``symlink_target`` set, ``size``/``sha256`` of the
-    target string) and never read through.
+    target string) and never read through. ``sha256`` is None for a file listed
+    past the turn's output-scan budget (``ExecuteResult.output_scan_exhausted``):
+    neither hashed nor inlined, it is offered again by a later turn.
     """
 
     name: str
     size: NonNegativeInt
-    sha256: Sha256Hex
+    sha256: Sha256Hex | None
     content_b64: str | None = None
     symlink_target: str | None = None
 
@@ -115,6 +117,16 @@ class ExecuteResult(Message, frozen=True):
     workspace_changed: bool | None = None
     """Whether the job added, changed or removed a workspace file (None: not tracked).
     Lets the orchestrator skip the checkpoint of a turn that changed nothing."""
+    output_scan_bytes: NonNegativeInt = 0
+    """Bytes of output files the runner hashed for this turn (holes of sparse files
+    included: hashing them costs the same; reading them does not happen)."""
+    output_scan_exhausted: bool = False
+    """The turn's output-scan budget (``SANDCELL_RUNNER_OUTPUT_SCAN_BYTES``) ran out:
+    some files are listed unhashed (``sha256`` None), or the walk stopped early and
+    removals were not reported."""
+    runner_cpu_ms: NonNegativeInt = 0
+    """CPU time the runner itself spent on this turn outside the jail: draining the
+    job's output streams and scanning its output files. Not part of ``cpu_ms``."""
 
 
 class StdoutEvent(Message, frozen=True, tag_field="type", tag="stdout"):

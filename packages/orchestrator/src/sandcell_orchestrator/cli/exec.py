@@ -38,7 +38,7 @@ from .common import (
 )
 from .session_index import CliSessions
 
-__all__ = ["add_parser", "job_exit_code", "run_exec"]
+__all__ = ["add_parser", "job_exit_code", "read_files", "run_exec", "store_files"]
 
 
 def add_parser(commands: Any) -> None:
@@ -61,7 +61,7 @@ async def run_exec(
 ) -> int:
     hint = hint_argument(args.session) if args.session is not None else None
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
-    contents = await asyncio.to_thread(_read_files, args.file)
+    contents = await asyncio.to_thread(read_files, args.file)
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
     # With an embedded registry this process's sandboxes die with it: each turn
     # parks its sandbox before it lets go of the session, so no other call reuses
@@ -70,7 +70,7 @@ async def run_exec(
         request = ExecuteRequest(
             language=args.language,
             code=code,
-            files=await _store_files(services.inputs, contents),
+            files=await store_files(services.inputs, contents),
             **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
         )
         if hint is not None:
@@ -110,7 +110,7 @@ class _Echo:
         stream.flush()
 
 
-def _read_files(paths: Sequence[str]) -> list[tuple[str, bytes]]:
+def read_files(paths: Sequence[str]) -> list[tuple[str, bytes]]:
     """``(base name, bytes)`` of each ``--file`` (blocking)."""
     contents: list[tuple[str, bytes]] = []
     for raw in paths:
@@ -125,7 +125,7 @@ def _read_files(paths: Sequence[str]) -> list[tuple[str, bytes]]:
     return contents
 
 
-async def _store_files(inputs: InputStore, contents: list[tuple[str, bytes]]) -> list[FileRef]:
+async def store_files(inputs: InputStore, contents: list[tuple[str, bytes]]) -> list[FileRef]:
     """Keep each file in the input store under its content id and refer to it."""
     scoped = scoped_storage_session(CLI_NAMESPACE, CLI_STORAGE_SESSION)
     refs: list[FileRef] = []
