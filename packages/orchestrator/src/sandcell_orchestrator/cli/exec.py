@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sandcell_protocol import (
+    EgressPolicy,
     ExecuteRequest,
     ExecuteResult,
     FileRef,
@@ -54,6 +55,14 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument("--json", action="store_true", help="print the ExecuteResult as JSON")
     run.add_argument("--timeout-s", type=positive_float, metavar="N", help="job timeout [30]")
+    run.add_argument(
+        "--allow-host",
+        metavar="RULE",
+        action="append",
+        default=[],
+        help="let the job reach RULE: a name, *.domain, CIDR, optionally :port (repeatable;"
+        " otherwise it has no network)",
+    )
 
 
 async def run_exec(
@@ -62,6 +71,7 @@ async def run_exec(
     hint = hint_argument(args.session) if args.session is not None else None
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
     contents = await asyncio.to_thread(read_files, args.file)
+    egress = _egress_policy(args.allow_host)
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
     # With an embedded registry this process's sandboxes die with it: each turn
     # parks its sandbox before it lets go of the session, so no other call reuses
@@ -83,7 +93,7 @@ async def run_exec(
         on_output = None if args.json else _Echo(out, err)
         try:
             result = await services.execution.execute(
-                request, identity, hint=hint, on_output=on_output
+                request, identity, hint=hint, on_output=on_output, egress=egress
             )
         except SessionBusyError:
             raise SessionBusyExit(
@@ -95,6 +105,16 @@ async def run_exec(
     else:
         _print_summary(result, err)
     return job_exit_code(result)
+
+
+def _egress_policy(rules: Sequence[str]) -> EgressPolicy | None:
+    """``--allow-host`` rules as a policy (None without any: the sandbox's default)."""
+    if not rules:
+        return None
+    try:
+        return EgressPolicy(mode="allow", allow=tuple(rules))
+    except ValueError as exc:
+        raise UsageError(f"--allow-host: {exc}") from None
 
 
 class _Echo:
