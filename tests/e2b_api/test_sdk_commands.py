@@ -7,14 +7,20 @@ sandboxes are real runner processes with nsjail underneath (local provider).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox
-from e2b.exceptions import NotFoundException, SandboxException
+from e2b.exceptions import (
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+    TimeoutException,
+)
 
-from tests.e2b_api.conftest import DOMAIN, KEY_A, KEY_B, E2bServe
+from tests.e2b_api.conftest import DOMAIN, KEY_A, KEY_B, MAX_SANDBOXES, E2bServe
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +244,66 @@ def test_host_routed_form(e2b_serve: E2bServe) -> None:
                 f"/sandboxes/{body['sandboxID']}",
                 headers={"Host": f"api.{DOMAIN}", "X-API-KEY": KEY_A},
             )
+
+
+def test_users_user_and_root_are_the_same_pinned_uid(sbx: Sandbox) -> None:
+    """``user="root"`` runs as the session's unprivileged UID, as ``user`` does."""
+    as_user = sbx.commands.run("id -u").stdout
+    as_root = sbx.commands.run("id -u", user="root").stdout
+    assert as_user == as_root
+    assert as_user.strip() != "0"
+
+
+def test_a_command_timeout_ends_the_process(sbx: Sandbox) -> None:
+    """The SDK's ``timeout`` is the Start stream's deadline, and ends the process too."""
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 60; echo never", timeout=1)
+    deadline = time.monotonic() + 30
+    while any("sleep 60" in " ".join(p.args) for p in sbx.commands.list()):
+        assert time.monotonic() < deadline, "the timed-out command is still running"
+        time.sleep(0.1)
+
+
+def test_stream_input_and_uploads(sbx: Sandbox) -> None:
+    """``stream_input`` feeds stdin in order; gzip octet-stream and multi-file uploads land."""
+    handle = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(handle.pid, iter(["one ", b"two"]))
+    sbx.commands.close_stdin(handle.pid)
+    assert handle.wait().stdout == "one two"
+
+    sbx.files.write("gz.txt", "compressed on the wire", gzip=True)
+    assert sbx.files.read("gz.txt") == "compressed on the wire"
+    written = sbx.files.write_files(
+        [
+            {"path": "multi/1.txt", "data": "first"},
+            {"path": "/home/user/multi/2.bin", "data": b"\x02"},
+        ]
+    )
+    assert sorted(w.path for w in written) == ["/home/user/multi/1.txt", "/home/user/multi/2.bin"]
+    assert sbx.files.read("multi/2.bin", format="bytes") == b"\x02"
+
+
+def test_idempotency_paging_and_the_tenant_cap(e2b_serve: E2bServe) -> None:
+    """A retried create with one Idempotency-Key makes one sandbox; listings page with
+    ``limit``/``nextToken``; a tenant past its running-sandbox cap gets a 429."""
+    other = e2b_serve.opts(KEY_B)
+    first = Sandbox.create(idempotency_key="retry-1", **other)
+    made = [first]
+    try:
+        again = Sandbox.create(idempotency_key="retry-1", **other)
+        assert again.sandbox_id == first.sandbox_id
+        while len(made) < MAX_SANDBOXES:
+            made.append(Sandbox.create(**other))
+        with pytest.raises(RateLimitException):
+            Sandbox.create(**other)
+
+        pages = Sandbox.list(limit=2, **other)
+        seen = pages.next_items()
+        assert len(seen) == 2
+        assert pages.has_next
+        seen += pages.next_items()
+        assert not pages.has_next
+        assert sorted(s.sandbox_id for s in seen) == sorted(s.sandbox_id for s in made)
+    finally:
+        for sandbox in made:
+            sandbox.kill()

@@ -48,6 +48,16 @@ def test_py_and_bash_run_through_the_current_client(serve: Serve, driver: Driver
     assert bash["content"].startswith("stdout:\nbash 5")
     assert "stderr:\noops" in bash["content"]
 
+    ts = driver.invoke(
+        params=current(serve),
+        args={
+            "lang": "ts",
+            "code": "const n: number = 40;\nconsole.log(n + 2, process.argv.slice(2));",
+            "args": ["t"],
+        },
+    )
+    assert ts["ok"], ts
+    assert ts["content"].startswith("stdout:\n42 [ 't' ]")
     js = driver.invoke(params=current(serve), args={"lang": "js", "code": "console.log(1 + 1)"})
     assert js["ok"], js
     assert js["content"].startswith("stdout:\n2"), js
@@ -178,3 +188,69 @@ def test_tenants_and_users_are_walls_and_bad_ids_are_400(serve: Serve, driver: D
     unsupported = driver.invoke(params=current(serve), args={"lang": "f90", "code": "x"})
     assert not unsupported["ok"]
     assert "rejected" in unsupported["error"]
+
+
+def test_a_stateful_hint_keeps_files_and_an_installed_package_across_calls(
+    serve: Serve, driver: Driver
+) -> None:
+    """With statefulSessions and the stateful profile, three calls share one runtime
+    session's /mnt/data: a file written first, a package pip-installed second, both used
+    third; another hint is a different, empty session."""
+    params = current(
+        serve,
+        user_id="user-1",
+        statefulSessions=True,
+        executionProfile="stateful",
+        runtimeSessionHint="conv-1",
+    )
+    first = driver.invoke(
+        params=params,
+        args={
+            "lang": "py",
+            "code": (
+                "import os\n"
+                "os.makedirs('/mnt/data/pkg', exist_ok=True)\n"
+                "open('/mnt/data/pkg/hello_sandcell.py', 'w').write('def hi(): return \"hi\"\\n')\n"
+                "open('/mnt/data/pkg/setup.py', 'w').write("
+                '\'from setuptools import setup\\nsetup(name="hello-sandcell", version="1.0", '
+                'py_modules=["hello_sandcell"])\\n\')\n'
+                "open('/mnt/data/state.txt', 'w').write('turn one')\n"
+            ),
+        },
+    )
+    assert first["ok"], first
+    session = first["artifact"]["runtime_session_id"]
+    assert session.startswith("rt_")
+
+    second = driver.invoke(
+        tool="bash",
+        params=params,
+        args={
+            "command": (
+                "cd /mnt/data && python3 -m pip install -q --no-index --no-build-isolation "
+                "--target /mnt/data/site ./pkg 2>&1 | tail -1; ls site | grep -c hello"
+            )
+        },
+    )
+    assert second["ok"], second
+    assert second["artifact"]["runtime_session_id"] == session
+
+    third = driver.invoke(
+        params=params,
+        args={
+            "lang": "py",
+            "code": (
+                "import sys; sys.path.insert(0, '/mnt/data/site')\n"
+                "import hello_sandcell\n"
+                "print(hello_sandcell.hi(), open('/mnt/data/state.txt').read())\n"
+            ),
+        },
+    )
+    assert third["ok"], third
+    assert third["content"].startswith("stdout:\nhi turn one"), third
+
+    other = driver.invoke(
+        params={**params, "runtimeSessionHint": "conv-2"},
+        args={"lang": "py", "code": "import os; print(os.path.exists('/mnt/data/state.txt'))"},
+    )
+    assert other["content"].startswith("stdout:\nFalse"), other

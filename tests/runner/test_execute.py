@@ -17,6 +17,7 @@ HELLO = {
     "bash": 'echo "hello from bash"',
     "sh": 'echo "hello from sh"',
     "node": 'console.log("hello from node")',
+    "typescript": 'const who: string = "typescript"; console.log(`hello from ${who}`)',
 }
 
 

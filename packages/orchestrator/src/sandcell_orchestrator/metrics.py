@@ -135,6 +135,8 @@ METRIC_HELP = {
     "sandcell_idle_suspends_total": "Sandboxes suspended by the idle sweeper.",
     "sandcell_checkpoints_collected_total": "Superseded checkpoint objects deleted.",
     "sandcell_interrupted_turns_total": "Session turns interrupted (cancelled, client gone).",
+    "sandcell_egress_allowed_total": "Sandbox connections the egress gateway allowed.",
+    "sandcell_egress_refused_total": "Sandbox connections and lookups the egress policy refused.",
 }
 
 METRIC_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -61,6 +61,7 @@ class RunnerSettings:
     max_body_bytes: int = 64 * MIB
     output_inline_bytes: int = 1 * MIB
     max_output_files: int = 1000
+    output_scan_bytes: int = 256 * MIB
     allow_network: bool = False
     egress: EgressSettings = field(default_factory=EgressSettings)
     sessions_enabled: bool = False
@@ -79,6 +80,9 @@ class RunnerSettings:
     """A context's interpreter idle this long is stopped (the context becomes lost)."""
     context_grace_ms: int = 2000
     """After a run's timeout and its SIGINT, how long before the interpreter is killed."""
+    idle_exit_s: int = 0
+    """Exit (gracefully) after this long without a request; 0: never. For runners that
+    outlive the process that started them (the CLI's warm code contexts)."""
 
     @property
     def auth_required(self) -> bool:
@@ -197,6 +201,9 @@ class RunnerSettings:
                 "SANDCELL_RUNNER_OUTPUT_INLINE_BYTES", 1 * MIB, minimum=0
             ),
             max_output_files=reader.integer("SANDCELL_RUNNER_MAX_OUTPUT_FILES", 1000, minimum=0),
+            output_scan_bytes=reader.integer(
+                "SANDCELL_RUNNER_OUTPUT_SCAN_BYTES", 256 * MIB, minimum=0
+            ),
             allow_network=reader.flag("SANDCELL_RUNNER_ALLOW_NETWORK", default=False),
             egress=EgressSettings.from_env(env),
             sessions_enabled=reader.flag("SANDCELL_RUNNER_SESSIONS", default=False),
@@ -212,6 +219,7 @@ class RunnerSettings:
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
             context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
             context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),
+            idle_exit_s=reader.integer("SANDCELL_RUNNER_IDLE_EXIT_S", 0, minimum=0),
         )
 
 

@@ -55,6 +55,10 @@ class LanguageSpec:
         entry = f"{JOB_DIR}/{self.entry_name}"
         if self.name == "python":
             return [self.binary, "-u", "-c", _PYTHON_BOOTSTRAP.format(entry=entry), *args]
+        if self.name == "typescript":
+            # Type stripping only (no type check), as node's own --experimental-strip-types
+            # does; Debian's ts-node finds its modules under /usr/share/nodejs.
+            return [_ENV, f"NODE_PATH={_DEBIAN_NODE_MODULES}", self.binary, "-T", entry, *args]
         return [self.binary, entry, *args]
 
 
@@ -63,7 +67,11 @@ _CANDIDATES: dict[str, tuple[tuple[str, ...], str, list[str]]] = {
     "bash": (("/usr/bin/bash", "/bin/bash"), "main.sh", ["--version"]),
     "sh": (("/usr/bin/sh", "/bin/sh", "/usr/bin/dash"), "main.sh", []),
     "node": (("/usr/bin/node", "/usr/local/bin/node"), "main.js", ["--version"]),
+    # Debian's ts-node (package ts-node) on whichever node /usr/bin has.
+    "typescript": (("/usr/bin/ts-node",), "main.ts", ["--version"]),
 }
+_ENV = "/usr/bin/env"
+_DEBIAN_NODE_MODULES = "/usr/share/nodejs"
 
 _VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
 
@@ -74,7 +82,12 @@ def _version_of(binary: str, flag: list[str]) -> str:
         return Path(real).name
     try:
         out = subprocess.run(
-            [binary, *flag], capture_output=True, text=True, timeout=10, check=False
+            [binary, *flag],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env={**os.environ, "NODE_PATH": _DEBIAN_NODE_MODULES},
         )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

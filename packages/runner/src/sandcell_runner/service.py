@@ -8,6 +8,8 @@ import contextlib
 import logging
 import os
 import resource
+import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
+from .outputs import OutputCollector
 from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
@@ -115,8 +118,20 @@ class RunnerService:
         self.languages = (
             languages if languages is not None else discover_languages(jailed=self._jail.jailed)
         )
+        # Output scanning has threads of its own, one per job slot: it never queues
+        # behind, or holds up, the default executor every other request hops through.
+        self._outputs = OutputCollector(
+            inline_max_bytes=settings.output_inline_bytes,
+            max_files=settings.max_output_files,
+            scan_budget_bytes=settings.output_scan_bytes,
+            threads=settings.max_jobs,
+        )
         self._executor = Executor(
-            settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
+            settings,
+            jail=self._jail,
+            workspaces=self._workspaces,
+            languages=self.languages,
+            outputs=self._outputs,
         )
         self.inputs = InputCache(
             settings.input_cache_dir,
@@ -170,6 +185,7 @@ class RunnerService:
         )
         # A restore replaces the workspace the interpreters run in: their state is gone.
         self.checkpoints.restore_hooks.append(self._lose_contexts)
+        self._last_request_s = time.monotonic()
         self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._active_jobs: set[Path] = set()
@@ -366,9 +382,11 @@ class RunnerService:
                 session_id=session_id,
             )
             before = len(state.surfaced)
-            files, removed = await asyncio.to_thread(self._executor.collect_outputs, workspace)
-            changed = bool(files) or removed > 0 or len(state.surfaced) != before
-            return msgspec.structs.replace(end, files=files, workspace_changed=changed)
+            collected = await self._executor.collect_outputs(workspace)
+            changed = (
+                bool(collected.files) or collected.removed > 0 or len(state.surfaced) != before
+            )
+            return msgspec.structs.replace(end, files=collected.files, workspace_changed=changed)
 
     async def analyse(self, session_id: str) -> AnalysisResult:
         """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
@@ -394,7 +412,7 @@ class RunnerService:
         """The service while it serves: warmup and the reaper run; shut down on exit."""
         self._warmup.start()
         reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
-        idle = asyncio.create_task(self._idle_context_loop(), name="sandcell-context-idle")
+        idle = asyncio.create_task(self._idle_loop(), name="sandcell-idle")
         try:
             yield
         finally:
@@ -426,13 +444,31 @@ class RunnerService:
     async def _lose_contexts(self, state: SessionState) -> None:
         await self.contexts.restored(state)
 
-    async def _idle_context_loop(self) -> None:
+    def note_request(self) -> None:
+        """A request arrived (the idle exit counts from the last one)."""
+        self._last_request_s = time.monotonic()
+
+    def _busy(self) -> bool:
+        bound = self.sessions.bound
+        return bool(self._active_jobs) or (bound is not None and bound.lock.locked())
+
+    async def _idle_loop(self) -> None:
+        """Stop idle interpreters; exit the runner when idle past ``idle_exit_s``."""
         interval_s = min(60.0, max(1.0, self.settings.context_idle_s / 4))
+        if self.settings.idle_exit_s:
+            interval_s = min(interval_s, max(0.5, self.settings.idle_exit_s / 4))
         while True:
             await asyncio.sleep(interval_s)
             stopped = await self.contexts.sweep_idle()
             if stopped:
                 log.info("stopped %d idle context interpreters", stopped)
+            idle_s = time.monotonic() - self._last_request_s
+            limit_s = self.settings.idle_exit_s
+            if limit_s and idle_s > limit_s and not self._busy():
+                log.info("no request for %d s (SANDCELL_RUNNER_IDLE_EXIT_S): exiting", idle_s)
+                # uvicorn's own graceful shutdown: the lifespan then runs shutdown().
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
     async def shutdown(self) -> None:
         """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""
@@ -451,6 +487,7 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
+        self._outputs.close()
         self._lease.release()
 
 

@@ -2,6 +2,8 @@
 
     sandcell exec [--session HINT] [--language python] [--file PATH]... [--json]
                   [--timeout-s N] (CODE | -)
+    sandcell run --session HINT [--context ID] [--language python] [--file PATH]...
+                 [--out DIR] [--restart] [--json] [--timeout-s N] (CODE | -)
     sandcell serve [--host H] [--port P]
     sandcell sessions list [--json]
     sandcell sessions destroy (ID | HINT)
@@ -39,6 +41,7 @@ from ..config import OrchestratorSettings
 from ..errors import SandcellError
 from . import exec as exec_command
 from . import files as files_command
+from . import run as run_command
 from . import serve as serve_command
 from . import sessions as sessions_command
 from .common import (
@@ -62,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     exec_command.add_parser(commands)
+    run_command.add_parser(commands)
     serve_command.add_parser(commands)
     sessions_command.add_parser(commands)
     files_command.add_parser(commands)
@@ -88,6 +92,8 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
             return run_async(lambda: files_command.run_files(args, settings, sys.stdout))
         if args.command == "exec":
             return run_async(lambda: exec_command.run_exec(args, settings, sys.stdout, sys.stderr))
+        if args.command == "run":
+            return run_async(lambda: run_command.run_cell(args, settings, sys.stdout, sys.stderr))
         if args.action == "list":
             return run_async(lambda: sessions_command.run_list(args, settings, sys.stdout))
         return run_async(lambda: sessions_command.run_destroy(args, settings, sys.stdout))

@@ -32,7 +32,7 @@ from sandcell_protocol import contexts as cx
 from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import RunnerRequestError
-from ..runner.sandbox import SandboxRunnerClient
+from ..runner.contexts import RunnerContexts
 from ..serve.errors import read_body
 from .errors import E2bError
 from .sandboxes import E2bSandbox
@@ -73,10 +73,30 @@ class _Context(msgspec.Struct, frozen=True, kw_only=True):
     cwd: str
 
 
-def _runner(sandbox: E2bSandbox) -> SandboxRunnerClient:
-    if sandbox.runner is None:
-        raise E2bError(502, "not_found", f"sandbox {sandbox.sandbox_id} is paused")
-    return sandbox.runner
+class _Contexts:
+    """The sandbox's code contexts: ``RunnerClient.contexts`` in the sandbox's session."""
+
+    def __init__(self, sandbox: E2bSandbox) -> None:
+        handle = sandbox.handle
+        if handle is None or handle.session_id is None:
+            raise E2bError(502, "not_found", f"sandbox {sandbox.sandbox_id} is paused")
+        self._routes: RunnerContexts = handle.runner.contexts
+        self._session_id = handle.session_id
+
+    async def create(self, create: cx.ContextCreate) -> cx.ContextInfo:
+        return await self._routes.create(create, session_id=self._session_id)
+
+    async def list(self) -> list[cx.ContextInfo]:
+        return await self._routes.list(session_id=self._session_id)
+
+    async def delete(self, context_id: str) -> None:
+        await self._routes.delete(context_id, session_id=self._session_id)
+
+    async def restart(self, context_id: str) -> cx.ContextInfo:
+        return await self._routes.restart(context_id, session_id=self._session_id)
+
+    def run(self, context_id: str, run: cx.ContextRun) -> AsyncIterator[cx.ContextEvent]:
+        return self._routes.run_stream(context_id, run, session_id=self._session_id)
 
 
 def _language(raw: str | None) -> str:
@@ -112,10 +132,10 @@ def _context_missing(exc: RunnerRequestError, context_id: str) -> E2bError | Non
     return None
 
 
-async def _default_context(runner: SandboxRunnerClient, language: str) -> str:
+async def _default_context(contexts: _Contexts, language: str) -> str:
     context_id = f"default-{language}"
-    if not any(info.context_id == context_id for info in await runner.contexts()):
-        await runner.create_context(cx.ContextCreate(language=language, context_id=context_id))
+    if not any(info.context_id == context_id for info in await contexts.list()):
+        await contexts.create(cx.ContextCreate(language=language, context_id=context_id))
     return context_id
 
 
@@ -151,20 +171,28 @@ def _translate(event: cx.ContextEvent) -> bytes:
 async def execute(request: Request, sandbox: E2bSandbox) -> Response:
     """``POST /execute``: run a cell, streamed as E2B's NDJSON lines."""
     body: _Execute = await _body(request, _Execute)
-    runner = _runner(sandbox)
+    contexts = _Contexts(sandbox)
     if body.context_id is not None and body.language is not None:
         raise E2bError(400, "bad_request", "give context_id or language, not both")
     try:
         if body.context_id is not None:
             context_id = body.context_id
         else:
-            context_id = await _default_context(runner, _language(body.language))
-        run = cx.ContextRun(code=body.code, env={**sandbox.env, **(body.env_vars or {})})
-        events = await runner.run_in_context(context_id, run)
+            context_id = await _default_context(contexts, _language(body.language))
     except RunnerRequestError as exc:
         raise _context_missing(exc, body.context_id or "") or exc from None
+    run = cx.ContextRun(code=body.code, env={**sandbox.env, **(body.env_vars or {})})
+    events = aiter(contexts.run(context_id, run))
+    try:
+        # The first event (or the refusal: unknown or lost context) before answering.
+        first = await anext(events)
+    except RunnerRequestError as exc:
+        raise _context_missing(exc, context_id) or exc from None
+    except StopAsyncIteration:
+        raise E2bError(502, "busy", "the cell's output ended before it began") from None
 
     async def lines() -> AsyncIterator[bytes]:
+        yield _translate(first)
         async for event in events:
             yield _translate(event)
 
@@ -181,12 +209,12 @@ async def create_context(request: Request, sandbox: E2bSandbox) -> Response:
         except ProtocolError as exc:
             raise E2bError(400, "invalid_path", str(exc)) from None
     create = cx.ContextCreate(language=_language(body.language), cwd=cwd)
-    return _json(_context(await _runner(sandbox).create_context(create)))
+    return _json(_context(await _Contexts(sandbox).create(create)))
 
 
 async def list_contexts(_request: Request, sandbox: E2bSandbox) -> Response:
     """``GET /contexts``."""
-    return _json([_context(info) for info in await _runner(sandbox).contexts()])
+    return _json([_context(info) for info in await _Contexts(sandbox).list()])
 
 
 def _context_id(request: Request) -> str:
@@ -200,7 +228,7 @@ async def delete_context(request: Request, sandbox: E2bSandbox) -> Response:
     """``DELETE /contexts/{id}``."""
     context_id = _context_id(request)
     try:
-        await _runner(sandbox).delete_context(context_id)
+        await _Contexts(sandbox).delete(context_id)
     except RunnerRequestError as exc:
         raise _context_missing(exc, context_id) or exc from None
     return Response(status_code=204)
@@ -210,7 +238,7 @@ async def restart_context(request: Request, sandbox: E2bSandbox) -> Response:
     """``POST /contexts/{id}/restart``: a fresh interpreter, same id (variables gone)."""
     context_id = _context_id(request)
     try:
-        await _runner(sandbox).restart_context(context_id)
+        await _Contexts(sandbox).restart(context_id)
     except RunnerRequestError as exc:
         raise _context_missing(exc, context_id) or exc from None
     return Response(status_code=204)

@@ -102,6 +102,8 @@ class LocalProvider:
                 "SANDCELL_INPUT_CACHE_DIR": str(root / "input-cache"),
                 "SANDCELL_RUNNER_SESSIONS": "1",
             }
+            if self._settings.detached_idle_s is not None:
+                env["SANDCELL_RUNNER_IDLE_EXIT_S"] = str(self._settings.detached_idle_s)
             env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
             process = self._spawn(env, root, token)
             runner = _Runner(sandbox_id, process.pid, port, token, root)
@@ -151,7 +153,8 @@ class LocalProvider:
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    # A detached runner outlives this process and ends itself when idle.
+                    preexec_fn=_die_with_parent if self._settings.detached_idle_s is None else None,
                     pass_fds=(read_fd,),
                 )
         finally:

@@ -1,4 +1,4 @@
-"""``SandboxRunnerClient``: a runner's sandbox routes (processes, filesystem) and code contexts.
+"""``SandboxRunnerClient``: a runner's sandbox routes (interactive processes, filesystem).
 
 A thin wrapper over a ``RunnerClient``'s one ``RunnerConnection`` (bearer token,
 ``X-Runtime-Session-Id``, protocol check, error maps, redactor), bound to one
@@ -14,13 +14,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import httpx
-import msgspec
 
-from sandcell_protocol import ProtocolError, decode, routes
-from sandcell_protocol import contexts as cx
+from sandcell_protocol import ProtocolError
 from sandcell_protocol import sandbox_messages as sm
 
-from ..errors import RunnerRequestError, SandboxUnavailableError
+from ..errors import SandboxUnavailableError
 from ..handle import SandboxHandle
 from .client import RunnerClient
 from .connection import RunnerConnection
@@ -30,8 +28,6 @@ __all__ = ["SandboxRunnerClient"]
 _STREAM_READ_S = 120.0
 """Past the runner's keepalive interval (15 s): a silent stream means a lost runner."""
 _OCTET_STREAM = "application/octet-stream"
-_RUN_READ_S = 3600.0
-"""A cell sends nothing while it computes; the runner's own cap ends it well before."""
 
 
 def _route(template: str, pid: int) -> str:
@@ -99,8 +95,8 @@ class SandboxRunnerClient:
                     if not line.strip():
                         continue
                     try:
-                        event: sm.ProcessEvent = decode(line.encode(), sm.ProcessEvent)  # type: ignore[arg-type]
-                    except (ProtocolError, msgspec.MsgspecError) as exc:
+                        event = sm.decode_process_event(line)
+                    except ProtocolError as exc:
                         raise SandboxUnavailableError(f"malformed process event: {exc}") from None
                     yield event
         finally:
@@ -153,64 +149,3 @@ class SandboxRunnerClient:
             "POST", sm.SANDBOX_FS, session_id=self.session_id, message=request
         )
         return self._conn.decode(response, sm.FsResult)
-
-    # -- code contexts ------------------------------------------------------------------
-
-    async def create_context(self, create: cx.ContextCreate) -> cx.ContextInfo:
-        """``POST /v1/session/contexts``: a new interpreter."""
-        response = await self._conn.request(
-            "POST", cx.SESSION_CONTEXTS, session_id=self.session_id, message=create
-        )
-        return self._conn.decode(response, cx.ContextInfo)
-
-    async def contexts(self) -> list[cx.ContextInfo]:
-        """``GET /v1/session/contexts``."""
-        response = await self._conn.request("GET", cx.SESSION_CONTEXTS, session_id=self.session_id)
-        return self._conn.decode(response, cx.ContextList).contexts
-
-    async def delete_context(self, context_id: str) -> None:
-        """``DELETE /v1/session/contexts/{id}``."""
-        await self._conn.request("DELETE", _context_route(context_id), session_id=self.session_id)
-
-    async def restart_context(self, context_id: str) -> cx.ContextInfo:
-        """``POST …/contexts/{id}/restart``: a fresh interpreter under the same id."""
-        response = await self._conn.request(
-            "POST", _context_route(context_id, "restart"), session_id=self.session_id
-        )
-        return self._conn.decode(response, cx.ContextInfo)
-
-    async def run_in_context(
-        self, context_id: str, run: cx.ContextRun
-    ) -> AsyncIterator[cx.ContextEvent]:
-        """``POST …/contexts/{id}/run`` as NDJSON: output, results, an error, then ``end``."""
-        response = await self._conn.request(
-            "POST",
-            _context_route(context_id, "run"),
-            session_id=self.session_id,
-            message=run,
-            extra_headers={"Accept": routes.NDJSON},
-            read_timeout_s=_RUN_READ_S if run.timeout_ms is None else run.timeout_ms / 1000 + 30,
-            stream=True,
-        )
-        return self._context_events(response)
-
-    async def _context_events(self, response: httpx.Response) -> AsyncIterator[cx.ContextEvent]:
-        conn = self._conn
-        try:
-            with conn.mapping(response.request):
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        yield cx.decode_context_event(line)
-                    except ProtocolError as exc:
-                        raise SandboxUnavailableError(f"malformed context event: {exc}") from None
-        finally:
-            await response.aclose()
-
-
-def _context_route(context_id: str, suffix: str = "") -> str:
-    try:
-        return cx.context_path(context_id, suffix)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise RunnerRequestError(f"refused before sending: {exc}", code="bad_request") from None

@@ -93,6 +93,18 @@ class SessionContexts:
             await self._manager.touch(session_id)
             return info
 
+    async def restart_or_create(
+        self, session_id: str, context_id: str, language: str
+    ) -> cx.ContextInfo:
+        """A fresh interpreter under ``context_id``, whether or not it existed."""
+        try:
+            return await self.restart(session_id, context_id)
+        except RunnerRequestError as exc:
+            if exc.code != "not_found":
+                raise
+        create = cx.ContextCreate(language=language, context_id=context_id)
+        return await self.create(session_id, create)
+
     async def delete(self, session_id: str, context_id: str) -> None:
         async with self._manager.hold(session_id) as hold:
             attached = await self._manager.attach(hold, self._spec)

@@ -192,6 +192,8 @@ class ContextManager:
         workspace_inside, job_inside = self._jail.inside_paths(state.workspace, job_dir)
         cwd_inside = f"{workspace_inside}/{context.cwd}" if context.cwd else workspace_inside
         python = self.languages[context.language].binary
+        # The jail's own /tmp (a tmpfs per jail), or, unjailed, the job directory.
+        tmp = "/tmp" if self._jail.jailed else str(job_dir)  # noqa: S108
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": workspace_inside,
@@ -200,7 +202,9 @@ class ContextManager:
             # Figures render off-screen and come back as PNGs (the driver collects them);
             # matplotlib's cache lives in the jail's /tmp, not in the checkpointed workspace.
             "MPLBACKEND": "Agg",
-            "MPLCONFIGDIR": "/tmp/matplotlib" if self._jail.jailed else f"{job_dir}/mpl",  # noqa: S108
+            "MPLCONFIGDIR": f"{tmp}/matplotlib",
+            # fontconfig's cache too (it would write ~/.cache into the workspace).
+            "XDG_CACHE_HOME": f"{tmp}/cache",
             **context.env,
         }
         conf = self._settings.limits

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ class JwtVerifier:
         if not key_texts:
             return
         with needs_extra("librechat", JWT_KEYS_ENV):
+            from joserfc.errors import JoseError
             from joserfc.jwk import KeySet, OKPKey, RSAKey
         for text in key_texts:
             try:
@@ -48,8 +50,8 @@ class JwtVerifier:
                     found = data.get("keys", [data])
                     self._keys.extend(KeySet.import_key_set({"keys": found}).keys)
                 else:
-                    self._keys.append(_import_pem(text, RSAKey, OKPKey))
-            except (ValueError, KeyError, TypeError) as exc:
+                    self._keys.append(_import_pem(text, JoseError, RSAKey, OKPKey))
+            except (JoseError, ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(
                     f"{JWT_KEYS_ENV}: a key file is not a PEM public key or JWK"
                     f" ({type(exc).__name__})"
@@ -65,7 +67,7 @@ class JwtVerifier:
     def user_of(self, token: str) -> str | None:
         """The token's user when it verifies, else ``None`` (never why: that is for logs)."""
         from joserfc import jwt
-        from joserfc.errors import JoseError
+        from joserfc.errors import JoseError, SecurityWarning
         from joserfc.jwt import JWTClaimsRegistry
 
         now = int(self._clock())
@@ -78,7 +80,11 @@ class JwtVerifier:
         )
         for key in self._keys:
             try:
-                decoded = jwt.decode(token, key, algorithms=list(ALGORITHMS))
+                with warnings.catch_warnings():
+                    # joserfc warns that RFC 9864 deprecates the name "EdDSA" (for
+                    # "Ed25519"); it is the name LibreChat signs with, so it is accepted.
+                    warnings.simplefilter("ignore", SecurityWarning)
+                    decoded = jwt.decode(token, key, algorithms=list(ALGORITHMS))
                 claims = decoded.claims
                 registry.validate(claims)
             except (JoseError, ValueError, TypeError):
@@ -93,11 +99,11 @@ class JwtVerifier:
         return None
 
 
-def _import_pem(text: str, *kinds: Any) -> Any:
+def _import_pem(text: str, refused: type[Exception], *kinds: Any) -> Any:
     """The PEM public key as the first key type that takes it (RSA, then OKP)."""
     for kind in kinds[:-1]:
         try:
             return kind.import_key(text)
-        except (ValueError, TypeError):
+        except (refused, ValueError, TypeError):
             continue
     return kinds[-1].import_key(text)
