@@ -155,8 +155,19 @@ EgressMechanism = Literal["nftables", "none"]
 """How a runner enforces egress policy: ``nftables`` (its gateway), ``none`` (only ``lo``)."""
 
 
+class HealthSummary(Message, frozen=True):
+    """``GET /health`` without a bearer token: what a load balancer needs, nothing more.
+
+    Readiness (``status``) and the protocol (so a peer can refuse a mismatch); the
+    bound session, languages, warnings and versions need the token (``Health``).
+    """
+
+    status: HealthStatus
+    protocol: str
+
+
 class Health(Message, frozen=True):
-    """``GET /health``: never carries a secret."""
+    """``GET /health`` with the bearer token: never carries a secret."""
 
     status: HealthStatus
     protocol: str
@@ -309,6 +320,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     StderrEvent,
     ResultEvent,
     Health,
+    HealthSummary,
     Language,
     Languages,
     InputProbe,
