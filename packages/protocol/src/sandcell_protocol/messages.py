@@ -7,22 +7,21 @@ from typing import Annotated, Literal
 
 import msgspec
 
+# Re-exported: the other message modules import these from here.
+from .base import Message as Message
+from .base import NonEmptyStr as NonEmptyStr
+from .base import NonNegativeInt as NonNegativeInt
+from .base import PositiveInt as PositiveInt
+from .egress import EgressMechanism, EgressPolicy
 from .errors import ErrorCode
 from .input_refs import INPUT_REF_PATTERN
 
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
-NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 # "(?![\s\S])" rather than "$": "$" also matches before a trailing newline, and
 # the lookahead reads the same in Python and ECMAScript (the JSON Schema's dialect).
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 InputRefPart = Annotated[str, msgspec.Meta(pattern=INPUT_REF_PATTERN)]
 """A ``storage_session`` or ``object_id``; ``validate_input_ref`` checks the same rule."""
 SessionHint = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}(?![\s\S])")]
-
-
-class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Base of every wire message."""
 
 
 class FileRef(Message, frozen=True):
@@ -151,8 +150,6 @@ StreamEvent = StdoutEvent | StderrEvent | ResultEvent
 
 HealthStatus = Literal["ok", "quarantined", "starting"]
 WarmupState = Literal["none", "running", "done", "failed"]
-EgressMechanism = Literal["nftables", "none"]
-"""How a runner enforces egress policy: ``nftables`` (its gateway), ``none`` (only ``lo``)."""
 
 
 class HealthSummary(Message, frozen=True):
@@ -307,6 +304,8 @@ class ExecCall(ExecuteRequest, frozen=True, kw_only=True):
 
     user_id: NonEmptyStr
     runtime_session_hint: SessionHint | None = None
+    egress: EgressPolicy | None = None
+    """The sandbox's egress policy from this turn on (None: leave it as it is)."""
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (

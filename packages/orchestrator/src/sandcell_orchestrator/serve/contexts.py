@@ -74,7 +74,7 @@ def context_error(exc: BaseException) -> tuple[int, ErrorBody] | None:
 def _execute_request(call: cx.RunCall) -> ExecuteRequest:
     """The runner's part of a ``RunCall``."""
     fields = msgspec.structs.asdict(call)
-    for name in ("user_id", "runtime_session_hint", "context_id"):
+    for name in ("user_id", "runtime_session_hint", "context_id", "egress"):
         del fields[name]
     return ExecuteRequest(**fields)
 
