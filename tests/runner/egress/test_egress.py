@@ -116,7 +116,8 @@ tunnel, ``403/000`` a refused plain request, ``200/000`` a direct (transparent) 
 
 
 def test_health_names_the_mechanism(sandbox: Sandbox) -> None:
-    assert httpx.get(sandbox.runner.url + "/health").json()["egress"] == "nftables"
+    health = httpx.get(sandbox.runner.url + "/health", headers=sandbox.runner.headers())
+    assert health.json()["egress"] == "nftables"
 
 
 def test_deny_all_jobs_see_only_loopback(sandbox: Sandbox) -> None:
@@ -142,6 +143,21 @@ def test_allowed_name_answers_through_curl_and_urllib(sandbox: Sandbox) -> None:
         "EOF\n"
     )
     assert out.splitlines() == [f"remote:{ALLOWED}"] * 3 + [f"200 remote:{ALLOWED}"] * 2
+
+
+def test_transparent_tls_is_decided_by_its_server_name(sandbox: Sandbox) -> None:
+    """A job that skips the resolver (its own address for the name) is judged by SNI, and
+    connected to the address the gateway resolved itself."""
+    sandbox.policy(allow=[ALLOWED])
+    remote = sandbox.remote
+    out = sandbox.run(
+        f"{CODES} --noproxy '*' --resolve {ALLOWED}:443:{remote.second_address}"
+        f" https://{ALLOWED}/ || true\n"
+        f"{CODES} --noproxy '*' --resolve {OTHER}:443:{remote.address} https://{OTHER}/ || true\n"
+    )
+    assert out.split() == ["200/000", "000/000"]
+    refused = [e for e in sandbox.status()["recent_refused"] if e["transport"] == "tls"]
+    assert refused[-1]["name"] == OTHER
 
 
 def test_other_name_is_refused_at_once_and_recorded(sandbox: Sandbox) -> None:

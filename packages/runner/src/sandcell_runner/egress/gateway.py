@@ -32,7 +32,7 @@ from sandcell_protocol.egress import EgressEvent, EgressPolicy
 
 from . import dns_server
 from .decide import Decider, Upstream
-from .proxy import Proxy
+from .proxy import Proxy, serve
 
 _PR_SET_NO_NEW_PRIVS = 38
 
@@ -101,20 +101,29 @@ async def run(config: GatewayConfig) -> None:
         udp=_inherited(config.dns_udp_fd, socket.SOCK_DGRAM),
         tcp=_inherited(config.dns_tcp_fd, socket.SOCK_STREAM),
     )
-    explicit = await asyncio.start_server(
-        proxy.handle_proxy, sock=_inherited(config.proxy_fd, socket.SOCK_STREAM), limit=1 << 18
-    )
-    transparent = await asyncio.start_server(
-        proxy.handle_transparent,
-        sock=_inherited(config.transparent_fd, socket.SOCK_STREAM),
-        limit=1 << 18,
-    )
+    servers = [
+        asyncio.ensure_future(
+            serve(
+                _inherited(config.proxy_fd, socket.SOCK_STREAM),
+                proxy.handle_proxy,
+                limit=proxy.limit,
+            )
+        ),
+        asyncio.ensure_future(
+            serve(
+                _inherited(config.transparent_fd, socket.SOCK_STREAM),
+                proxy.handle_transparent,
+                limit=proxy.limit,
+            )
+        ),
+    ]
     _write_line({"ack": 0})
     try:
         await _control(decider)
     finally:
-        for server in (dns, explicit, transparent):
-            server.close()
+        dns.close()
+        for task in servers:
+            task.cancel()
 
 
 def _warm_up() -> None:
