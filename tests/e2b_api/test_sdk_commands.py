@@ -7,8 +7,13 @@ sandboxes are real runner processes with nsjail underneath (local provider).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +26,7 @@ from e2b.exceptions import (
 )
 
 from tests.e2b_api.conftest import DOMAIN, KEY_A, KEY_B, MAX_SANDBOXES, E2bServe
+from tests.e2b_api.tls_front import tls_front
 
 
 @pytest.fixture(scope="module")
@@ -307,3 +313,35 @@ def test_idempotency_paging_and_the_tenant_cap(e2b_serve: E2bServe) -> None:
     finally:
         for sandbox in made:
             sandbox.kill()
+
+
+_DOMAIN_SCRIPT = """
+import json, os
+from e2b import Sandbox
+sandbox = Sandbox.create(proxy=os.environ["FRONT"])
+out = sandbox.commands.run("echo over tls").stdout
+sandbox.files.write("tls.txt", "via the domain form")
+print(json.dumps({"id": sandbox.sandbox_id, "out": out, "file": sandbox.files.read("tls.txt"),
+                  "killed": sandbox.kill()}))
+"""
+
+
+def test_the_sdk_in_the_e2b_domain_form(e2b_serve: E2bServe, tmp_path: Path) -> None:
+    """The SDK with only ``E2B_DOMAIN`` (https://api.{domain}, https://49983-{id}.{domain})
+    through a TLS terminator in front of sandcell serve, as docs/e2b.md deploys it."""
+    with tls_front(tmp_path, domain=DOMAIN, upstream_port=e2b_serve.port) as (front, ca):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "SANDCELL_"))}
+        env.update(E2B_DOMAIN=DOMAIN, E2B_API_KEY=KEY_A, SSL_CERT_FILE=str(ca), FRONT=front)
+        done = subprocess.run(
+            [sys.executable, "-c", _DOMAIN_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["out"] == "over tls\n"
+    assert result["file"] == "via the domain form"
+    assert result["killed"] is True

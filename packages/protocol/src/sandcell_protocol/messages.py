@@ -152,8 +152,19 @@ HealthStatus = Literal["ok", "quarantined", "starting"]
 WarmupState = Literal["none", "running", "done", "failed"]
 
 
+class HealthSummary(Message, frozen=True):
+    """``GET /health`` without a bearer token: what a load balancer needs, nothing more.
+
+    Readiness (``status``) and the protocol (so a peer can refuse a mismatch); the
+    bound session, languages, warnings and versions need the token (``Health``).
+    """
+
+    status: HealthStatus
+    protocol: str
+
+
 class Health(Message, frozen=True):
-    """``GET /health``: never carries a secret."""
+    """``GET /health`` with the bearer token: never carries a secret."""
 
     status: HealthStatus
     protocol: str
@@ -308,6 +319,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     StderrEvent,
     ResultEvent,
     Health,
+    HealthSummary,
     Language,
     Languages,
     InputProbe,

@@ -152,7 +152,8 @@ class RunnerClient:
     # -- health ---------------------------------------------------------------
 
     async def health(self) -> Health:
-        """``GET /health`` (unauthenticated); checks the protocol major every time."""
+        """``GET /health`` with the token (the whole ``Health``); checks the protocol major
+        every time."""
         return await self._conn.fetch_health(timeout_s=None)
 
     async def wait_ready(self, *, timeout_s: float, interval_s: float = 0.05) -> Health:
