@@ -48,7 +48,7 @@ from ..registry import SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
-from .manager import SandboxManager
+from .manager import Attached, Hold, SandboxManager
 from .output import OnOutput, run_job
 
 __all__ = ["ExecutionService", "Identity"]
@@ -155,6 +155,12 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._stateless_turn(request, on_output, egress)
+
+    async def _stateless_turn(
+        self, request: ExecuteRequest, on_output: OnOutput | None, egress: EgressPolicy | None
+    ) -> ExecuteResult:
         handle = await self.manager.launch(self._spec_for(egress))
         try:
             await deliver_inputs(handle, request, session_id=None, source=self.inputs)
@@ -255,6 +261,18 @@ class ExecutionService:
     ) -> _T:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch."""
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._held_turn(session_id, request, work, changed=changed, egress=egress)
+
+    async def _held_turn(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        changed: Callable[[_T], bool | None],
+        egress: EgressPolicy | None,
+    ) -> _T:
         manager = self.manager
         spec = self._spec_for(egress)
         async with manager.hold(session_id) as hold:
@@ -268,14 +286,14 @@ class ExecutionService:
                 )
                 result = await work(attached.handle)
                 await manager.count_egress(attached.handle)
-            except (
-                LockLostError,
-                asyncio.CancelledError,
-                SandboxUnavailableError,
-                SandboxTimeoutError,
-            ):
-                # Lost the lock or cancelled (the job may still run: closing a socket
-                # does not stop it), unreachable, or timed out while the job may still
+            except asyncio.CancelledError:
+                # Interrupted (Ctrl-C, SIGTERM, a client that left, a lost lock): the
+                # job stopped when its stream closed. The rule for an interrupted turn
+                # is a timeout's: the session keeps what the job wrote until then.
+                await manager.sandboxes.shielded(self._keep_interrupted(hold, attached))
+                raise
+            except (LockLostError, SandboxUnavailableError, SandboxTimeoutError):
+                # Lost the lock, unreachable, or timed out while the job may still
                 # run: the sandbox may be dirty, so it is recycled, never reused.
                 await manager.recycle(hold, attached)
                 raise
@@ -310,6 +328,29 @@ class ExecutionService:
             if not self.keep_warm:
                 await manager.park(hold, attached)
         return result
+
+    async def _keep_interrupted(self, hold: Hold, attached: Attached) -> None:
+        """Checkpoint an interrupted turn's workspace; recycle the sandbox if that fails.
+
+        The runner's checkpoint waits (briefly) for the stopped job's cleanup, so a
+        job that did not stop makes it fail, and the session then falls back to its
+        last checkpoint: a dirty sandbox is never saved or reused.
+        """
+        manager = self.manager
+        self.metrics.inc("sandcell_interrupted_turns_total")
+        try:
+            await manager.checkpoint(hold, attached)
+        except Exception as exc:
+            log.warning(
+                "session %s: interrupted turn not saved (%s); back to its last checkpoint",
+                hold.session_id[:11],
+                type(exc).__name__,
+            )
+            await manager.recycle(hold, attached)
+            return
+        await manager.touch(hold.session_id)
+        if not self.keep_warm:
+            await manager.park(hold, attached)
 
     def _turn_timeout(self, request: ExecuteRequest) -> float:
         return request.timeout_ms / 1000 + self.manager.budgets.health_s

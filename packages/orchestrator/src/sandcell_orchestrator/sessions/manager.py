@@ -195,9 +195,13 @@ class SandboxManager:
 
     async def _restore(self, hold: Hold, handle: SandboxHandle, key: str) -> None:
         try:
-            await self.persistence.restore(
-                handle, session_id=hold.session_id, key=key, timeout_s=self.budgets.checkpoint_s
-            )
+            with self.metrics.timer("sandcell_restore_duration_seconds"):
+                await self.persistence.restore(
+                    handle,
+                    session_id=hold.session_id,
+                    key=key,
+                    timeout_s=self.budgets.checkpoint_s,
+                )
         except SnapshotNotFoundError:
             self.metrics.inc("sandcell_restores_total", outcome="missing")
             await self._drop(hold, handle)
@@ -237,14 +241,15 @@ class SandboxManager:
             hold.generation = await self.registry.next_generation(hold.session_id)
         hold.checkpointed = True
         try:
-            async with asyncio.timeout(self.budgets.checkpoint_s):
-                info = await self.persistence.save(
-                    attached.handle,
-                    session_id=hold.session_id,
-                    generation=hold.generation,
-                    workspace=workspace,
-                )
-            await self._write(hold, checkpoint_key=info.key)
+            with self.metrics.timer("sandcell_checkpoint_duration_seconds"):
+                async with asyncio.timeout(self.budgets.checkpoint_s):
+                    info = await self.persistence.save(
+                        attached.handle,
+                        session_id=hold.session_id,
+                        generation=hold.generation,
+                        workspace=workspace,
+                    )
+                await self._write(hold, checkpoint_key=info.key)
         except Exception:
             self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
             raise

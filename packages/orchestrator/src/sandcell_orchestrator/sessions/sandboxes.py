@@ -105,8 +105,9 @@ class Sandboxes:
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
         """A new sandbox, within the launch and health budgets."""
         try:
-            async with asyncio.timeout(self._budgets.launch_s + self._budgets.health_s):
-                handle = await self.provider.create(spec)
+            with self._metrics.timer("sandcell_launch_duration_seconds"):
+                async with asyncio.timeout(self._budgets.launch_s + self._budgets.health_s):
+                    handle = await self.provider.create(spec)
         except TimeoutError:
             self._metrics.inc("sandcell_launches_total", outcome="timeout")
             raise SandboxUnavailableError("sandbox launch timed out") from None
