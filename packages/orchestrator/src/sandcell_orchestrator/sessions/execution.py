@@ -223,8 +223,15 @@ class ExecutionService:
             self.metrics.inc("sandcell_context_runs_total", status=str(result.status))
             return result
 
+        # No /health round trip before a cell (it cost as much as the cell): if the warm
+        # sandbox died, its interpreters died with it, and the run's own failure says
+        # so (retryable; the next run restores the files and answers context_lost).
         return await self._session_turn(
-            session_id, request, in_context, changed=lambda result: result.workspace_changed
+            session_id,
+            request,
+            in_context,
+            changed=lambda result: result.workspace_changed,
+            verify=False,
         )
 
     async def _session_turn(
@@ -234,12 +241,13 @@ class ExecutionService:
         work: Callable[[SandboxHandle], Awaitable[_T]],
         *,
         changed: Callable[[_T], bool | None],
+        verify: bool = True,
     ) -> _T:
         """One turn in a session: hold, attach (restore first), inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch."""
         manager = self.manager
         async with manager.hold(session_id) as hold:
-            attached = await manager.attach(hold, self.spec)
+            attached = await manager.attach(hold, self.spec, verify=verify)
             try:
                 await deliver_inputs(
                     attached.handle, request, session_id=session_id, source=self.inputs
