@@ -109,13 +109,19 @@ def test_docker_provider_commands_files_pty_pause(docker_serve: E2bServe) -> Non
         Sandbox.kill(sandbox.sandbox_id, **docker_serve.opts())
 
 
-def test_lambda_microvm_create_run_kill(lambda_serve: E2bServe) -> None:
-    """On the Lambda MicroVM emulator: create, run a command, kill."""
+def test_lambda_microvm_create_run_pause_kill(lambda_serve: E2bServe) -> None:
+    """On the Lambda MicroVM emulator: create, run a command; pause suspends the MicroVM
+    in place, so after connect a process started before the pause still runs; kill."""
     sandbox = Sandbox.create(**lambda_serve.opts())
     try:
         assert sandbox.commands.run("echo from a microvm").stdout == "from a microvm\n"
         sandbox.files.write("m.txt", "vm file")
         assert sandbox.commands.run("cat /home/user/m.txt").stdout == "vm file"
+        kept = sandbox.commands.run("sleep 300", background=True)
+        assert sandbox.pause() is True
+        resumed = Sandbox.connect(sandbox.sandbox_id, **lambda_serve.opts())
+        assert kept.pid in {p.pid for p in resumed.commands.list()}
+        assert resumed.files.read("m.txt") == "vm file"
     finally:
         assert sandbox.kill() is True
     assert Sandbox.list(**lambda_serve.opts()).next_items() == []

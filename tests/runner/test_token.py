@@ -67,7 +67,8 @@ out.close()
 def _wait_warmup(runner: RunnerProcess) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if httpx.get(runner.url + "/health", timeout=5).json()["warmup"] in ("done", "failed"):
+        health = httpx.get(runner.url + "/health", headers=runner.headers(), timeout=5)
+        if health.json()["warmup"] in ("done", "failed"):
             return
         time.sleep(0.05)
     raise AssertionError("warmup never ended")

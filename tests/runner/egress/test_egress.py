@@ -116,7 +116,8 @@ tunnel, ``403/000`` a refused plain request, ``200/000`` a direct (transparent) 
 
 
 def test_health_names_the_mechanism(sandbox: Sandbox) -> None:
-    assert httpx.get(sandbox.runner.url + "/health").json()["egress"] == "nftables"
+    health = httpx.get(sandbox.runner.url + "/health", headers=sandbox.runner.headers())
+    assert health.json()["egress"] == "nftables"
 
 
 def test_deny_all_jobs_see_only_loopback(sandbox: Sandbox) -> None:

@@ -25,7 +25,8 @@ from .providers import open_provider
 from .providers.base import SandboxProvider
 from .registry import SessionRegistry
 from .sessions.execution import ExecutionService
-from .sessions.inputs import DirectoryInputSource
+from .sessions.input_store import SnapshotInputStore
+from .sessions.inputs import DirectoryInputSource, InputStore
 from .sessions.manager import SandboxManager
 from .snapshots import SnapshotStore, open_snapshot_store
 
@@ -42,7 +43,8 @@ class Services:
     store: SnapshotStore
     registry: SessionRegistry
     provider: SandboxProvider
-    inputs: DirectoryInputSource
+    inputs: InputStore
+    """Input objects: a directory embedded, the snapshot store's ``inputs/`` with S3."""
     metrics: Metrics
     manager: SandboxManager
     """The one sandbox lifecycle every surface uses (turns, app instances, admin)."""
@@ -100,7 +102,12 @@ async def open_services(
         stack.push_async_callback(registry.close)
         provider = open_provider(settings.provider)
         stack.push_async_callback(provider.close)
-        inputs = DirectoryInputSource(settings.inputs_dir)
+        # With S3, inputs live beside the checkpoints so that every process sees them.
+        inputs: InputStore = (
+            SnapshotInputStore(store)
+            if settings.s3 is not None
+            else DirectoryInputSource(settings.inputs_dir)
+        )
         metrics = _metrics()
         manager = SandboxManager(
             provider,

@@ -80,6 +80,8 @@ class ServeSettings:
     """``SANDCELL_SERVE_INSECURE_NO_AUTH=1``: serve every caller as one namespace."""
     e2b_domain: str | None = None
     """``SANDCELL_E2B_DOMAIN``: also route E2B's ``api.{domain}`` / ``{port}-{id}.{domain}``."""
+    e2b_max_running: int = 32
+    """``SANDCELL_E2B_MAX_SANDBOXES``: running E2B sandboxes one tenant may hold."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServeSettings:
@@ -91,6 +93,7 @@ class ServeSettings:
             api_keys=_api_keys(read.text("SANDCELL_API_KEYS") or ""),
             insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
             e2b_domain=_e2b_domain(read.text("SANDCELL_E2B_DOMAIN")),
+            e2b_max_running=int(read.number("SANDCELL_E2B_MAX_SANDBOXES", 32, minimum=1)),
         )
 
     @property

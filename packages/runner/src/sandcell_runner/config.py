@@ -61,6 +61,7 @@ class RunnerSettings:
     max_body_bytes: int = 64 * MIB
     output_inline_bytes: int = 1 * MIB
     max_output_files: int = 1000
+    output_scan_bytes: int = 256 * MIB
     allow_network: bool = False
     egress: EgressSettings = field(default_factory=EgressSettings)
     sessions_enabled: bool = False
@@ -200,6 +201,9 @@ class RunnerSettings:
                 "SANDCELL_RUNNER_OUTPUT_INLINE_BYTES", 1 * MIB, minimum=0
             ),
             max_output_files=reader.integer("SANDCELL_RUNNER_MAX_OUTPUT_FILES", 1000, minimum=0),
+            output_scan_bytes=reader.integer(
+                "SANDCELL_RUNNER_OUTPUT_SCAN_BYTES", 256 * MIB, minimum=0
+            ),
             allow_network=reader.flag("SANDCELL_RUNNER_ALLOW_NETWORK", default=False),
             egress=EgressSettings.from_env(env),
             sessions_enabled=reader.flag("SANDCELL_RUNNER_SESSIONS", default=False),

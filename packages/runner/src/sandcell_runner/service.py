@@ -40,6 +40,7 @@ from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
+from .outputs import OutputCollector
 from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
@@ -117,8 +118,20 @@ class RunnerService:
         self.languages = (
             languages if languages is not None else discover_languages(jailed=self._jail.jailed)
         )
+        # Output scanning has threads of its own, one per job slot: it never queues
+        # behind, or holds up, the default executor every other request hops through.
+        self._outputs = OutputCollector(
+            inline_max_bytes=settings.output_inline_bytes,
+            max_files=settings.max_output_files,
+            scan_budget_bytes=settings.output_scan_bytes,
+            threads=settings.max_jobs,
+        )
         self._executor = Executor(
-            settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
+            settings,
+            jail=self._jail,
+            workspaces=self._workspaces,
+            languages=self.languages,
+            outputs=self._outputs,
         )
         self.inputs = InputCache(
             settings.input_cache_dir,
@@ -369,9 +382,11 @@ class RunnerService:
                 session_id=session_id,
             )
             before = len(state.surfaced)
-            files, removed = await asyncio.to_thread(self._executor.collect_outputs, workspace)
-            changed = bool(files) or removed > 0 or len(state.surfaced) != before
-            return msgspec.structs.replace(end, files=files, workspace_changed=changed)
+            collected = await self._executor.collect_outputs(workspace)
+            changed = (
+                bool(collected.files) or collected.removed > 0 or len(state.surfaced) != before
+            )
+            return msgspec.structs.replace(end, files=collected.files, workspace_changed=changed)
 
     async def analyse(self, session_id: str) -> AnalysisResult:
         """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
@@ -472,6 +487,7 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
+        self._outputs.close()
         self._lease.release()
 
 

@@ -29,6 +29,7 @@ import anyio
 
 from sandcell_protocol import (
     AnalysisResult,
+    EgressPolicy,
     ErrorCode,
     ExecuteRequest,
     LogLines,
@@ -84,6 +85,7 @@ class Instance:
     preview_token: str = field(repr=False)
     env: dict[str, str] = field(repr=False)
     webhook_url: str | None = field(default=None, repr=False)
+    egress: EgressPolicy | None = None
     status: str = "starting"
     dirty: bool = True
     seen_errors: set[str] = field(default_factory=set, repr=False)
@@ -102,7 +104,10 @@ class Instance:
     def spec(self) -> SandboxSpec:
         """What a (re)created sandbox of this instance is launched with."""
         return SandboxSpec(
-            template=self.template, env=self.env, labels={_OWNER_LABEL: self.instance_id}
+            template=self.template,
+            env=self.env,
+            labels={_OWNER_LABEL: self.instance_id},
+            egress=self.egress,
         )
 
 
@@ -189,7 +194,10 @@ class AppInstances:
         template = await self.templates.load(request.template)
         instance_id = self._new_id()
         spec = SandboxSpec(
-            template=template.name, env=request.env, labels={_OWNER_LABEL: instance_id}
+            template=template.name,
+            env=request.env,
+            labels={_OWNER_LABEL: instance_id},
+            egress=request.egress,
         )
         sandbox_uuid = str(uuid.uuid4())
         session_id = sandbox_session_key(sandbox_uuid)
@@ -210,6 +218,7 @@ class AppInstances:
                 preview_token=self._new_token(),
                 env=dict(request.env),
                 webhook_url=request.webhook_url,
+                egress=request.egress,
             )
             await provision.copy_template(handle, template)
             await provision.git_init(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from sandcell_protocol import (
+    EgressPolicy,
     ExecuteRequest,
     ExecuteResult,
     FileRef,
@@ -25,7 +27,7 @@ from ..bootstrap import open_services
 from ..config import OrchestratorSettings
 from ..errors import SessionBusyError
 from ..sessions.execution import Identity
-from ..sessions.inputs import DirectoryInputSource
+from ..sessions.inputs import InputStore
 from .common import (
     CLI_NAMESPACE,
     CLI_STORAGE_SESSION,
@@ -37,7 +39,7 @@ from .common import (
 )
 from .session_index import CliSessions
 
-__all__ = ["add_parser", "job_exit_code", "run_exec", "store_files"]
+__all__ = ["add_parser", "job_exit_code", "read_files", "run_exec", "store_files"]
 
 
 def add_parser(commands: Any) -> None:
@@ -53,6 +55,14 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument("--json", action="store_true", help="print the ExecuteResult as JSON")
     run.add_argument("--timeout-s", type=positive_float, metavar="N", help="job timeout [30]")
+    run.add_argument(
+        "--allow-host",
+        metavar="RULE",
+        action="append",
+        default=[],
+        help="let the job reach RULE: a name, *.domain, CIDR, optionally :port (repeatable;"
+        " otherwise it has no network)",
+    )
 
 
 async def run_exec(
@@ -60,18 +70,19 @@ async def run_exec(
 ) -> int:
     hint = hint_argument(args.session) if args.session is not None else None
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
-    files = await asyncio.to_thread(store_files, settings.inputs_dir, args.file)
-    request = ExecuteRequest(
-        language=args.language,
-        code=code,
-        files=files,
-        **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
-    )
+    contents = await asyncio.to_thread(read_files, args.file)
+    egress = _egress_policy(args.allow_host)
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
     # With an embedded registry this process's sandboxes die with it: each turn
     # parks its sandbox before it lets go of the session, so no other call reuses
     # one about to vanish. With Redis they stay for the next call, as a service's do.
     async with open_services(settings, keep_warm=settings.distributed_registry) as services:
+        request = ExecuteRequest(
+            language=args.language,
+            code=code,
+            files=await store_files(services.inputs, contents),
+            **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
+        )
         if hint is not None:
             session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
             # Recorded before the turn: a turn that dies after its checkpoint still
@@ -82,7 +93,7 @@ async def run_exec(
         on_output = None if args.json else _Echo(out, err)
         try:
             result = await services.execution.execute(
-                request, identity, hint=hint, on_output=on_output
+                request, identity, hint=hint, on_output=on_output, egress=egress
             )
         except SessionBusyError:
             raise SessionBusyExit(
@@ -94,6 +105,16 @@ async def run_exec(
     else:
         _print_summary(result, err)
     return job_exit_code(result)
+
+
+def _egress_policy(rules: Sequence[str]) -> EgressPolicy | None:
+    """``--allow-host`` rules as a policy (None without any: the sandbox's default)."""
+    if not rules:
+        return None
+    try:
+        return EgressPolicy(mode="allow", allow=tuple(rules))
+    except ValueError as exc:
+        raise UsageError(f"--allow-host: {exc}") from None
 
 
 class _Echo:
@@ -109,20 +130,28 @@ class _Echo:
         stream.flush()
 
 
-def store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
-    """Keep each file in the input source and refer to it by its content id."""
-    source = DirectoryInputSource(inputs_dir)
-    refs: list[FileRef] = []
+def read_files(paths: Sequence[str]) -> list[tuple[str, bytes]]:
+    """``(base name, bytes)`` of each ``--file`` (blocking)."""
+    contents: list[tuple[str, bytes]] = []
     for raw in paths:
         path = Path(raw)
         name = path.name
-        if any(ref.name == name for ref in refs):
+        if any(seen == name for seen, _ in contents):
             raise UsageError(f"--file: two files are named {name!r}")
         try:
-            data = path.read_bytes()
+            contents.append((name, path.read_bytes()))
         except OSError as exc:
             raise UsageError(f"--file {raw}: {exc.strerror or exc}") from None
-        object_id = source.store(scoped_storage_session(CLI_NAMESPACE, CLI_STORAGE_SESSION), data)
+    return contents
+
+
+async def store_files(inputs: InputStore, contents: list[tuple[str, bytes]]) -> list[FileRef]:
+    """Keep each file in the input store under its content id and refer to it."""
+    scoped = scoped_storage_session(CLI_NAMESPACE, CLI_STORAGE_SESSION)
+    refs: list[FileRef] = []
+    for name, data in contents:
+        object_id = hashlib.sha256(data).hexdigest()
+        await inputs.write(scoped, object_id, data)
         refs.append(FileRef(storage_session=CLI_STORAGE_SESSION, object_id=object_id, name=name))
     return refs
 

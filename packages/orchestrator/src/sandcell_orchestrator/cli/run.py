@@ -37,7 +37,7 @@ from ..errors import SessionBusyError
 from ..providers.local_settings import LocalSettings
 from ..sessions.execution import Identity
 from .common import CLI_NAMESPACE, SessionBusyExit, UsageError, hint_argument, os_user
-from .exec import store_files
+from .exec import read_files, store_files
 from .session_index import CliSessions
 
 __all__ = ["add_parser", "context_exit_code", "run_cell"]
@@ -84,13 +84,7 @@ async def run_cell(
     if args.timeout_s is not None and not args.timeout_s > 0:
         raise UsageError("--timeout-s: must be > 0")
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
-    files = await asyncio.to_thread(store_files, settings.inputs_dir, args.file)
-    request = ExecuteRequest(
-        language=args.language,
-        code=code,
-        files=files,
-        **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
-    )
+    contents = await asyncio.to_thread(read_files, args.file)
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
     session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
     await asyncio.to_thread(CliSessions(settings.home).touch, session_id, hint=hint)
@@ -107,6 +101,12 @@ async def run_cell(
             err.flush()
 
     async with open_services(settings, keep_warm=warm, keep_sandboxes=warm) as services:
+        request = ExecuteRequest(
+            language=args.language,
+            code=code,
+            files=await store_files(services.inputs, contents),
+            **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
+        )
         execution = services.execution
         try:
             if args.restart:

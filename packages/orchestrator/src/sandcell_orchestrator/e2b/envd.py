@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -60,9 +62,6 @@ class EnvdApp:
         return self._sandboxes().for_envd(headers(SANDBOX_ID_HEADER), headers(ACCESS_TOKEN_HEADER))
 
     def _sandbox_of(self, ctx: RequestContext[object, object]) -> E2bSandbox:
-        from connectrpc.code import Code
-        from connectrpc.errors import ConnectError
-
         found = self._lookup(ctx.request_headers.get)
         if found is None:
             raise ConnectError(Code.UNAVAILABLE, "The sandbox was not found")

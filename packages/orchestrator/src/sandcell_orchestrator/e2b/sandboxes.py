@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 _SANDBOX_ID_RE = re.compile(r"[a-z0-9]{20}")
 _IDEMPOTENCY_KEY_RE = re.compile(r"[a-z0-9-]{1,255}")
 _OWNER_LABEL = "sandcell.e2b_sandbox"
+_RETRY_EXPIRY_S = 30.0
 
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -101,6 +102,7 @@ class E2bSandboxes:
         templates: Mapping[str, SandboxSpec] = DEFAULT_TEMPLATES,
         default_timeout_s: int = 300,
         max_timeout_s: int = 86_400,
+        max_running_per_tenant: int = 32,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = _new_sandbox_id,
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
@@ -109,6 +111,7 @@ class E2bSandboxes:
         self.templates = dict(templates)
         self.default_timeout_s = default_timeout_s
         self.max_timeout_s = max_timeout_s
+        self.max_running_per_tenant = max_running_per_tenant
         self._now = wall_clock
         self._new_id = new_id
         self._new_token = new_token
@@ -177,6 +180,44 @@ class E2bSandboxes:
         if spec is None:
             raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
         timeout = self._timeout(timeout_s)
+        self._check_room(owner)
+        # Once a sandbox is being made, it is made and registered even if the caller
+        # goes away: a half-made one would be nobody's to destroy.
+        with anyio.CancelScope(shield=True):
+            created = await self._create(
+                owner=owner,
+                template=template,
+                spec=spec,
+                timeout_s=timeout,
+                metadata=metadata,
+                env=env,
+                auto_pause=auto_pause,
+                idempotency_key=idempotency_key,
+            )
+        return created  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
+
+    def _check_room(self, owner: str) -> None:
+        running = sum(s.state == "running" for s in self.owned_by(owner))
+        if running >= self.max_running_per_tenant:
+            raise E2bError(
+                429,
+                "busy",
+                f"at most {self.max_running_per_tenant} running sandboxes per tenant;"
+                " kill or pause one first",
+            )
+
+    async def _create(
+        self,
+        *,
+        owner: str,
+        template: str,
+        spec: SandboxSpec,
+        timeout_s: int,
+        metadata: Mapping[str, str],
+        env: Mapping[str, str],
+        auto_pause: bool,
+        idempotency_key: str | None,
+    ) -> E2bSandbox:
         sandbox_id = self._new_id()
         session_id = sandbox_session_key(str(uuid.uuid4()))
         spec = SandboxSpec(
@@ -201,7 +242,7 @@ class E2bSandboxes:
             metadata=dict(metadata),
             env=dict(env),
             started_at_s=now,
-            end_at_s=now + timeout,
+            end_at_s=now + timeout_s,
             auto_pause=auto_pause,
             handle=handle,
             runner=SandboxRunnerClient.for_handle(handle),
@@ -229,6 +270,8 @@ class E2bSandboxes:
                 else:
                     await self.kill(sandbox)
             except SandcellError as exc:
+                # Tried again later, not on every sweep.
+                sandbox.end_at_s = self._now() + _RETRY_EXPIRY_S
                 log.warning("e2b sandbox %s: timeout action failed: %s", sandbox.sandbox_id, exc)
         return len(due)
 
@@ -255,6 +298,7 @@ class E2bSandboxes:
                 raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             end = self._now() + self._timeout(timeout_s)
             if sandbox.state == "paused":
+                self._check_room(sandbox.owner)
                 handle = await self.manager.resume(sandbox.session_id, sandbox.spec)
                 sandbox.handle = handle
                 sandbox.runner = SandboxRunnerClient.for_handle(handle)

@@ -28,6 +28,8 @@ import httpx
 
 from sandcell_protocol import (
     AnalysisResult,
+    EgressPolicy,
+    EgressStatus,
     ExecuteRequest,
     ExecuteResult,
     FileEntry,
@@ -150,7 +152,8 @@ class RunnerClient:
     # -- health ---------------------------------------------------------------
 
     async def health(self) -> Health:
-        """``GET /health`` (unauthenticated); checks the protocol major every time."""
+        """``GET /health`` with the token (the whole ``Health``); checks the protocol major
+        every time."""
         return await self._conn.fetch_health(timeout_s=None)
 
     async def wait_ready(self, *, timeout_s: float, interval_s: float = 0.05) -> Health:
@@ -301,6 +304,18 @@ class RunnerClient:
             read_timeout_s=timeout_s,
         )
         return self._conn.decode(response, RestoreResult)
+
+    # -- egress ---------------------------------------------------------------
+
+    async def egress(self) -> EgressStatus:
+        """``GET /v1/egress``: the sandbox's egress policy, mechanism and counters."""
+        response = await self._conn.request("GET", routes.EGRESS)
+        return self._conn.decode(response, EgressStatus)
+
+    async def set_egress(self, policy: EgressPolicy) -> EgressStatus:
+        """``PUT /v1/egress``: replace the policy; it decides the next connection."""
+        response = await self._conn.request("PUT", routes.EGRESS, message=policy)
+        return self._conn.decode(response, EgressStatus)
 
     # -- inputs ---------------------------------------------------------------
 

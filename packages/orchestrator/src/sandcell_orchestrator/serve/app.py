@@ -6,6 +6,8 @@ Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``Erro
                                 (Accept: application/x-ndjson: StreamEvent lines, see stream.py)
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
+    PUT    /v1/sessions/{id}/egress  EgressPolicy -> EgressStatus  bearer API key
+                                (its running sandbox's policy, at once; 404 as DELETE)
     POST   /v1/run, /v1/sessions/{id}/contexts[...]   code contexts (serve/contexts.py)
     GET    /healthz             {"status": "ok"}                no auth
     GET    /metrics             Prometheus text                 no auth (aggregate counters)
@@ -35,6 +37,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import (
+    EgressPolicy,
     ErrorCode,
     ExecCall,
     ExecuteRequest,
@@ -47,7 +50,7 @@ from sandcell_protocol import (
 
 from ..bootstrap import Services, open_services
 from ..config import OrchestratorSettings
-from ..errors import ConfigError, SandcellError
+from ..errors import ConfigError, SandboxNotFoundError, SandcellError
 from ..extras import needs_extra
 from ..metrics import render_provider_counters
 from ..sessions.execution import ExecutionService, Identity
@@ -105,7 +108,7 @@ class _Owner:
 def _execute_request(call: ExecCall) -> ExecuteRequest:
     """The runner's part of an ``ExecCall`` (the runner refuses unknown fields)."""
     fields = msgspec.structs.asdict(call)
-    del fields["user_id"], fields["runtime_session_hint"]
+    del fields["user_id"], fields["runtime_session_hint"], fields["egress"]
     return ExecuteRequest(**fields)
 
 
@@ -176,15 +179,30 @@ class _Service:
             return await stream_turn(
                 request,
                 lambda on_output: self.execution.execute(
-                    run, identity, hint=hint, on_output=on_output
+                    run, identity, hint=hint, on_output=on_output, egress=call.egress
                 ),
             )
         result = await run_until_disconnect(
-            request, self.execution.execute(run, identity, hint=hint)
+            request, self.execution.execute(run, identity, hint=hint, egress=call.egress)
         )
         if result is None:  # the caller left: the turn was cancelled, nobody reads this
             return Response(status_code=499)
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)
+
+    async def set_egress(self, request: Request) -> Response:
+        namespace = self.keys.namespace(request)
+        session_id = request.path_params["session_id"]
+        if not is_runtime_session_id(session_id):
+            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
+        policy = decode(await read_body(request), EgressPolicy)
+        owner = self._owners.get(session_id)
+        if owner is None or owner.namespace != namespace:
+            return error_response(404, ErrorCode.NOT_FOUND, "no such session")
+        try:
+            status = await self.services.manager.set_egress(session_id, policy)
+        except SandboxNotFoundError:
+            return error_response(404, ErrorCode.NOT_FOUND, "the session has no running sandbox")
+        return Response(encode(status), media_type=JSON_MEDIA_TYPE)
 
     async def list_sessions(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
@@ -251,6 +269,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         Route("/v1/exec", guarded(service.exec), methods=["POST"]),
         Route("/v1/sessions", guarded(service.list_sessions), methods=["GET"]),
         Route("/v1/sessions/{session_id}", guarded(service.destroy_session), methods=["DELETE"]),
+        Route("/v1/sessions/{session_id}/egress", guarded(service.set_egress), methods=["PUT"]),
         Route("/healthz", guarded(service.healthz), methods=["GET"]),
         Route("/metrics", guarded(service.metrics), methods=["GET"]),
     ]

@@ -74,7 +74,7 @@ def context_error(exc: BaseException) -> tuple[int, ErrorBody] | None:
 def _execute_request(call: cx.RunCall) -> ExecuteRequest:
     """The runner's part of a ``RunCall``."""
     fields = msgspec.structs.asdict(call)
-    for name in ("user_id", "runtime_session_hint", "context_id"):
+    for name in ("user_id", "runtime_session_hint", "context_id", "egress"):
         del fields[name]
     return ExecuteRequest(**fields)
 
@@ -147,7 +147,12 @@ class ContextRoutes:
         queue: asyncio.Queue[cx.ContextEvent | None] = asyncio.Queue()
         task = asyncio.ensure_future(
             execution.run_code(
-                code, identity, hint=hint, context_id=call.context_id, on_event=queue.put_nowait
+                code,
+                identity,
+                hint=hint,
+                context_id=call.context_id,
+                on_event=queue.put_nowait,
+                egress=call.egress,
             )
         )
         task.add_done_callback(lambda _: queue.put_nowait(None))

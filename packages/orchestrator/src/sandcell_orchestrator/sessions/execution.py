@@ -20,13 +20,14 @@ the turn.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sandcell_protocol import ExecuteRequest, ExecuteResult, runtime_session_id
+from sandcell_protocol import EgressPolicy, ExecuteRequest, ExecuteResult, runtime_session_id
 from sandcell_protocol.contexts import ContextEvent, ContextRun, ContextRunResult
 
 from ..config import Budgets, SessionMode
@@ -121,6 +122,7 @@ class ExecutionService:
         *,
         hint: str | None = None,
         on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
 
@@ -128,23 +130,32 @@ class ExecutionService:
         (the result still carries all of it, as the runner captured it).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
-        ref can only ever name this tenant's objects.
+        ref can only ever name this tenant's objects. ``egress`` replaces the
+        sandbox's egress policy before the job runs (None: as it is, or the spec's).
         """
         request = scope_inputs(request, identity.namespace)
         if self.mode == "stateless":
-            return await self._stateless(request, on_output)
+            return await self._stateless(request, on_output, egress)
         if hint is None:
             if self.mode == "strict":
                 raise SessionRequiredError("strict runtime-session mode needs a session hint")
             self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
-            return await self._stateless(request, on_output)
+            return await self._stateless(request, on_output, egress)
         session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
-        return await self.execute_in_session(request, session_id, on_output=on_output)
+        return await self.execute_in_session(
+            request, session_id, on_output=on_output, egress=egress
+        )
+
+    def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
+        return self.spec if egress is None else dataclasses.replace(self.spec, egress=egress)
 
     async def _stateless(
-        self, request: ExecuteRequest, on_output: OnOutput | None = None
+        self,
+        request: ExecuteRequest,
+        on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
-        handle = await self.manager.launch(self.spec)
+        handle = await self.manager.launch(self._spec_for(egress))
         try:
             await deliver_inputs(handle, request, session_id=None, source=self.inputs)
             result = await run_job(
@@ -154,6 +165,7 @@ class ExecutionService:
                 timeout_s=self._turn_timeout(request),
                 on_output=on_output,
             )
+            await self.manager.count_egress(handle)
         finally:
             await self.manager.discard(handle)
         self.metrics.inc("sandcell_executions_total", status=str(result.status))
@@ -162,7 +174,12 @@ class ExecutionService:
     # -- sessions -------------------------------------------------------------
 
     async def execute_in_session(
-        self, request: ExecuteRequest, session_id: str, *, on_output: OnOutput | None = None
+        self,
+        request: ExecuteRequest,
+        session_id: str,
+        *,
+        on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
@@ -181,7 +198,7 @@ class ExecutionService:
             return result
 
         return await self._session_turn(
-            session_id, request, run, changed=lambda result: result.workspace_changed
+            session_id, request, run, changed=lambda result: result.workspace_changed, egress=egress
         )
 
     async def run_code(
@@ -192,6 +209,7 @@ class ExecutionService:
         hint: str | None,
         context_id: str | None = None,
         on_event: Callable[[ContextEvent], None] | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ContextRunResult:
         """Run ``request.code`` in a code context of the session ``hint`` names.
 
@@ -199,8 +217,9 @@ class ExecutionService:
         new one restores the checkpoint first), inputs delivered, the cell run in
         the context (``context_id``; None: the language's default context, created
         on first use), and the workspace checkpointed when the cell changed it.
-        ``on_event`` gets the run's events as they happen. Contexts keep state, so
-        a hint is required in every mode.
+        ``on_event`` gets the run's events as they happen; ``egress`` is the
+        sandbox's egress policy from this turn on, as for ``execute``. Contexts
+        keep state, so a hint is required in every mode.
         """
         if hint is None:
             raise SessionRequiredError("code contexts live in a runtime session: give a hint")
@@ -231,6 +250,7 @@ class ExecutionService:
             request,
             in_context,
             changed=lambda result: result.workspace_changed,
+            egress=egress,
             verify=False,
         )
 
@@ -241,18 +261,24 @@ class ExecutionService:
         work: Callable[[SandboxHandle], Awaitable[_T]],
         *,
         changed: Callable[[_T], bool | None],
+        egress: EgressPolicy | None = None,
         verify: bool = True,
     ) -> _T:
-        """One turn in a session: hold, attach (restore first), inputs, ``work``,
+        """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch."""
         manager = self.manager
+        spec = self._spec_for(egress)
         async with manager.hold(session_id) as hold:
-            attached = await manager.attach(hold, self.spec, verify=verify)
+            attached = await manager.attach(hold, spec, verify=verify)
             try:
+                if egress is not None and not attached.launched:
+                    # A sandbox launched for this turn got it already; a kept one now.
+                    await manager.apply_egress(attached.handle, egress)
                 await deliver_inputs(
                     attached.handle, request, session_id=session_id, source=self.inputs
                 )
                 result = await work(attached.handle)
+                await manager.count_egress(attached.handle)
             except (
                 LockLostError,
                 asyncio.CancelledError,

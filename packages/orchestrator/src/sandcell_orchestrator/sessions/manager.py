@@ -37,6 +37,8 @@ from typing import Any
 
 import msgspec
 
+from sandcell_protocol import EgressPolicy, EgressStatus
+
 from ..config import Budgets
 from ..errors import (
     ArchiveRejectedError,
@@ -316,6 +318,28 @@ class SandboxManager:
         if record is None or record.state != "active":
             raise SandboxNotFoundError(f"session {session_id[:11]} has no active sandbox")
         return rebind(await self.provider.connect(record.sandbox_id), session_id)
+
+    async def set_egress(self, session_id: str, policy: EgressPolicy) -> EgressStatus:
+        """Replace the egress policy of the session's running sandbox, at once.
+
+        The policy lives with that sandbox: one launched later (after a suspend or a
+        recycle) starts from its spec's ``egress`` again, so callers that want a
+        policy to last pass it with every turn (``ExecCall.egress``).
+        ``SandboxNotFoundError`` if the session has no active sandbox.
+        """
+        handle = await self.connect(session_id)
+        try:
+            return await self.sandboxes.egress.apply(handle, policy)
+        finally:
+            await handle.close()
+
+    async def apply_egress(self, handle: SandboxHandle, policy: EgressPolicy) -> EgressStatus:
+        """Set ``policy`` on the caller's live sandbox ``handle`` (a turn that carries one)."""
+        return await self.sandboxes.egress.apply(handle, policy)
+
+    async def count_egress(self, handle: SandboxHandle) -> None:
+        """Bring the egress metrics up to date with ``handle``'s sandbox (after a turn)."""
+        await self.sandboxes.egress.count(handle)
 
     async def save(
         self,

@@ -25,6 +25,7 @@ from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SESSION_LABEL, SandboxProvider, SandboxSpec, native_suspend
 from ..registry import Lease, SessionRecord
+from .egress import EgressTracker
 from .persistence import StoredCheckpoint
 
 __all__ = ["Attached", "Hold", "Sandboxes", "labelled", "rebind", "sandbox_session_key"]
@@ -99,6 +100,7 @@ class Sandboxes:
         self._cleanups: set[asyncio.Task[None]] = set()
         self.launched: set[str] = set()
         """Ids of the sandboxes this process launched and has not destroyed."""
+        self.egress = EgressTracker(metrics)
 
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
         """A new sandbox, within the launch and health budgets."""
@@ -113,6 +115,13 @@ class Sandboxes:
             raise
         self._metrics.inc("sandcell_launches_total", outcome="ok")
         self.launched.add(handle.sandbox_id)
+        if spec.egress is not None:
+            # Before anything runs in it: a sandbox never runs under another policy.
+            try:
+                await self.egress.apply(handle, spec.egress)
+            except BaseException:
+                await self.discard(handle)
+                raise
         return handle
 
     async def discard(self, handle: SandboxHandle) -> None:
@@ -128,6 +137,7 @@ class Sandboxes:
             log.warning("destroy of %s failed: %s", handle.sandbox_id, exc)
         else:
             self.launched.discard(handle.sandbox_id)
+            self.egress.forget(handle.sandbox_id)
 
     async def reuse(
         self, session_id: str, record: SessionRecord, *, verify: bool = True

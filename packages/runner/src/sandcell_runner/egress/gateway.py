@@ -9,7 +9,8 @@ capabilities and ``no_new_privs``, before it reads a byte from the sandbox.
 It talks to the runner over its standard streams, one JSON object a line:
 
 * stdin, from the runner: ``{"seq": N, "policy": EgressPolicy}`` replaces the
-  policy for every connection from then on; the gateway answers ``{"ack": N}``.
+  policy for every connection from then on; the gateway answers ``{"ack": N}``
+  (without ``policy``: only the answer, after every event decided before it).
   End of input (the runner closed it, or died) stops the gateway.
 * stdout, to the runner: ``{"ack": N}`` and ``{"event": EgressEvent}`` lines.
 """
@@ -52,7 +53,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class _Control(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     seq: int
-    policy: EgressPolicy
+    policy: EgressPolicy | None = None
+    """None: only a barrier (every event before the ack has been written)."""
 
 
 _encoder = msgspec.json.Encoder()
@@ -74,7 +76,8 @@ async def _control(decider: Decider) -> None:
     decoder = msgspec.json.Decoder(_Control)
     while line := await reader.readline():
         control = decoder.decode(line)
-        decider.policy = control.policy
+        if control.policy is not None:
+            decider.policy = control.policy
         _write_line({"ack": control.seq})
 
 

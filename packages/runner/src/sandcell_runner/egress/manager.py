@@ -36,7 +36,7 @@ from typing import IO
 import msgspec
 
 from sandcell_protocol import EgressEvent, EgressPolicy, EgressStatus
-from sandcell_protocol.messages import EgressMechanism
+from sandcell_protocol.egress import EgressMechanism
 
 from ..errors import BadRequestError
 from ..jail.netns import SessionNetns, create_netns
@@ -78,6 +78,10 @@ class _Gateway:
 
     def acked(self, seq: int) -> None:
         self.expect(seq).set()
+
+    def forget(self, seq: int) -> None:
+        with self._lock:
+            self._acks.pop(seq, None)
 
 
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
@@ -161,21 +165,31 @@ class EgressManager:
             if policy.mode != "deny_all":
                 self._ensure_links(policy)
             self.policy = policy
-            self._seq += 1
-            waits = [(fd, gw, gw.expect(self._seq)) for fd, gw in self._gateways.items()]
-            line = msgspec.json.encode({"seq": self._seq, "policy": policy}) + b"\n"
-            for _, gw, _ in waits:
-                stdin = gw.process.stdin
-                assert stdin is not None
-                with contextlib.suppress(OSError):
-                    stdin.write(line)
-                    stdin.flush()
-            for fd, gw, acked in waits:
-                if not acked.wait(_ACK_TIMEOUT_S):
-                    # Fail closed: without its gateway the link carries nothing.
-                    log.error("egress gateway on %s did not confirm a policy", gw.link.host_if)
-                    self._drop(fd)
+            self._broadcast({"policy": policy})
         return self.status()
+
+    def sync(self) -> None:
+        """Wait until every gateway's events so far are counted (blocking)."""
+        with self._lock:
+            self._broadcast({})
+
+    def _broadcast(self, control: dict[str, object]) -> None:
+        """Send ``control`` to every gateway and wait for each to answer."""
+        self._seq += 1
+        waits = [(fd, gw, gw.expect(self._seq)) for fd, gw in self._gateways.items()]
+        line = msgspec.json.encode({"seq": self._seq, **control}) + b"\n"
+        for _, gw, _ in waits:
+            stdin = gw.process.stdin
+            assert stdin is not None
+            with contextlib.suppress(OSError):
+                stdin.write(line)
+                stdin.flush()
+        for fd, gw, acked in waits:
+            if not acked.wait(_ACK_TIMEOUT_S):
+                # Fail closed: without its gateway the link carries nothing.
+                log.error("egress gateway on %s did not answer", gw.link.host_if)
+                self._drop(fd)
+            gw.forget(self._seq)
 
     def status(self) -> EgressStatus:
         with self._counts_lock:

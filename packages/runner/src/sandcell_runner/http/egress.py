@@ -24,7 +24,10 @@ class EgressRoutes(RouteGroup):
         ]
 
     async def get_egress(self, request: Request) -> Response:
-        return json_response(self.service.egress.status())
+        egress = self.service.egress
+        # Counts every decision the gateways made before this request.
+        await asyncio.to_thread(egress.sync)
+        return json_response(egress.status())
 
     async def put_egress(self, request: Request) -> Response:
         policy = await self.read_message(request, EgressPolicy)

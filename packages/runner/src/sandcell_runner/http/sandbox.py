@@ -28,9 +28,10 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from sandcell_protocol import encode, routes
+from sandcell_protocol import ProtocolError, encode, routes
 from sandcell_protocol import sandbox_messages as sm
 
+from ..errors import BadRequestError
 from ..sandbox.fs import WorkspaceFs, run_fs
 from ..sandbox.processes import SandboxProcesses
 from .base import RouteGroup, json_response
@@ -102,7 +103,10 @@ class SandboxRoutes(RouteGroup):
 
     async def fs(self, request: Request) -> Response:
         session_id = self.required_session(request)
-        call: sm.FsRequest = await self.read_message(request, sm.FsRequest)  # type: ignore[arg-type]
+        try:
+            call = sm.decode_fs_request(await self.read_body(request))
+        except ProtocolError as exc:
+            raise BadRequestError(str(exc)) from None
         async with self.sessions.locked(session_id) as state:
             fs = WorkspaceFs(state.workspace, uid=state.uid)
             result = await asyncio.to_thread(run_fs, fs, call)
