@@ -3,7 +3,8 @@
 // stdout line. The tools are invoked without a model, as LibreChat's ToolNode does:
 // tool.invoke({name, id, type: 'tool_call', args, session_id?, _injected_files?}).
 //
-// Request: {id, version: "current"|"legacy", tool: "code"|"bash", params, call}
+// Request: {id, version: "current"|"legacy", tool: "code"|"bash"|"ptc", params, call}
+//   (call.ptc_tools: names from PTC_TOOLS to hand the programmatic tool)
 // Answer:  {id, ok: true, content, artifact} | {id, ok: false, error}
 'use strict';
 const readline = require('node:readline');
@@ -18,12 +19,53 @@ function load(version) {
   return loaded[version];
 }
 
+// Tools the programmatic tool calls (tool: "ptc") may use, built as LibreChat's are:
+// LangChain tools with JSON schemas, handed over in the tool call's toolMap/toolDefs.
+const PTC_TOOLS = {
+  get_weather: {
+    description: 'The weather in a city',
+    schema: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    run: async ({ city }) => JSON.stringify({ city, temp_c: city.length * 3 }),
+  },
+  'add-numbers': {
+    description: 'Adds two numbers',
+    schema: { type: 'object', properties: { a: { type: 'number' }, b: { type: 'number' } } },
+    run: async ({ a, b }) => String(a + b),
+  },
+  fail: {
+    description: 'Always fails',
+    schema: { type: 'object', properties: {} },
+    run: async () => {
+      throw new Error('the tool broke');
+    },
+  },
+};
+
+function ptcTools(version, names) {
+  const { tool } = require(require.resolve('@langchain/core/tools', { paths: [require.resolve(packages[version])] }));
+  const toolMap = new Map();
+  const toolDefs = [];
+  for (const name of names) {
+    const spec = PTC_TOOLS[name];
+    toolMap.set(name, tool(spec.run, { name, description: spec.description, schema: spec.schema }));
+    toolDefs.push({ name, description: spec.description, parameters: spec.schema });
+  }
+  return { toolMap, toolDefs };
+}
+
+const FACTORIES = {
+  code: 'createCodeExecutionTool',
+  bash: 'createBashExecutionTool',
+  ptc: 'createProgrammaticToolCallingTool',
+};
+
 async function run(request) {
   const agents = load(request.version);
-  const factory = request.tool === 'bash' ? agents.createBashExecutionTool : agents.createCodeExecutionTool;
+  const factory = agents[FACTORIES[request.tool]];
   if (typeof factory !== 'function') throw new Error(`${request.version} has no ${request.tool} tool`);
   const tool = factory(request.params ?? {});
   const call = request.call ?? {};
+  const extra = call.ptc_tools != null ? ptcTools(request.version, call.ptc_tools) : {};
   const message = await tool.invoke({
     name: tool.name,
     id: call.id ?? `call_${request.id}`,
@@ -32,6 +74,7 @@ async function run(request) {
     ...(call.session_id != null ? { session_id: call.session_id } : {}),
     ...(call._injected_files != null ? { _injected_files: call._injected_files } : {}),
     ...(call._runtime_session_hint != null ? { _runtime_session_hint: call._runtime_session_hint } : {}),
+    ...extra,
   });
   return { content: message.content, artifact: message.artifact ?? null, status: message.status ?? null };
 }

@@ -145,6 +145,21 @@ def test_allowed_name_answers_through_curl_and_urllib(sandbox: Sandbox) -> None:
     assert out.splitlines() == [f"remote:{ALLOWED}"] * 3 + [f"200 remote:{ALLOWED}"] * 2
 
 
+def test_transparent_tls_is_decided_by_its_server_name(sandbox: Sandbox) -> None:
+    """A job that skips the resolver (its own address for the name) is judged by SNI, and
+    connected to the address the gateway resolved itself."""
+    sandbox.policy(allow=[ALLOWED])
+    remote = sandbox.remote
+    out = sandbox.run(
+        f"{CODES} --noproxy '*' --resolve {ALLOWED}:443:{remote.second_address}"
+        f" https://{ALLOWED}/ || true\n"
+        f"{CODES} --noproxy '*' --resolve {OTHER}:443:{remote.address} https://{OTHER}/ || true\n"
+    )
+    assert out.split() == ["200/000", "000/000"]
+    refused = [e for e in sandbox.status()["recent_refused"] if e["transport"] == "tls"]
+    assert refused[-1]["name"] == OTHER
+
+
 def test_other_name_is_refused_at_once_and_recorded(sandbox: Sandbox) -> None:
     sandbox.policy(allow=[ALLOWED])
     before = sandbox.status()["refused_total"]
@@ -317,6 +332,29 @@ def test_the_job_cannot_change_the_rules(sandbox: Sandbox) -> None:
         "000/403",
         f"remote:{ALLOWED}",
     ]
+
+
+HOARD = """
+import select, socket, sys, time
+gw = open("/etc/resolv.conf").read().split()[1]
+socks = [socket.create_connection((gw, 3128), timeout=10) for _ in range(300)]
+time.sleep(1)
+readable, _, _ = select.select(socks, [], [], 2)
+reset = 0
+for s in readable:
+    try:
+        s.recv(1)
+    except ConnectionResetError:
+        reset += 1
+print(reset)
+"""
+
+
+def test_connections_a_sandbox_holds_open_are_bounded(sandbox: Sandbox) -> None:
+    """Past 256 undecided or relayed connections the gateway resets new ones at once."""
+    sandbox.policy(allow=[ALLOWED])
+    out = sandbox.run(f"cat > h.py <<'EOF'\n{HOARD}\nEOF\npython3 h.py")
+    assert int(out) == 300 - 256
 
 
 def test_bad_policies_are_400_and_change_nothing(sandbox: Sandbox) -> None:

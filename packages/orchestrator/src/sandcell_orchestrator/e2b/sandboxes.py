@@ -284,8 +284,9 @@ class E2bSandboxes:
                 raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             if sandbox.state == "paused":
                 return False
-            await self._close_handle(sandbox)
+            # Suspended first: if that fails the sandbox runs on, reachable as before.
             await self.manager.suspend(sandbox.session_id)
+            await self._close_handle(sandbox)
             sandbox.state = "paused"
         log.info("e2b sandbox %s paused", sandbox.sandbox_id)
         return True

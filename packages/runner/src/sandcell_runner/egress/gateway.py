@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import resource
 import socket
 import sys
 from typing import Any
@@ -32,7 +33,7 @@ from sandcell_protocol.egress import EgressEvent, EgressPolicy
 
 from . import dns_server
 from .decide import Decider, Upstream
-from .proxy import Proxy
+from .proxy import Proxy, serve
 
 _PR_SET_NO_NEW_PRIVS = 38
 
@@ -101,20 +102,29 @@ async def run(config: GatewayConfig) -> None:
         udp=_inherited(config.dns_udp_fd, socket.SOCK_DGRAM),
         tcp=_inherited(config.dns_tcp_fd, socket.SOCK_STREAM),
     )
-    explicit = await asyncio.start_server(
-        proxy.handle_proxy, sock=_inherited(config.proxy_fd, socket.SOCK_STREAM), limit=1 << 18
-    )
-    transparent = await asyncio.start_server(
-        proxy.handle_transparent,
-        sock=_inherited(config.transparent_fd, socket.SOCK_STREAM),
-        limit=1 << 18,
-    )
+    servers = [
+        asyncio.ensure_future(
+            serve(
+                _inherited(config.proxy_fd, socket.SOCK_STREAM),
+                proxy.handle_proxy,
+                limit=proxy.limit,
+            )
+        ),
+        asyncio.ensure_future(
+            serve(
+                _inherited(config.transparent_fd, socket.SOCK_STREAM),
+                proxy.handle_transparent,
+                limit=proxy.limit,
+            )
+        ),
+    ]
     _write_line({"ack": 0})
     try:
         await _control(decider)
     finally:
-        for server in (dns, explicit, transparent):
-            server.close()
+        dns.close()
+        for task in servers:
+            task.cancel()
 
 
 def _warm_up() -> None:
@@ -149,6 +159,10 @@ def main() -> None:
         sys.exit("usage: python -m sandcell_runner.egress.gateway CONFIG-JSON")
     config = msgspec.json.decode(sys.argv[1], type=GatewayConfig)
     _warm_up()
+    # Room for every connection the caps allow (two sockets and two pipe ends each).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     drop_privileges(config.uid)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(config))

@@ -201,6 +201,11 @@ class EgressManager:
                 recent_refused=list(self._recent),
             )
 
+    def link_for(self, netns: SessionNetns) -> Link | None:
+        """The link ``netns`` was given, if any (benchmarks and diagnostics)."""
+        gateway = self._gateways.get(netns.fd)
+        return gateway.link if gateway is not None else None
+
     # -- the jail's hook ------------------------------------------------------------
 
     def apply(self, spec: JobSpec) -> JobSpec:

@@ -6,24 +6,34 @@ Two listeners on the gateway address:
   and absolute-form ``GET http://host/…`` requests, decided by that host;
 * the **transparent** port, where nftables sends every other TCP connection of
   the sandbox: its original destination (``SO_ORIGINAL_DST``) is decided as an
-  address (CIDR rules), then as the name the resolver recently answered with it,
-  and, failing both while name rules exist, by the TLS SNI or HTTP ``Host`` of
-  the first bytes, resolved again by the gateway itself.
+  address (CIDR rules); failing that while name rules exist, by the TLS SNI or
+  HTTP ``Host`` of its first bytes (resolved again by the gateway itself), and
+  only when the client sends nothing first, by the name the resolver recently
+  handed that address out for.
 
 A refusal answers at once: ``403`` with ``X-Sandcell-Egress: <reason>`` on the
 proxy, a TCP reset on the transparent port. Allowed connections go to the
 addresses the gateway resolved and vetted, never to what the client resolved.
+
+Once decided, a connection's bytes never pass through Python: two threads move
+them with ``splice(2)`` through a pipe, in the kernel (``relay``). At most
+``MAX_CONNECTIONS`` are relayed at once per gateway; past that, new ones are reset.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import fcntl
 import ipaddress
 import logging
+import os
 import socket
 import struct
+import threading
 import urllib.parse
+from collections.abc import Awaitable, Callable
 
 from sandcell_protocol.addresses import IPAddress
 from sandcell_protocol.egress import EgressReason, EgressTransport
@@ -33,12 +43,23 @@ from .sniff import MAX_HEAD_BYTES, RequestHead, request_head, split_host_port, t
 
 log = logging.getLogger(__name__)
 
+MAX_CONNECTIONS = 256
+"""Relayed connections one gateway (one sandbox) holds at once; past it, new ones are reset."""
 _SO_ORIGINAL_DST = 80
-_CHUNK = 256 * 1024
+_F_SETPIPE_SZ = 1031
+_PIPE_BYTES = 1 << 20
 _HEAD_TIMEOUT_S = 30.0
-_SNIFF_TIMEOUT_S = 1.5
+_SNIFF_TIMEOUT_S = 1.0
 _CONNECT_TIMEOUT_S = 10.0
 _HOP_BY_HOP = {"proxy-connection", "proxy-authorization", "connection", "keep-alive"}
+
+Handler = Callable[[socket.socket], Awaitable[None]]
+
+# Two threads per relayed connection, kept for the next one (starting threads is
+# a measurable part of a connection's set-up); ``MAX_CONNECTIONS`` bounds the need.
+_RELAYS = concurrent.futures.ThreadPoolExecutor(
+    max_workers=2 * MAX_CONNECTIONS, thread_name_prefix="sandcell-egress-relay"
+)
 
 
 def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
@@ -48,50 +69,69 @@ def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
     return ipaddress.IPv4Address(raw[4:8]), port
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
+def _reset(sock: socket.socket) -> None:
     """Close with a TCP reset (SO_LINGER 0): the client fails at once."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket, finished: Callable[[], None]) -> None:
+    """Move bytes ``src`` -> ``dst`` in the kernel (splice through a pipe) until EOF."""
+    pipe_r, pipe_w = os.pipe()
+    try:
         with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await reader.read(_CHUNK):
-            writer.write(chunk)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
+            fcntl.fcntl(pipe_w, _F_SETPIPE_SZ, _PIPE_BYTES)
+        while moved := os.splice(src.fileno(), pipe_w, _PIPE_BYTES):
+            while moved > 0:
+                moved -= os.splice(pipe_r, dst.fileno(), moved)
+        dst.shutdown(socket.SHUT_WR)
     except OSError:
-        writer.transport.abort()
-
-
-async def _splice(
-    client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-) -> None:
-    try:
-        await asyncio.gather(_pipe(client[0], upstream[1]), _pipe(upstream[0], client[1]))
+        # A reset or a closed peer: end both directions.
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
     finally:
-        for writer in (client[1], upstream[1]):
-            writer.close()
+        os.close(pipe_r)
+        os.close(pipe_w)
+        finished()
 
 
-async def _open(
-    addresses: list[IPAddress], port: int
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+def relay(client: socket.socket, upstream: socket.socket, *, done: Callable[[], None]) -> None:
+    """Relay both directions on two threads (the GIL is released in ``splice``); both
+    sockets are closed, and ``done`` called, when both directions have ended."""
+    for sock in (client, upstream):
+        sock.setblocking(True)
+    left = [2]
+    lock = threading.Lock()
+
+    def finished() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            client.close()
+            upstream.close()
+            done()
+
+    for src, dst in ((client, upstream), (upstream, client)):
+        _RELAYS.submit(_pump, src, dst, finished)
+
+
+async def _connect(addresses: list[IPAddress], port: int) -> socket.socket | None:
+    loop = asyncio.get_running_loop()
     for address in first_addresses(addresses):
+        family = socket.AF_INET if address.version == 4 else socket.AF_INET6
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setblocking(False)
         try:
             async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-                reader, writer = await asyncio.open_connection(str(address), port, limit=_CHUNK)
+                await loop.sock_connect(sock, (str(address), port))
         except (OSError, TimeoutError):
+            sock.close()
             continue
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return reader, writer
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
     return None
 
 
@@ -104,11 +144,12 @@ def _refusal(status: int, reason: str) -> bytes:
     ).encode() + body
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[RequestHead | None, bytes]:
+async def _read_head(sock: socket.socket) -> tuple[RequestHead | None, bytes]:
+    loop = asyncio.get_running_loop()
     data = b""
     async with asyncio.timeout(_HEAD_TIMEOUT_S):
         while len(data) < MAX_HEAD_BYTES:
-            chunk = await reader.read(MAX_HEAD_BYTES - len(data))
+            chunk = await loop.sock_recv(sock, MAX_HEAD_BYTES - len(data))
             if not chunk:
                 break
             data += chunk
@@ -116,6 +157,25 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[RequestHead | None, 
             if head is not None:
                 return head, data[head.size :]
     return None, data
+
+
+async def serve(listener: socket.socket, handler: Handler, *, limit: asyncio.Semaphore) -> None:
+    """Accept on ``listener`` forever; each connection runs ``handler`` in its own task."""
+    loop = asyncio.get_running_loop()
+    listener.setblocking(False)
+    tasks: set[asyncio.Task[None]] = set()
+    while True:
+        conn, _ = await loop.sock_accept(listener)
+        conn.setblocking(False)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Bounded twice: relayed connections (``limit``) and ones still being decided
+        # (a client that never sends its request holds a socket for _HEAD_TIMEOUT_S).
+        if limit.locked() or len(tasks) >= MAX_CONNECTIONS:
+            _reset(conn)
+            continue
+        task = asyncio.ensure_future(handler(conn))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
 
 def _origin_request(head: RequestHead, path: str) -> bytes:
@@ -130,20 +190,41 @@ def _origin_request(head: RequestHead, path: str) -> bytes:
 class Proxy:
     """Both listeners' connection handlers over one ``Decider``."""
 
-    def __init__(self, decider: Decider) -> None:
+    def __init__(self, decider: Decider, *, max_connections: int = MAX_CONNECTIONS) -> None:
         self._decider = decider
+        self.limit = asyncio.Semaphore(max_connections)
+        """Held by each relayed connection until both its directions end."""
 
-    async def handle_proxy(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _relay(self, client: socket.socket, upstream: socket.socket, first: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        if first:
+            try:
+                await loop.sock_sendall(upstream, first)
+            except OSError:
+                client.close()
+                upstream.close()
+                return
+        await self.limit.acquire()
+
+        def done() -> None:
+            loop.call_soon_threadsafe(self.limit.release)
+
+        relay(client, upstream, done=done)
+
+    async def _answer(self, sock: socket.socket, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            await asyncio.get_running_loop().sock_sendall(sock, data)
+        sock.close()
+
+    async def handle_proxy(self, sock: socket.socket) -> None:
         """One client of the explicit proxy."""
         try:
-            head, rest = await _read_head(reader)
+            head, rest = await _read_head(sock)
         except (TimeoutError, OSError):
-            writer.close()
+            sock.close()
             return
         if head is None:
-            await self._answer(writer, _refusal(400, "bad_request"))
+            await self._answer(sock, _refusal(400, "bad_request"))
             return
         transport: EgressTransport
         if head.method == "CONNECT":
@@ -159,96 +240,84 @@ class Proxy:
             else:
                 target, path = None, ""
         if target is None:
-            await self._answer(writer, _refusal(400, "bad_request"))
+            await self._answer(sock, _refusal(400, "bad_request"))
             return
         host, port = target
         decision = await self._decider.by_host(host, port, transport=transport)
         if not decision.allowed:
-            await self._answer(writer, _refusal(403, decision.reason.value))
+            await self._answer(sock, _refusal(403, decision.reason.value))
             return
-        upstream = await _open(decision.addresses, port)
+        upstream = await _connect(decision.addresses, port)
         if upstream is None:
-            await self._answer(writer, _refusal(502, "connect_failed"))
+            await self._answer(sock, _refusal(502, "connect_failed"))
             return
         if head.method == "CONNECT":
-            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            try:
+                await asyncio.get_running_loop().sock_sendall(
+                    sock, b"HTTP/1.1 200 Connection established\r\n\r\n"
+                )
+            except OSError:
+                sock.close()
+                upstream.close()
+                return
+            first = rest
         else:
-            upstream[1].write(_origin_request(head, path))
-        if rest:
-            upstream[1].write(rest)
-        await _splice((reader, writer), upstream)
+            first = _origin_request(head, path) + rest
+        await self._relay(sock, upstream, first)
 
-    async def _answer(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        with contextlib.suppress(OSError):
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    async def handle_transparent(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def handle_transparent(self, sock: socket.socket) -> None:
         """One redirected TCP connection of the sandbox."""
-        sock = writer.get_extra_info("socket")
         try:
             address, port = original_destination(sock)
         except OSError:
-            _reset(writer)
+            _reset(sock)
             return
         decider = self._decider
         first = b""
-        decision = self._by_destination(address, port)
-        recorded = decision.allowed
-        sniff = (
-            not decision.allowed
-            and decision.reason is not EgressReason.REFUSED_ADDRESS
-            and decider.names_matter
-        )
-        if sniff:
-            first = await self._sniff(reader)
-            name = tls_server_name(first) or _host_of(first)
-            if name is not None:
-                transport: EgressTransport = "tls" if first[:1] == b"\x16" else "http"
-                decision = await decider.by_host(name, port, transport=transport)
-                recorded = True
-        if not decision.allowed:
-            if not recorded:
-                if decision.reason is EgressReason.NOT_ALLOWED:
-                    decision = Decision(False, EgressReason.UNKNOWN_DESTINATION)
-                decider.record(decision, transport="tcp", name=None, address=address, port=port)
-            _reset(writer)
-            return
-        upstream = await _open(decision.addresses, port)
-        if upstream is None:
-            _reset(writer)
-            return
-        if first:
-            upstream[1].write(first)
-        await _splice((reader, writer), upstream)
-
-    def _by_destination(self, address: IPAddress, port: int) -> Decision:
-        """Allowed as an address, or as the name the resolver handed it out for.
-
-        Refusals are not recorded here: the caller records the final verdict once.
-        """
-        decider = self._decider
+        recorded = False
         if not decider.address_ok(address):
-            return Decision(False, EgressReason.REFUSED_ADDRESS)
-        name = decider.name_for(address)
-        verdict = decider.policy.decide(name=name, addresses=[address], port=port)
-        if verdict.allowed:
-            return decider.record(
-                Decision(True, verdict.reason, [address]),
+            decision = Decision(False, EgressReason.REFUSED_ADDRESS)
+        else:
+            # An address rule first: it names this destination outright.
+            verdict = decider.policy.decide(name=None, addresses=[address], port=port)
+            decision = Decision(verdict.allowed, verdict.reason, [address])
+            if not verdict.allowed and decider.names_matter:
+                # A name in the first bytes decides, never the address's other names: one
+                # address serves many names (a CDN), and only the one asked for counts.
+                first = await self._sniff(sock)
+                name = tls_server_name(first) or _host_of(first)
+                if name is not None:
+                    transport: EgressTransport = "tls" if first[:1] == b"\x16" else "http"
+                    decision = await decider.by_host(name, port, transport=transport)
+                    recorded = True
+                elif (handed_out := decider.name_for(address)) is not None:
+                    # Nothing to read (a protocol whose server speaks first): the name
+                    # the resolver gave this address out for.
+                    verdict = decider.policy.decide(name=handed_out, addresses=[address], port=port)
+                    decision = Decision(verdict.allowed, verdict.reason, [address])
+        if not recorded:
+            if not decision.allowed and decision.reason is EgressReason.NOT_ALLOWED:
+                decision = Decision(False, EgressReason.UNKNOWN_DESTINATION)
+            decider.record(
+                Decision(decision.allowed, decision.reason, decision.addresses),
                 transport="tcp",
-                name=name,
+                name=decider.name_for(address) if decision.allowed else None,
                 address=address,
                 port=port,
             )
-        return Decision(False, verdict.reason)
+        if not decision.allowed:
+            _reset(sock)
+            return
+        upstream = await _connect(decision.addresses, port)
+        if upstream is None:
+            _reset(sock)
+            return
+        await self._relay(sock, upstream, first)
 
-    async def _sniff(self, reader: asyncio.StreamReader) -> bytes:
+    async def _sniff(self, sock: socket.socket) -> bytes:
         with contextlib.suppress(TimeoutError, OSError):
             async with asyncio.timeout(_SNIFF_TIMEOUT_S):
-                return await reader.read(MAX_HEAD_BYTES)
+                return await asyncio.get_running_loop().sock_recv(sock, MAX_HEAD_BYTES)
         return b""
 
 
@@ -259,4 +328,4 @@ def _host_of(first: bytes) -> str | None:
     return target[0] if target else None
 
 
-__all__ = ["Proxy", "original_destination"]
+__all__ = ["MAX_CONNECTIONS", "Proxy", "original_destination", "relay", "serve"]

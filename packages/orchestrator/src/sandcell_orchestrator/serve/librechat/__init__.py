@@ -18,6 +18,7 @@ from ..auth import ApiKeys
 from .auth import LibreChatAuth
 from .errors import librechat_guarded
 from .jwt import JwtVerifier
+from .programmatic import Programmatic
 from .routes import LibreChatApi
 from .settings import LibreChatSettings
 
@@ -41,9 +42,12 @@ def install_librechat(
         keys, JwtVerifier(settings.jwt_public_keys), jwt_namespace=settings.jwt_namespace
     )
     api = LibreChatApi(settings, auth=auth, services=services)
+    programmatic = Programmatic(api)
     g = librechat_guarded
     routes = [
         Route("/exec", g(api.exec), methods=["POST"]),
+        Route("/exec/programmatic", g(programmatic.handle), methods=["POST"]),
+        Route("/exec/programmatic/cancel", g(programmatic.cancel), methods=["POST"]),
         Route("/upload", g(api.upload), methods=["POST"]),
         Route("/upload/batch", g(api.upload_batch), methods=["POST"]),
         Route("/download/{session_id}/{file_id}", g(api.download), methods=["GET"]),

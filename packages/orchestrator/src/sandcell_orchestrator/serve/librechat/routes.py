@@ -29,6 +29,7 @@ from sandcell_protocol import (
     ExecuteRequest,
     ExecuteResult,
     FileRef,
+    OutputFile,
     ProtocolError,
     RunStatus,
     runtime_session_id,
@@ -71,7 +72,7 @@ _KINDS = frozenset({"user", "agent", "skill"})
 
 
 @dataclass(frozen=True, slots=True)
-class _Input:
+class ResolvedInput:
     """A ``files[]`` ref as resolved: the wire's, and where its bytes are."""
 
     wire: InFile
@@ -109,8 +110,13 @@ class LibreChatApi:
                 mode="affinity",
                 inputs=services.inputs,
                 spec=services.execution.spec,
+                keep_warm=services.execution.keep_warm,
             )
         return self._execution
+
+    def new_id(self) -> str:
+        """A fresh nanoid (the injected generator)."""
+        return self._new_id()
 
     @property
     def files(self) -> LibreChatFiles:
@@ -130,31 +136,21 @@ class LibreChatApi:
         language = LANGUAGES.get(body.lang)
         if language is None:
             return librechat_json(400, {"error": "bad_request", "message": "Unsupported language"})
-        user = caller.token_user or body.user_id or request.headers.get("user-id") or _DEFAULT_USER
+        user = self.user_of(caller, request, body.user_id)
         hint = body.runtime_session_hint
         if request.headers.get(PROFILE_HEADER, "").lower() == "default":
             hint = None
         if hint is not None:
             validate_hint(hint)
             runtime_session_id(caller.namespace, user, hint)  # a bad user is a 400 up front
-        inputs = [await self._resolve_input(caller, item) for item in body.files or []]
-        timeout_s = self.settings.default_timeout_s
-        if body.timeout:
-            timeout_s = min(body.timeout / 1000, self.settings.max_timeout_s)
+        inputs = await self.resolve_inputs(caller, body.files)
+        timeout_s = self.timeout_s(body.timeout)
         run = ExecuteRequest(
             language=language,
             code=body.code,
             args=list(body.args or []),
             timeout_ms=max(1, round(timeout_s * 1000)),
-            files=[
-                FileRef(
-                    storage_session=item.storage,
-                    object_id=item.wire.id,
-                    name=item.wire.name,
-                    read_only=item.read_only,
-                )
-                for item in inputs
-            ],
+            files=self.refs_of(inputs),
         )
         with self.limiter.slot(caller.namespace):
             try:
@@ -172,7 +168,34 @@ class LibreChatApi:
             )
         return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
 
-    async def _resolve_input(self, caller: Caller, item: InFile) -> _Input:
+    def user_of(self, caller: Caller, request: Request, named: str | None) -> str:
+        """The run's user: the token's, else the one the call names, else a default."""
+        return caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
+
+    def timeout_s(self, timeout_ms: int | None) -> float:
+        """The call's ``timeout`` (ms) capped, or the default."""
+        if timeout_ms:
+            return min(timeout_ms / 1000, self.settings.max_timeout_s)
+        return self.settings.default_timeout_s
+
+    async def resolve_inputs(
+        self, caller: Caller, items: list[InFile] | None
+    ) -> list[ResolvedInput]:
+        return [await self._resolve_input(caller, item) for item in items or []]
+
+    @staticmethod
+    def refs_of(inputs: list[ResolvedInput]) -> list[FileRef]:
+        return [
+            FileRef(
+                storage_session=item.storage,
+                object_id=item.wire.id,
+                name=item.wire.name,
+                read_only=item.read_only,
+            )
+            for item in inputs
+        ]
+
+    async def _resolve_input(self, caller: Caller, item: InFile) -> ResolvedInput:
         storage = item.storage
         if storage is None:
             raise ProtocolError("files[]: a ref needs storage_session_id (or session_id)")
@@ -182,17 +205,40 @@ class LibreChatApi:
         if meta is None:
             # Absent, or another tenant's: the same words either way.
             raise InputMissingError(f"input {item.id} (for {item.name}) not found")
-        return _Input(wire=item, storage=storage, read_only=meta.read_only)
+        return ResolvedInput(wire=item, storage=storage, read_only=meta.read_only)
 
     async def _answer(
-        self, caller: Caller, user: str, result: ExecuteResult, inputs: list[_Input]
+        self, caller: Caller, user: str, result: ExecuteResult, inputs: list[ResolvedInput]
     ) -> ExecAnswer:
         """Keep the run's output files under a new ``session_id`` and describe them."""
         session_id = self._new_id()
+        files, delivery = await self.keep_outputs(caller, user, session_id, result.files, inputs)
+        return ExecAnswer(
+            session_id=session_id,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            files=files,
+            code=result.exit_code,
+            signal=result.signal,
+            status=str(result.status),
+            wall_time=result.wall_ms / 1000,
+            artifact_delivery=delivery,
+        )
+
+    async def keep_outputs(
+        self,
+        caller: Caller,
+        user: str,
+        session_id: str,
+        outputs: list[OutputFile],
+        inputs: list[ResolvedInput],
+    ) -> tuple[list[OutFile], dict[str, object] | None]:
+        """Store ``outputs`` under ``session_id``: the answer's ``files`` and, when some
+        could not be kept (over the runner's inline cap), its ``artifact_delivery``."""
         by_name = {item.wire.name: item for item in inputs}
         files: list[OutFile] = []
         attempted = undelivered = 0
-        for output in result.files:
+        for output in outputs:
             if output.symlink_target is not None:
                 continue
             source = by_name.get(output.name)
@@ -242,17 +288,7 @@ class LibreChatApi:
                 "delivered": attempted - undelivered,
                 "failed": undelivered,
             }
-        return ExecAnswer(
-            session_id=session_id,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            files=files,
-            code=result.exit_code,
-            signal=result.signal,
-            status=str(result.status),
-            wall_time=result.wall_ms / 1000,
-            artifact_delivery=delivery,
-        )
+        return files, delivery
 
     # -- files --------------------------------------------------------------------
 
