@@ -215,6 +215,7 @@ class ExecutionService:
         hint: str | None,
         context_id: str | None = None,
         on_event: Callable[[ContextEvent], None] | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ContextRunResult:
         """Run ``request.code`` in a code context of the session ``hint`` names.
 
@@ -222,8 +223,9 @@ class ExecutionService:
         new one restores the checkpoint first), inputs delivered, the cell run in
         the context (``context_id``; None: the language's default context, created
         on first use), and the workspace checkpointed when the cell changed it.
-        ``on_event`` gets the run's events as they happen. Contexts keep state, so
-        a hint is required in every mode.
+        ``on_event`` gets the run's events as they happen; ``egress`` is the
+        sandbox's egress policy from this turn on, as for ``execute``. Contexts
+        keep state, so a hint is required in every mode.
         """
         if hint is None:
             raise SessionRequiredError("code contexts live in a runtime session: give a hint")
@@ -246,8 +248,16 @@ class ExecutionService:
             self.metrics.inc("sandcell_context_runs_total", status=str(result.status))
             return result
 
+        # No /health round trip before a cell (it cost as much as the cell): if the warm
+        # sandbox died, its interpreters died with it, and the run's own failure says
+        # so (retryable; the next run restores the files and answers context_lost).
         return await self._session_turn(
-            session_id, request, in_context, changed=lambda result: result.workspace_changed
+            session_id,
+            request,
+            in_context,
+            changed=lambda result: result.workspace_changed,
+            egress=egress,
+            verify=False,
         )
 
     async def _session_turn(
@@ -258,11 +268,14 @@ class ExecutionService:
         *,
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None = None,
+        verify: bool = True,
     ) -> _T:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch."""
         with self.metrics.timer("sandcell_turn_duration_seconds"):
-            return await self._held_turn(session_id, request, work, changed=changed, egress=egress)
+            return await self._held_turn(
+                session_id, request, work, changed=changed, egress=egress, verify=verify
+            )
 
     async def _held_turn(
         self,
@@ -272,11 +285,12 @@ class ExecutionService:
         *,
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None,
+        verify: bool,
     ) -> _T:
         manager = self.manager
         spec = self._spec_for(egress)
         async with manager.hold(session_id) as hold:
-            attached = await manager.attach(hold, spec)
+            attached = await manager.attach(hold, spec, verify=verify)
             try:
                 if egress is not None and not attached.launched:
                     # A sandbox launched for this turn got it already; a kept one now.

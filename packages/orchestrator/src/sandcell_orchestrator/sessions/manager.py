@@ -141,14 +141,17 @@ class SandboxManager:
 
     # -- attaching ----------------------------------------------------------------
 
-    async def attach(self, hold: Hold, spec: SandboxSpec) -> Attached:
+    async def attach(self, hold: Hold, spec: SandboxSpec, *, verify: bool = True) -> Attached:
         """The session's sandbox: the live one, a natively resumed one, or a new one
         restored from the current checkpoint before anything runs (fail closed: a
-        failed restore raises, retryable, and the new sandbox is gone)."""
+        failed restore raises, retryable, and the new sandbox is gone).
+
+        ``verify=False``: a live sandbox is used without a ``/health`` check first.
+        """
         record = hold.record
         if record is not None and record.provider == self.provider.name:
             if record.state == "active":
-                handle = await self.sandboxes.reuse(hold.session_id, record)
+                handle = await self.sandboxes.reuse(hold.session_id, record, verify=verify)
                 if handle is not None:
                     return Attached(handle)
             else:
