@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve, node_driver, running_serve
+from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve
 
 BINARY = bytes(range(256)) * 64 + b"\x00end"
-
-
-@pytest.fixture(scope="module")
-def serve() -> Iterator[Serve]:
-    with running_serve("lc-exec-") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def driver(serve: Serve) -> Iterator[Driver]:
-    with node_driver(serve) as running:
-        yield running
 
 
 def current(serve: Serve, key: str = KEY_A, **params: Any) -> dict[str, Any]:
