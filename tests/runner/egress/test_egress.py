@@ -334,6 +334,29 @@ def test_the_job_cannot_change_the_rules(sandbox: Sandbox) -> None:
     ]
 
 
+HOARD = """
+import select, socket, sys, time
+gw = open("/etc/resolv.conf").read().split()[1]
+socks = [socket.create_connection((gw, 3128), timeout=10) for _ in range(300)]
+time.sleep(1)
+readable, _, _ = select.select(socks, [], [], 2)
+reset = 0
+for s in readable:
+    try:
+        s.recv(1)
+    except ConnectionResetError:
+        reset += 1
+print(reset)
+"""
+
+
+def test_connections_a_sandbox_holds_open_are_bounded(sandbox: Sandbox) -> None:
+    """Past 256 undecided or relayed connections the gateway resets new ones at once."""
+    sandbox.policy(allow=[ALLOWED])
+    out = sandbox.run(f"cat > h.py <<'EOF'\n{HOARD}\nEOF\npython3 h.py")
+    assert int(out) == 300 - 256
+
+
 def test_bad_policies_are_400_and_change_nothing(sandbox: Sandbox) -> None:
     sandbox.policy(allow=[ALLOWED])
     for body in (

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import resource
 import socket
 import sys
 from typing import Any
@@ -158,6 +159,10 @@ def main() -> None:
         sys.exit("usage: python -m sandcell_runner.egress.gateway CONFIG-JSON")
     config = msgspec.json.decode(sys.argv[1], type=GatewayConfig)
     _warm_up()
+    # Room for every connection the caps allow (two sockets and two pipe ends each).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
     drop_privileges(config.uid)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(config))

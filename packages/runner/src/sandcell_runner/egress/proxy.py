@@ -168,7 +168,9 @@ async def serve(listener: socket.socket, handler: Handler, *, limit: asyncio.Sem
         conn, _ = await loop.sock_accept(listener)
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if limit.locked():
+        # Bounded twice: relayed connections (``limit``) and ones still being decided
+        # (a client that never sends its request holds a socket for _HEAD_TIMEOUT_S).
+        if limit.locked() or len(tasks) >= MAX_CONNECTIONS:
             _reset(conn)
             continue
         task = asyncio.ensure_future(handler(conn))
