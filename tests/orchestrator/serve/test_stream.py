@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 
 import httpx
@@ -85,6 +86,7 @@ async def test_a_refusal_before_any_output_is_a_plain_error(service: Service) ->
         )
         assert second.status_code == 409
         assert error_of(second).error.code == ErrorCode.SESSION_BUSY
+        assert second.headers["retry-after"] == "1"
         async for _ in lines:
             pass
 
@@ -101,8 +103,9 @@ async def _exec_until_free(service: Service, code: str, hint: str) -> ExecuteRes
 
 
 async def test_a_client_that_leaves_cancels_its_turn(service: Service) -> None:
-    """Disconnecting mid-turn (streamed or not) stops the job, and the session keeps the
-    state of its last completed turn: the interrupted turn's file is not there."""
+    """Disconnecting mid-turn (streamed or not) stops the job (its session is free long
+    before the job's 60 s sleep ends), and the session keeps what the job wrote before
+    it was stopped, as after a timeout."""
     keep = await service.exec(code="open('kept', 'w').write('1')", runtime_session_hint="gone")
     assert keep.status_code == 200, keep.text
     writes = "open('partial', 'w').write('x')\nprint('started', flush=True)\nimport time\n"
@@ -111,24 +114,35 @@ async def test_a_client_that_leaves_cancels_its_turn(service: Service) -> None:
     ) as response:
         assert "started" in await anext(response.aiter_lines())
     after = await _exec_until_free(service, "import os; print(sorted(os.listdir('.')))", "gone")
-    assert after.stdout == "['kept']\n"
+    assert after.stdout == "['kept', 'partial']\n"
 
-    # The plain JSON answer: the client gives up while the job sleeps. Were the turn
-    # not cancelled, the session would stay busy for the job's 60 s, past the bound
-    # of _exec_until_free.
+    # The plain JSON answer: the client gives up once the job has written its file
+    # (seen in the session workspace on this host) and while it sleeps.
     plain = asyncio.create_task(
-        service.exec(code=writes + "time.sleep(60)", runtime_session_hint="gone")
+        service.exec(
+            code="open('plain', 'w').write('x')\nimport time\ntime.sleep(60)",
+            runtime_session_hint="gone",
+        )
     )
-    for _ in range(600):
-        listed = (await service.client.get("/v1/sessions", headers=service.auth())).json()
-        if [s["state"] for s in listed["sessions"]] == ["active"]:
+    for _ in range(1200):
+        if any(service.runtime_dir.rglob("plain")):
             break
         await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the job never started")
     plain.cancel()
     with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
         await plain
     after = await _exec_until_free(service, "import os; print(sorted(os.listdir('.')))", "gone")
-    assert after.stdout == "['kept']\n"
+    assert after.stdout == "['kept', 'partial', 'plain']\n"
+    metrics = (await service.client.get("/metrics")).text
+    assert "sandcell_interrupted_turns_total 2" in metrics, metrics
+    for name in ("turn", "launch", "checkpoint"):
+        assert f"# TYPE sandcell_{name}_duration_seconds histogram" in metrics
+    assert 'sandcell_restore_duration_seconds_bucket{le="+Inf"} 0' in metrics
+    turns = re.search(r"^sandcell_turn_duration_seconds_count (\d+)$", metrics, re.MULTILINE)
+    assert turns is not None
+    assert int(turns.group(1)) >= 5  # and the 409s _exec_until_free met
 
 
 def test_events_are_protocol_stream_events() -> None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -16,6 +19,7 @@ import pytest_asyncio
 from sandcell_orchestrator.errors import (
     ContextLostError,
     RunnerRequestError,
+    SandboxUnavailableError,
     SessionRequiredError,
 )
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
@@ -25,15 +29,20 @@ from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from sandcell_protocol import ExecuteRequest, InlineFile, runtime_session_id
 from sandcell_protocol import contexts as cx
 from tests.fixtures.paths import traversable_dir
+from tests.orchestrator.sessions.conftest import runner_pids
 
 USER = Identity(namespace="tenant-ctx", user_id="u1")
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
+ROOTS: list[Path] = []
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def service() -> AsyncIterator[ExecutionService]:
     with traversable_dir("ctx-orch-") as root:
+        ROOTS.append(root)
         provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
         async with DirectorySnapshotStore(root / "snapshots") as store:
             execution = ExecutionService(
@@ -125,6 +134,29 @@ async def test_after_a_restore_into_a_new_sandbox_the_context_is_lost(
     assert (
         main_text(await service.run_code(python("open('kept.txt').read()"), USER, hint="suspend"))
         == "'kept'"
+    )
+
+
+async def test_a_dead_warm_sandbox_fails_retryably_then_answers_context_lost(
+    service: ExecutionService,
+) -> None:
+    """A cell skips the /health check; a sandbox that died meanwhile fails that cell
+    (retryable, nothing ran) and the next one restores the files: context_lost."""
+    session_id = runtime_session_id(USER.namespace, USER.user_id, "dead")
+    await service.run_code(python("z = 1\nopen('z.txt', 'w').write('z')"), USER, hint="dead")
+    record = await service.manager.record(session_id)
+    assert record is not None
+    (pid,) = runner_pids(ROOTS[-1] / "rt" / record.sandbox_id)
+    os.killpg(pid, signal.SIGKILL)
+    with pytest.raises(SandboxUnavailableError) as info:
+        await service.run_code(python("z"), USER, hint="dead")
+    assert info.value.retryable
+    with pytest.raises(ContextLostError):
+        await service.run_code(python("z"), USER, hint="dead")
+    await service.contexts.restart(session_id, "default-python")
+    assert (
+        main_text(await service.run_code(python("open('z.txt').read()"), USER, hint="dead"))
+        == "'z'"
     )
 
 

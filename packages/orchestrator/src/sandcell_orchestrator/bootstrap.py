@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .config import OrchestratorSettings
 from .extras import needs_extra
-from .metrics import METRIC_HELP, Metrics
+from .metrics import Metrics, declared_metrics
 from .providers import open_provider
 from .providers.base import SandboxProvider
 from .registry import SessionRegistry
@@ -70,13 +70,6 @@ def open_registry(settings: OrchestratorSettings) -> SessionRegistry:
     return RedisRegistry.from_url(url)
 
 
-def _metrics() -> Metrics:
-    metrics = Metrics()
-    for name, help_text in METRIC_HELP.items():
-        metrics.describe(name, help_text)
-    return metrics
-
-
 @contextlib.asynccontextmanager
 async def open_services(
     settings: OrchestratorSettings, *, keep_warm: bool = True, keep_sandboxes: bool = False
@@ -108,7 +101,7 @@ async def open_services(
             if settings.s3 is not None
             else DirectoryInputSource(settings.inputs_dir)
         )
-        metrics = _metrics()
+        metrics = declared_metrics()
         manager = SandboxManager(
             provider,
             registry,

@@ -25,11 +25,17 @@ WORKSPACE_DIR = "/mnt/data"
 """The workspace inside the jail: the job's working directory."""
 
 # Python keeps the working directory (the workspace) first on sys.path, as
-# `python -c` does, while tracebacks still name the real entry file.
+# `python -c` does, while tracebacks still name the real entry file. An uncaught
+# error is printed without this bootstrap's own frame (`File "<string>"`), so a
+# traceback starts at the user's code, and exits 1 as python would.
 _PYTHON_BOOTSTRAP = (
-    "import sys;p=sys.argv[0]='{entry}';"
-    "exec(compile(open(p,'rb').read(),p,'exec'),"
-    "{{'__name__':'__main__','__file__':p,'__builtins__':__builtins__}})"
+    "import sys;p=sys.argv[0]='{entry}'\n"
+    "try:exec(compile(open(p,'rb').read(),p,'exec'),"
+    "{{'__name__':'__main__','__file__':p,'__builtins__':__builtins__}})\n"
+    "except (SystemExit,KeyboardInterrupt):raise\n"
+    "except BaseException as e:\n"
+    " e=e.with_traceback(e.__traceback__.tb_next)\n"
+    " sys.excepthook(type(e),e,e.__traceback__);sys.exit(1)"
 )
 
 MOUNTED_PREFIXES = ("/usr/", "/bin/", "/lib/", "/lib64/", "/sbin/")

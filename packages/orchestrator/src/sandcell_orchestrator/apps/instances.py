@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
+import hashlib
 import hmac
 import logging
 import secrets
@@ -135,6 +137,9 @@ class AppInstances:
         self._new_token = new_token
         self._new_id = new_id
         self._instances: dict[str, Instance] = {}
+        # Digests of deleted instances' preview tokens: a tab still open on one learns
+        # it is gone (404) rather than that its token went bad (401). Bounded, oldest out.
+        self._deleted_previews: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def __repr__(self) -> str:
         return f"AppInstances(instances={len(self._instances)})"
@@ -162,6 +167,10 @@ class AppInstances:
         expected = instance.preview_token if instance is not None else "x" * 43
         ok = hmac.compare_digest(expected.encode(), (token or "").encode())
         return instance if ok and instance is not None else None
+
+    def was_deleted(self, instance_id: str, token: str | None) -> bool:
+        """Whether ``token`` was the preview token of ``instance_id`` before it was deleted."""
+        return bool(token) and _preview_digest(instance_id, token or "") in self._deleted_previews
 
     def preview_url(self, instance: Instance) -> str:
         """The preview URL handed to the caller: it carries the token for the first visit."""
@@ -257,6 +266,9 @@ class AppInstances:
         """Remove ``instance`` and destroy its sandbox and checkpoint (idempotent)."""
         if self._instances.pop(instance.instance_id, None) is None:
             return
+        self._deleted_previews[_preview_digest(instance.instance_id, instance.preview_token)] = None
+        while len(self._deleted_previews) > _DELETED_PREVIEWS_KEPT:
+            self._deleted_previews.popitem(last=False)
         # The lock waits out a call or a recovery in flight, so neither can bring a
         # sandbox back after this destroyed it.
         with anyio.CancelScope(shield=True):
@@ -411,3 +423,11 @@ def _file_bytes(content: str, encoding: str) -> bytes:
         return base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
         raise AppRequestError("content: not valid base64") from None
+
+
+_DELETED_PREVIEWS_KEPT = 4096
+
+
+def _preview_digest(instance_id: str, token: str) -> str:
+    # Only a digest is kept: the token itself must not outlive its instance.
+    return hashlib.sha256(f"{instance_id}\x00{token}".encode()).hexdigest()

@@ -7,6 +7,7 @@
     sandcell serve [--host H] [--port P]
     sandcell sessions list [--json]
     sandcell sessions destroy (ID | HINT)
+    sandcell files (ls [DIR] | get PATH [DEST|-] | put SRC [PATH]) --session HINT
 
 One module per command (``exec.py``, ``sessions.py``, ``serve.py``), each adding
 its parser and running it; ``common.py`` holds what they share.
@@ -39,6 +40,7 @@ from sandcell_protocol import ProtocolError
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
 from . import exec as exec_command
+from . import files as files_command
 from . import run as run_command
 from . import serve as serve_command
 from . import sessions as sessions_command
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_command.add_parser(commands)
     serve_command.add_parser(commands)
     sessions_command.add_parser(commands)
+    files_command.add_parser(commands)
     return parser
 
 
@@ -85,6 +88,8 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         settings = OrchestratorSettings.from_env(environ)
         if args.command == "serve":
             return serve_command.run_serve(args, settings)
+        if args.command == "files":
+            return run_async(lambda: files_command.run_files(args, settings, sys.stdout))
         if args.command == "exec":
             return run_async(lambda: exec_command.run_exec(args, settings, sys.stdout, sys.stderr))
         if args.command == "run":

@@ -147,7 +147,12 @@ class ContextRoutes:
         queue: asyncio.Queue[cx.ContextEvent | None] = asyncio.Queue()
         task = asyncio.ensure_future(
             execution.run_code(
-                code, identity, hint=hint, context_id=call.context_id, on_event=queue.put_nowait
+                code,
+                identity,
+                hint=hint,
+                context_id=call.context_id,
+                on_event=queue.put_nowait,
+                egress=call.egress,
             )
         )
         task.add_done_callback(lambda _: queue.put_nowait(None))

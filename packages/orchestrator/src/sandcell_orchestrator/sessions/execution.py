@@ -48,7 +48,7 @@ from ..registry import SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
-from .manager import SandboxManager
+from .manager import Attached, Hold, SandboxManager
 from .output import OnOutput, run_job
 
 __all__ = ["ExecutionService", "Identity"]
@@ -155,6 +155,12 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._stateless_turn(request, on_output, egress)
+
+    async def _stateless_turn(
+        self, request: ExecuteRequest, on_output: OnOutput | None, egress: EgressPolicy | None
+    ) -> ExecuteResult:
         handle = await self.manager.launch(self._spec_for(egress))
         try:
             await deliver_inputs(handle, request, session_id=None, source=self.inputs)
@@ -209,6 +215,7 @@ class ExecutionService:
         hint: str | None,
         context_id: str | None = None,
         on_event: Callable[[ContextEvent], None] | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ContextRunResult:
         """Run ``request.code`` in a code context of the session ``hint`` names.
 
@@ -216,8 +223,9 @@ class ExecutionService:
         new one restores the checkpoint first), inputs delivered, the cell run in
         the context (``context_id``; None: the language's default context, created
         on first use), and the workspace checkpointed when the cell changed it.
-        ``on_event`` gets the run's events as they happen. Contexts keep state, so
-        a hint is required in every mode.
+        ``on_event`` gets the run's events as they happen; ``egress`` is the
+        sandbox's egress policy from this turn on, as for ``execute``. Contexts
+        keep state, so a hint is required in every mode.
         """
         if hint is None:
             raise SessionRequiredError("code contexts live in a runtime session: give a hint")
@@ -240,8 +248,16 @@ class ExecutionService:
             self.metrics.inc("sandcell_context_runs_total", status=str(result.status))
             return result
 
+        # No /health round trip before a cell (it cost as much as the cell): if the warm
+        # sandbox died, its interpreters died with it, and the run's own failure says
+        # so (retryable; the next run restores the files and answers context_lost).
         return await self._session_turn(
-            session_id, request, in_context, changed=lambda result: result.workspace_changed
+            session_id,
+            request,
+            in_context,
+            changed=lambda result: result.workspace_changed,
+            egress=egress,
+            verify=False,
         )
 
     async def _session_turn(
@@ -252,13 +268,26 @@ class ExecutionService:
         *,
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None = None,
+        verify: bool = True,
     ) -> _T:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch."""
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._held_turn(session_id, request, work, changed=changed, egress=egress)
+
+    async def _held_turn(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        changed: Callable[[_T], bool | None],
+        egress: EgressPolicy | None,
+    ) -> _T:
         manager = self.manager
         spec = self._spec_for(egress)
         async with manager.hold(session_id) as hold:
-            attached = await manager.attach(hold, spec)
+            attached = await manager.attach(hold, spec, verify=verify)
             try:
                 if egress is not None and not attached.launched:
                     # A sandbox launched for this turn got it already; a kept one now.
@@ -268,14 +297,14 @@ class ExecutionService:
                 )
                 result = await work(attached.handle)
                 await manager.count_egress(attached.handle)
-            except (
-                LockLostError,
-                asyncio.CancelledError,
-                SandboxUnavailableError,
-                SandboxTimeoutError,
-            ):
-                # Lost the lock or cancelled (the job may still run: closing a socket
-                # does not stop it), unreachable, or timed out while the job may still
+            except asyncio.CancelledError:
+                # Interrupted (Ctrl-C, SIGTERM, a client that left, a lost lock): the
+                # job stopped when its stream closed. The rule for an interrupted turn
+                # is a timeout's: the session keeps what the job wrote until then.
+                await manager.sandboxes.shielded(self._keep_interrupted(hold, attached))
+                raise
+            except (LockLostError, SandboxUnavailableError, SandboxTimeoutError):
+                # Lost the lock, unreachable, or timed out while the job may still
                 # run: the sandbox may be dirty, so it is recycled, never reused.
                 await manager.recycle(hold, attached)
                 raise
@@ -310,6 +339,29 @@ class ExecutionService:
             if not self.keep_warm:
                 await manager.park(hold, attached)
         return result
+
+    async def _keep_interrupted(self, hold: Hold, attached: Attached) -> None:
+        """Checkpoint an interrupted turn's workspace; recycle the sandbox if that fails.
+
+        The runner's checkpoint waits (briefly) for the stopped job's cleanup, so a
+        job that did not stop makes it fail, and the session then falls back to its
+        last checkpoint: a dirty sandbox is never saved or reused.
+        """
+        manager = self.manager
+        self.metrics.inc("sandcell_interrupted_turns_total")
+        try:
+            await manager.checkpoint(hold, attached)
+        except Exception as exc:
+            log.warning(
+                "session %s: interrupted turn not saved (%s); back to its last checkpoint",
+                hold.session_id[:11],
+                type(exc).__name__,
+            )
+            await manager.recycle(hold, attached)
+            return
+        await manager.touch(hold.session_id)
+        if not self.keep_warm:
+            await manager.park(hold, attached)
 
     def _turn_timeout(self, request: ExecuteRequest) -> float:
         return request.timeout_ms / 1000 + self.manager.budgets.health_s

@@ -1,8 +1,7 @@
 """Running one job in a sandbox, its output handed on as it is produced.
 
-``ExecutionService`` calls ``run_job`` for every turn. Without an ``OnOutput``
-callback the runner answers one ``ExecuteResult``; with one, the runner streams
-NDJSON and each stdout/stderr chunk goes to the callback the moment it arrives,
+``ExecutionService`` calls ``run_job`` for every turn. The runner streams NDJSON
+and, given an ``OnOutput`` callback, each stdout/stderr chunk goes to it the moment it arrives,
 so a CLI or an HTTP client sees a line printed before a long sleep before the
 job ends. The result is the same either way (the runner renders both from one
 execute), so the session logic around it does not care which was used.
@@ -32,15 +31,18 @@ async def run_job(
     timeout_s: float,
     on_output: OnOutput | None,
 ) -> ExecuteResult:
-    """Execute ``request`` in ``handle``'s runner; stream its output to ``on_output``."""
-    if on_output is None:
-        return await handle.runner.execute(request, session_id=session_id, timeout_s=timeout_s)
-    # Closing the stream early (a cancelled turn) makes the runner stop the job.
+    """Execute ``request`` in ``handle``'s runner; stream its output to ``on_output``.
+
+    Always over the stream, even with nobody to hand output to: closing it early
+    (a cancelled turn) makes the runner stop the job, which a dropped plain
+    request does not.
+    """
     async with contextlib.aclosing(
         handle.runner.execute_stream(request, session_id=session_id, timeout_s=timeout_s)
     ) as events:
         async for event in events:
             if isinstance(event, ResultEvent):
                 return event.result
-            on_output(event)
+            if on_output is not None:
+                on_output(event)
     raise SandboxUnavailableError("the runner's stream ended before its result")

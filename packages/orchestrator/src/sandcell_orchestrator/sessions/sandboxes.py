@@ -105,8 +105,9 @@ class Sandboxes:
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
         """A new sandbox, within the launch and health budgets."""
         try:
-            async with asyncio.timeout(self._budgets.launch_s + self._budgets.health_s):
-                handle = await self.provider.create(spec)
+            with self._metrics.timer("sandcell_launch_duration_seconds"):
+                async with asyncio.timeout(self._budgets.launch_s + self._budgets.health_s):
+                    handle = await self.provider.create(spec)
         except TimeoutError:
             self._metrics.inc("sandcell_launches_total", outcome="timeout")
             raise SandboxUnavailableError("sandbox launch timed out") from None
@@ -139,8 +140,14 @@ class Sandboxes:
             self.launched.discard(handle.sandbox_id)
             self.egress.forget(handle.sandbox_id)
 
-    async def reuse(self, session_id: str, record: SessionRecord) -> SandboxHandle | None:
-        """The session's live sandbox, or None (an unreachable one is destroyed)."""
+    async def reuse(
+        self, session_id: str, record: SessionRecord, *, verify: bool = True
+    ) -> SandboxHandle | None:
+        """The session's live sandbox, or None (an unreachable one is destroyed).
+
+        ``verify=False`` trusts a reachable sandbox without its ``/health`` round trip
+        (the caller's own first request then fails if it died).
+        """
         handle = self._handles.get(session_id)
         if handle is not None and handle.sandbox_id != record.sandbox_id:
             # Another worker relaunched the session: our client points at a dead sandbox.
@@ -152,6 +159,9 @@ class Sandboxes:
                 handle = rebind(await self.provider.connect(record.sandbox_id), session_id)
             except (SandboxNotFoundError, SandboxUnavailableError):
                 handle = None
+        if handle is not None and not verify:
+            self._handles[session_id] = handle
+            return handle
         if handle is not None:
             try:
                 health = await handle.runner.health()
