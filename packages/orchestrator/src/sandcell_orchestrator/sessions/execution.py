@@ -273,7 +273,9 @@ class ExecutionService:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch."""
         with self.metrics.timer("sandcell_turn_duration_seconds"):
-            return await self._held_turn(session_id, request, work, changed=changed, egress=egress)
+            return await self._held_turn(
+                session_id, request, work, changed=changed, egress=egress, verify=verify
+            )
 
     async def _held_turn(
         self,
@@ -283,6 +285,7 @@ class ExecutionService:
         *,
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None,
+        verify: bool,
     ) -> _T:
         manager = self.manager
         spec = self._spec_for(egress)
