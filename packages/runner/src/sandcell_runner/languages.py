@@ -40,6 +40,21 @@ _PYTHON_BOOTSTRAP = (
 
 MOUNTED_PREFIXES = ("/usr/", "/bin/", "/lib/", "/lib64/", "/sbin/")
 
+LANGUAGE_ALIASES = {
+    "py": "python",
+    "python3": "python",
+    "javascript": "node",
+    "js": "node",
+    "nodejs": "node",
+    "shell": "sh",
+}
+"""Other names callers use for an offered language (``ExecuteRequest.language``)."""
+
+
+def resolve_language(name: str) -> str:
+    """The offered language ``name`` means: itself, or what its alias stands for."""
+    return LANGUAGE_ALIASES.get(name.lower(), name)
+
 
 @dataclass(frozen=True, slots=True)
 class LanguageSpec:
