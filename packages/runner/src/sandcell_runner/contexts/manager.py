@@ -32,6 +32,7 @@ from sandcell_protocol.contexts import (
     ContextRun,
     ContextState,
 )
+from sandcell_protocol.sandbox_messages import SANDBOX_HOME
 
 from ..config import MIB, RunnerSettings
 from ..errors import (
@@ -244,6 +245,8 @@ class ContextManager:
             network=self._settings.allow_network,
             netns_fd=state.netns.fd if state.netns is not None else None,
             long_running=True,
+            # E2B-style clients name the workspace /home/user (sandbox_messages.SANDBOX_HOME).
+            home_link=SANDBOX_HOME,
         )
 
     async def _stop(self, context: _Context, *, lost_reason: str | None = None) -> None:
