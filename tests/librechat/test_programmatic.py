@@ -4,24 +4,9 @@ between rounds, the code continues in its code context."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve, node_driver, running_serve
-
-
-@pytest.fixture(scope="module")
-def serve() -> Iterator[Serve]:
-    with running_serve("lc-ptc-") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def driver(serve: Serve) -> Iterator[Driver]:
-    with node_driver(serve) as running:
-        yield running
+from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve
 
 
 def ptc(driver: Driver, serve: Serve, code: str, *tools: str) -> dict[str, Any]:
