@@ -339,3 +339,24 @@ def test_a_real_run_matches_the_golden_wire(client: ContextClient) -> None:
         {k: v for k, v in e.items() if k not in timing} for e in golden
     ]
     client.http.delete(f"/v1/session/contexts/{context_id}")
+
+
+def test_a_node_context_keeps_its_bindings(client: ContextClient) -> None:
+    """JavaScript through node's vm: bindings persist, the completion value is the main
+    result, console output comes first, errors and timeouts keep the context."""
+    node = client.create(language="node")
+    assert client.run(node, "var x = 41; let y = 'kept'")["status"] == "ok"
+    events = client.stream(node, "console.log('hi', {a: 1}); console.error('warn'); x + 1")
+    assert [(e["type"], e.get("data")) for e in events[:-1]] == [
+        ("stdout", "hi { a: 1 }\n"),
+        ("stderr", "warn\n"),
+        ("result", {"text/plain": "42"}),
+    ]
+    failed = client.run(node, "function f() { throw new TypeError('bad') }\nf()")
+    assert failed["error"]["name"] == "TypeError"
+    assert "at f (<cell-3>:1:" in failed["error"]["traceback"]
+    assert "driver" not in failed["error"]["traceback"]
+    stuck = client.run(node, "while (true) {}", timeout_ms=800)
+    assert (stuck["status"], stuck["context_lost"]) == ("timeout", False)
+    assert client.main_text(node, "y") == "'kept'"
+    client.http.delete(f"/v1/session/contexts/{node}")
