@@ -26,7 +26,7 @@ from sandcell_protocol import app_messages as am
 from sandcell_protocol import routes
 
 from ..apps.runtime_errors import from_browser
-from ..errors import BadRequestError, BusyError, RunnerError
+from ..errors import AppNotRespondingError, BadRequestError, RunnerError
 from ..preview.inject import reporter_prefix
 from ..preview.proxy import HOP_BY_HOP, RUNNER_ONLY
 from ..preview.ws_relay import UpstreamRefusedError, connect_upstream, relay
@@ -86,7 +86,9 @@ class PreviewRoutes(RouteGroup):
         try:
             return port, await state.netns.connect(port)
         except (OSError, TimeoutError):
-            raise BusyError(f"nothing is listening on port {port} in the session yet") from None
+            raise AppNotRespondingError(
+                f"the app did not answer: nothing is listening on port {port}"
+            ) from None
 
     @staticmethod
     def _forwarded(scope: Scope) -> list[tuple[bytes, bytes]]:
