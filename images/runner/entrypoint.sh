@@ -10,14 +10,15 @@ set -eu
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || echo "entrypoint: could not raise RLIMIT_NOFILE" >&2
 
 # Engines mount the container's own cgroup (cgroup v1: one directory per controller)
-# read-only. Holding CAP_SYS_ADMIN, which nsjail needs anyway, we remount memory and
-# pids read-write so the runner can nest one cgroup per job under the container's
-# and tell an OOM kill from a timeout. Only this container's subtree is mounted
+# read-only. Holding CAP_SYS_ADMIN, which nsjail needs anyway, we remount memory,
+# pids and cpu read-write so the runner can nest one cgroup per job under the
+# container's, tell an OOM kill from a timeout and bound a session's CPU. Only this container's subtree is mounted
 # there, so nothing of the host's hierarchy becomes writable. Without the
 # capability the remount fails quietly and the runner falls back to rlimits
 # (its /health says so).
-for controller in memory pids; do
-    dir=/sys/fs/cgroup/$controller
+for controller in memory pids cpu; do
+    # cpu is usually a link to the joint cpu,cpuacct mount.
+    dir=$(readlink -f "/sys/fs/cgroup/$controller" 2>/dev/null) || continue
     options=$(awk -v dir="$dir" '$5 == dir { print $6 }' /proc/self/mountinfo)
     case ",$options," in
         *,ro,*) mount -o remount,rw,bind "$dir" 2>/dev/null || true ;;

@@ -29,6 +29,10 @@ from tests.orchestrator.cli.conftest import stop_leftovers
 
 KEY_A = "e2b-key-a-0123456789abcdef"
 KEY_B = "e2b-key-b-0123456789abcdef"
+MAX_SANDBOXES = 3
+"""``SANDCELL_E2B_MAX_SANDBOXES`` of the test service: running sandboxes per tenant."""
+DOMAIN = "sandcell.test"
+"""``SANDCELL_E2B_DOMAIN`` of the test service: its Host-routed form is served too."""
 
 
 @dataclass
@@ -59,12 +63,15 @@ class E2bServe:
 
 def start_serve(base: Path, *, env: Mapping[str, str] | None = None) -> E2bServe:
     """``python -m sandcell_orchestrator serve`` on a free port; waits for ``/healthz``."""
+    base.mkdir(parents=True, exist_ok=True)
     port = free_port()
     home, runtime_dir, log_path = base / "home", base / "sandboxes", base / "serve.log"
     environ = clean_environ(
         SANDCELL_HOME=str(home),
         SANDCELL_LOCAL_RUNTIME_DIR=str(runtime_dir),
         SANDCELL_API_KEYS=f"{KEY_A}=tenant-a,{KEY_B}=tenant-b",
+        SANDCELL_E2B_DOMAIN=DOMAIN,
+        SANDCELL_E2B_MAX_SANDBOXES=str(MAX_SANDBOXES),
         **dict(env or {}),
     )
     for name in list(environ):

@@ -7,14 +7,26 @@ sandboxes are real runner processes with nsjail underneath (local provider).
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox
-from e2b.exceptions import NotFoundException, SandboxException
+from e2b.exceptions import (
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+    TimeoutException,
+)
 
-from tests.e2b_api.conftest import KEY_B, E2bServe
+from tests.e2b_api.conftest import DOMAIN, KEY_A, KEY_B, MAX_SANDBOXES, E2bServe
+from tests.e2b_api.tls_front import tls_front
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +211,137 @@ async def test_async_sdk_runs_commands(e2b_serve: E2bServe) -> None:
         assert await sandbox.files.read("/home/user/a.txt") == "async file"
     finally:
         assert await sandbox.kill() is True
+
+
+def test_host_routed_form(e2b_serve: E2bServe) -> None:
+    """E2B_DOMAIN's form: ``api.{domain}`` is the control plane and
+    ``{port}-{id}.{domain}`` a sandbox's envd, routed by ``Host`` alone (the SDK adds
+    TLS; a terminator in front of sandcell removes it)."""
+    with httpx.Client(base_url=e2b_serve.url, timeout=60) as client:
+        created = client.post(
+            "/v2/sandboxes",
+            json={"templateID": "base"},
+            headers={"Host": f"api.{DOMAIN}", "X-API-KEY": KEY_A},
+        )
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert body["domain"] == DOMAIN
+        sandbox_host = f"49983-{body['sandboxID']}.{DOMAIN}"
+        envd = {"Host": sandbox_host, "X-Access-Token": body["envdAccessToken"]}
+        try:
+            written = client.post(
+                "/files", params={"path": "h.txt"}, content=b"via host", headers=envd
+            )
+            assert written.status_code == 200, written.text
+            assert written.json()[0]["path"] == "/home/user/h.txt"
+            read = client.get("/files", params={"path": "/home/user/h.txt"}, headers=envd)
+            assert read.content == b"via host"
+            listed = client.post(
+                "/process.Process/List",
+                json={},
+                headers={**envd, "Content-Type": "application/json"},
+            )
+            assert listed.status_code == 200, listed.text
+            assert client.get("/health", headers=envd).status_code == 204
+            other = client.get("/health", headers={**envd, "Host": f"49983-{'c' * 20}.{DOMAIN}"})
+            assert other.status_code == 502
+        finally:
+            client.delete(
+                f"/sandboxes/{body['sandboxID']}",
+                headers={"Host": f"api.{DOMAIN}", "X-API-KEY": KEY_A},
+            )
+
+
+def test_users_user_and_root_are_the_same_pinned_uid(sbx: Sandbox) -> None:
+    """``user="root"`` runs as the session's unprivileged UID, as ``user`` does."""
+    as_user = sbx.commands.run("id -u").stdout
+    as_root = sbx.commands.run("id -u", user="root").stdout
+    assert as_user == as_root
+    assert as_user.strip() != "0"
+
+
+def test_a_command_timeout_ends_the_process(sbx: Sandbox) -> None:
+    """The SDK's ``timeout`` is the Start stream's deadline, and ends the process too."""
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 60; echo never", timeout=1)
+    deadline = time.monotonic() + 30
+    while any("sleep 60" in " ".join(p.args) for p in sbx.commands.list()):
+        assert time.monotonic() < deadline, "the timed-out command is still running"
+        time.sleep(0.1)
+
+
+def test_stream_input_and_uploads(sbx: Sandbox) -> None:
+    """``stream_input`` feeds stdin in order; gzip octet-stream and multi-file uploads land."""
+    handle = sbx.commands.run("cat", background=True, stdin=True)
+    sbx.commands.stream_input(handle.pid, iter(["one ", b"two"]))
+    sbx.commands.close_stdin(handle.pid)
+    assert handle.wait().stdout == "one two"
+
+    sbx.files.write("gz.txt", "compressed on the wire", gzip=True)
+    assert sbx.files.read("gz.txt") == "compressed on the wire"
+    written = sbx.files.write_files(
+        [
+            {"path": "multi/1.txt", "data": "first"},
+            {"path": "/home/user/multi/2.bin", "data": b"\x02"},
+        ]
+    )
+    assert sorted(w.path for w in written) == ["/home/user/multi/1.txt", "/home/user/multi/2.bin"]
+    assert sbx.files.read("multi/2.bin", format="bytes") == b"\x02"
+
+
+def test_idempotency_paging_and_the_tenant_cap(e2b_serve: E2bServe) -> None:
+    """A retried create with one Idempotency-Key makes one sandbox; listings page with
+    ``limit``/``nextToken``; a tenant past its running-sandbox cap gets a 429."""
+    other = e2b_serve.opts(KEY_B)
+    first = Sandbox.create(idempotency_key="retry-1", **other)
+    made = [first]
+    try:
+        again = Sandbox.create(idempotency_key="retry-1", **other)
+        assert again.sandbox_id == first.sandbox_id
+        while len(made) < MAX_SANDBOXES:
+            made.append(Sandbox.create(**other))
+        with pytest.raises(RateLimitException):
+            Sandbox.create(**other)
+
+        pages = Sandbox.list(limit=2, **other)
+        seen = pages.next_items()
+        assert len(seen) == 2
+        assert pages.has_next
+        seen += pages.next_items()
+        assert not pages.has_next
+        assert sorted(s.sandbox_id for s in seen) == sorted(s.sandbox_id for s in made)
+    finally:
+        for sandbox in made:
+            sandbox.kill()
+
+
+_DOMAIN_SCRIPT = """
+import json, os
+from e2b import Sandbox
+sandbox = Sandbox.create(proxy=os.environ["FRONT"])
+out = sandbox.commands.run("echo over tls").stdout
+sandbox.files.write("tls.txt", "via the domain form")
+print(json.dumps({"id": sandbox.sandbox_id, "out": out, "file": sandbox.files.read("tls.txt"),
+                  "killed": sandbox.kill()}))
+"""
+
+
+def test_the_sdk_in_the_e2b_domain_form(e2b_serve: E2bServe, tmp_path: Path) -> None:
+    """The SDK with only ``E2B_DOMAIN`` (https://api.{domain}, https://49983-{id}.{domain})
+    through a TLS terminator in front of sandcell serve, as docs/e2b.md deploys it."""
+    with tls_front(tmp_path, domain=DOMAIN, upstream_port=e2b_serve.port) as (front, ca):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("E2B_", "SANDCELL_"))}
+        env.update(E2B_DOMAIN=DOMAIN, E2B_API_KEY=KEY_A, SSL_CERT_FILE=str(ca), FRONT=front)
+        done = subprocess.run(
+            [sys.executable, "-c", _DOMAIN_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["out"] == "over tls\n"
+    assert result["file"] == "via the domain form"
+    assert result["killed"] is True

@@ -25,10 +25,11 @@ VENDOR_HOMES = {
     "botocore": {"providers/lambda_client.py"},
     "redis": {"registry/redis.py", "providers/ratelimit_redis.py"},
     "minio": {"snapshots/s3.py"},
+    "joserfc": {"serve/librechat/jwt.py"},
     "urllib3": {"snapshots/s3.py"},
     # envd's generated Connect code ships in the e2b package.
     "e2b": {"e2b/process.py", "e2b/filesystem.py"},
-    "connectrpc": {"e2b/process.py", "e2b/filesystem.py", "e2b/errors.py"},
+    "connectrpc": {"e2b/process.py", "e2b/filesystem.py", "e2b/errors.py", "e2b/envd.py"},
     "protobuf": {"e2b/process.py", "e2b/filesystem.py"},
 }
 """Each vendor SDK and the only modules that may import it."""

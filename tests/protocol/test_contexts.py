@@ -33,6 +33,7 @@ SAMPLES: list[Any] = [
         context_lost=True,
     ),
     cx.ContextRunResult(status=cx.ContextStatus.OK, execution_count=1, wall_ms=1, cpu_ms=0),
+    cx.RunCall(language="python", code="x", user_id="u", context_id="nb"),
 ]
 
 

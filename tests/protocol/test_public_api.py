@@ -13,6 +13,7 @@ def test_all_is_pinned() -> None:
         if name
         not in {
             "annotations",
+            "base",
             "codec",
             "derivations",
             "errors",

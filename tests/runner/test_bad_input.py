@@ -241,7 +241,7 @@ def test_hostile_inline_file_sets_never_give_a_5xx(
 
 def test_the_runner_is_unchanged_after_the_properties(runner: RunnerProcess) -> None:
     """After every hostile input above: healthy, same languages, and it still runs jobs."""
-    health = httpx.get(runner.url + "/health", timeout=10).json()
+    health = httpx.get(runner.url + "/health", headers=runner.headers(), timeout=10).json()
     assert health["status"] == "ok"
     assert {"python", "sh"} <= set(health["languages"])
     assert "internal error" not in runner.log().lower()

@@ -108,6 +108,32 @@ def test_health_needs_no_auth_and_has_no_secrets(runner: RunnerProcess) -> None:
     assert runner.token not in response.text
 
 
+def test_health_without_the_token_is_what_a_load_balancer_needs(
+    runner_factory: StartRunner,
+) -> None:
+    """No token: status and protocol only (no bound session, languages, warnings or
+    versions); the token gets the whole Health; a wrong token is a 401."""
+    runner = runner_factory(SANDCELL_RUNNER_SESSIONS="1")
+    session = "rt_" + "d" * 64
+    bound = httpx.post(
+        runner.url + "/v1/execute",
+        json={"language": "sh", "code": "true"},
+        headers=runner.headers(**{"X-Runtime-Session-Id": session}),
+        timeout=60,
+    )
+    assert bound.status_code == 200
+    anonymous = httpx.get(runner.url + "/health", timeout=10)
+    assert anonymous.status_code == 200
+    assert anonymous.json() == {"status": "ok", "protocol": PROTOCOL_VERSION}
+    assert session not in anonymous.text
+    full = httpx.get(runner.url + "/health", headers=runner.headers(), timeout=10).json()
+    assert full["session_id"] == session
+    assert "python" in full["languages"]
+    wrong = httpx.get(runner.url + "/health", headers={"Authorization": "Bearer " + "0" * 48})
+    assert wrong.status_code == 401
+    assert error_code(wrong) == "unauthorized"
+
+
 def test_protocol_header_major_checked(runner: RunnerProcess) -> None:
     ok = execute_raw(runner, {"language": "bash", "code": "true"}, **{"X-Sandcell-Protocol": "1.4"})
     assert ok.status_code == 200

@@ -44,6 +44,23 @@ async def test_no_valid_token_no_preview(preview: Preview, target: str) -> None:
     assert preview.runner.seen == []
 
 
+async def test_a_deleted_instance_is_404_to_its_own_token_only(preview: Preview) -> None:
+    """An open tab (its token or cookie) learns the instance was deleted: 404. A wrong
+    token still gets the 401 an unknown instance gets."""
+    async with httpx.AsyncClient(base_url=preview.url) as client:
+        first = await client.get(f"/preview/{INSTANCE}/?token={PREVIEW_TOKEN}")
+        assert first.status_code == 200
+        await preview.instances.shutdown(preview.instance)
+        gone = await client.get(f"/preview/{INSTANCE}/")  # the cookie the first visit set
+        assert gone.status_code == 404
+        assert _error(gone).error.code is ErrorCode.NOT_FOUND
+        by_token = await client.get(f"/preview/{INSTANCE}/?token={PREVIEW_TOKEN}")
+        assert by_token.status_code == 404
+    async with httpx.AsyncClient(base_url=preview.url) as fresh:
+        wrong = await fresh.get(f"/preview/{INSTANCE}/?token=wrong")
+        assert wrong.status_code == 401
+
+
 async def test_token_then_cookie(preview: Preview) -> None:
     """?token= is accepted once and answered with an HttpOnly, Lax cookie scoped to the prefix."""
     async with httpx.AsyncClient(base_url=preview.url) as client:
@@ -135,7 +152,8 @@ async def test_preview_traffic_counts_as_activity(preview: Preview) -> None:
 
 
 async def test_unreachable_runner_is_a_502(preview: Preview) -> None:
-    """A runner that does not answer is a retryable 502, with no secret in the message."""
+    """A sandbox whose runner does not answer is a retryable 502 busy (the runner's own 502
+    app_not_responding is for an app that does not answer), with no secret in it."""
     await preview.instance.runner.close()
     preview.instance.runner = AppRunnerClient(
         "http://127.0.0.1:9", token=RUNNER_TOKEN, session_id=SESSION

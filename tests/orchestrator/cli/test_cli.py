@@ -6,7 +6,9 @@ import ast
 import json
 import os
 import pwd
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -88,10 +90,66 @@ def test_exit_code_mirrors_the_job(cli: Cli) -> None:
     assert "sandcell: status error, exit code 3" in done.stderr
 
 
+def test_a_traceback_starts_at_the_users_code(cli: Cli) -> None:
+    """An uncaught error's traceback has no wrapper frame (File "<string>"); exit 1."""
+    done = cli.run("exec", "def f():\n    1/0\nf()\n")
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        'Traceback (most recent call last):\n  File "/mnt/job/main.py", line 3, in <module>\n'
+    ), done.stderr
+    assert "<string>" not in done.stderr
+    assert "ZeroDivisionError: division by zero\n" in done.stderr
+
+
 def test_timeout_exits_124(cli: Cli) -> None:
+    """A timeout names its limit and the flag that changes it."""
     done = cli.run("exec", "--timeout-s", "0.5", "while True: pass")
     assert done.returncode == 124, done.stderr
     assert "status timeout" in done.stderr
+    assert "time limit of 0.5 s (--timeout-s N changes it" in done.stderr
+    assert_clean(cli)
+
+
+def test_ctrl_c_keeps_what_the_job_wrote_like_a_timeout(cli: Cli) -> None:
+    """SIGINT mid-turn: the output so far is printed, stderr says the job was stopped and
+    what the session kept, exit 130; the next turn sees the interrupted turn's file (the
+    rule a timeout follows too)."""
+    assert cli.run("exec", "--session", "int", "open('kept', 'w').write('1')").returncode == 0
+    call = subprocess.Popen(
+        [
+            *cli.command(),
+            "exec",
+            "--session",
+            "int",
+            "open('partial', 'w').write('x')\nprint('started', flush=True)\n"
+            "import time\ntime.sleep(60)",
+        ],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert call.stdout is not None
+    assert call.stdout.readline() == "started\n"
+    call.send_signal(signal.SIGINT)
+    _, stderr = call.communicate(timeout=120)
+    assert call.returncode == 130, stderr
+    assert "sandcell: interrupted: the job was stopped\n" in stderr
+    assert "session 'int' keeps what the job wrote before it stopped" in stderr
+    listing = cli.run("exec", "--session", "int", "import os; print(sorted(os.listdir('.')))")
+    assert listing.stdout == "['kept', 'partial']\n", listing.stderr
+    timed_out = cli.run(
+        "exec",
+        "--session",
+        "int",
+        "--timeout-s",
+        "1",
+        "open('late', 'w').write('y')\nwhile 1: pass",
+    )
+    assert timed_out.returncode == 124
+    assert "session 'int' keeps what the job wrote before it was stopped" in timed_out.stderr
+    listing = cli.run("exec", "--session", "int", "import os; print(sorted(os.listdir('.')))")
+    assert listing.stdout == "['kept', 'late', 'partial']\n", listing.stderr
     assert_clean(cli)
 
 
@@ -175,3 +233,82 @@ def test_parallel_calls_on_one_session_never_lose_a_turn(cli: Cli) -> None:
     assert listing.returncode == 0, listing.stderr
     assert sorted(ast.literal_eval(listing.stdout)) == sorted(kept)
     assert_clean(cli)
+
+
+def test_output_is_printed_as_the_job_produces_it(cli: Cli) -> None:
+    """A line printed before a sleep is on the CLI's stdout before the job ends (the job's
+    own end time, printed last, is later than when we read the line); the summary comes
+    after the job's stderr."""
+    code = (
+        "import sys, time\n"
+        "print('early', flush=True)\n"
+        "time.sleep(1.5)\n"
+        "print('end', time.time())\n"
+        "print('bye', file=sys.stderr)\n"
+        "open('f', 'w').write('x')\n"
+    )
+    call = subprocess.Popen(
+        [*cli.command(), "exec", code],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert call.stdout is not None
+    assert call.stdout.readline() == "early\n"
+    early_at_s = time.time()
+    rest, stderr = call.communicate(timeout=300)
+    assert call.returncode == 0, stderr
+    job_end_s = float(rest.split()[-1])
+    assert early_at_s < job_end_s
+    assert stderr == "bye\nsandcell: files: f\n"
+
+
+def test_env_out_and_the_files_commands(cli: Cli, tmp_path: Path) -> None:
+    """--env reaches the job, --out writes the turn's files locally, and files ls/get/put
+    work on the session's workspace between turns (put is kept for the next turn)."""
+    out_dir = tmp_path / "out"
+    done = cli.run(
+        "exec",
+        "--session",
+        "fs",
+        "--env",
+        "GREETING=hi there",
+        "--out",
+        str(out_dir),
+        "import os; os.makedirs('sub'); open('sub/a.txt', 'w').write(os.environ['GREETING'])",
+    )
+    assert done.returncode == 0, done.stderr
+    assert (out_dir / "sub" / "a.txt").read_text() == "hi there"
+
+    listing = cli.run("files", "ls", "--session", "fs")
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[::2] for line in listing.stdout.splitlines()] == [["dir", "sub"]]
+    fetched = cli.run("files", "get", "--session", "fs", "sub/a.txt", "-")
+    assert (fetched.returncode, fetched.stdout) == (0, "hi there"), fetched.stderr
+
+    local = tmp_path / "notes.md"
+    local.write_text("# notes\n")
+    put = cli.run("files", "put", "--session", "fs", str(local), "docs/notes.md")
+    assert put.returncode == 0, put.stderr
+    seen = cli.run("exec", "--session", "fs", "print(open('docs/notes.md').read(), end='')")
+    assert (seen.returncode, seen.stdout) == (0, "# notes\n"), seen.stderr
+    copy = tmp_path / "copy.md"
+    got = cli.run("files", "get", "--session", "fs", "docs/notes.md", str(copy))
+    assert got.returncode == 0, got.stderr
+    assert copy.read_text() == "# notes\n"
+    bad = cli.run("exec", "--env", "NOEQUALS", "print(1)")
+    assert bad.returncode == 2
+    assert "KEY=VALUE" in bad.stderr
+    assert_clean(cli)
+
+
+def test_usual_language_aliases_are_accepted(cli: Cli) -> None:
+    """py means python, shell means sh; an unknown name lists what is offered."""
+    done = cli.run("exec", "--language", "py", "print(1 + 1)")
+    assert (done.returncode, done.stdout) == (0, "2\n"), done.stderr
+    shell = cli.run("exec", "--language", "shell", "echo $((2 + 3))")
+    assert (shell.returncode, shell.stdout) == (0, "5\n"), shell.stderr
+    unknown = cli.run("exec", "--language", "cobol", "DISPLAY 1")
+    assert "offered: " in unknown.stderr
+    assert "python" in unknown.stderr

@@ -159,3 +159,44 @@ def test_public_api_is_pinned(module: object, names: list[str]) -> None:
     assert sorted(exported) == sorted(names)
     for name in exported:
         assert hasattr(module, name)
+
+
+def test_the_emulator_removes_its_own_temp_dir_on_sigterm(tmp_path: Path) -> None:
+    """Without --base-dir the emulator makes sandcell-microvms-* under $TMPDIR and
+    removes it when stopped by SIGTERM; the poll default against it is 0.1 s."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sandcell_orchestrator.emulator", "--port", str(port)],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("sandcell-microvms-*")) or not _answers(port):
+            assert process.poll() is None
+            assert time.monotonic() < deadline, "the emulator did not start"
+            time.sleep(0.1)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    assert list(tmp_path.glob("sandcell-microvms-*")) == []
+    local = {"SANDCELL_MICROVM_IMAGE": "img", "SANDCELL_MICROVM_REGION": "us-east-1"}
+    near = OrchestratorSettings.from_env(
+        {
+            **local,
+            "SANDCELL_PROVIDER": "lambda-microvm",
+            "SANDCELL_MICROVM_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        }
+    )
+    far = OrchestratorSettings.from_env({**local, "SANDCELL_PROVIDER": "lambda-microvm"})
+    assert getattr(near.provider, "poll_interval_s", None) == 0.1
+    assert getattr(far.provider, "poll_interval_s", None) == 1.0
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/_emulator/vms", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -184,14 +184,14 @@ async def test_compatible_minor_is_accepted_and_checked_once() -> None:
 
 
 async def test_every_call_carries_the_contract_headers() -> None:
-    """Bearer token (not on /health), protocol, a fresh request id, and the session id."""
+    """Bearer token (on /health too: without it a runner answers only a load balancer's
+    summary), protocol, a fresh request id, and the session id."""
     fake = FakeRunner()
     async with fake.client() as client:
         await client.execute(ExecuteRequest(language="bash", code="true"))
         await client.execute(ExecuteRequest(language="bash", code="true"), session_id=SESSION)
     health, stateless, bound = fake.requests
-    assert headers.AUTHORIZATION not in health.headers
-    for request in (stateless, bound):
+    for request in (health, stateless, bound):
         assert request.headers[headers.AUTHORIZATION] == f"Bearer {TOKEN}"
     for request in fake.requests:
         assert request.headers[headers.PROTOCOL] == PROTOCOL_VERSION

@@ -90,11 +90,14 @@ def test_redirects_stay_under_the_prefix(app: AppClient) -> None:
     assert response.headers["location"] == "/preview/i1/target?x=1"
 
 
-def test_nothing_listening_is_503_retryable(app: AppClient) -> None:
+def test_nothing_listening_is_the_apps_own_502(app: AppClient) -> None:
+    """An app that does not answer (not started, crashed) is 502 app_not_responding, told
+    apart from a busy sandbox, and retryable: the app may still come up."""
     response = app.preview(8299)
-    assert response.status_code == 503
-    assert response.json()["error"]["retryable"] is True
-    assert response.headers["retry-after"] == "1"
+    assert response.status_code == 502
+    error = response.json()["error"]
+    assert (error["code"], error["retryable"]) == ("app_not_responding", True)
+    assert error["message"].startswith("the app did not answer")
     assert app.preview(70000).status_code == 400
 
 

@@ -44,3 +44,10 @@ def ctx(client: ContextClient) -> Iterator[str]:
     context_id = client.create()
     yield context_id
     client.http.delete(f"/v1/session/contexts/{context_id}")
+
+
+@pytest.fixture
+def other_runner() -> Iterator[RunnerProcess]:
+    """A second runner, to restore a checkpoint into a new sandbox."""
+    with traversable_dir() as root, running_runner(root, env=RUNNER_ENV) as process:
+        yield process

@@ -315,6 +315,19 @@ def test_named_context_with_cwd_and_env(client: ContextClient) -> None:
     client.http.delete("/v1/session/contexts/analysis")
 
 
+def test_a_run_reports_the_files_it_wrote(client: ContextClient, ctx: str) -> None:
+    wrote = client.run(ctx, "open('report.csv', 'w').write('a,b\\n1,2\\n')")
+    assert wrote["workspace_changed"] is True
+    assert [(f["name"], f["size"], f["content_b64"]) for f in wrote["files"]] == [
+        ("report.csv", 8, "YSxiCjEsMgo=")
+    ]
+    # Unchanged since: nothing to report, nothing to checkpoint.
+    same = client.run(ctx, "open('report.csv').read()")
+    assert (same["files"], same["workspace_changed"]) == ([], False)
+    removed = client.run(ctx, "import os\nos.remove('report.csv')")
+    assert (removed["files"], removed["workspace_changed"]) == ([], True)
+
+
 def test_a_real_run_matches_the_golden_wire(client: ContextClient) -> None:
     """The shared golden events are what a runner really sends (timings aside)."""
     vector = GOLDEN["context_run"]

@@ -66,6 +66,25 @@ def test_a_restore_loses_the_contexts(fresh_runner: RunnerProcess) -> None:
         assert client.run(context_id, "x")["error"]["name"] == "NameError"
 
 
+def test_a_restore_into_a_new_runner_knows_the_contexts_it_lost(
+    fresh_runner: RunnerProcess, other_runner: RunnerProcess
+) -> None:
+    """The checkpoint names the session's contexts: a new sandbox answers context_lost
+    for them, never a run in a silently empty namespace."""
+    with ContextClient(fresh_runner) as first:
+        first.create(context_id="nb")
+        first.run("nb", "x = 1\nopen('kept.txt', 'w').write('file')")
+        archive = first.checkpoint()
+    with ContextClient(other_runner, first.session_id) as second:
+        assert second.restore(archive).status_code == 200
+        listed = second.http.get("/v1/session/contexts").json()["contexts"]
+        assert [(c["context_id"], c["state"]) for c in listed] == [("nb", "lost")]
+        lost = second.run_raw("nb", "x")
+        assert (lost.status_code, lost.json()["error"]["code"]) == (409, "context_lost")
+        assert second.http.post("/v1/session/contexts/nb/restart").status_code == 200
+        assert second.main_text("nb", "open('kept.txt').read()") == "'file'"
+
+
 def test_killing_the_runner_leaves_no_interpreter(fresh_runner: RunnerProcess) -> None:
     with ContextClient(fresh_runner) as client:
         context_id = client.create()

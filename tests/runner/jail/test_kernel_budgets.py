@@ -98,7 +98,7 @@ def test_missing_host_sysctls_are_warnings(runner_factory: StartRunner) -> None:
     """A host sysctl the runner cannot raise far enough shows under /health's warnings."""
     # 4100 jobs x 1024 pids need kernel.pid_max above its largest value (2^22).
     busy = runner_factory(SANDCELL_RUNNER_MAX_JOBS="4100", SANDCELL_RUNNER_OPEN_FILES="64")
-    warnings = httpx.get(busy.url + "/health").json()["warnings"]
+    warnings = httpx.get(busy.url + "/health", headers=busy.headers()).json()["warnings"]
     assert any(w.startswith("host sysctl kernel.pid_max=") for w in warnings), warnings
     assert execute(busy, language="bash", code="echo ok")["stdout"] == "ok\n"
 

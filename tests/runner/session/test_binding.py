@@ -103,7 +103,8 @@ def test_release_wipes_and_allows_rebind(session_runner: RunnerProcess) -> None:
         workspace = session.workspace()
         assert session.http.delete("/v1/session").status_code == 204
         assert not workspace.exists()
-        assert httpx.get(session_runner.url + "/health").json()["session_id"] is None
+        health_url = session_runner.url + "/health"
+        assert httpx.get(health_url, headers=session_runner.headers()).json()["session_id"] is None
     with SessionClient(session_runner, new_session_id("next")) as other:
         assert other.execute("import os; print(os.listdir())")["stdout"] == "[]\n"
 
@@ -119,7 +120,9 @@ def test_failed_wipe_quarantines(session_runner: RunnerProcess) -> None:
             response = session.http.delete("/v1/session")
             assert response.status_code == 503
             assert response.json()["error"]["code"] == "quarantined"
-            health = httpx.get(session_runner.url + "/health").json()
+            health = httpx.get(
+                session_runner.url + "/health", headers=session_runner.headers()
+            ).json()
             assert health["status"] == "quarantined"
             for headers in ({}, {"X-Runtime-Session-Id": session.session_id}):
                 refused = httpx.post(

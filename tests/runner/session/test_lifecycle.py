@@ -8,14 +8,17 @@ from pathlib import Path
 
 import httpx
 
+from tests.fixtures.runner_process import RunnerProcess
 from tests.runner.conftest import StartRunner
 from tests.runner.session.helpers import SessionClient
 
 
-def wait_for_warmup(url: str, state: str, timeout_s: float = 20) -> dict[str, object]:
+def wait_for_warmup(runner: RunnerProcess, state: str, timeout_s: float = 20) -> dict[str, object]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        health: dict[str, object] = httpx.get(url + "/health").json()
+        health: dict[str, object] = httpx.get(
+            runner.url + "/health", headers=runner.headers()
+        ).json()
         if health["warmup"] == state:
             return health
         time.sleep(0.05)
@@ -24,7 +27,8 @@ def wait_for_warmup(url: str, state: str, timeout_s: float = 20) -> dict[str, ob
 
 def test_warmup_runs_without_blocking_readiness(runner_factory: StartRunner) -> None:
     runner = runner_factory(SANDCELL_RUNNER_WARMUP_COMMAND="sleep 2; echo warmed > /dev/null")
-    assert httpx.get(runner.url + "/health").json()["warmup"] == "running"
+    health_url = runner.url + "/health"
+    assert httpx.get(health_url, headers=runner.headers()).json()["warmup"] == "running"
     # Readiness and work are not held back by the warmup.
     response = httpx.post(
         runner.url + "/v1/execute",
@@ -32,20 +36,20 @@ def test_warmup_runs_without_blocking_readiness(runner_factory: StartRunner) -> 
         headers=runner.headers(),
     )
     assert response.json()["stdout"] == "ready\n"
-    health = wait_for_warmup(runner.url, "done")
+    health = wait_for_warmup(runner, "done")
     assert health["session_id"] is None
 
 
 def test_warmup_failure_is_reported(runner_factory: StartRunner) -> None:
     runner = runner_factory(SANDCELL_RUNNER_WARMUP_COMMAND="exit 3")
-    wait_for_warmup(runner.url, "failed")
+    wait_for_warmup(runner, "failed")
     assert "warmup command failed" in runner.log()
 
 
 def test_warmup_does_not_see_the_token(runner_factory: StartRunner, tmp_path: Path) -> None:
     out = tmp_path / "env.txt"
     runner = runner_factory(SANDCELL_RUNNER_WARMUP_COMMAND=f"env > {out}")
-    wait_for_warmup(runner.url, "done")
+    wait_for_warmup(runner, "done")
     assert runner.token not in out.read_text()
 
 

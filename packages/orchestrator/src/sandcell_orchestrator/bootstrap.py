@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 from .config import OrchestratorSettings
 from .extras import needs_extra
-from .metrics import METRIC_HELP, Metrics
+from .metrics import Metrics, declared_metrics
 from .providers import open_provider
 from .providers.base import SandboxProvider
 from .registry import SessionRegistry
 from .sessions.execution import ExecutionService
-from .sessions.inputs import DirectoryInputSource
+from .sessions.input_store import SnapshotInputStore
+from .sessions.inputs import DirectoryInputSource, InputStore
 from .sessions.manager import SandboxManager
 from .snapshots import SnapshotStore, open_snapshot_store
 
@@ -42,7 +43,8 @@ class Services:
     store: SnapshotStore
     registry: SessionRegistry
     provider: SandboxProvider
-    inputs: DirectoryInputSource
+    inputs: InputStore
+    """Input objects: a directory embedded, the snapshot store's ``inputs/`` with S3."""
     metrics: Metrics
     manager: SandboxManager
     """The one sandbox lifecycle every surface uses (turns, app instances, admin)."""
@@ -68,16 +70,9 @@ def open_registry(settings: OrchestratorSettings) -> SessionRegistry:
     return RedisRegistry.from_url(url)
 
 
-def _metrics() -> Metrics:
-    metrics = Metrics()
-    for name, help_text in METRIC_HELP.items():
-        metrics.describe(name, help_text)
-    return metrics
-
-
 @contextlib.asynccontextmanager
 async def open_services(
-    settings: OrchestratorSettings, *, keep_warm: bool = True
+    settings: OrchestratorSettings, *, keep_warm: bool = True, keep_sandboxes: bool = False
 ) -> AsyncIterator[Services]:
     """Build every service from ``settings``; close them in reverse order on exit.
 
@@ -88,6 +83,8 @@ async def open_services(
     (a process that runs one turn, like ``sandcell exec``) parks each session's
     sandbox the same way at the end of its turn, while the turn still holds the
     session, so no other process is ever handed a sandbox about to die.
+    ``keep_sandboxes=True`` leaves them running at exit instead: for sandboxes that
+    outlive this process (``sandcell run``'s detached local runners).
     """
     async with contextlib.AsyncExitStack() as stack:
         store = open_snapshot_store(
@@ -98,8 +95,13 @@ async def open_services(
         stack.push_async_callback(registry.close)
         provider = open_provider(settings.provider)
         stack.push_async_callback(provider.close)
-        inputs = DirectoryInputSource(settings.inputs_dir)
-        metrics = _metrics()
+        # With S3, inputs live beside the checkpoints so that every process sees them.
+        inputs: InputStore = (
+            SnapshotInputStore(store)
+            if settings.s3 is not None
+            else DirectoryInputSource(settings.inputs_dir)
+        )
+        metrics = declared_metrics()
         manager = SandboxManager(
             provider,
             registry,
@@ -110,7 +112,7 @@ async def open_services(
             metrics=metrics,
         )
         embedded = not settings.distributed_registry
-        stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded)
+        stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded and not keep_sandboxes)
         execution = ExecutionService(
             manager=manager, mode=settings.session_mode, inputs=inputs, keep_warm=keep_warm
         )

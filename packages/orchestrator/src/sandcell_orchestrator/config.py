@@ -9,6 +9,7 @@ environment is kept. Its parts are typed sub-settings:
                ``kind`` (``SANDCELL_PROVIDER``: local | docker | lambda-microvm)
     s3         S3Settings, when ``SANDCELL_SNAPSHOT_URL`` is ``s3://…``
     apps       AppSettings (the app-instance API of ``sandcell serve``)
+    librechat  LibreChatSettings (LibreChat's Code Interpreter API of ``sandcell serve``)
     serve      ServeSettings (listen address, API keys)
 
 With no configuration at all sandcell runs embedded on one machine: the local
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from .apps.settings import AppSettings
     from .providers.docker_settings import DockerSettings
     from .providers.lambda_settings import LambdaMicrovmSettings
+    from .serve.librechat.settings import LibreChatSettings
     from .snapshots.s3_settings import S3Settings
 
     ProviderSettings: TypeAlias = LocalSettings | DockerSettings | LambdaMicrovmSettings
@@ -78,6 +80,8 @@ class ServeSettings:
     """``SANDCELL_SERVE_INSECURE_NO_AUTH=1``: serve every caller as one namespace."""
     e2b_domain: str | None = None
     """``SANDCELL_E2B_DOMAIN``: also route E2B's ``api.{domain}`` / ``{port}-{id}.{domain}``."""
+    e2b_max_running: int = 32
+    """``SANDCELL_E2B_MAX_SANDBOXES``: running E2B sandboxes one tenant may hold."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServeSettings:
@@ -89,6 +93,7 @@ class ServeSettings:
             api_keys=_api_keys(read.text("SANDCELL_API_KEYS") or ""),
             insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
             e2b_domain=_e2b_domain(read.text("SANDCELL_E2B_DOMAIN")),
+            e2b_max_running=int(read.number("SANDCELL_E2B_MAX_SANDBOXES", 32, minimum=1)),
         )
 
     @property
@@ -130,6 +135,8 @@ class OrchestratorSettings:
     serve: ServeSettings = field(default_factory=ServeSettings)
     apps: AppSettings = field(default_factory=lambda: _apps({}, ServeSettings()))
     """The app-instance API's settings (``sandcell serve``'s ``/v1/instances``)."""
+    librechat: LibreChatSettings = field(default_factory=lambda: _librechat({}))
+    """LibreChat's Code Interpreter API (``sandcell serve``'s ``/librechat/v1``)."""
 
     @property
     def provider_name(self) -> ProviderName:
@@ -207,6 +214,7 @@ class OrchestratorSettings:
             sweep_interval_s=read.number("SANDCELL_SWEEP_INTERVAL_S", 60.0),
             serve=serve,
             apps=_apps(env, serve),
+            librechat=_librechat(env),
         )
 
 
@@ -235,6 +243,12 @@ def _apps(env: Mapping[str, str], serve: ServeSettings) -> AppSettings:
     from .apps.settings import AppSettings
 
     return AppSettings.from_env(env, default_public_url=f"http://{serve.public_host}:{serve.port}")
+
+
+def _librechat(env: Mapping[str, str]) -> LibreChatSettings:
+    from .serve.librechat.settings import LibreChatSettings
+
+    return LibreChatSettings.from_env(env)
 
 
 def _api_keys(raw: str) -> dict[str, str]:

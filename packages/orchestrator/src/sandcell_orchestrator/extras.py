@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "aws": ("boto3", "botocore"),
     "redis": ("redis",),
     "s3": ("minio", "urllib3"),
+    "librechat": ("joserfc",),
     "e2b": ("e2b", "connectrpc", "protobuf", "pyqwest"),
 }
 """Extra -> the top-level modules it provides (``sandcell-orchestrator[extra]``)."""

@@ -20,6 +20,7 @@ from sandcell_protocol import (
     validate_workspace_path,
 )
 
+from .contexts import Contexts
 from .errors import (
     RunnerRequestError,
     SandboxCommandError,
@@ -321,7 +322,8 @@ class Git:
 
 
 class SandboxHandle:
-    """One sandbox: its ids, its runner client, and commands / files / git on top."""
+    """One sandbox: its ids, its runner client, and commands / files / git / code
+    contexts on top."""
 
     def __init__(
         self,
@@ -340,6 +342,7 @@ class SandboxHandle:
         self.commands = Commands(runner, session_id)
         self.files = Files(runner, session_id)
         self.git = Git(self.commands)
+        self.contexts = Contexts(runner, session_id)
 
     def __repr__(self) -> str:
         return (

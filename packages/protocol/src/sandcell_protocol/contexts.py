@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .errors import ProtocolError
-from .messages import Message, NonEmptyStr, NonNegativeInt, PositiveInt
+from .messages import ExecCall, Message, NonEmptyStr, NonNegativeInt, OutputFile, PositiveInt
 
 SESSION_CONTEXTS = "/v1/session/contexts"
 SESSION_CONTEXT = SESSION_CONTEXTS + "/{context_id}"
@@ -152,6 +152,10 @@ class ContextEndEvent(Message, frozen=True, tag_field="type", tag="end"):
     cpu_ms: NonNegativeInt
     context_lost: bool = False
     message: str | None = None
+    files: list[OutputFile] = msgspec.field(default_factory=list)
+    """Workspace files the run created or changed (as ``ExecuteResult.files``)."""
+    workspace_changed: bool | None = None
+    """Whether the run added, changed or removed a workspace file (None: not tracked)."""
 
 
 ContextEvent = (
@@ -176,6 +180,16 @@ class ContextRunResult(Message, frozen=True):
     error: ContextErrorEvent | None = None
     context_lost: bool = False
     message: str | None = None
+    files: list[OutputFile] = msgspec.field(default_factory=list)
+    workspace_changed: bool | None = None
+
+
+class RunCall(ExecCall, frozen=True, kw_only=True):
+    """``POST /v1/run`` of the orchestrator's service: ``/v1/exec``'s body, run in a code
+    context of the session (``context_id``; default: the language's default context).
+    ``args``, ``stdin`` and ``limits`` do not apply to a context and are refused."""
+
+    context_id: ContextId | None = None
 
 
 _event_decoder = msgspec.json.Decoder(ContextEvent)
@@ -220,6 +234,8 @@ def gather_events(events: list[ContextEvent]) -> ContextRunResult:
         error=error,
         context_lost=end.context_lost,
         message=end.message,
+        files=end.files,
+        workspace_changed=end.workspace_changed,
     )
 
 
@@ -234,6 +250,7 @@ CONTEXT_MESSAGES: tuple[type[Message], ...] = (
     ContextErrorEvent,
     ContextEndEvent,
     ContextRunResult,
+    RunCall,
 )
 
 __all__ = [
@@ -260,6 +277,7 @@ __all__ = [
     "ContextStderrEvent",
     "ContextStdoutEvent",
     "MimeType",
+    "RunCall",
     "context_path",
     "decode_context_event",
     "gather_events",

@@ -34,11 +34,12 @@ from typing import Literal
 import msgspec
 
 from .addresses import IPAddress, IPNetwork
-from .messages import EgressMechanism, Message, NonNegativeInt
+from .base import Message, NonNegativeInt
 
 __all__ = [
     "EGRESS_MESSAGES",
     "EgressEvent",
+    "EgressMechanism",
     "EgressMode",
     "EgressPolicy",
     "EgressReason",
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 EgressMode = Literal["deny_all", "allow", "allow_all"]
+EgressMechanism = Literal["nftables", "none"]
+"""How a runner enforces egress policy: ``nftables`` (its gateway), ``none`` (only ``lo``)."""
 _MAX_RULES = 256
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 _PORTS = re.compile(r"^([0-9]{1,5})(?:-([0-9]{1,5}))?$")

@@ -50,6 +50,8 @@ class ErrorCode(enum.StrEnum):
     BUSY = "busy"
     CONTEXT_LOST = "context_lost"
     """The context's interpreter is gone (killed, crashed, or not restored); restart it."""
+    APP_NOT_RESPONDING = "app_not_responding"
+    """An app preview's server did not answer (not started, crashed, or too slow)."""
     INTERNAL = "internal"
 
 
@@ -78,5 +80,7 @@ ERROR_SEMANTICS: dict[ErrorCode, ErrorSemantics] = {
     ErrorCode.PROTOCOL_MISMATCH: ErrorSemantics(400, retryable=False),
     ErrorCode.BUSY: ErrorSemantics(503, retryable=True),
     ErrorCode.CONTEXT_LOST: ErrorSemantics(409, retryable=False),
+    # The sandbox is fine; the app in it is not (yet) serving: fix or start it.
+    ErrorCode.APP_NOT_RESPONDING: ErrorSemantics(502, retryable=True),
     ErrorCode.INTERNAL: ErrorSemantics(500, retryable=False),
 }

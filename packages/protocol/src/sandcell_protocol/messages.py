@@ -7,22 +7,21 @@ from typing import Annotated, Literal
 
 import msgspec
 
+# Re-exported: the other message modules import these from here.
+from .base import Message as Message
+from .base import NonEmptyStr as NonEmptyStr
+from .base import NonNegativeInt as NonNegativeInt
+from .base import PositiveInt as PositiveInt
+from .egress import EgressMechanism, EgressPolicy
 from .errors import ErrorCode
 from .input_refs import INPUT_REF_PATTERN
 
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
-NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 # "(?![\s\S])" rather than "$": "$" also matches before a trailing newline, and
 # the lookahead reads the same in Python and ECMAScript (the JSON Schema's dialect).
 Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 InputRefPart = Annotated[str, msgspec.Meta(pattern=INPUT_REF_PATTERN)]
 """A ``storage_session`` or ``object_id``; ``validate_input_ref`` checks the same rule."""
 SessionHint = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}(?![\s\S])")]
-
-
-class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Base of every wire message."""
 
 
 class FileRef(Message, frozen=True):
@@ -82,12 +81,14 @@ class OutputFile(Message, frozen=True):
     """A file the job created or changed; ``content_b64`` only under the inline cap.
 
     A symlink is reported as one (``symlink_target`` set, ``size``/``sha256`` of the
-    target string) and never read through.
+    target string) and never read through. ``sha256`` is None for a file listed
+    past the turn's output-scan budget (``ExecuteResult.output_scan_exhausted``):
+    neither hashed nor inlined, it is offered again by a later turn.
     """
 
     name: str
     size: NonNegativeInt
-    sha256: Sha256Hex
+    sha256: Sha256Hex | None
     content_b64: str | None = None
     symlink_target: str | None = None
 
@@ -115,6 +116,16 @@ class ExecuteResult(Message, frozen=True):
     workspace_changed: bool | None = None
     """Whether the job added, changed or removed a workspace file (None: not tracked).
     Lets the orchestrator skip the checkpoint of a turn that changed nothing."""
+    output_scan_bytes: NonNegativeInt = 0
+    """Bytes of output files the runner hashed for this turn (holes of sparse files
+    included: hashing them costs the same; reading them does not happen)."""
+    output_scan_exhausted: bool = False
+    """The turn's output-scan budget (``SANDCELL_RUNNER_OUTPUT_SCAN_BYTES``) ran out:
+    some files are listed unhashed (``sha256`` None), or the walk stopped early and
+    removals were not reported."""
+    runner_cpu_ms: NonNegativeInt = 0
+    """CPU time the runner itself spent on this turn outside the jail: draining the
+    job's output streams and scanning its output files. Not part of ``cpu_ms``."""
 
 
 class StdoutEvent(Message, frozen=True, tag_field="type", tag="stdout"):
@@ -139,12 +150,21 @@ StreamEvent = StdoutEvent | StderrEvent | ResultEvent
 
 HealthStatus = Literal["ok", "quarantined", "starting"]
 WarmupState = Literal["none", "running", "done", "failed"]
-EgressMechanism = Literal["nftables", "none"]
-"""How a runner enforces egress policy: ``nftables`` (its gateway), ``none`` (only ``lo``)."""
+
+
+class HealthSummary(Message, frozen=True):
+    """``GET /health`` without a bearer token: what a load balancer needs, nothing more.
+
+    Readiness (``status``) and the protocol (so a peer can refuse a mismatch); the
+    bound session, languages, warnings and versions need the token (``Health``).
+    """
+
+    status: HealthStatus
+    protocol: str
 
 
 class Health(Message, frozen=True):
-    """``GET /health``: never carries a secret."""
+    """``GET /health`` with the bearer token: never carries a secret."""
 
     status: HealthStatus
     protocol: str
@@ -233,6 +253,10 @@ class CheckpointMeta(Message, frozen=True):
     surfaced_outputs: list[SurfacedOutput] = msgspec.field(default_factory=list)
     skipped: list[str] = msgspec.field(default_factory=list)
     """Workspace entries not exported (FIFOs, sockets, devices)."""
+    contexts: dict[str, str] = msgspec.field(default_factory=dict)
+    """The session's code contexts (id -> language). Their variables are not in the
+    archive: a runner restoring it knows them as lost, so a run answers
+    ``context_lost`` instead of running in a silently empty namespace."""
 
 
 class FileEntry(Message, frozen=True):
@@ -280,6 +304,8 @@ class ExecCall(ExecuteRequest, frozen=True, kw_only=True):
 
     user_id: NonEmptyStr
     runtime_session_hint: SessionHint | None = None
+    egress: EgressPolicy | None = None
+    """The sandbox's egress policy from this turn on (None: leave it as it is)."""
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
@@ -293,6 +319,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     StderrEvent,
     ResultEvent,
     Health,
+    HealthSummary,
     Language,
     Languages,
     InputProbe,

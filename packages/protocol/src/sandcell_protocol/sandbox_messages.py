@@ -235,6 +235,26 @@ class FsResult(Message, frozen=True, kw_only=True):
     created: bool | None = None
 
 
+_event_decoder = msgspec.json.Decoder(ProcessEvent)
+_fs_decoder = msgspec.json.Decoder(FsRequest)
+
+
+def decode_process_event(line: bytes | str) -> ProcessEvent:
+    """One NDJSON line of a process stream (``ProtocolError`` if invalid)."""
+    try:
+        return _event_decoder.decode(line)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ProtocolError(f"ProcessEvent: {exc}") from exc
+
+
+def decode_fs_request(body: bytes | str) -> FsRequest:
+    """The body of ``POST /v1/session/sandbox/fs`` (``ProtocolError`` if invalid)."""
+    try:
+        return _fs_decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ProtocolError(f"FsRequest: {exc}") from exc
+
+
 __all__ = [
     "MAX_PTY_SIDE",
     "PROCESS_TAG_MAX",
@@ -272,6 +292,8 @@ __all__ = [
     "SandboxProcessList",
     "SandboxProcessStart",
     "SignalName",
+    "decode_fs_request",
+    "decode_process_event",
     "sandbox_display_path",
     "sandbox_path",
 ]

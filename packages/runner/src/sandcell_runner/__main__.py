@@ -1,4 +1,9 @@
-"""``sandcell-runner`` (or ``python -m sandcell_runner``): serve the runner with uvicorn."""
+"""``sandcell-runner`` (or ``python -m sandcell_runner``): serve the runner with uvicorn.
+
+Only the standard library and ``runner_token`` are imported before ``main`` has
+moved a token out of the environment (which may exec this program again), so
+that re-exec costs one interpreter start, not the runner's imports twice.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +11,46 @@ import logging
 import os
 import sys
 
-import uvicorn
-
-from .config import RunnerSettings
-from .errors import ConfigError
-from .http.app import create_app
-from .service import RunnerService, raise_nofile_limit
+from . import runner_token
 
 log = logging.getLogger("sandcell_runner")
-
-# Variables holding secrets: removed from our own environment once read, so no
-# child (nsjail, the warmup command) can inherit them.
-_SECRET_VARIABLES = ("SANDCELL_RUNNER_TOKEN",)
 
 
 def main() -> int:
     try:
-        settings = RunnerSettings.from_env(os.environ)
+        # Returns only when the environment holds no token (else: exec, same pid).
+        runner_token.reexec_without_token_variable(os.environ, sys.argv)
+    except runner_token.TokenSourceError as exc:
+        sys.stderr.write(f"sandcell-runner: configuration error: {exc}\n")
+        return 2
+    # Before the token is read: from here on /proc/<pid>/mem and environ need CAP_SYS_PTRACE.
+    undumpable = runner_token.make_undumpable()
+    return _serve(undumpable=undumpable)
+
+
+def _serve(*, undumpable: bool) -> int:
+    import uvicorn
+
+    from .config import RunnerSettings
+    from .errors import ConfigError
+    from .http.app import create_app
+    from .service import RunnerService, raise_nofile_limit
+
+    try:
+        settings = RunnerSettings.from_env(os.environ, read_token_file=runner_token.take_token_file)
     except ConfigError as exc:
         sys.stderr.write(f"sandcell-runner: configuration error: {exc}\n")
         return 2
-    for name in _SECRET_VARIABLES:
-        os.environ.pop(name, None)
+    # No child (nsjail, the warmup command) inherits either variable.
+    runner_token.scrub_environment(os.environ)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     soft, hard = raise_nofile_limit()
     log.info("RLIMIT_NOFILE soft=%s hard=%s", soft, hard)
+    if not undumpable:
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed: the runner's /proc files stay readable")
     try:
         service = RunnerService(settings)
     except ConfigError as exc:

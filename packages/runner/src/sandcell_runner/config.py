@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from .egress.settings import EgressSettings
 from .errors import ConfigError
+from .runner_token import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE, TokenSourceError, read_token_file
 
 JailMode = Literal["nsjail", "none"]
 T = TypeVar("T")
@@ -63,7 +65,9 @@ class RunnerSettings:
     max_body_bytes: int = 64 * MIB
     output_inline_bytes: int = 1 * MIB
     max_output_files: int = 1000
+    output_scan_bytes: int = 256 * MIB
     allow_network: bool = False
+    egress: EgressSettings = field(default_factory=EgressSettings)
     sessions_enabled: bool = False
     session_wait_ms: int = 2000
     warmup_command: str | None = None
@@ -80,22 +84,42 @@ class RunnerSettings:
     """A context's interpreter idle this long is stopped (the context becomes lost)."""
     context_grace_ms: int = 2000
     """After a run's timeout and its SIGINT, how long before the interpreter is killed."""
+    idle_exit_s: int = 0
+    """Exit (gracefully) after this long without a request; 0: never. For runners that
+    outlive the process that started them (the CLI's warm code contexts)."""
 
     @property
     def auth_required(self) -> bool:
         return self.token is not None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> RunnerSettings:
-        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault."""
+    def from_env(
+        cls,
+        env: Mapping[str, str],
+        *,
+        read_token_file: Callable[[str], str] = read_token_file,
+    ) -> RunnerSettings:
+        """Read ``SANDCELL_*`` variables; ``ConfigError`` names the variable at fault.
+
+        ``read_token_file`` reads ``SANDCELL_RUNNER_TOKEN_FILE``; the runner's
+        ``__main__`` passes one that unlinks the file once read.
+        """
         reader = _EnvReader(env)
         production = env.get("SANDCELL_ENV", "").strip().lower() == "production"
-        token = env.get("SANDCELL_RUNNER_TOKEN") or None
+        token = env.get(TOKEN_VARIABLE) or None
+        token_file = env.get(TOKEN_FILE_VARIABLE) or None
+        if token is not None and token_file is not None:
+            raise ConfigError(f"set {TOKEN_VARIABLE} or {TOKEN_FILE_VARIABLE}, not both")
+        if token_file is not None:
+            try:
+                token = read_token_file(token_file)
+            except TokenSourceError as exc:
+                raise ConfigError(str(exc)) from None
         insecure = reader.flag("SANDCELL_RUNNER_INSECURE_NO_AUTH", default=False)
         if token is None and not insecure:
             raise ConfigError(
-                "SANDCELL_RUNNER_TOKEN is required (or SANDCELL_RUNNER_INSECURE_NO_AUTH=1 "
-                "outside SANDCELL_ENV=production)"
+                "SANDCELL_RUNNER_TOKEN (or SANDCELL_RUNNER_TOKEN_FILE) is required (or "
+                "SANDCELL_RUNNER_INSECURE_NO_AUTH=1 outside SANDCELL_ENV=production)"
             )
         if insecure and production:
             raise ConfigError(
@@ -196,7 +220,11 @@ class RunnerSettings:
                 "SANDCELL_RUNNER_OUTPUT_INLINE_BYTES", 1 * MIB, minimum=0
             ),
             max_output_files=reader.integer("SANDCELL_RUNNER_MAX_OUTPUT_FILES", 1000, minimum=0),
+            output_scan_bytes=reader.integer(
+                "SANDCELL_RUNNER_OUTPUT_SCAN_BYTES", 256 * MIB, minimum=0
+            ),
             allow_network=reader.flag("SANDCELL_RUNNER_ALLOW_NETWORK", default=False),
+            egress=EgressSettings.from_env(env),
             sessions_enabled=reader.flag("SANDCELL_RUNNER_SESSIONS", default=False),
             session_wait_ms=reader.integer("SANDCELL_RUNNER_SESSION_WAIT_MS", 2000, minimum=0),
             warmup_command=env.get("SANDCELL_RUNNER_WARMUP_COMMAND") or None,
@@ -210,6 +238,7 @@ class RunnerSettings:
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
             context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
             context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),
+            idle_exit_s=reader.integer("SANDCELL_RUNNER_IDLE_EXIT_S", 0, minimum=0),
         )
 
 

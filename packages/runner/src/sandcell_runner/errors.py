@@ -94,6 +94,12 @@ class BusyError(RunnerError):
         self.retry_after_s = retry_after_s
 
 
+class AppNotRespondingError(RunnerError):
+    """Nothing answered on an app's preview port: the app, not the sandbox, is down."""
+
+    code = ErrorCode.APP_NOT_RESPONDING
+
+
 class ContextLostError(RunnerError):
     code = ErrorCode.CONTEXT_LOST
 

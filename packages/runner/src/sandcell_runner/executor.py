@@ -7,24 +7,21 @@ without this module knowing how sessions are kept.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import hashlib
 import logging
-import os
 import re
 from dataclasses import dataclass
+from functools import partial
 
 from sandcell_protocol import (
     ExecuteRequest,
     ExecuteResult,
     FileRef,
-    OutputFile,
     ProtocolError,
     RunStatus,
     SurfacedOutput,
-    escape_name,
     validate_workspace_path,
 )
 
@@ -33,7 +30,8 @@ from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
 from .jail.nsjail import Jail, OutputCallback
 from .jail.outcome import JobOutcome
 from .jail.spec import JobLimits, JobSpec
-from .languages import LanguageSpec
+from .languages import LANGUAGE_ALIASES, LanguageSpec, resolve_language
+from .outputs import Collected, OutputCollector
 from .workspace import fsops
 from .workspace.manager import JobWorkspace, WorkspaceManager
 
@@ -73,19 +71,25 @@ class Executor:
         jail: Jail,
         workspaces: WorkspaceManager,
         languages: dict[str, LanguageSpec],
+        outputs: OutputCollector,
     ) -> None:
         self._settings = settings
         self._jail = jail
         self._workspaces = workspaces
+        self._outputs = outputs
         self.languages = languages
 
     def prepare(self, request: ExecuteRequest) -> PreparedRequest:
         """Validate everything about a request; raises a 4xx ``RunnerError``."""
-        language = self.languages.get(request.language)
+        language = self.languages.get(resolve_language(request.language))
         if language is None:
             offered = ", ".join(sorted(self.languages))
+            aliases = ", ".join(
+                f"{a}={n}" for a, n in LANGUAGE_ALIASES.items() if n in self.languages
+            )
             raise UnsupportedLanguageError(
-                f"language {request.language[:64]!r} is not offered (offered: {offered})"
+                f"language {request.language[:64]!r} is not offered (offered: {offered};"
+                f" also accepted: {aliases})"
             )
         inline: list[InlineInput] = []
         names: set[str] = set()
@@ -219,8 +223,11 @@ class Executor:
         )
         outcome = await self._jail.run(spec, on_output=on_output)
         before = len(workspace.surfaced)
-        disk_full, files, removed = await asyncio.to_thread(self._after_job, workspace)
-        status = classify(outcome, disk_full=disk_full)
+        collected = await self._outputs.collect(
+            workspace, disk_full=partial(self._workspaces.disk_full, workspace.path)
+        )
+        files = collected.files
+        status = classify(outcome, disk_full=collected.disk_full)
         if status is RunStatus.INTERNAL_ERROR:
             log.error("jail failed to run a job: %s", outcome.jail_log or "no log")
         return ExecuteResult(
@@ -236,68 +243,17 @@ class Executor:
             max_rss_kib=outcome.max_rss_kib,
             files=files,
             session_id=workspace.session_id,
-            workspace_changed=bool(files) or removed > 0 or len(workspace.surfaced) != before,
+            workspace_changed=bool(files)
+            or collected.removed > 0
+            or len(workspace.surfaced) != before,
+            output_scan_bytes=collected.scan_bytes,
+            output_scan_exhausted=collected.exhausted,
+            runner_cpu_ms=collected.cpu_ms + outcome.drain_cpu_ms,
         )
 
-    def _after_job(self, workspace: JobWorkspace) -> tuple[bool, list[OutputFile], int]:
-        # One thread hop for everything the finished job left on disk: a hop costs
-        # more than a statvfs, and the job's latency is the sum of them.
-        disk_full = self._workspaces.disk_full(workspace.path)
-        return (disk_full, *self.collect_outputs(workspace))
-
-    def collect_outputs(self, workspace: JobWorkspace) -> tuple[list[OutputFile], int]:
-        """New or changed files since ``workspace.surfaced`` and how many were removed.
-
-        Updates ``workspace.surfaced`` (blocking: run in a thread).
-        """
-        cap = self._settings.output_inline_bytes
-        outputs: list[OutputFile] = []
-        seen: set[str] = set()
-        for dir_fd, entry in fsops.walk(workspace.path):
-            # The wire name: a name that is not UTF-8 travels escaped (sandcell_protocol.names).
-            name = escape_name(os.fsencode(entry.name))
-            seen.add(name)
-            known = workspace.surfaced.get(name)
-            # Size and mtime unchanged: the file was not rewritten, skip the hash.
-            if known and known.size == entry.size and known.mtime_ns == entry.mtime_ns:
-                continue
-            if len(outputs) >= self._settings.max_output_files:
-                continue
-            if entry.kind == "symlink":
-                raw_target = os.fsencode(entry.symlink_target or "")
-                digest = _sha256(raw_target)
-                content = None
-                target: str | None = escape_name(raw_target)
-            else:
-                try:
-                    digest, raw = fsops.hash_at(
-                        dir_fd, entry.name.rsplit("/", 1)[-1], inline_max=cap
-                    )
-                except OSError:
-                    continue  # replaced or removed by a process still running
-                content = base64.b64encode(raw).decode() if raw is not None else None
-                target = None
-            if known and known.sha256 == digest and known.size == entry.size:
-                workspace.surfaced[name] = SurfacedOutput(
-                    name=name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
-                )
-                continue
-            outputs.append(
-                OutputFile(
-                    name=name,
-                    size=entry.size,
-                    sha256=digest,
-                    content_b64=content,
-                    symlink_target=target,
-                )
-            )
-            workspace.surfaced[name] = SurfacedOutput(
-                name=name, size=entry.size, mtime_ns=entry.mtime_ns, sha256=digest
-            )
-        gone = set(workspace.surfaced) - seen
-        for name in gone:
-            del workspace.surfaced[name]
-        return outputs, len(gone)
+    async def collect_outputs(self, workspace: JobWorkspace) -> Collected:
+        """New or changed files since ``workspace.surfaced``, bounded and accounted."""
+        return await self._outputs.collect(workspace)
 
 
 def classify(outcome: JobOutcome, *, disk_full: bool) -> RunStatus:

@@ -25,14 +25,35 @@ WORKSPACE_DIR = "/mnt/data"
 """The workspace inside the jail: the job's working directory."""
 
 # Python keeps the working directory (the workspace) first on sys.path, as
-# `python -c` does, while tracebacks still name the real entry file.
+# `python -c` does, while tracebacks still name the real entry file. An uncaught
+# error is printed without this bootstrap's own frame (`File "<string>"`), so a
+# traceback starts at the user's code, and exits 1 as python would.
 _PYTHON_BOOTSTRAP = (
-    "import sys;p=sys.argv[0]='{entry}';"
-    "exec(compile(open(p,'rb').read(),p,'exec'),"
-    "{{'__name__':'__main__','__file__':p,'__builtins__':__builtins__}})"
+    "import sys;p=sys.argv[0]='{entry}'\n"
+    "try:exec(compile(open(p,'rb').read(),p,'exec'),"
+    "{{'__name__':'__main__','__file__':p,'__builtins__':__builtins__}})\n"
+    "except (SystemExit,KeyboardInterrupt):raise\n"
+    "except BaseException as e:\n"
+    " e=e.with_traceback(e.__traceback__.tb_next)\n"
+    " sys.excepthook(type(e),e,e.__traceback__);sys.exit(1)"
 )
 
 MOUNTED_PREFIXES = ("/usr/", "/bin/", "/lib/", "/lib64/", "/sbin/")
+
+LANGUAGE_ALIASES = {
+    "py": "python",
+    "python3": "python",
+    "javascript": "node",
+    "js": "node",
+    "nodejs": "node",
+    "shell": "sh",
+}
+"""Other names callers use for an offered language (``ExecuteRequest.language``)."""
+
+
+def resolve_language(name: str) -> str:
+    """The offered language ``name`` means: itself, or what its alias stands for."""
+    return LANGUAGE_ALIASES.get(name.lower(), name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +70,15 @@ class LanguageSpec:
         entry = f"{JOB_DIR}/{self.entry_name}"
         if self.name == "python":
             return [self.binary, "-u", "-c", _PYTHON_BOOTSTRAP.format(entry=entry), *args]
+        if self.name in _COMPILED:
+            # Compiled into the job's own /tmp (a tmpfs inside the jail), then run with
+            # the caller's args; a compile error is the job's stderr and exit code.
+            script = f'out=$(mktemp) && {self.binary} -O2 -o "$out" "$0" -lm && exec "$out" "$@"'
+            return ["/bin/sh", "-c", script, entry, *args]
+        if self.name == "typescript":
+            # Type stripping only (no type check), as node's own --experimental-strip-types
+            # does; Debian's ts-node finds its modules under /usr/share/nodejs.
+            return [_ENV, f"NODE_PATH={_DEBIAN_NODE_MODULES}", self.binary, "-T", entry, *args]
         return [self.binary, entry, *args]
 
 
@@ -57,7 +87,15 @@ _CANDIDATES: dict[str, tuple[tuple[str, ...], str, list[str]]] = {
     "bash": (("/usr/bin/bash", "/bin/bash"), "main.sh", ["--version"]),
     "sh": (("/usr/bin/sh", "/bin/sh", "/usr/bin/dash"), "main.sh", []),
     "node": (("/usr/bin/node", "/usr/local/bin/node"), "main.js", ["--version"]),
+    # Debian's ts-node (package ts-node) on whichever node /usr/bin has.
+    "typescript": (("/usr/bin/ts-node",), "main.ts", ["--version"]),
+    # Not java: Debian's JDK reads its security policy from /etc, which the jail lacks.
+    "c": (("/usr/bin/gcc",), "main.c", ["--version"]),
+    "cpp": (("/usr/bin/g++",), "main.cpp", ["--version"]),
 }
+_COMPILED = frozenset({"c", "cpp"})
+_ENV = "/usr/bin/env"
+_DEBIAN_NODE_MODULES = "/usr/share/nodejs"
 
 _VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
 
@@ -68,7 +106,12 @@ def _version_of(binary: str, flag: list[str]) -> str:
         return Path(real).name
     try:
         out = subprocess.run(
-            [binary, *flag], capture_output=True, text=True, timeout=10, check=False
+            [binary, *flag],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env={**os.environ, "NODE_PATH": _DEBIAN_NODE_MODULES},
         )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

@@ -5,8 +5,10 @@ arrives in the ``runHookPayload`` of ``RunMicrovm``, which the service delivers 
 the image's ``/run`` hook (port 9000 by default). This listener answers ``/ready``
 (image builds call it whenever any hook is enabled), and on ``/run`` validates
 the payload ``{"sandcell": 1, "runner_token": "<64 hex>"}`` and starts
-``sandcell-runner`` with ``SANDCELL_RUNNER_TOKEN`` set, exactly once. Other hooks
-(``/resume``, ``/suspend``, ``/terminate``) are acknowledged.
+``sandcell-runner`` exactly once, handing it the token on a pipe
+(``SANDCELL_RUNNER_TOKEN_FILE=/dev/fd/N``), never in an environment block. The
+listener is non-dumpable too: it held the token. Other hooks (``/resume``,
+``/suspend``, ``/terminate``) are acknowledged.
 
 Standard library only (``http.server``): it runs before the runner and must not
 pay the runner's import cost or share its process.
@@ -24,6 +26,8 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .runner_token import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE, make_undumpable
 
 log = logging.getLogger("sandcell_runner.microvm_hook")
 
@@ -56,13 +60,25 @@ def parse_payload(body: bytes) -> str:
 
 
 def launch_runner(token: str, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start the runner with ``token``; its other settings come from the image's environment."""
-    child_env = {**(env if env is not None else os.environ), "SANDCELL_RUNNER_TOKEN": token}
-    return subprocess.Popen(
-        [sys.executable, "-m", "sandcell_runner"],
-        env=child_env,
-        stdin=subprocess.DEVNULL,
-    )
+    """Start the runner with ``token`` on a pipe; its other settings come from the image's
+    environment."""
+    base = env if env is not None else os.environ
+    child_env = {k: v for k, v in base.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
+    read_fd, write_fd = os.pipe()
+    try:
+        try:
+            os.write(write_fd, token.encode())  # 64 hex digits: far below a pipe's buffer
+        finally:
+            os.close(write_fd)
+        child_env[TOKEN_FILE_VARIABLE] = f"/dev/fd/{read_fd}"
+        return subprocess.Popen(
+            [sys.executable, "-m", "sandcell_runner"],
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            pass_fds=(read_fd,),
+        )
+    finally:
+        os.close(read_fd)
 
 
 class HookState:
@@ -144,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not make_undumpable():
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed: this listener's memory stays readable")
     state = HookState(lambda token: launch_runner(token))
     server = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     log.info("listening for lifecycle hooks on %s:%d", args.host, args.port)

@@ -8,8 +8,12 @@ import contextlib
 import logging
 import os
 import resource
+import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+
+import msgspec
 
 from sandcell_protocol import PROTOCOL_VERSION, ExecuteRequest, ExecuteResult, Health
 from sandcell_protocol.app_messages import AnalysisResult
@@ -23,6 +27,7 @@ from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
 from .contexts.interpreter import EventCallback
 from .contexts.manager import ContextManager
+from .egress.manager import EgressManager, unavailable_reason
 from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
@@ -30,10 +35,12 @@ from .inputs.priming import Primer
 from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
 from .jail.host_limits import apply_host_limits, required_limits
+from .jail.netns import SessionNetns
 from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawner import Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
+from .outputs import OutputCollector
 from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
@@ -114,8 +121,20 @@ class RunnerService:
         self.languages = (
             languages if languages is not None else discover_languages(jailed=self._jail.jailed)
         )
+        # Output scanning has threads of its own, one per job slot: it never queues
+        # behind, or holds up, the default executor every other request hops through.
+        self._outputs = OutputCollector(
+            inline_max_bytes=settings.output_inline_bytes,
+            max_files=settings.max_output_files,
+            scan_budget_bytes=settings.output_scan_bytes,
+            threads=settings.max_jobs,
+        )
         self._executor = Executor(
-            settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
+            settings,
+            jail=self._jail,
+            workspaces=self._workspaces,
+            languages=self.languages,
+            outputs=self._outputs,
         )
         self.inputs = InputCache(
             settings.input_cache_dir,
@@ -126,12 +145,19 @@ class RunnerService:
         self.apps = AppManager(
             settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
         )
+        self.egress = EgressManager(
+            settings.egress,
+            unavailable=unavailable_reason(
+                jailed=self._jail.jailed, allow_network=settings.allow_network
+            ),
+            state_dir=settings.workspace_root.parent / "egress",
+        )
         self.sessions = SessionManager(
             enabled=settings.sessions_enabled,
             workspaces=self._workspaces,
             uids=self._uids,
             wait_ms=settings.session_wait_ms,
-            netns_factory=self.apps.create_netns if settings.sessions_enabled else None,
+            netns_factory=self._session_netns if settings.sessions_enabled else None,
         )
         self.contexts = ContextManager(
             settings, jail=self._jail, workspaces=self._workspaces, languages=self.languages
@@ -148,7 +174,10 @@ class RunnerService:
             python=python.binary if python else None,
         )
         self.sessions.release_hooks.append(self.sandbox.release)
+        self.sessions.release_hooks.append(self._release_egress)
         self._jail.netns_for = self.sessions.netns_fd_for
+        self._jail.egress_for = self.egress.apply
+        self.egress.start()
         self.files = SessionFiles(self.sessions, max_read_bytes=settings.max_body_bytes)
         self.checkpoints = SessionCheckpoints(
             self.sessions,
@@ -159,11 +188,21 @@ class RunnerService:
         )
         # A restore replaces the workspace the interpreters run in: their state is gone.
         self.checkpoints.restore_hooks.append(self._lose_contexts)
+        self._last_request_s = time.monotonic()
         self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._active_jobs: set[Path] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._collect_warnings()
+
+    def _session_netns(self) -> SessionNetns | None:
+        """A bound session's namespace, linked for egress when the policy lets anything out."""
+        netns = self.apps.create_netns()
+        self.egress.session_netns(netns)
+        return netns
+
+    async def _release_egress(self, state: SessionState) -> None:
+        await asyncio.to_thread(self.egress.session_released, state.netns)
 
     def _collect_warnings(self) -> None:
         if not self._jail.jailed:
@@ -340,7 +379,22 @@ class RunnerService:
             self.contexts.check_runnable(session_id, context_id)
             if on_started is not None:
                 on_started()
-            return await self.contexts.run(state, context_id, request, on_event)
+            end = await self.contexts.run(state, context_id, request, on_event)
+            # What the cell wrote, as an execute reports it (and whether to checkpoint).
+            workspace = JobWorkspace(
+                path=state.workspace,
+                uid=state.uid,
+                gid=state.uid,
+                job_dir=state.workspace,
+                surfaced=state.surfaced,
+                session_id=session_id,
+            )
+            before = len(state.surfaced)
+            collected = await self._executor.collect_outputs(workspace)
+            changed = (
+                bool(collected.files) or collected.removed > 0 or len(state.surfaced) != before
+            )
+            return msgspec.structs.replace(end, files=collected.files, workspace_changed=changed)
 
     async def analyse(self, session_id: str) -> AnalysisResult:
         """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
@@ -358,6 +412,7 @@ class RunnerService:
             warmup=self._warmup.state,
             languages=sorted(self.languages),
             warnings=list(self.warnings),
+            egress=self.egress.mechanism,
         )
 
     @contextlib.asynccontextmanager
@@ -365,7 +420,7 @@ class RunnerService:
         """The service while it serves: warmup and the reaper run; shut down on exit."""
         self._warmup.start()
         reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
-        idle = asyncio.create_task(self._idle_context_loop(), name="sandcell-context-idle")
+        idle = asyncio.create_task(self._idle_loop(), name="sandcell-idle")
         try:
             yield
         finally:
@@ -395,15 +450,33 @@ class RunnerService:
             await asyncio.sleep(self.settings.reap_interval_s)
 
     async def _lose_contexts(self, state: SessionState) -> None:
-        await self.contexts.lose_all(state, "the workspace was restored from a checkpoint")
+        await self.contexts.restored(state)
 
-    async def _idle_context_loop(self) -> None:
+    def note_request(self) -> None:
+        """A request arrived (the idle exit counts from the last one)."""
+        self._last_request_s = time.monotonic()
+
+    def _busy(self) -> bool:
+        bound = self.sessions.bound
+        return bool(self._active_jobs) or (bound is not None and bound.lock.locked())
+
+    async def _idle_loop(self) -> None:
+        """Stop idle interpreters; exit the runner when idle past ``idle_exit_s``."""
         interval_s = min(60.0, max(1.0, self.settings.context_idle_s / 4))
+        if self.settings.idle_exit_s:
+            interval_s = min(interval_s, max(0.5, self.settings.idle_exit_s / 4))
         while True:
             await asyncio.sleep(interval_s)
             stopped = await self.contexts.sweep_idle()
             if stopped:
                 log.info("stopped %d idle context interpreters", stopped)
+            idle_s = time.monotonic() - self._last_request_s
+            limit_s = self.settings.idle_exit_s
+            if limit_s and idle_s > limit_s and not self._busy():
+                log.info("no request for %d s (SANDCELL_RUNNER_IDLE_EXIT_S): exiting", idle_s)
+                # uvicorn's own graceful shutdown: the lifespan then runs shutdown().
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
     async def shutdown(self) -> None:
         """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""
@@ -418,8 +491,11 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
         with contextlib.suppress(Exception):
+            await asyncio.to_thread(self.egress.close)
+        with contextlib.suppress(Exception):
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
+        self._outputs.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._workspaces.close)
         self._lease.release()

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
+import hashlib
 import hmac
 import logging
 import secrets
@@ -24,16 +26,20 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import anyio
+import msgspec
 
 from sandcell_protocol import (
     AnalysisResult,
+    EgressPolicy,
     ErrorCode,
     ExecuteRequest,
     LogLines,
     ProtocolError,
     RuntimeErrors,
+    redact_message,
     validate_workspace_path,
 )
 
@@ -57,6 +63,8 @@ from .policy import CommandPolicy
 from .settings import AppSettings
 from .templates import TemplateManifest, TemplateRegistry
 from .webhooks import WebhookSender
+
+M = TypeVar("M", bound=msgspec.Struct)
 
 __all__ = ["AppInstances", "Instance"]
 
@@ -84,6 +92,7 @@ class Instance:
     preview_token: str = field(repr=False)
     env: dict[str, str] = field(repr=False)
     webhook_url: str | None = field(default=None, repr=False)
+    egress: EgressPolicy | None = None
     status: str = "starting"
     dirty: bool = True
     seen_errors: set[str] = field(default_factory=set, repr=False)
@@ -94,6 +103,11 @@ class Instance:
         """The runtime session the manager keeps this instance's sandbox under."""
         return sandbox_session_key(self.sandbox_uuid)
 
+    def diagnostic(self, value: M) -> M:
+        """``value`` as an agent may see it: this instance's preview token, URL
+        credentials and bearer tokens redacted (sandcell_protocol.redaction)."""
+        return redact_message(value, secrets=(self.preview_token,))
+
     @property
     def preview_prefix(self) -> str:
         """The path prefix the preview is served under (what the app sees as forwarded)."""
@@ -102,7 +116,10 @@ class Instance:
     def spec(self) -> SandboxSpec:
         """What a (re)created sandbox of this instance is launched with."""
         return SandboxSpec(
-            template=self.template, env=self.env, labels={_OWNER_LABEL: self.instance_id}
+            template=self.template,
+            env=self.env,
+            labels={_OWNER_LABEL: self.instance_id},
+            egress=self.egress,
         )
 
 
@@ -130,6 +147,9 @@ class AppInstances:
         self._new_token = new_token
         self._new_id = new_id
         self._instances: dict[str, Instance] = {}
+        # Digests of deleted instances' preview tokens: a tab still open on one learns
+        # it is gone (404) rather than that its token went bad (401). Bounded, oldest out.
+        self._deleted_previews: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     def __repr__(self) -> str:
         return f"AppInstances(instances={len(self._instances)})"
@@ -157,6 +177,10 @@ class AppInstances:
         expected = instance.preview_token if instance is not None else "x" * 43
         ok = hmac.compare_digest(expected.encode(), (token or "").encode())
         return instance if ok and instance is not None else None
+
+    def was_deleted(self, instance_id: str, token: str | None) -> bool:
+        """Whether ``token`` was the preview token of ``instance_id`` before it was deleted."""
+        return bool(token) and _preview_digest(instance_id, token or "") in self._deleted_previews
 
     def preview_url(self, instance: Instance) -> str:
         """The preview URL handed to the caller: it carries the token for the first visit."""
@@ -189,7 +213,10 @@ class AppInstances:
         template = await self.templates.load(request.template)
         instance_id = self._new_id()
         spec = SandboxSpec(
-            template=template.name, env=request.env, labels={_OWNER_LABEL: instance_id}
+            template=template.name,
+            env=request.env,
+            labels={_OWNER_LABEL: instance_id},
+            egress=request.egress,
         )
         sandbox_uuid = str(uuid.uuid4())
         session_id = sandbox_session_key(sandbox_uuid)
@@ -210,6 +237,7 @@ class AppInstances:
                 preview_token=self._new_token(),
                 env=dict(request.env),
                 webhook_url=request.webhook_url,
+                egress=request.egress,
             )
             await provision.copy_template(handle, template)
             await provision.git_init(
@@ -248,6 +276,9 @@ class AppInstances:
         """Remove ``instance`` and destroy its sandbox and checkpoint (idempotent)."""
         if self._instances.pop(instance.instance_id, None) is None:
             return
+        self._deleted_previews[_preview_digest(instance.instance_id, instance.preview_token)] = None
+        while len(self._deleted_previews) > _DELETED_PREVIEWS_KEPT:
+            self._deleted_previews.popitem(last=False)
         # The lock waits out a call or a recovery in flight, so neither can bring a
         # sandbox back after this destroyed it.
         with anyio.CancelScope(shield=True):
@@ -334,7 +365,7 @@ class AppInstances:
                     )
                 )
             instance.dirty = True
-        return CommandResults(results=results)
+        return instance.diagnostic(CommandResults(results=results))
 
     # -- diagnostics ------------------------------------------------------------------------
 
@@ -342,7 +373,7 @@ class AppInstances:
         """Static analysis of the workspace, run by the runner inside the jail."""
         instance = self.get(instance_id, owner=owner)
         async with self._using(instance):
-            return await instance.runner.analysis()
+            return instance.diagnostic(await instance.runner.analysis())
 
     async def runtime_errors(
         self, instance_id: str, *, owner: str, since: float | None = None
@@ -350,7 +381,7 @@ class AppInstances:
         """Deduplicated runtime errors (browser and server side)."""
         instance = self.get(instance_id, owner=owner)
         self.touch(instance)
-        return await instance.runner.runtime_errors(since=since)
+        return instance.diagnostic(await instance.runner.runtime_errors(since=since))
 
     async def clear_runtime_errors(self, instance_id: str, *, owner: str) -> None:
         """Forget the collected runtime errors (webhooks fire again for a recurrence)."""
@@ -367,7 +398,8 @@ class AppInstances:
             raise AppRequestError(f"lines: must be between 1 and {_MAX_LOG_LINES}")
         instance = self.get(instance_id, owner=owner)
         self.touch(instance)
-        return await instance.runner.logs(provision.DEV_TAG, lines=lines, filter=filter)
+        found = await instance.runner.logs(provision.DEV_TAG, lines=lines, filter=filter)
+        return instance.diagnostic(found)
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -402,3 +434,11 @@ def _file_bytes(content: str, encoding: str) -> bytes:
         return base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
         raise AppRequestError("content: not valid base64") from None
+
+
+_DELETED_PREVIEWS_KEPT = 4096
+
+
+def _preview_digest(instance_id: str, token: str) -> str:
+    # Only a digest is kept: the token itself must not outlive its instance.
+    return hashlib.sha256(f"{instance_id}\x00{token}".encode()).hexdigest()

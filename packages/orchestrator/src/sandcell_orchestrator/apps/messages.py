@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from sandcell_protocol import EgressPolicy
+
 __all__ = [
     "CommandOutcome",
     "CommandResults",
@@ -50,6 +52,8 @@ class CreateInstance(_Body, frozen=True):
     env: Annotated[dict[EnvName, str], msgspec.Meta(max_length=100)] = msgspec.field(
         default_factory=dict
     )
+    egress: EgressPolicy | None = None
+    """The instance sandbox's egress policy (None: ``deny_all``); kept across recoveries."""
 
     def __repr__(self) -> str:
         # Env values are the caller's configuration and may be credentials.

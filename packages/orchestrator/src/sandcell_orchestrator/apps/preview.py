@@ -10,7 +10,9 @@ Access: an unguessable per-instance token, accepted as ``?token=`` (and then
 stripped before forwarding) or from the ``sandcell_preview`` cookie that the
 first tokened response sets: HttpOnly, SameSite=Lax, Path=/preview/<id>/,
 Secure when the public URL is https. A missing or wrong token and an unknown
-instance get the same 401.
+instance get the same 401; the token of an instance that was deleted gets 404.
+An app that does not answer in its sandbox is the runner's 502
+``app_not_responding``, passed through (the sandbox is fine, the app is not).
 
 Every request and WebSocket message counts as activity for idle shutdown.
 
@@ -187,6 +189,13 @@ class PreviewProxy:
                 return found, True
         return instances.authorize_preview(instance_id, cookie), False
 
+    def _refused(self, instance_id: str, token: str | None) -> Response:
+        # A token that was this instance's before it was deleted: the instance is gone.
+        # Anything else stays the one 401, so ids cannot be probed without a token.
+        if self._instances().was_deleted(instance_id, token):
+            return _json_error(404, ErrorCode.NOT_FOUND, "this app instance was deleted")
+        return _unauthorized()
+
     async def redirect(self, request: Request) -> Response:
         """``/preview/<id>`` → ``/preview/<id>/`` (query kept), so relative URLs resolve."""
         target = f"/preview/{request.path_params['instance_id']}/"
@@ -201,7 +210,9 @@ class PreviewProxy:
             instance_id, request.query_params.get("token"), request.cookies.get(COOKIE_NAME)
         )
         if instance is None:
-            return _unauthorized()
+            return self._refused(
+                instance_id, request.query_params.get("token") or request.cookies.get(COOKIE_NAME)
+            )
         path = _forward_path(
             request.scope.get("raw_path") or request.url.path.encode(), instance_id
         )
@@ -231,7 +242,9 @@ class PreviewProxy:
             )
         except SandcellError as exc:
             log.info("preview %s: upstream failed: %s", instance.instance_id, type(exc).__name__)
-            return _json_error(502, ErrorCode.BUSY, "the preview is not reachable right now")
+            return _json_error(
+                502, ErrorCode.BUSY, "the instance's sandbox did not answer; retry shortly"
+            )
         headers = {
             k: v
             for k, v in upstream.headers.multi_items()

@@ -2,9 +2,13 @@
 
     sandcell exec [--session HINT] [--language python] [--file PATH]... [--json]
                   [--timeout-s N] (CODE | -)
+    sandcell run --session HINT [--context ID] [--language python] [--file PATH]...
+                 [--out DIR] [--restart] [--json] [--timeout-s N] (CODE | -)
     sandcell serve [--host H] [--port P]
     sandcell sessions list [--json]
     sandcell sessions destroy (ID | HINT)
+    sandcell files (ls [DIR] | get PATH [DEST|-] | put SRC [PATH]) --session HINT
+    sandcell instances (create|ls|get|write|run|logs|errors|analysis|rm) ...  (docs/apps.md)
 
 One module per command (``exec.py``, ``sessions.py``, ``serve.py``), each adding
 its parser and running it; ``common.py`` holds what they share.
@@ -37,6 +41,9 @@ from sandcell_protocol import ProtocolError
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
 from . import exec as exec_command
+from . import files as files_command
+from . import instances as instances_command
+from . import run as run_command
 from . import serve as serve_command
 from . import sessions as sessions_command
 from .common import (
@@ -60,8 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     exec_command.add_parser(commands)
+    run_command.add_parser(commands)
     serve_command.add_parser(commands)
     sessions_command.add_parser(commands)
+    files_command.add_parser(commands)
+    instances_command.add_parser(commands)
     return parser
 
 
@@ -78,11 +88,18 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     # httpx logs every runner request at INFO: noise to an operator.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
+        if args.command == "instances":
+            # A client of a running serve: no local services, no settings needed.
+            return instances_command.run_instances(args, environ, sys.stdout, sys.stderr)
         settings = OrchestratorSettings.from_env(environ)
         if args.command == "serve":
             return serve_command.run_serve(args, settings)
+        if args.command == "files":
+            return run_async(lambda: files_command.run_files(args, settings, sys.stdout))
         if args.command == "exec":
             return run_async(lambda: exec_command.run_exec(args, settings, sys.stdout, sys.stderr))
+        if args.command == "run":
+            return run_async(lambda: run_command.run_cell(args, settings, sys.stdout, sys.stderr))
         if args.action == "list":
             return run_async(lambda: sessions_command.run_list(args, settings, sys.stdout))
         return run_async(lambda: sessions_command.run_destroy(args, settings, sys.stdout))

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from sandcell_protocol import (
+    EgressPolicy,
     ExecuteRequest,
     ExecuteResult,
     FileRef,
     RunStatus,
+    StderrEvent,
+    StdoutEvent,
     encode,
     runtime_session_id,
     scoped_storage_session,
 )
 
-from ..bootstrap import open_services
+from ..bootstrap import Services, open_services
 from ..config import OrchestratorSettings
 from ..errors import SessionBusyError
 from ..sessions.execution import Identity
-from ..sessions.inputs import DirectoryInputSource
+from ..sessions.inputs import InputStore
 from .common import (
     CLI_NAMESPACE,
     CLI_STORAGE_SESSION,
@@ -34,8 +39,9 @@ from .common import (
     positive_float,
 )
 from .session_index import CliSessions
+from .summary import print_summary
 
-__all__ = ["add_parser", "job_exit_code", "run_exec"]
+__all__ = ["add_parser", "job_exit_code", "read_files", "run_exec", "store_files"]
 
 
 def add_parser(commands: Any) -> None:
@@ -51,6 +57,25 @@ def add_parser(commands: Any) -> None:
     )
     run.add_argument("--json", action="store_true", help="print the ExecuteResult as JSON")
     run.add_argument("--timeout-s", type=positive_float, metavar="N", help="job timeout [30]")
+    run.add_argument(
+        "--allow-host",
+        metavar="RULE",
+        action="append",
+        default=[],
+        help="let the job reach RULE: a name, *.domain, CIDR, optionally :port (repeatable;"
+        " otherwise it has no network)",
+    )
+    run.add_argument(
+        "--env",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        type=_env_pair,
+        help="an environment variable for the job (repeatable)",
+    )
+    run.add_argument(
+        "--out", metavar="DIR", type=Path, help="write the files the job made or changed into DIR"
+    )
 
 
 async def run_exec(
@@ -58,75 +83,147 @@ async def run_exec(
 ) -> int:
     hint = hint_argument(args.session) if args.session is not None else None
     code = await asyncio.to_thread(sys.stdin.read) if args.code == "-" else args.code
-    files = await asyncio.to_thread(_store_files, settings.inputs_dir, args.file)
-    request = ExecuteRequest(
-        language=args.language,
-        code=code,
-        files=files,
-        **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
-    )
+    contents = await asyncio.to_thread(read_files, args.file)
+    egress = _egress_policy(args.allow_host)
     identity = Identity(namespace=CLI_NAMESPACE, user_id=os_user())
     # With an embedded registry this process's sandboxes die with it: each turn
     # parks its sandbox before it lets go of the session, so no other call reuses
     # one about to vanish. With Redis they stay for the next call, as a service's do.
     async with open_services(settings, keep_warm=settings.distributed_registry) as services:
+        request = ExecuteRequest(
+            language=args.language,
+            code=code,
+            files=await store_files(services.inputs, contents),
+            env=dict(args.env),
+            **({"timeout_ms": max(1, round(args.timeout_s * 1000))} if args.timeout_s else {}),
+        )
+        session_id = None
         if hint is not None:
             session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
             # Recorded before the turn: a turn that dies after its checkpoint still
             # leaves a session the user can list and destroy.
             await asyncio.to_thread(CliSessions(settings.home).touch, session_id, hint=hint)
+        # Human output streams: each chunk is printed as the job produces it, the
+        # summary comes last. --json prints one ExecuteResult at the end.
+        on_output = None if args.json else _Echo(out, err)
+        before = None
+        if session_id is not None:
+            before = await services.manager.current_checkpoint(session_id)
         try:
-            result = await services.execution.execute(request, identity, hint=hint)
+            result = await services.execution.execute(
+                request, identity, hint=hint, on_output=on_output, egress=egress
+            )
+        except asyncio.CancelledError:
+            await _say_interrupted(services, err, hint=hint, session_id=session_id, before=before)
+            raise
         except SessionBusyError:
             raise SessionBusyExit(
                 f"session {hint!r} is busy: another call is running a turn in it;"
                 " this turn did not run (retry when that one has finished)"
             ) from None
+    if args.out is not None:
+        await asyncio.to_thread(_write_out, result, args.out, err)
     if args.json:
         out.write(encode(result).decode() + "\n")
     else:
-        _print_human(result, out, err)
+        print_summary(result, request, err, hint=hint)
     return job_exit_code(result)
 
 
-def _store_files(inputs_dir: Path, paths: Sequence[str]) -> list[FileRef]:
-    """Keep each file in the input source and refer to it by its content id."""
-    source = DirectoryInputSource(inputs_dir)
-    refs: list[FileRef] = []
+def _egress_policy(rules: Sequence[str]) -> EgressPolicy | None:
+    """``--allow-host`` rules as a policy (None without any: the sandbox's default)."""
+    if not rules:
+        return None
+    try:
+        return EgressPolicy(mode="allow", allow=tuple(rules))
+    except ValueError as exc:
+        raise UsageError(f"--allow-host: {exc}") from None
+
+
+async def _say_interrupted(
+    services: Services, err: TextIO, *, hint: str | None, session_id: str | None, before: str | None
+) -> None:
+    """Ctrl-C or SIGTERM mid-turn: the output so far is printed; say what became of the
+    session (the turn has finished its cleanup by the time this runs)."""
+    err.write("sandcell: interrupted: the job was stopped\n")
+    if session_id is not None:
+        after = await services.manager.current_checkpoint(session_id)
+        if after != before:
+            err.write(f"sandcell: session {hint!r} keeps what the job wrote before it stopped\n")
+        else:
+            err.write(
+                f"sandcell: session {hint!r} is as its last completed turn left it"
+                " (this turn's changes could not be saved)\n"
+            )
+    err.flush()
+
+
+def _env_pair(raw: str) -> tuple[str, str]:
+    key, sep, value = raw.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--env wants KEY=VALUE, got {raw[:40]!r}")
+    return key, value
+
+
+def _write_out(result: ExecuteResult, out_dir: Path, err: TextIO) -> None:
+    """The turn's output files into ``out_dir``, under their workspace paths.
+
+    Small files travel inline in the result; a larger one is named with the
+    command that fetches it from the session.
+    """
+    root = out_dir.resolve()
+    for file in result.files:
+        target = (root / file.name).resolve()
+        if not target.is_relative_to(root) or file.symlink_target is not None:
+            err.write(f"sandcell: --out: skipped {file.name!r} (a link or outside {out_dir})\n")
+            continue
+        if file.content_b64 is None:
+            err.write(
+                f"sandcell: --out: {file.name} ({file.size} bytes) is too large to travel inline;"
+                f" fetch it with: sandcell files get --session HINT {file.name}\n"
+            )
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(base64.b64decode(file.content_b64))
+
+
+class _Echo:
+    """Prints output chunks as they arrive (a terminal or pipe write: small, then flushed)."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self._out = out
+        self._err = err
+
+    def __call__(self, event: StdoutEvent | StderrEvent) -> None:
+        stream = self._out if isinstance(event, StdoutEvent) else self._err
+        stream.write(event.data)
+        stream.flush()
+
+
+def read_files(paths: Sequence[str]) -> list[tuple[str, bytes]]:
+    """``(base name, bytes)`` of each ``--file`` (blocking)."""
+    contents: list[tuple[str, bytes]] = []
     for raw in paths:
         path = Path(raw)
         name = path.name
-        if any(ref.name == name for ref in refs):
+        if any(seen == name for seen, _ in contents):
             raise UsageError(f"--file: two files are named {name!r}")
         try:
-            data = path.read_bytes()
+            contents.append((name, path.read_bytes()))
         except OSError as exc:
             raise UsageError(f"--file {raw}: {exc.strerror or exc}") from None
-        object_id = source.store(scoped_storage_session(CLI_NAMESPACE, CLI_STORAGE_SESSION), data)
+    return contents
+
+
+async def store_files(inputs: InputStore, contents: list[tuple[str, bytes]]) -> list[FileRef]:
+    """Keep each file in the input store under its content id and refer to it."""
+    scoped = scoped_storage_session(CLI_NAMESPACE, CLI_STORAGE_SESSION)
+    refs: list[FileRef] = []
+    for name, data in contents:
+        object_id = hashlib.sha256(data).hexdigest()
+        await inputs.write(scoped, object_id, data)
         refs.append(FileRef(storage_session=CLI_STORAGE_SESSION, object_id=object_id, name=name))
     return refs
-
-
-def _print_human(result: ExecuteResult, out: TextIO, err: TextIO) -> None:
-    out.write(result.stdout)
-    out.flush()
-    err.write(result.stderr)
-    notes = []
-    if result.status != RunStatus.OK:
-        exit_text = "" if result.exit_code is None else f", exit code {result.exit_code}"
-        signal_text = "" if result.signal is None else f", signal {result.signal}"
-        notes.append(f"status {result.status}{exit_text}{signal_text}")
-    for stream, truncated in (
-        ("stdout", result.stdout_truncated),
-        ("stderr", result.stderr_truncated),
-    ):
-        if truncated:
-            notes.append(f"{stream} truncated")
-    if result.files:
-        notes.append("files: " + ", ".join(f.name for f in result.files))
-    for note in notes:
-        err.write(f"sandcell: {note}\n")
-    err.flush()
 
 
 def job_exit_code(result: ExecuteResult) -> int:

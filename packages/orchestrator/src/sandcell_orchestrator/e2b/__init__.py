@@ -42,7 +42,8 @@ EXPIRY_INTERVAL_S = 0.5
 class E2bService:
     """The E2B surface's state: its sandbox table, made in the app's lifespan."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_running_per_tenant: int = 32) -> None:
+        self._max_running = max_running_per_tenant
         self._sandboxes: E2bSandboxes | None = None
 
     @property
@@ -54,7 +55,7 @@ class E2bService:
     @contextlib.asynccontextmanager
     async def running(self, services: Services) -> AsyncIterator[E2bSandboxes]:
         """Serve sandboxes on ``services`` for the block; every sandbox is killed after."""
-        sandboxes = E2bSandboxes(services.manager)
+        sandboxes = E2bSandboxes(services.manager, max_running_per_tenant=self._max_running)
         self._sandboxes = sandboxes
         try:
             async with anyio.create_task_group() as group:
@@ -89,9 +90,10 @@ def install_e2b_routes(
     """Add ``/e2b`` and ``/e2b/sandbox`` to ``app``; run the sandboxes in its lifespan.
 
     With ``SANDCELL_E2B_DOMAIN`` set, requests for ``api.{domain}`` and
-    ``{port}-{id}.{domain}`` are routed there by ``Host`` as well.
+    ``{port}-{id}.{domain}`` are routed there by ``Host`` as well;
+    ``SANDCELL_E2B_MAX_SANDBOXES`` caps each tenant's running sandboxes.
     """
-    service = E2bService()
+    service = E2bService(max_running_per_tenant=settings.serve.e2b_max_running)
     domain = settings.serve.e2b_domain
     control = ControlPlane(
         lambda: service.sandboxes, namespace_of_key=namespace_of_key, domain=domain

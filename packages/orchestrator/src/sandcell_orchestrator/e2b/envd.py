@@ -12,7 +12,10 @@ the request to:
     /process.Process/…         the generated Connect app (process.py)
     /filesystem.Filesystem/…   the generated Connect app (filesystem.py)
 
-Port 49983 is envd. Other ports are not served yet (502, as for a closed port).
+Port 49983 is envd; port 49999 is the code interpreter (``interpreter.py``), which
+also takes the sandbox's traffic token (``E2B-Traffic-Access-Token``: the
+``e2b-code-interpreter`` SDK sends no envd token on its context calls). Other
+ports are not served (502, as for a closed port).
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .envd_http import read_file, write_files
 from .errors import e2b_error_response, sandbox_gone_response
+from .filesystem import filesystem_app
+from .interpreter import INTERPRETER_PORT, interpreter_route
 from .process import process_app
 from .sandboxes import E2bSandbox, E2bSandboxes
 
@@ -38,6 +45,7 @@ ENVD_PORT = 49983
 SANDBOX_ID_HEADER = "e2b-sandbox-id"
 SANDBOX_PORT_HEADER = "e2b-sandbox-port"
 ACCESS_TOKEN_HEADER = "x-access-token"  # noqa: S105 (a header name)
+TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"  # noqa: S105 (a header name)
 
 
 class EnvdApp:
@@ -47,15 +55,13 @@ class EnvdApp:
         self._sandboxes = sandboxes
         self._rpc: dict[str, ASGIApp] = {
             "/process.Process/": process_app(self._sandbox_of),
+            "/filesystem.Filesystem/": filesystem_app(self._sandbox_of),
         }
 
     def _lookup(self, headers: Callable[[str], str | None]) -> E2bSandbox | None:
         return self._sandboxes().for_envd(headers(SANDBOX_ID_HEADER), headers(ACCESS_TOKEN_HEADER))
 
     def _sandbox_of(self, ctx: RequestContext[object, object]) -> E2bSandbox:
-        from connectrpc.code import Code
-        from connectrpc.errors import ConnectError
-
         found = self._lookup(ctx.request_headers.get)
         if found is None:
             raise ConnectError(Code.UNAVAILABLE, "The sandbox was not found")
@@ -67,8 +73,11 @@ class EnvdApp:
         request = Request(scope, receive)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         sandbox_id = request.headers.get(SANDBOX_ID_HEADER)
-        sandbox = self._lookup(request.headers.get)
         port = request.headers.get(SANDBOX_PORT_HEADER, str(ENVD_PORT))
+        if port == str(INTERPRETER_PORT):
+            await self._interpreter(request, path, scope, receive, send)
+            return
+        sandbox = self._lookup(request.headers.get)
         if sandbox is None or port != str(ENVD_PORT):
             await sandbox_gone_response(sandbox_id)(scope, receive, send)
             return
@@ -82,6 +91,30 @@ class EnvdApp:
             return
         try:
             response = await handler(request, sandbox)
+        except Exception as exc:
+            response = e2b_error_response(exc)
+        await response(scope, receive, send)
+
+    async def _interpreter(
+        self, request: Request, path: str, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        headers = request.headers
+        sandbox = self._sandboxes().for_envd(
+            headers.get(SANDBOX_ID_HEADER),
+            headers.get(ACCESS_TOKEN_HEADER),
+            traffic_token=headers.get(TRAFFIC_TOKEN_HEADER),
+        )
+        if sandbox is None:
+            await sandbox_gone_response(headers.get(SANDBOX_ID_HEADER))(scope, receive, send)
+            return
+        found = interpreter_route(request.method, path)
+        if found is None:
+            await Response(status_code=404)(scope, receive, send)
+            return
+        handler, params = found
+        scope["path_params"] = params
+        try:
+            response = await handler(Request(scope, receive), sandbox)
         except Exception as exc:
             response = e2b_error_response(exc)
         await response(scope, receive, send)

@@ -17,6 +17,7 @@ import msgspec
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Message, Receive
 
 from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol import sandbox_messages as sm
@@ -75,6 +76,19 @@ async def read_file(request: Request, sandbox: E2bSandbox) -> Response:
     return Response(data, media_type=_OCTET_STREAM, headers=headers)
 
 
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
 def _gunzip(data: bytes) -> bytes:
     # Bounded: a small bomb must not become a huge write.
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -93,8 +107,12 @@ async def write_files(request: Request, sandbox: E2bSandbox) -> Response:
         raise E2bError(502, "not_found", f"sandbox {sandbox.sandbox_id} is paused")
     content_type = request.headers.get("content-type", "")
     uploads: list[tuple[str, bytes]] = []
+    # The whole body first, capped: a multipart body is then parsed from memory,
+    # never streamed past the cap to disk.
+    body = await read_body(request)
     if content_type.startswith("multipart/form-data"):
-        async with request.form(max_files=1000, max_part_size=MAX_BODY_BYTES) as form:
+        buffered = Request(request.scope, receive=_replay(body))
+        async with buffered.form(max_files=1000, max_part_size=MAX_BODY_BYTES) as form:
             items = form.multi_items()
             one_path = request.query_params.get("path")
             files = [value for key, value in items if key == "file"]
@@ -106,7 +124,6 @@ async def write_files(request: Request, sandbox: E2bSandbox) -> Response:
                 name = one_path if len(files) == 1 and one_path else upload.filename
                 uploads.append((name or "", await upload.read()))
     else:
-        body = await read_body(request)
         encoding = request.headers.get("content-encoding", "").lower()
         if encoding == "gzip":
             body = _gunzip(body)

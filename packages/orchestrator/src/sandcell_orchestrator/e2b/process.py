@@ -80,7 +80,7 @@ async def _selected_pid(runner: SandboxRunnerClient, selector: pb.ProcessSelecto
         case Oneof(field="pid", value=pid):
             return int(pid)
         case Oneof(field="tag", value=tag):
-            for info in await runner.list():
+            for info in await runner.list_processes():
                 if info.tag == tag:
                     return info.pid
             raise ConnectError(Code.NOT_FOUND, f"process with tag {str(tag)[:80]!r} not found")
@@ -100,7 +100,7 @@ class ProcessService:
         self, request: pb.ListRequest, ctx: RequestContext[pb.ListRequest, pb.ListResponse], /
     ) -> pb.ListResponse:
         try:
-            infos = await self._runner(ctx).list()  # type: ignore[arg-type]
+            infos = await self._runner(ctx).list_processes()  # type: ignore[arg-type]
         except SandcellError as exc:
             raise connect_error(exc) from None
         return pb.ListResponse(

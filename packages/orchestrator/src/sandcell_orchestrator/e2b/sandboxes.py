@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from sandcell_protocol import EgressPolicy
+
 from ..errors import SandcellError
 from ..handle import SandboxHandle
 from ..providers.base import SandboxSpec
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 _SANDBOX_ID_RE = re.compile(r"[a-z0-9]{20}")
 _IDEMPOTENCY_KEY_RE = re.compile(r"[a-z0-9-]{1,255}")
 _OWNER_LABEL = "sandcell.e2b_sandbox"
+_RETRY_EXPIRY_S = 30.0
 
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -76,6 +79,9 @@ class E2bSandbox:
     session_id: str
     spec: SandboxSpec
     access_token: str = field(repr=False)
+    traffic_token: str = field(repr=False)
+    """What ``e2b-code-interpreter`` sends (``E2B-Traffic-Access-Token``) on the calls
+    that carry no envd access token (its context calls)."""
     metadata: dict[str, str]
     env: dict[str, str] = field(repr=False)
     started_at_s: float
@@ -98,6 +104,7 @@ class E2bSandboxes:
         templates: Mapping[str, SandboxSpec] = DEFAULT_TEMPLATES,
         default_timeout_s: int = 300,
         max_timeout_s: int = 86_400,
+        max_running_per_tenant: int = 32,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = _new_sandbox_id,
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
@@ -106,6 +113,7 @@ class E2bSandboxes:
         self.templates = dict(templates)
         self.default_timeout_s = default_timeout_s
         self.max_timeout_s = max_timeout_s
+        self.max_running_per_tenant = max_running_per_tenant
         self._now = wall_clock
         self._new_id = new_id
         self._new_token = new_token
@@ -128,11 +136,17 @@ class E2bSandboxes:
         """``owner``'s sandboxes, oldest first."""
         return [s for s in self._sandboxes.values() if s.owner == owner and not s.gone]
 
-    def for_envd(self, sandbox_id: str | None, token: str | None) -> E2bSandbox | None:
-        """The sandbox named by an envd request, if ``token`` is its access token."""
+    def for_envd(
+        self, sandbox_id: str | None, token: str | None, *, traffic_token: str | None = None
+    ) -> E2bSandbox | None:
+        """The sandbox named by a request to one of its ports, if ``token`` is its envd
+        access token (or, where allowed, ``traffic_token`` its traffic token)."""
         found = self._sandboxes.get(sandbox_id or "")
-        expected = found.access_token if found is not None else "x" * 43
-        ok = hmac.compare_digest(expected.encode(), (token or "").encode())
+        access = found.access_token if found is not None else "x" * 43
+        traffic = found.traffic_token if found is not None else "y" * 43
+        ok = hmac.compare_digest(access.encode(), (token or "").encode())
+        if traffic_token is not None:
+            ok = hmac.compare_digest(traffic.encode(), traffic_token.encode()) or ok
         if not ok or found is None or found.gone:
             return None
         return found
@@ -155,6 +169,7 @@ class E2bSandboxes:
         env: Mapping[str, str],
         auto_pause: bool,
         idempotency_key: str | None = None,
+        egress: EgressPolicy | None = None,
     ) -> E2bSandbox:
         """Acquire a sandbox for ``owner`` from ``template`` (a retry with the same
         ``idempotency_key`` answers the sandbox the first call made)."""
@@ -168,6 +183,46 @@ class E2bSandboxes:
         if spec is None:
             raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
         timeout = self._timeout(timeout_s)
+        self._check_room(owner)
+        # Once a sandbox is being made, it is made and registered even if the caller
+        # goes away: a half-made one would be nobody's to destroy.
+        with anyio.CancelScope(shield=True):
+            created = await self._create(
+                owner=owner,
+                template=template,
+                spec=spec,
+                timeout_s=timeout,
+                metadata=metadata,
+                env=env,
+                auto_pause=auto_pause,
+                idempotency_key=idempotency_key,
+                egress=egress,
+            )
+        return created  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
+
+    def _check_room(self, owner: str) -> None:
+        running = sum(s.state == "running" for s in self.owned_by(owner))
+        if running >= self.max_running_per_tenant:
+            raise E2bError(
+                429,
+                "busy",
+                f"at most {self.max_running_per_tenant} running sandboxes per tenant;"
+                " kill or pause one first",
+            )
+
+    async def _create(
+        self,
+        *,
+        owner: str,
+        template: str,
+        spec: SandboxSpec,
+        timeout_s: int,
+        metadata: Mapping[str, str],
+        env: Mapping[str, str],
+        auto_pause: bool,
+        idempotency_key: str | None,
+        egress: EgressPolicy | None = None,
+    ) -> E2bSandbox:
         sandbox_id = self._new_id()
         session_id = sandbox_session_key(str(uuid.uuid4()))
         spec = SandboxSpec(
@@ -176,6 +231,7 @@ class E2bSandboxes:
             turn_timeout_s=spec.turn_timeout_s,
             env=spec.env,
             egress_allowlist=spec.egress_allowlist,
+            egress=egress if egress is not None else spec.egress,
             limits=spec.limits,
             labels={**spec.labels, _OWNER_LABEL: sandbox_id},
         )
@@ -188,10 +244,11 @@ class E2bSandboxes:
             session_id=session_id,
             spec=spec,
             access_token=self._new_token(),
+            traffic_token=self._new_token(),
             metadata=dict(metadata),
             env=dict(env),
             started_at_s=now,
-            end_at_s=now + timeout,
+            end_at_s=now + timeout_s,
             auto_pause=auto_pause,
             handle=handle,
             runner=SandboxRunnerClient.for_handle(handle),
@@ -219,6 +276,8 @@ class E2bSandboxes:
                 else:
                     await self.kill(sandbox)
             except SandcellError as exc:
+                # Tried again later, not on every sweep.
+                sandbox.end_at_s = self._now() + _RETRY_EXPIRY_S
                 log.warning("e2b sandbox %s: timeout action failed: %s", sandbox.sandbox_id, exc)
         return len(due)
 
@@ -231,8 +290,9 @@ class E2bSandboxes:
                 raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             if sandbox.state == "paused":
                 return False
-            await self._close_handle(sandbox)
+            # Suspended first: if that fails the sandbox runs on, reachable as before.
             await self.manager.suspend(sandbox.session_id)
+            await self._close_handle(sandbox)
             sandbox.state = "paused"
         log.info("e2b sandbox %s paused", sandbox.sandbox_id)
         return True
@@ -245,6 +305,7 @@ class E2bSandboxes:
                 raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             end = self._now() + self._timeout(timeout_s)
             if sandbox.state == "paused":
+                self._check_room(sandbox.owner)
                 handle = await self.manager.resume(sandbox.session_id, sandbox.spec)
                 sandbox.handle = handle
                 sandbox.runner = SandboxRunnerClient.for_handle(handle)

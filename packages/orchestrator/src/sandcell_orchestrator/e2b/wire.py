@@ -79,6 +79,7 @@ class SandboxCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     clientID: str
     envdVersion: str
     envdAccessToken: str
+    trafficAccessToken: str | None = None
     alias: str | None = None
     domain: str | None = None
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -29,8 +31,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     base_dir = args.base_dir
+    owned = base_dir is None
     if base_dir is None:
         base_dir = Path(tempfile.mkdtemp(prefix="sandcell-microvms-"))
+    # uvicorn shuts down on SIGTERM, then re-raises the signal to the handler it
+    # found: make that one an exit that unwinds, so the finally below still runs.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        return _serve(args, base_dir)
+    finally:
+        if owned:
+            # uvicorn shuts down on SIGTERM/SIGINT and the emulator's lifespan
+            # terminates every VM (removing its root, unmounting first), so the
+            # directory is empty by now; anything left is kept to be looked at.
+            with contextlib.suppress(OSError):
+                base_dir.rmdir()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _serve(args: argparse.Namespace, base_dir: Path) -> int:
     base_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
     # Job UIDs must traverse every ancestor of a runner's workspace root.
     os.chmod(base_dir, 0o711)  # noqa: S103

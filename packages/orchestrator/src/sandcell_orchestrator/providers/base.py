@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from sandcell_protocol import EgressPolicy
+
 if TYPE_CHECKING:
     from ..handle import SandboxHandle
 
@@ -44,6 +46,9 @@ class SandboxSpec:
     turn_timeout_s: float = 60.0
     env: Mapping[str, str] = field(default_factory=dict)
     egress_allowlist: tuple[str, ...] = ()
+    egress: EgressPolicy | None = None
+    """The sandbox's egress policy, set on its runner as soon as it is up (None: the
+    runner's own, ``deny_all`` unless its operator said otherwise); see docs/egress.md."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     labels: Mapping[str, str] = field(default_factory=dict)
 

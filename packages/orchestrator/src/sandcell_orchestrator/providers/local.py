@@ -96,15 +96,16 @@ class LocalProvider:
             port = free_loopback_port()
             env = {
                 **self._settings.runner_env,
-                "SANDCELL_RUNNER_TOKEN": token,
                 "SANDCELL_RUNNER_HOST": "127.0.0.1",
                 "SANDCELL_RUNNER_PORT": str(port),
                 "SANDCELL_WORKSPACE_ROOT": str(root / "workspaces"),
                 "SANDCELL_INPUT_CACHE_DIR": str(root / "input-cache"),
                 "SANDCELL_RUNNER_SESSIONS": "1",
             }
+            if self._settings.detached_idle_s is not None:
+                env["SANDCELL_RUNNER_IDLE_EXIT_S"] = str(self._settings.detached_idle_s)
             env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
-            process = self._spawn(env, root)
+            process = self._spawn(env, root, token)
             runner = _Runner(sandbox_id, process.pid, port, token, root)
             client = RunnerClient(runner.url, token=token)
             try:
@@ -133,19 +134,31 @@ class LocalProvider:
             return runner
         raise SandboxUnavailableError("local runner could not bind a port")
 
-    def _spawn(self, env: dict[str, str], root: Path) -> subprocess.Popen[bytes]:
+    def _spawn(self, env: dict[str, str], root: Path, token: str) -> subprocess.Popen[bytes]:
         # Forked from the event loop's thread on purpose: PR_SET_PDEATHSIG follows the
         # forking *thread*, and worker threads come and go. The fork costs ~1 ms.
-        with (root / "runner.log").open("ab") as log_file:
-            return subprocess.Popen(
-                [self._settings.python, "-m", "sandcell_runner"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        # The token goes on a pipe, not into the runner's environment block (which
+        # /proc/<pid>/environ shows for its whole life; given one, it re-execs itself).
+        read_fd, write_fd = os.pipe()
+        try:
+            try:
+                os.write(write_fd, token.encode())  # ~43 bytes: never blocks
+            finally:
+                os.close(write_fd)
+            with (root / "runner.log").open("ab") as log_file:
+                return subprocess.Popen(
+                    [self._settings.python, "-m", "sandcell_runner"],
+                    env={**env, "SANDCELL_RUNNER_TOKEN_FILE": f"/dev/fd/{read_fd}"},
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    # A detached runner outlives this process and ends itself when idle.
+                    preexec_fn=_die_with_parent if self._settings.detached_idle_s is None else None,
+                    pass_fds=(read_fd,),
+                )
+        finally:
+            os.close(read_fd)
 
     def _handle(self, runner: _Runner, session_id: str | None) -> SandboxHandle:
         return SandboxHandle(

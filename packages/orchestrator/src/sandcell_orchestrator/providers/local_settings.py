@@ -20,7 +20,12 @@ from ..env import EnvReader
 __all__ = ["LocalSettings", "default_runtime_dir"]
 
 # The provider sets these per runner; the environment cannot.
-_OWN_ENV = ("SANDCELL_RUNNER_TOKEN", "SANDCELL_RUNNER_PORT", "SANDCELL_RUNNER_HOST")
+_OWN_ENV = (
+    "SANDCELL_RUNNER_TOKEN",
+    "SANDCELL_RUNNER_TOKEN_FILE",
+    "SANDCELL_RUNNER_PORT",
+    "SANDCELL_RUNNER_HOST",
+)
 _INHERITED = ("SANDCELL_NSJAIL", "SANDCELL_ENV", "SANDCELL_FILE_SERVER_URL", "PATH")
 
 
@@ -41,6 +46,11 @@ class LocalSettings:
     ready_timeout_s: float = 30.0
     runner_env: Mapping[str, str] = field(default_factory=dict)
     python: str = sys.executable
+    detached_idle_s: int | None = None
+    """None: runners die with the process that started them. A number: they outlive
+    it (another process reaches them through ``connect``) and exit by themselves
+    after that many seconds without a request. ``sandcell run`` keeps its session's
+    code contexts warm between calls this way."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LocalSettings:

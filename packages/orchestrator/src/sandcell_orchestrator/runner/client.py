@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Mapping,
+    Sequence,
+)
 
 import anyio
 import anyio.to_thread
@@ -21,6 +28,8 @@ import httpx
 
 from sandcell_protocol import (
     AnalysisResult,
+    EgressPolicy,
+    EgressStatus,
     ExecuteRequest,
     ExecuteResult,
     FileEntry,
@@ -58,6 +67,7 @@ from .apps import (
     ws_url,
 )
 from .connection import RunnerConnection, new_request_id
+from .contexts import RunnerContexts
 from .errors import refused_before_sending
 from .transfers import (
     HASH_INLINE_MAX_BYTES,
@@ -108,6 +118,8 @@ class RunnerClient:
             clock=clock,
             new_request_id=new_request_id,
         )
+        self.contexts = RunnerContexts(self._conn)
+        """The code-context routes (``/v1/session/contexts``)."""
 
     @property
     def base_url(self) -> str:
@@ -140,7 +152,8 @@ class RunnerClient:
     # -- health ---------------------------------------------------------------
 
     async def health(self) -> Health:
-        """``GET /health`` (unauthenticated); checks the protocol major every time."""
+        """``GET /health`` with the token (the whole ``Health``); checks the protocol major
+        every time."""
         return await self._conn.fetch_health(timeout_s=None)
 
     async def wait_ready(self, *, timeout_s: float, interval_s: float = 0.05) -> Health:
@@ -196,7 +209,7 @@ class RunnerClient:
         *,
         session_id: str | None = None,
         timeout_s: float | None = None,
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """``POST /v1/execute`` as NDJSON: output chunks as produced, then one ``ResultEvent``.
 
         Close the iterator (``contextlib.aclosing``) when leaving early.
@@ -291,6 +304,18 @@ class RunnerClient:
             read_timeout_s=timeout_s,
         )
         return self._conn.decode(response, RestoreResult)
+
+    # -- egress ---------------------------------------------------------------
+
+    async def egress(self) -> EgressStatus:
+        """``GET /v1/egress``: the sandbox's egress policy, mechanism and counters."""
+        response = await self._conn.request("GET", routes.EGRESS)
+        return self._conn.decode(response, EgressStatus)
+
+    async def set_egress(self, policy: EgressPolicy) -> EgressStatus:
+        """``PUT /v1/egress``: replace the policy; it decides the next connection."""
+        response = await self._conn.request("PUT", routes.EGRESS, message=policy)
+        return self._conn.decode(response, EgressStatus)
 
     # -- inputs ---------------------------------------------------------------
 

@@ -243,8 +243,15 @@ class RunnerConnection:
                 await self.fetch_health(timeout_s=None)
 
     async def fetch_health(self, *, timeout_s: float | None) -> Health:
+        # With the token: the runner's whole Health (its unauthenticated answer is a
+        # load balancer's summary, without the bound session or languages).
         request = self.http.build_request(
-            "GET", routes.HEALTH, headers={headers.REQUEST_ID: self._new_request_id()}
+            "GET",
+            routes.HEALTH,
+            headers={
+                headers.REQUEST_ID: self._new_request_id(),
+                headers.AUTHORIZATION: headers.BEARER_PREFIX + self._token,
+            },
         )
         if timeout_s is not None:
             # Connect included: a poll must not outlive the caller's deadline.

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import httpx
-import msgspec
 
-from sandcell_protocol import ProtocolError, decode
+from sandcell_protocol import ProtocolError
 from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import SandboxUnavailableError
@@ -96,14 +95,14 @@ class SandboxRunnerClient:
                     if not line.strip():
                         continue
                     try:
-                        event: sm.ProcessEvent = decode(line.encode(), sm.ProcessEvent)  # type: ignore[arg-type]
-                    except (ProtocolError, msgspec.MsgspecError) as exc:
+                        event = sm.decode_process_event(line)
+                    except ProtocolError as exc:
                         raise SandboxUnavailableError(f"malformed process event: {exc}") from None
                     yield event
         finally:
             await response.aclose()
 
-    async def list(self) -> list[sm.SandboxProcessInfo]:
+    async def list_processes(self) -> list[sm.SandboxProcessInfo]:
         """``GET …/sandbox/processes``: the running processes."""
         response = await self._conn.request("GET", sm.SANDBOX_PROCESSES, session_id=self.session_id)
         return self._conn.decode(response, sm.SandboxProcessList).processes

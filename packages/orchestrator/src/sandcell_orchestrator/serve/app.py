@@ -3,8 +3,12 @@
 Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``ErrorBody``):
 
     POST   /v1/exec             ExecCall -> ExecuteResult       bearer API key
+                                (Accept: application/x-ndjson: StreamEvent lines, see stream.py)
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
+    PUT    /v1/sessions/{id}/egress  EgressPolicy -> EgressStatus  bearer API key
+                                (its running sandbox's policy, at once; 404 as DELETE)
+    POST   /v1/run, /v1/sessions/{id}/contexts[...]   code contexts (serve/contexts.py)
     GET    /healthz             {"status": "ok"}                no auth
     GET    /metrics             Prometheus text                 no auth (aggregate counters)
 
@@ -30,9 +34,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import (
+    EgressPolicy,
     ErrorCode,
     ExecCall,
     ExecuteRequest,
@@ -45,11 +50,12 @@ from sandcell_protocol import (
 
 from ..bootstrap import Services, open_services
 from ..config import OrchestratorSettings
-from ..errors import ConfigError, SandcellError
+from ..errors import ConfigError, SandboxNotFoundError, SandcellError
 from ..extras import needs_extra
 from ..metrics import render_provider_counters
 from ..sessions.execution import ExecutionService, Identity
 from .auth import INSECURE_NO_AUTH_ENV, load_api_keys
+from .contexts import ContextRoutes
 from .errors import (
     JSON_MEDIA_TYPE,
     MAX_BODY_BYTES,
@@ -59,6 +65,7 @@ from .errors import (
     map_error,
     read_body,
 )
+from .stream import run_until_disconnect, stream_turn, wants_stream
 
 __all__ = [
     "INSECURE_NO_AUTH_ENV",
@@ -101,7 +108,7 @@ class _Owner:
 def _execute_request(call: ExecCall) -> ExecuteRequest:
     """The runner's part of an ``ExecCall`` (the runner refuses unknown fields)."""
     fields = msgspec.structs.asdict(call)
-    del fields["user_id"], fields["runtime_session_hint"]
+    del fields["user_id"], fields["runtime_session_hint"], fields["egress"]
     return ExecuteRequest(**fields)
 
 
@@ -167,10 +174,35 @@ class _Service:
             # and indexed before the turn so a failed turn's session is deletable.
             session_id = runtime_session_id(namespace, call.user_id, hint)
             self._owners[session_id] = _Owner(namespace, call.user_id, hint)
-        result = await self.execution.execute(
-            run, Identity(namespace=namespace, user_id=call.user_id), hint=hint
+        identity = Identity(namespace=namespace, user_id=call.user_id)
+        if wants_stream(request):
+            return await stream_turn(
+                request,
+                lambda on_output: self.execution.execute(
+                    run, identity, hint=hint, on_output=on_output, egress=call.egress
+                ),
+            )
+        result = await run_until_disconnect(
+            request, self.execution.execute(run, identity, hint=hint, egress=call.egress)
         )
+        if result is None:  # the caller left: the turn was cancelled, nobody reads this
+            return Response(status_code=499)
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)
+
+    async def set_egress(self, request: Request) -> Response:
+        namespace = self.keys.namespace(request)
+        session_id = request.path_params["session_id"]
+        if not is_runtime_session_id(session_id):
+            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
+        policy = decode(await read_body(request), EgressPolicy)
+        owner = self._owners.get(session_id)
+        if owner is None or owner.namespace != namespace:
+            return error_response(404, ErrorCode.NOT_FOUND, "no such session")
+        try:
+            status = await self.services.manager.set_egress(session_id, policy)
+        except SandboxNotFoundError:
+            return error_response(404, ErrorCode.NOT_FOUND, "the session has no running sandbox")
+        return Response(encode(status), media_type=JSON_MEDIA_TYPE)
 
     async def list_sessions(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
@@ -208,6 +240,14 @@ class _Service:
         self._owners.pop(session_id, None)
         return Response(status_code=204)
 
+    def remember(self, session_id: str, namespace: str, user_id: str, hint: str) -> None:
+        """Index a session a tenant named (``/v1/run`` does it like ``/v1/exec``)."""
+        self._owners[session_id] = _Owner(namespace, user_id, hint)
+
+    def owner_of(self, session_id: str) -> str | None:
+        owner = self._owners.get(session_id)
+        return owner.namespace if owner is not None else None
+
     async def healthz(self, _request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON_MEDIA_TYPE)
 
@@ -225,13 +265,20 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
     Raises ``ConfigError`` when no API key is configured (see ``INSECURE_NO_AUTH_ENV``).
     """
     service = _Service(settings, services)
-    routes = [
+    routes: list[BaseRoute] = [
         Route("/v1/exec", guarded(service.exec), methods=["POST"]),
         Route("/v1/sessions", guarded(service.list_sessions), methods=["GET"]),
         Route("/v1/sessions/{session_id}", guarded(service.destroy_session), methods=["DELETE"]),
+        Route("/v1/sessions/{session_id}/egress", guarded(service.set_egress), methods=["PUT"]),
         Route("/healthz", guarded(service.healthz), methods=["GET"]),
         Route("/metrics", guarded(service.metrics), methods=["GET"]),
     ]
+    routes += ContextRoutes(
+        execution=lambda: service.execution,
+        namespace_of=service.keys.namespace,
+        remember=service.remember,
+        owner_of=service.owner_of,
+    ).routes()
     handlers: dict[Any, Any] = {HTTPException: http_error_response}
     app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)
     # The app-instance API (issue 8) shares the services, keys and lifespan.
@@ -253,6 +300,10 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
             services=lambda: service.services,
             namespace_of_key=service.keys.namespace_of_key,
         )
+    # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
+    from .librechat import install_librechat
+
+    install_librechat(app, settings.librechat, keys=service.keys, services=lambda: service.services)
     return app
 
 
@@ -274,6 +325,10 @@ def serve(
         proxy_headers=False,
         server_header=False,
         log_config=None,
+        # Longer than clients keep idle connections (node >= 19 pools them for 5 s,
+        # uvicorn's default is also 5 s): otherwise a client reuses a socket at the
+        # moment the server closes it, and its request fails as "socket hang up".
+        timeout_keep_alive=75,
     )
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.Server(config).run()

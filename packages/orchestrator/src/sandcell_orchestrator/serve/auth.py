@@ -18,7 +18,13 @@ from starlette.requests import Request
 from ..config import INSECURE_NO_AUTH_ENV, OrchestratorSettings
 from ..errors import ConfigError
 
-__all__ = ["INSECURE_NAMESPACE", "INSECURE_NO_AUTH_ENV", "UnauthorizedError", "load_api_keys"]
+__all__ = [
+    "INSECURE_NAMESPACE",
+    "INSECURE_NO_AUTH_ENV",
+    "ApiKeys",
+    "UnauthorizedError",
+    "load_api_keys",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +69,18 @@ class _ApiKeys:
             raise UnauthorizedError
         return found
 
+    @property
+    def insecure(self) -> bool:
+        """Serving without keys (``SANDCELL_SERVE_INSECURE_NO_AUTH=1``)."""
+        return self._insecure
+
 
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
+ApiKeys = _ApiKeys
+"""The type ``load_api_keys`` returns."""
 
 
 def load_api_keys(settings: OrchestratorSettings) -> _ApiKeys:

@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 32 << 20
 """The largest accepted request body: inline files travel in it, base64-encoded."""
 JSON_MEDIA_TYPE = "application/json"
+SESSION_BUSY_RETRY_AFTER_S = 1
+"""``Retry-After`` of a 409 ``session_busy``: when to try the session again."""
 # Runner codes that describe the caller's request; any other code the runner
 # refused us with is this service's own failure, not the caller's.
 _CALLER_CODES = frozenset(
@@ -139,6 +141,9 @@ def _error(exc: BaseException, extra: ExtraMapping | None = None) -> Response:
     mapped = extra(exc) if extra is not None else None
     status, body = mapped if mapped is not None else map_error(exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if body.error.code == ErrorCode.SESSION_BUSY:
+        # Another turn holds the session; most turns end within seconds.
+        headers = {"Retry-After": str(SESSION_BUSY_RETRY_AFTER_S)}
     return Response(encode(body), status_code=status, media_type=JSON_MEDIA_TYPE, headers=headers)
 
 

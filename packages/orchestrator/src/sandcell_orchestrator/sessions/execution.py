@@ -20,12 +20,15 @@ the turn.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from sandcell_protocol import ExecuteRequest, ExecuteResult, runtime_session_id
+from sandcell_protocol import EgressPolicy, ExecuteRequest, ExecuteResult, runtime_session_id
+from sandcell_protocol.contexts import ContextEvent, ContextRun, ContextRunResult
 
 from ..config import Budgets, SessionMode
 from ..errors import (
@@ -38,16 +41,21 @@ from ..errors import (
     SessionConflictError,
     SessionRequiredError,
 )
+from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
 from ..registry import SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
+from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
-from .manager import SandboxManager
+from .manager import Attached, Hold, SandboxManager
+from .output import OnOutput, run_job
 
 __all__ = ["ExecutionService", "Identity"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,33 +110,68 @@ class ExecutionService:
         self.spec = spec or SandboxSpec()
         self.keep_warm = keep_warm
         """False: park each session's sandbox at the end of its turn (see ``open_services``)."""
+        self.contexts = SessionContexts(manager, spec=self.spec)
+        """Context operations by session id (``run_code`` runs the cells)."""
 
     # -- entry point ----------------------------------------------------------
 
     async def execute(
-        self, request: ExecuteRequest, identity: Identity, *, hint: str | None = None
+        self,
+        request: ExecuteRequest,
+        identity: Identity,
+        *,
+        hint: str | None = None,
+        on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
 
+        ``on_output`` receives the job's stdout/stderr chunks as they are produced
+        (the result still carries all of it, as the runner captured it).
+
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
-        ref can only ever name this tenant's objects.
+        ref can only ever name this tenant's objects. ``egress`` replaces the
+        sandbox's egress policy before the job runs (None: as it is, or the spec's).
         """
         request = scope_inputs(request, identity.namespace)
         if self.mode == "stateless":
-            return await self._stateless(request)
+            return await self._stateless(request, on_output, egress)
         if hint is None:
             if self.mode == "strict":
                 raise SessionRequiredError("strict runtime-session mode needs a session hint")
             self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
-            return await self._stateless(request)
+            return await self._stateless(request, on_output, egress)
         session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
-        return await self.execute_in_session(request, session_id)
+        return await self.execute_in_session(
+            request, session_id, on_output=on_output, egress=egress
+        )
 
-    async def _stateless(self, request: ExecuteRequest) -> ExecuteResult:
-        handle = await self.manager.launch(self.spec)
+    def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
+        return self.spec if egress is None else dataclasses.replace(self.spec, egress=egress)
+
+    async def _stateless(
+        self,
+        request: ExecuteRequest,
+        on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
+    ) -> ExecuteResult:
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._stateless_turn(request, on_output, egress)
+
+    async def _stateless_turn(
+        self, request: ExecuteRequest, on_output: OnOutput | None, egress: EgressPolicy | None
+    ) -> ExecuteResult:
+        handle = await self.manager.launch(self._spec_for(egress))
         try:
             await deliver_inputs(handle, request, session_id=None, source=self.inputs)
-            result = await handle.runner.execute(request, timeout_s=self._turn_timeout(request))
+            result = await run_job(
+                handle,
+                request,
+                session_id=None,
+                timeout_s=self._turn_timeout(request),
+                on_output=on_output,
+            )
+            await self.manager.count_egress(handle)
         finally:
             await self.manager.discard(handle)
         self.metrics.inc("sandcell_executions_total", status=str(result.status))
@@ -136,33 +179,138 @@ class ExecutionService:
 
     # -- sessions -------------------------------------------------------------
 
-    async def execute_in_session(self, request: ExecuteRequest, session_id: str) -> ExecuteResult:
+    async def execute_in_session(
+        self,
+        request: ExecuteRequest,
+        session_id: str,
+        *,
+        on_output: OnOutput | None = None,
+        egress: EgressPolicy | None = None,
+    ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
         ``request``'s input refs must already be scoped (``execute`` does it).
         """
+
+        async def run(handle: SandboxHandle) -> ExecuteResult:
+            result = await run_job(
+                handle,
+                request,
+                session_id=session_id,
+                timeout_s=self._turn_timeout(request),
+                on_output=on_output,
+            )
+            self.metrics.inc("sandcell_executions_total", status=str(result.status))
+            return result
+
+        return await self._session_turn(
+            session_id, request, run, changed=lambda result: result.workspace_changed, egress=egress
+        )
+
+    async def run_code(
+        self,
+        request: ExecuteRequest,
+        identity: Identity,
+        *,
+        hint: str | None,
+        context_id: str | None = None,
+        on_event: Callable[[ContextEvent], None] | None = None,
+        egress: EgressPolicy | None = None,
+    ) -> ContextRunResult:
+        """Run ``request.code`` in a code context of the session ``hint`` names.
+
+        The same turn as ``execute``: the session is held, its sandbox attached (a
+        new one restores the checkpoint first), inputs delivered, the cell run in
+        the context (``context_id``; None: the language's default context, created
+        on first use), and the workspace checkpointed when the cell changed it.
+        ``on_event`` gets the run's events as they happen; ``egress`` is the
+        sandbox's egress policy from this turn on, as for ``execute``. Contexts
+        keep state, so a hint is required in every mode.
+        """
+        if hint is None:
+            raise SessionRequiredError("code contexts live in a runtime session: give a hint")
+        refuse_for_contexts(request)
+        request = scope_inputs(request, identity.namespace)
+        session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
+        run = ContextRun(code=request.code, timeout_ms=request.timeout_ms, env=request.env)
+        wanted = context_id or default_context_id(request.language)
+
+        async def in_context(handle: SandboxHandle) -> ContextRunResult:
+            if request.files or request.inline_files:
+                await prime_inputs(handle, request, timeout_s=self._turn_timeout(request))
+            result = await handle.contexts.run(
+                run,
+                context_id=wanted,
+                language=request.language,
+                timeout_s=self._turn_timeout(request),
+                on_event=on_event,
+            )
+            self.metrics.inc("sandcell_context_runs_total", status=str(result.status))
+            return result
+
+        # No /health round trip before a cell (it cost as much as the cell): if the warm
+        # sandbox died, its interpreters died with it, and the run's own failure says
+        # so (retryable; the next run restores the files and answers context_lost).
+        return await self._session_turn(
+            session_id,
+            request,
+            in_context,
+            changed=lambda result: result.workspace_changed,
+            egress=egress,
+            verify=False,
+        )
+
+    async def _session_turn(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        changed: Callable[[_T], bool | None],
+        egress: EgressPolicy | None = None,
+        verify: bool = True,
+    ) -> _T:
+        """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
+        checkpoint unless ``changed`` says the workspace is as it was, touch."""
+        with self.metrics.timer("sandcell_turn_duration_seconds"):
+            return await self._held_turn(
+                session_id, request, work, changed=changed, egress=egress, verify=verify
+            )
+
+    async def _held_turn(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        changed: Callable[[_T], bool | None],
+        egress: EgressPolicy | None,
+        verify: bool,
+    ) -> _T:
         manager = self.manager
+        spec = self._spec_for(egress)
         async with manager.hold(session_id) as hold:
-            attached = await manager.attach(hold, self.spec)
+            attached = await manager.attach(hold, spec, verify=verify)
             try:
+                if egress is not None and not attached.launched:
+                    # A sandbox launched for this turn got it already; a kept one now.
+                    await manager.apply_egress(attached.handle, egress)
                 await deliver_inputs(
                     attached.handle, request, session_id=session_id, source=self.inputs
                 )
-                result = await attached.handle.runner.execute(
-                    request, session_id=session_id, timeout_s=self._turn_timeout(request)
-                )
-            except (
-                LockLostError,
-                asyncio.CancelledError,
-                SandboxUnavailableError,
-                SandboxTimeoutError,
-            ):
-                # Lost the lock or cancelled (the job may still run: closing a socket
-                # does not stop it), unreachable, or timed out while the job may still
+                result = await work(attached.handle)
+                await manager.count_egress(attached.handle)
+            except asyncio.CancelledError:
+                # Interrupted (Ctrl-C, SIGTERM, a client that left, a lost lock): the
+                # job stopped when its stream closed. The rule for an interrupted turn
+                # is a timeout's: the session keeps what the job wrote until then.
+                await manager.sandboxes.shielded(self._keep_interrupted(hold, attached))
+                raise
+            except (LockLostError, SandboxUnavailableError, SandboxTimeoutError):
+                # Lost the lock, unreachable, or timed out while the job may still
                 # run: the sandbox may be dirty, so it is recycled, never reused.
                 await manager.recycle(hold, attached)
                 raise
-            self.metrics.inc("sandcell_executions_total", status=str(result.status))
             # A fresh sandbox that restored nothing and received no inputs holds only
             # what the job made: if it changed nothing, there is nothing to save.
             pristine = (
@@ -171,7 +319,7 @@ class ExecutionService:
                 and not request.files
                 and not request.inline_files
             )
-            if result.workspace_changed is False and (hold.checkpoint_key is not None or pristine):
+            if changed(result) is False and (hold.checkpoint_key is not None or pristine):
                 self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
             else:
                 try:
@@ -194,6 +342,29 @@ class ExecutionService:
             if not self.keep_warm:
                 await manager.park(hold, attached)
         return result
+
+    async def _keep_interrupted(self, hold: Hold, attached: Attached) -> None:
+        """Checkpoint an interrupted turn's workspace; recycle the sandbox if that fails.
+
+        The runner's checkpoint waits (briefly) for the stopped job's cleanup, so a
+        job that did not stop makes it fail, and the session then falls back to its
+        last checkpoint: a dirty sandbox is never saved or reused.
+        """
+        manager = self.manager
+        self.metrics.inc("sandcell_interrupted_turns_total")
+        try:
+            await manager.checkpoint(hold, attached)
+        except Exception as exc:
+            log.warning(
+                "session %s: interrupted turn not saved (%s); back to its last checkpoint",
+                hold.session_id[:11],
+                type(exc).__name__,
+            )
+            await manager.recycle(hold, attached)
+            return
+        await manager.touch(hold.session_id)
+        if not self.keep_warm:
+            await manager.park(hold, attached)
 
     def _turn_timeout(self, request: ExecuteRequest) -> float:
         return request.timeout_ms / 1000 + self.manager.budgets.health_s

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import stat
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -36,7 +37,13 @@ from ..errors import InputMissingError
 from ..handle import SandboxHandle
 from ..runner.transfers import InputPayload
 
-__all__ = ["DirectoryInputSource", "InputSource", "deliver_inputs", "scope_inputs"]
+__all__ = [
+    "DirectoryInputSource",
+    "InputSource",
+    "InputStore",
+    "deliver_inputs",
+    "scope_inputs",
+]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted under a name cannot hang the worker thread in open().
@@ -79,8 +86,33 @@ def _missing(ref: FileRef) -> InputMissingError:
     return InputMissingError(f"input {ref.object_id} (for {ref.name}) not found")
 
 
+@runtime_checkable
+class InputStore(InputSource, Protocol):
+    """An ``InputSource`` that API adapters can also write (uploads, kept outputs).
+
+    Every ``storage_session`` is the scoped one (``scoped_storage_session``); both
+    parts must pass ``validate_input_ref``, or ``ProtocolError``.
+    """
+
+    async def write(self, storage_session: str, object_id: str, data: bytes) -> None:
+        """Store ``data`` under the pair, replacing any previous object atomically."""
+        ...
+
+    async def fetch(self, storage_session: str, object_id: str) -> bytes | None:
+        """The object's bytes, or ``None`` when there is none."""
+        ...
+
+    async def names(self, storage_session: str) -> list[str]:
+        """The object ids stored under ``storage_session``, sorted."""
+        ...
+
+    async def remove(self, storage_session: str, object_id: str) -> None:
+        """Delete the object; quiet when it is already gone."""
+        ...
+
+
 class DirectoryInputSource:
-    """Objects stored as ``<root>/<scoped storage_session>/<object_id>``.
+    """Objects stored as ``<root>/<scoped storage_session>/<object_id>``; an ``InputStore``.
 
     Both parts pass ``validate_input_ref`` before use, and each step beneath the
     root is opened with ``O_NOFOLLOW`` relative to its parent: a link planted in
@@ -94,13 +126,29 @@ class DirectoryInputSource:
         return f"DirectoryInputSource(root={str(self.root)!r})"
 
     async def read(self, ref: FileRef) -> bytes:
-        validate_input_ref(ref.storage_session, ref.object_id)
+        data = await self.fetch(ref.storage_session, ref.object_id)
+        if data is None:
+            raise _missing(ref)
+        return data
+
+    async def fetch(self, storage_session: str, object_id: str) -> bytes | None:
+        validate_input_ref(storage_session, object_id)
         try:
-            return await asyncio.to_thread(
-                _read_beneath, self.root, ref.storage_session, ref.object_id
-            )
+            return await asyncio.to_thread(_read_beneath, self.root, storage_session, object_id)
         except OSError:
-            raise _missing(ref) from None
+            return None
+
+    async def write(self, storage_session: str, object_id: str, data: bytes) -> None:
+        validate_input_ref(storage_session, object_id)
+        await asyncio.to_thread(self._write, storage_session, object_id, data, replace=True)
+
+    async def names(self, storage_session: str) -> list[str]:
+        validate_input_ref(storage_session, "x")
+        return await asyncio.to_thread(_names_beneath, self.root, storage_session)
+
+    async def remove(self, storage_session: str, object_id: str) -> None:
+        validate_input_ref(storage_session, object_id)
+        await asyncio.to_thread(_remove_beneath, self.root, storage_session, object_id)
 
     def store(self, storage_session: str, data: bytes) -> str:
         """Keep ``data`` under a content-derived object id; returns the id (blocking).
@@ -109,6 +157,10 @@ class DirectoryInputSource:
         """
         object_id = hashlib.sha256(data).hexdigest()
         validate_input_ref(storage_session, object_id)
+        self._write(storage_session, object_id, data, replace=False)
+        return object_id
+
+    def _write(self, storage_session: str, object_id: str, data: bytes, *, replace: bool) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -118,18 +170,22 @@ class DirectoryInputSource:
         finally:
             os.close(root_fd)
         try:
-            if _exists(dir_fd, object_id):
-                return object_id
-            temp = f".{object_id}.{os.getpid()}.tmp"
+            if not replace and _exists(dir_fd, object_id):
+                return
+            temp = f".{object_id}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
             fd = os.open(
-                temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd
+                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd
             )
-            with open(fd, "wb") as out:
-                out.write(data)
-            os.rename(temp, object_id, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            try:
+                with open(fd, "wb") as out:
+                    out.write(data)
+                os.rename(temp, object_id, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=dir_fd)
+                raise
         finally:
             os.close(dir_fd)
-        return object_id
 
 
 def _exists(dir_fd: int, name: str) -> bool:
@@ -140,13 +196,17 @@ def _exists(dir_fd: int, name: str) -> bool:
     return True
 
 
-def _read_beneath(root: Path, storage_session: str, object_id: str) -> bytes:
-    """The regular file ``root/storage_session/object_id``, no link followed (blocking)."""
+def _open_session_dir(root: Path, storage_session: str) -> int:
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        dir_fd = os.open(storage_session, _DIR_FLAGS, dir_fd=root_fd)
+        return os.open(storage_session, _DIR_FLAGS, dir_fd=root_fd)
     finally:
         os.close(root_fd)
+
+
+def _read_beneath(root: Path, storage_session: str, object_id: str) -> bytes:
+    """The regular file ``root/storage_session/object_id``, no link followed (blocking)."""
+    dir_fd = _open_session_dir(root, storage_session)
     try:
         fd = os.open(object_id, _FILE_FLAGS, dir_fd=dir_fd)
     finally:
@@ -155,6 +215,36 @@ def _read_beneath(root: Path, storage_session: str, object_id: str) -> bytes:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             raise FileNotFoundError(errno.ENOENT, "not a regular file")
         return file.read()
+
+
+def _names_beneath(root: Path, storage_session: str) -> list[str]:
+    try:
+        dir_fd = _open_session_dir(root, storage_session)
+    except OSError:
+        return []
+    try:
+        names = []
+        for name in os.listdir(dir_fd):
+            if name.startswith("."):
+                continue
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    names.append(name)
+        return sorted(names)
+    finally:
+        os.close(dir_fd)
+
+
+def _remove_beneath(root: Path, storage_session: str, object_id: str) -> None:
+    try:
+        dir_fd = _open_session_dir(root, storage_session)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(object_id, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 async def deliver_inputs(

@@ -37,6 +37,8 @@ from typing import Any
 
 import msgspec
 
+from sandcell_protocol import EgressPolicy, EgressStatus
+
 from ..config import Budgets
 from ..errors import (
     ArchiveRejectedError,
@@ -139,14 +141,17 @@ class SandboxManager:
 
     # -- attaching ----------------------------------------------------------------
 
-    async def attach(self, hold: Hold, spec: SandboxSpec) -> Attached:
+    async def attach(self, hold: Hold, spec: SandboxSpec, *, verify: bool = True) -> Attached:
         """The session's sandbox: the live one, a natively resumed one, or a new one
         restored from the current checkpoint before anything runs (fail closed: a
-        failed restore raises, retryable, and the new sandbox is gone)."""
+        failed restore raises, retryable, and the new sandbox is gone).
+
+        ``verify=False``: a live sandbox is used without a ``/health`` check first.
+        """
         record = hold.record
         if record is not None and record.provider == self.provider.name:
             if record.state == "active":
-                handle = await self.sandboxes.reuse(hold.session_id, record)
+                handle = await self.sandboxes.reuse(hold.session_id, record, verify=verify)
                 if handle is not None:
                     return Attached(handle)
             else:
@@ -193,9 +198,13 @@ class SandboxManager:
 
     async def _restore(self, hold: Hold, handle: SandboxHandle, key: str) -> None:
         try:
-            await self.persistence.restore(
-                handle, session_id=hold.session_id, key=key, timeout_s=self.budgets.checkpoint_s
-            )
+            with self.metrics.timer("sandcell_restore_duration_seconds"):
+                await self.persistence.restore(
+                    handle,
+                    session_id=hold.session_id,
+                    key=key,
+                    timeout_s=self.budgets.checkpoint_s,
+                )
         except SnapshotNotFoundError:
             self.metrics.inc("sandcell_restores_total", outcome="missing")
             await self._drop(hold, handle)
@@ -235,14 +244,15 @@ class SandboxManager:
             hold.generation = await self.registry.next_generation(hold.session_id)
         hold.checkpointed = True
         try:
-            async with asyncio.timeout(self.budgets.checkpoint_s):
-                info = await self.persistence.save(
-                    attached.handle,
-                    session_id=hold.session_id,
-                    generation=hold.generation,
-                    workspace=workspace,
-                )
-            await self._write(hold, checkpoint_key=info.key)
+            with self.metrics.timer("sandcell_checkpoint_duration_seconds"):
+                async with asyncio.timeout(self.budgets.checkpoint_s):
+                    info = await self.persistence.save(
+                        attached.handle,
+                        session_id=hold.session_id,
+                        generation=hold.generation,
+                        workspace=workspace,
+                    )
+                await self._write(hold, checkpoint_key=info.key)
         except Exception:
             self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
             raise
@@ -313,6 +323,28 @@ class SandboxManager:
         if record is None or record.state != "active":
             raise SandboxNotFoundError(f"session {session_id[:11]} has no active sandbox")
         return rebind(await self.provider.connect(record.sandbox_id), session_id)
+
+    async def set_egress(self, session_id: str, policy: EgressPolicy) -> EgressStatus:
+        """Replace the egress policy of the session's running sandbox, at once.
+
+        The policy lives with that sandbox: one launched later (after a suspend or a
+        recycle) starts from its spec's ``egress`` again, so callers that want a
+        policy to last pass it with every turn (``ExecCall.egress``).
+        ``SandboxNotFoundError`` if the session has no active sandbox.
+        """
+        handle = await self.connect(session_id)
+        try:
+            return await self.sandboxes.egress.apply(handle, policy)
+        finally:
+            await handle.close()
+
+    async def apply_egress(self, handle: SandboxHandle, policy: EgressPolicy) -> EgressStatus:
+        """Set ``policy`` on the caller's live sandbox ``handle`` (a turn that carries one)."""
+        return await self.sandboxes.egress.apply(handle, policy)
+
+    async def count_egress(self, handle: SandboxHandle) -> None:
+        """Bring the egress metrics up to date with ``handle``'s sandbox (after a turn)."""
+        await self.sandboxes.egress.count(handle)
 
     async def save(
         self,

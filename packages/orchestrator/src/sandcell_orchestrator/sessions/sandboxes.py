@@ -25,6 +25,7 @@ from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SESSION_LABEL, SandboxProvider, SandboxSpec, native_suspend
 from ..registry import Lease, SessionRecord
+from .egress import EgressTracker
 from .persistence import StoredCheckpoint
 
 __all__ = ["Attached", "Hold", "Sandboxes", "labelled", "rebind", "sandbox_session_key"]
@@ -99,12 +100,14 @@ class Sandboxes:
         self._cleanups: set[asyncio.Task[None]] = set()
         self.launched: set[str] = set()
         """Ids of the sandboxes this process launched and has not destroyed."""
+        self.egress = EgressTracker(metrics)
 
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
         """A new sandbox, within the launch and health budgets."""
         try:
-            async with asyncio.timeout(self._budgets.launch_s + self._budgets.health_s):
-                handle = await self.provider.create(spec)
+            with self._metrics.timer("sandcell_launch_duration_seconds"):
+                async with asyncio.timeout(self._budgets.launch_s + self._budgets.health_s):
+                    handle = await self.provider.create(spec)
         except TimeoutError:
             self._metrics.inc("sandcell_launches_total", outcome="timeout")
             raise SandboxUnavailableError("sandbox launch timed out") from None
@@ -113,6 +116,13 @@ class Sandboxes:
             raise
         self._metrics.inc("sandcell_launches_total", outcome="ok")
         self.launched.add(handle.sandbox_id)
+        if spec.egress is not None:
+            # Before anything runs in it: a sandbox never runs under another policy.
+            try:
+                await self.egress.apply(handle, spec.egress)
+            except BaseException:
+                await self.discard(handle)
+                raise
         return handle
 
     async def discard(self, handle: SandboxHandle) -> None:
@@ -128,9 +138,16 @@ class Sandboxes:
             log.warning("destroy of %s failed: %s", handle.sandbox_id, exc)
         else:
             self.launched.discard(handle.sandbox_id)
+            self.egress.forget(handle.sandbox_id)
 
-    async def reuse(self, session_id: str, record: SessionRecord) -> SandboxHandle | None:
-        """The session's live sandbox, or None (an unreachable one is destroyed)."""
+    async def reuse(
+        self, session_id: str, record: SessionRecord, *, verify: bool = True
+    ) -> SandboxHandle | None:
+        """The session's live sandbox, or None (an unreachable one is destroyed).
+
+        ``verify=False`` trusts a reachable sandbox without its ``/health`` round trip
+        (the caller's own first request then fails if it died).
+        """
         handle = self._handles.get(session_id)
         if handle is not None and handle.sandbox_id != record.sandbox_id:
             # Another worker relaunched the session: our client points at a dead sandbox.
@@ -142,6 +159,9 @@ class Sandboxes:
                 handle = rebind(await self.provider.connect(record.sandbox_id), session_id)
             except (SandboxNotFoundError, SandboxUnavailableError):
                 handle = None
+        if handle is not None and not verify:
+            self._handles[session_id] = handle
+            return handle
         if handle is not None:
             try:
                 health = await handle.runner.health()
@@ -205,8 +225,20 @@ class Sandboxes:
         task = asyncio.ensure_future(cleanup)
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+        cancelled = False
         with anyio.CancelScope(shield=True):
-            await asyncio.shield(task)
+            # A native task.cancel() passes anyio's shield: keep waiting for the
+            # cleanup through any number of them, then pass the cancellation on.
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    if task.cancelled():
+                        raise
+                    cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+        task.result()
 
     async def aclose(self) -> None:
         """Wait for cleanups in flight; close every cached client."""

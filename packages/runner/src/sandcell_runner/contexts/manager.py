@@ -32,6 +32,7 @@ from sandcell_protocol.contexts import (
     ContextRun,
     ContextState,
 )
+from sandcell_protocol.sandbox_messages import SANDBOX_HOME
 
 from ..config import MIB, RunnerSettings
 from ..errors import (
@@ -164,6 +165,7 @@ class ContextManager:
         except BaseException:
             contexts.pop(context_id, None)
             raise
+        state.contexts[context_id] = context.language
         log.info("context %s (%s) started", context_id, request.language)
         return context.info()
 
@@ -191,6 +193,8 @@ class ContextManager:
         workspace_inside, job_inside = self._jail.inside_paths(state.workspace, job_dir)
         cwd_inside = f"{workspace_inside}/{context.cwd}" if context.cwd else workspace_inside
         python = self.languages[context.language].binary
+        # The jail's own /tmp (a tmpfs per jail), or, unjailed, the job directory.
+        tmp = "/tmp" if self._jail.jailed else str(job_dir)  # noqa: S108
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": workspace_inside,
@@ -199,7 +203,9 @@ class ContextManager:
             # Figures render off-screen and come back as PNGs (the driver collects them);
             # matplotlib's cache lives in the jail's /tmp, not in the checkpointed workspace.
             "MPLBACKEND": "Agg",
-            "MPLCONFIGDIR": "/tmp/matplotlib" if self._jail.jailed else f"{job_dir}/mpl",  # noqa: S108
+            "MPLCONFIGDIR": f"{tmp}/matplotlib",
+            # fontconfig's cache too (it would write ~/.cache into the workspace).
+            "XDG_CACHE_HOME": f"{tmp}/cache",
             **context.env,
         }
         conf = self._settings.limits
@@ -223,6 +229,8 @@ class ContextManager:
             network=self._settings.allow_network,
             netns_fd=state.netns.fd if state.netns is not None else None,
             long_running=True,
+            # E2B-style clients name the workspace /home/user (sandbox_messages.SANDBOX_HOME).
+            home_link=SANDBOX_HOME,
         )
 
     async def _stop(self, context: _Context, *, lost_reason: str | None = None) -> None:
@@ -236,10 +244,11 @@ class ContextManager:
         if job_dir is not None:
             await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
 
-    async def delete(self, session_id: str, context_id: str) -> None:
+    async def delete(self, state: SessionState, context_id: str) -> None:
         """Stop the interpreter and forget the context."""
-        context = self._get(session_id, context_id)
-        self._sessions[session_id].pop(context_id, None)
+        context = self._get(state.session_id, context_id)
+        self._sessions[state.session_id].pop(context_id, None)
+        state.contexts.pop(context_id, None)
         await self._stop(context)
         log.info("context %s deleted", context_id)
 
@@ -324,11 +333,24 @@ class ContextManager:
 
     # -- session events ---------------------------------------------------------------
 
-    async def lose_all(self, state: SessionState, reason: str) -> None:
-        """Every context of the session loses its interpreter (kept as ``lost``)."""
-        for context in list(self._sessions.get(state.session_id, {}).values()):
-            if context.interpreter is not None:
-                await self._stop(context, lost_reason=reason)
+    async def restored(self, state: SessionState) -> None:
+        """A restore replaced the workspace: every context is lost, those the archive
+        names included (a restore into a new sandbox brings files, not variables)."""
+        contexts = self._sessions.setdefault(state.session_id, {})
+        for context in list(contexts.values()):
+            await self._stop(context, lost_reason="the workspace was restored from a checkpoint")
+            state.contexts[context.context_id] = context.language
+        for context_id, language in state.contexts.items():
+            if context_id not in contexts and len(contexts) < self._settings.max_contexts:
+                contexts[context_id] = _Context(
+                    context_id=context_id,
+                    language=language,
+                    cwd="",
+                    env={},
+                    last_used_s=self._clock(),
+                    lost_reason="the workspace was restored from a checkpoint; "
+                    "variables do not survive a restore",
+                )
 
     async def release(self, state: SessionState) -> None:
         """The session ends: stop and forget its contexts (a release hook; idempotent)."""

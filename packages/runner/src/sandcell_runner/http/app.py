@@ -19,6 +19,7 @@ from ..service import RunnerService
 from .apps import AppRoutes
 from .base import RunnerStarlette, json_response
 from .contexts import ContextRoutes
+from .egress import EgressRoutes
 from .execute import ExecuteRoutes
 from .files import FileRoutes
 from .health import HealthRoutes
@@ -42,6 +43,7 @@ def create_app(service: RunnerService) -> Starlette:
         AppRoutes(service),
         ContextRoutes(service),
         SandboxRoutes(service),
+        EgressRoutes(service),
         preview,
     ]
 

@@ -99,6 +99,7 @@ class RouteGroup:
         """``handler`` behind the token check, its ``RunnerError`` answered as a protocol error."""
 
         async def endpoint(request: Request) -> Response:
+            self.service.note_request()
             try:
                 if auth:
                     self.authorize(request)

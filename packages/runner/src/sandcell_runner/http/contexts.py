@@ -64,8 +64,8 @@ class ContextRoutes(RouteGroup):
         return json_response(cx.ContextList(contexts=self.service.contexts.list(session_id)))
 
     async def delete_context(self, request: Request) -> Response:
-        session_id = await self._bound(request)
-        await self.service.contexts.delete(session_id, self._context_id(request))
+        state = await self.sessions.bind(self.required_session(request))
+        await self.service.contexts.delete(state, self._context_id(request))
         return Response(status_code=204)
 
     async def post_restart(self, request: Request) -> Response:

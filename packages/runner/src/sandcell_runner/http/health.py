@@ -1,5 +1,10 @@
-"""``/health`` (the one route without the token: load balancers and the orchestrator's
-first contact) and ``/v1/languages``."""
+"""``/health`` (the one route open without the token) and ``/v1/languages``.
+
+Without a bearer token ``/health`` answers only what a load balancer needs
+(``HealthSummary``: status and protocol); with the token, the whole ``Health``
+(bound session, warmup, languages, warnings). A wrong token is a 401, so a
+misconfigured orchestrator learns so at its first contact.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sandcell_protocol import Language, Languages, routes
+from sandcell_protocol import HealthSummary, Language, Languages, headers, routes
 
 from .base import RouteGroup, json_response
 
@@ -23,7 +28,11 @@ class HealthRoutes(RouteGroup):
         ]
 
     async def get_health(self, request: Request) -> Response:
-        return json_response(self.service.health())
+        health = self.service.health()
+        if self.settings.token is not None and headers.AUTHORIZATION not in request.headers:
+            return json_response(HealthSummary(status=health.status, protocol=health.protocol))
+        self.authorize(request)
+        return json_response(health)
 
     async def get_languages(self, request: Request) -> Response:
         return json_response(

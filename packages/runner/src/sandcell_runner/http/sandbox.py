@@ -28,9 +28,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from sandcell_protocol import encode, routes
+from sandcell_protocol import ProtocolError, encode, routes
 from sandcell_protocol import sandbox_messages as sm
 
+from ..errors import BadRequestError
+from ..sandbox.fs import WorkspaceFs, run_fs
 from ..sandbox.processes import SandboxProcesses
 from .base import RouteGroup, json_response
 
@@ -51,6 +53,7 @@ class SandboxRoutes(RouteGroup):
             Route(sm.SANDBOX_PROCESS_CLOSE_STDIN, g(self.close_stdin), methods=["POST"]),
             Route(sm.SANDBOX_PROCESS_SIGNAL, g(self.signal), methods=["POST"]),
             Route(sm.SANDBOX_PROCESS_PTY, g(self.resize), methods=["POST"]),
+            Route(sm.SANDBOX_FS, g(self.fs), methods=["POST"]),
         ]
 
     async def _processes(self, request: Request) -> SandboxProcesses:
@@ -97,6 +100,17 @@ class SandboxRoutes(RouteGroup):
         message = await self.read_message(request, sm.PtyResize)
         processes.resize(int(request.path_params["pid"]), message.size)
         return Response(status_code=204)
+
+    async def fs(self, request: Request) -> Response:
+        session_id = self.required_session(request)
+        try:
+            call = sm.decode_fs_request(await self.read_body(request))
+        except ProtocolError as exc:
+            raise BadRequestError(str(exc)) from None
+        async with self.sessions.locked(session_id) as state:
+            fs = WorkspaceFs(state.workspace, uid=state.uid)
+            result = await asyncio.to_thread(run_fs, fs, call)
+        return json_response(result)
 
 
 def _stream(events: AsyncIterator[sm.ProcessEvent]) -> StreamingResponse:

@@ -240,11 +240,13 @@ class CgroupManager:
             cpu = (
                 self._cpu_millicores is not None and (self._root / "cpu" / "cgroup.procs").exists()
             )
-            if cpu:
-                controllers.append("cpu")
             parents = [self._root / c / "sandcell" / self._instance for c in controllers]
             for parent in parents:
                 parent.mkdir(parents=True, exist_ok=True)
+            if cpu:
+                cpu = self._optional_parent(self._root / "cpu" / "sandcell" / self._instance)
+                if cpu:
+                    parents.append(self._root / "cpu" / "sandcell" / self._instance)
             self._parents = parents
             self.version = 1
             if cpu and self._cpu_millicores is not None:
@@ -279,6 +281,21 @@ class CgroupManager:
             quota = self._cpu_millicores * CPU_PERIOD_US // 1000
             (parent / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
             self.cpu_limited = True
+
+    @staticmethod
+    def _optional_parent(parent: Path) -> bool:
+        """Make a parent in an optional controller; False where it is not writable.
+
+        A container engine may leave the cpu controller read-only while memory and
+        pids are writable: the runner then runs without the CPU quota (``/health``
+        says so) instead of without any cgroup.
+        """
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("cpu cgroup not writable (%s): no session CPU quota", exc.strerror)
+            return False
+        return True
 
     def reap_leftovers(self) -> int:
         """Kill and remove job cgroups a previous runner with this instance left behind."""

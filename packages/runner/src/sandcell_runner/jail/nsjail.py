@@ -107,6 +107,24 @@ def probe_job_user_nsjail(nsjail: Path, uid: int) -> str | None:
     return None
 
 
+_DEVNULL_FD: list[int] = []
+
+
+def _discard(fd: int) -> int | None:
+    """Splice what is in the pipe ``fd`` to /dev/null: bytes moved (0 at EOF), or None
+    where splice is unavailable (the caller reads instead)."""
+    if not hasattr(os, "splice"):
+        return None
+    if not _DEVNULL_FD:
+        _DEVNULL_FD.append(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
+    try:
+        return os.splice(fd, _DEVNULL_FD[0], 1 << 20, flags=os.SPLICE_F_NONBLOCK)
+    except BlockingIOError:
+        raise
+    except OSError:
+        return None
+
+
 class Jail:
     """Runs jobs under nsjail (or, for developer machines, unjailed)."""
 
@@ -132,6 +150,9 @@ class Jail:
         self.netns_for: Callable[[Path], int | None] | None = None
         """Which network namespace a job in this workspace joins (the session's);
         set by the service. Jobs with ``network`` or an explicit ``netns_fd`` skip it."""
+        self.egress_for: Callable[[JobSpec], JobSpec] | None = None
+        """The job's egress (its namespace when it has none yet, proxy variables, resolver);
+        set by the service, called for every job without ``network``."""
 
     @property
     def jailed(self) -> bool:
@@ -293,8 +314,26 @@ class Jail:
             state["timed_out"] = True
             kill()
 
+        drain_cpu_s = [0.0]  # the runner's own CPU spent on this job's streams
+
         def reader(fd: int, capture: _Capture, kill_on_cap: bool) -> None:
+            started = time.thread_time()
             try:
+                read(fd, capture, kill_on_cap)
+            finally:
+                drain_cpu_s[0] += time.thread_time() - started
+
+        def read(fd: int, capture: _Capture, kill_on_cap: bool) -> None:
+            try:
+                if capture.truncated and not kill_on_cap:
+                    # Past its cap a stream is only drained: the kernel moves the
+                    # bytes to /dev/null, a megabyte a call, never through Python.
+                    data_len = _discard(fd)
+                    if data_len is not None:
+                        if data_len == 0:
+                            loop.remove_reader(fd)
+                            capture.eof.set()
+                        return
                 data = os.read(fd, 65536)
             except BlockingIOError:
                 return
@@ -359,13 +398,16 @@ class Jail:
             max_rss_kib=job_peak_kib(stats, rusage, runner_peak_kib),
             cgroup=stats,
             jail_log=warnings_only(log_text),
+            drain_cpu_ms=int(drain_cpu_s[0] * 1000),
         )
 
     def _with_netns(self, spec: JobSpec) -> JobSpec:
-        if spec.network or spec.netns_fd is not None or self.netns_for is None:
+        if spec.network:
             return spec
-        fd = self.netns_for(spec.workspace)
-        return spec if fd is None else dataclasses.replace(spec, netns_fd=fd)
+        if spec.netns_fd is None and self.netns_for is not None:
+            fd = self.netns_for(spec.workspace)
+            spec = spec if fd is None else dataclasses.replace(spec, netns_fd=fd)
+        return spec if self.egress_for is None else self.egress_for(spec)
 
     async def launch(self, spec: JobSpec, *, stdin_fd: int, output_fd: int) -> LaunchedJob:
         """Start a job that outlives the call: stdin from ``stdin_fd``, stdout and stderr

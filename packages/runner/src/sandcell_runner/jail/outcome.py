@@ -43,6 +43,9 @@ class JobOutcome:
     max_rss_kib: int | None
     cgroup: JobCgroupStats | None
     jail_log: str = ""
+    drain_cpu_ms: int = 0
+    """The runner's own CPU time spent reading (and, past a cap, discarding) the
+    job's output streams."""
 
 
 _EXITED_RE = re.compile(r"\) exited with status: (\d+)")

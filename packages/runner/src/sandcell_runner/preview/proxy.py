@@ -22,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from sandcell_protocol import headers as wire_headers
 
-from ..errors import BusyError
+from ..errors import AppNotRespondingError
 from ..jail.netns import SessionNetns
 from .inject import inject, reporter_tag
 
@@ -166,9 +166,14 @@ class PreviewUpstream:
         try:
             response = await self._pool.handle_async_request(request)
         except httpcore.ConnectError:
-            raise BusyError(f"nothing is listening on port {port} in the session yet") from None
+            raise AppNotRespondingError(
+                f"the app did not answer: nothing is listening on port {port}"
+                " (not started yet, or it exited: see the instance's logs)"
+            ) from None
         except (httpcore.TimeoutException, httpcore.NetworkError, httpcore.ProtocolError) as exc:
-            raise BusyError(f"port {port} did not answer: {type(exc).__name__}") from None
+            raise AppNotRespondingError(
+                f"the app did not answer on port {port} ({type(exc).__name__})"
+            ) from None
         kept = [
             (k.lower(), v)
             for k, v in response.headers

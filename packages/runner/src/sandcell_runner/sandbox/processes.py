@@ -32,38 +32,21 @@ from pathlib import Path
 from sandcell_protocol import ProtocolError
 from sandcell_protocol import sandbox_messages as sm
 
-from ..apps.procinit import parse_report
 from ..config import MIB, RunnerSettings
 from ..errors import BadRequestError, InvalidPathError, NotFoundError
 from ..jail.launched import LaunchedJob, LaunchOutcome
 from ..jail.nsjail import Jail
-from ..jail.outcome import signal_name
 from ..jail.spec import JobLimits, JobSpec
 from ..workspace import fsops
 from ..workspace.manager import WorkspaceManager
 from .env import process_env
+from .events import SIGNALS, Subscriber, ended, read_report
 from .init import INIT_SOURCE
 
 log = logging.getLogger(__name__)
 
-_QUEUE_EVENTS = 256
 _READ_BYTES = 65536
 _STOP_GRACE_S = 3.0
-_SIGNALS = {
-    "SIGTERM": signal.SIGTERM,
-    "SIGKILL": signal.SIGKILL,
-    "SIGINT": signal.SIGINT,
-    "SIGHUP": signal.SIGHUP,
-    "SIGQUIT": signal.SIGQUIT,
-    "SIGUSR1": signal.SIGUSR1,
-    "SIGUSR2": signal.SIGUSR2,
-}
-_STATUS_OF_SIGNAL = {
-    "SIGKILL": "signal: killed",
-    "SIGTERM": "signal: terminated",
-    "SIGINT": "signal: interrupt",
-    "SIGHUP": "signal: hangup",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,25 +56,6 @@ class SandboxTarget:
     workspace: Path
     uid: int
     netns_fd: int | None
-
-
-class _Subscriber:
-    """One stream's view of a process: a bounded queue; ``None`` ends it."""
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[sm.ProcessEvent | None] = asyncio.Queue(_QUEUE_EVENTS + 1)
-        self.dropped = False
-
-    def offer(self, event: sm.ProcessEvent | None) -> bool:
-        """Queue ``event``; False (and the stream ends) if this subscriber fell behind."""
-        if self.dropped:
-            return False
-        if event is not None and self.queue.qsize() >= _QUEUE_EVENTS:
-            self.dropped = True
-            self.queue.put_nowait(None)
-            return False
-        self.queue.put_nowait(event)
-        return True
 
 
 @dataclass(eq=False)
@@ -105,7 +69,7 @@ class _Process:
     sent: str | None = None
     ended: sm.ProcessEnded | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    subscribers: set[_Subscriber] = field(default_factory=set)
+    subscribers: set[Subscriber] = field(default_factory=set)
     monitor: asyncio.Task[None] | None = None
     timer: asyncio.TimerHandle | None = None
 
@@ -198,7 +162,7 @@ class SandboxProcesses:
             ),
             job_dir=job_dir,
         )
-        subscriber = _Subscriber()
+        subscriber = Subscriber()
         proc.subscribers.add(subscriber)
         try:
             await self._launch(proc, request, target, env, cwd_inside, timeout_ms)
@@ -212,12 +176,12 @@ class SandboxProcesses:
     def attach(self, pid: int) -> AsyncIterator[sm.ProcessEvent]:
         """Events of a running process from now on (``ProcessStarted`` first)."""
         proc = self._find(pid)
-        subscriber = _Subscriber()
+        subscriber = Subscriber()
         proc.subscribers.add(subscriber)
         return self._events(proc, subscriber, started=True)
 
     async def _events(
-        self, proc: _Process, subscriber: _Subscriber, *, started: bool
+        self, proc: _Process, subscriber: Subscriber, *, started: bool
     ) -> AsyncIterator[sm.ProcessEvent]:
         try:
             if started:
@@ -375,7 +339,7 @@ class SandboxProcesses:
             for fd in outputs:
                 loop.remove_reader(fd)
                 os.close(fd)
-            report = _read_report(report_r)
+            report = read_report(report_r)
             for attr in ("stdin_fd", "control_fd"):
                 fd = getattr(proc, attr)
                 if fd is not None:
@@ -383,7 +347,7 @@ class SandboxProcesses:
                     setattr(proc, attr, None)
             if proc.timer is not None:
                 proc.timer.cancel()
-            proc.ended = _ended(proc, outcome, report)
+            proc.ended = ended(proc.sent, outcome, report)
             proc.done.set()
             proc.publish(proc.ended)
             proc.publish(None)
@@ -431,7 +395,7 @@ class SandboxProcesses:
         """Send ``name`` to the process's group (SIGKILL also ends its whole jail)."""
         proc = self._find(pid)
         proc.sent = name
-        self._control(proc, f"s {int(_SIGNALS[name])}\n")
+        self._control(proc, f"s {int(SIGNALS[name])}\n")
         if name == "SIGKILL" and proc.job is not None:
             proc.job.kill()
 
@@ -474,42 +438,6 @@ class SandboxProcesses:
             if proc.monitor is not None:
                 with contextlib.suppress(BaseException):
                     await proc.monitor
-
-
-def _ended(
-    proc: _Process, outcome: LaunchOutcome | None, report: tuple[int | None, int | None]
-) -> sm.ProcessEnded:
-    exit_code, signum = report
-    error = None
-    if exit_code is None and signum is None:
-        if outcome is None or (outcome.jail_failed and proc.sent == "SIGKILL"):
-            signum = int(signal.SIGKILL)
-        elif outcome.jail_failed:
-            error = "the jail could not run the process: " + outcome.jail_log[-400:]
-            exit_code = outcome.exit_code if outcome.exit_code is not None else -1
-        else:
-            exit_code = outcome.exit_code
-            name = outcome.signal
-            signum = int(_SIGNALS[name]) if name in _SIGNALS else None
-    if outcome is not None and outcome.oom_killed:
-        error = "killed: memory limit reached"
-    if signum is not None:
-        name = signal_name(signum) or f"signal {signum}"
-        status = _STATUS_OF_SIGNAL.get(name, f"signal: {name}")
-        return sm.ProcessEnded(exit_code=None, signal=name, status=status, error=error)
-    code = exit_code if exit_code is not None else -1
-    return sm.ProcessEnded(exit_code=code, status=f"exit status {code}", error=error)
-
-
-def _read_report(fd: int) -> tuple[int | None, int | None]:
-    try:
-        os.set_blocking(fd, False)
-        text = os.read(fd, 256).decode("ascii", "replace")
-    except OSError:
-        text = ""
-    finally:
-        os.close(fd)
-    return parse_report(text) or (None, None)
 
 
 __all__ = ["SandboxProcesses", "SandboxTarget"]

@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,7 +250,9 @@ class _Level:
     pending: list[tuple[str, os.stat_result]]
 
 
-def walk(root: Path, *, limit: int = 1_000_000) -> Iterator[tuple[int, Entry]]:
+def walk(
+    root: Path, *, limit: int = 1_000_000, charge: Callable[[], bool] | None = None
+) -> Iterator[tuple[int, Entry]]:
     """Every regular file and symlink under ``root`` with the fd of its directory.
 
     Directories are walked, links never followed. Iterative, holding one fd per
@@ -258,11 +260,22 @@ def walk(root: Path, *, limit: int = 1_000_000) -> Iterator[tuple[int, Entry]]:
     until the iterator moves on (open the file relative to it: ``os.open(name,
     dir_fd=fd)``). Names are as the host's ``os`` functions take them (bytes that
     are not UTF-8 surrogate-escaped); ``sandcell_protocol.escape_name`` makes wire names.
+    ``charge`` is called once per directory entry listed (of any kind); once it has
+    returned False nothing more is listed (what was listed is still visited).
     """
     found = 0
+    refused = False
+
+    def take() -> bool:
+        nonlocal refused
+        if not refused and charge is not None and not charge():
+            refused = True
+        return not refused
+
+    listing_charge = take if charge is not None else None
     top = os.open(root, _DIR_FLAGS)
     try:
-        stack = [_Level(top, "", _list(top))]
+        stack = [_Level(top, "", _list(top, listing_charge))]
     except BaseException:
         os.close(top)
         raise
@@ -280,7 +293,7 @@ def walk(root: Path, *, limit: int = 1_000_000) -> Iterator[tuple[int, Entry]]:
                 except OSError:
                     continue  # replaced by a link since listed: not ours to follow
                 try:
-                    pending = _list(child)
+                    pending = _list(child, listing_charge)
                 except OSError:
                     os.close(child)
                     continue
@@ -301,12 +314,15 @@ def walk(root: Path, *, limit: int = 1_000_000) -> Iterator[tuple[int, Entry]]:
             os.close(level.fd)
 
 
-def _list(fd: int) -> list[tuple[str, os.stat_result]]:
-    """The entries of the directory ``fd`` with their lstat, in reverse order."""
+def _list(fd: int, charge: Callable[[], bool] | None = None) -> list[tuple[str, os.stat_result]]:
+    """The entries of the directory ``fd`` with their lstat, in reverse order (up to the
+    first entry ``charge`` refuses)."""
     # scandir works on its own duplicate of fd: fd stays open and at its position.
     listed = []
     with os.scandir(fd) as entries:
         for entry in entries:
+            if charge is not None and not charge():
+                break
             try:
                 listed.append((entry.name, entry.stat(follow_symlinks=False)))
             except FileNotFoundError:
@@ -318,28 +334,6 @@ def _list(fd: int) -> list[tuple[str, os.stat_result]]:
 def scan(root: Path, *, limit: int = 1_000_000) -> list[Entry]:
     """Every regular file and symlink under ``root`` (directories walked, links not)."""
     return [entry for _, entry in walk(root, limit=limit)]
-
-
-def hash_at(dir_fd: int, name: str, *, inline_max: int) -> tuple[str, bytes | None]:
-    """sha256 of the regular file ``name`` in ``dir_fd``, and its bytes when no larger
-    than ``inline_max``."""
-    fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePathError(21, f"not a regular file: {name}")
-        digest = hashlib.sha256()
-        kept: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, _CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-            if size <= inline_max:
-                kept.append(chunk)
-        content = b"".join(kept) if size <= inline_max else None
-        return digest.hexdigest(), content
-    finally:
-        os.close(fd)
 
 
 def _read_all(fd: int, size_hint: int) -> bytes:

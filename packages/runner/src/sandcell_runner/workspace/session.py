@@ -56,6 +56,9 @@ class SessionState:
     staging: set[Path] = field(default_factory=set)
     netns: SessionNetns | None = None
     """The session's network namespace (None: each job gets a fresh one)."""
+    contexts: dict[str, str] = field(default_factory=dict)
+    """The session's code contexts (id -> language), live or lost: checkpointed, so
+    a restore elsewhere knows which contexts it did not bring back."""
 
     def metadata(self) -> CheckpointMeta:
         """Checkpoint metadata of the current state (``skipped`` is filled by export)."""
@@ -64,12 +67,14 @@ class SessionState:
             protocol=PROTOCOL_VERSION,
             primed_inputs=sorted(self.primed.values(), key=lambda p: p.name),
             surfaced_outputs=sorted(self.surfaced.values(), key=lambda s: s.name),
+            contexts=dict(sorted(self.contexts.items())),
         )
 
     def adopt(self, meta: CheckpointMeta) -> None:
         """Restored metadata replaces the runner's own (never merges)."""
         self.primed = {p.name: p for p in meta.primed_inputs}
         self.surfaced = {s.name: s for s in meta.surfaced_outputs}
+        self.contexts = dict(meta.contexts)
 
 
 class SessionManager:

@@ -1,0 +1,265 @@
+"""E2B's code interpreter (port 49999) on sandcell's code contexts.
+
+``e2b-code-interpreter`` calls, on ``E2b-Sandbox-Port: 49999``:
+
+    POST   /execute                 {code, context_id?, language?, env_vars?} -> NDJSON
+    POST   /contexts                {language?, cwd?} -> {id, language, cwd}
+    GET    /contexts                [{id, language, cwd}]
+    DELETE /contexts/{id}           204
+    POST   /contexts/{id}/restart   204
+
+Each is one call on the runner's code contexts (``/v1/session/contexts``, a
+long-lived interpreter in the session's jail). ``/execute`` without a context
+runs in the language's default context (made on first use). Its answer is one
+JSON object a line, as E2B's server writes them: ``stdout``/``stderr``
+``{text, timestamp}`` (epoch nanoseconds), ``result`` (``text``, ``html``,
+``png``… by MIME type, ``is_main_result``), ``error`` ``{name, value,
+traceback}``, then ``number_of_executions``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from sandcell_protocol import ProtocolError, decode, encode
+from sandcell_protocol import contexts as cx
+from sandcell_protocol import sandbox_messages as sm
+
+from ..errors import RunnerRequestError
+from ..runner.contexts import RunnerContexts
+from ..serve.errors import read_body
+from .errors import E2bError
+from .sandboxes import E2bSandbox
+
+__all__ = ["INTERPRETER_PORT", "interpreter_route"]
+
+INTERPRETER_PORT = 49999
+_NDJSON = "application/x-ndjson"
+_RESULT_FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "text/latex": "latex",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "image/svg+xml": "svg",
+    "application/json": "json",
+    "application/javascript": "javascript",
+}
+_LANGUAGES = {"python": "python", "python3": "python"}
+
+
+class _Execute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    code: str
+    context_id: str | None = None
+    language: str | None = None
+    env_vars: dict[str, str] | None = None
+
+
+class _NewContext(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    language: str | None = None
+    cwd: str | None = None
+
+
+class _Context(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    language: str
+    cwd: str
+
+
+class _Contexts:
+    """The sandbox's code contexts: ``RunnerClient.contexts`` in the sandbox's session."""
+
+    def __init__(self, sandbox: E2bSandbox) -> None:
+        handle = sandbox.handle
+        if handle is None or handle.session_id is None:
+            raise E2bError(502, "not_found", f"sandbox {sandbox.sandbox_id} is paused")
+        self._routes: RunnerContexts = handle.runner.contexts
+        self._session_id = handle.session_id
+
+    async def create(self, create: cx.ContextCreate) -> cx.ContextInfo:
+        return await self._routes.create(create, session_id=self._session_id)
+
+    async def list(self) -> list[cx.ContextInfo]:
+        return await self._routes.list(session_id=self._session_id)
+
+    async def delete(self, context_id: str) -> None:
+        await self._routes.delete(context_id, session_id=self._session_id)
+
+    async def restart(self, context_id: str) -> cx.ContextInfo:
+        return await self._routes.restart(context_id, session_id=self._session_id)
+
+    def run(self, context_id: str, run: cx.ContextRun) -> AsyncIterator[cx.ContextEvent]:
+        return self._routes.run_stream(context_id, run, session_id=self._session_id)
+
+
+def _language(raw: str | None) -> str:
+    language = _LANGUAGES.get((raw or "python").lower())
+    if language is None:
+        raise E2bError(400, "bad_request", f"language {(raw or '')[:40]!r}: only python is served")
+    return language
+
+
+def _context(info: cx.ContextInfo) -> _Context:
+    return _Context(
+        id=info.context_id, language=info.language, cwd=sm.sandbox_display_path(info.cwd)
+    )
+
+
+def _json(value: object, status: int = 200) -> Response:
+    return Response(encode(value), status_code=status, media_type="application/json")
+
+
+async def _body(request: Request, kind: type[Any]) -> Any:
+    raw = await read_body(request)
+    try:
+        return decode(raw or b"{}", kind)
+    except ProtocolError as exc:
+        raise E2bError(400, "bad_request", str(exc)) from None
+
+
+def _context_missing(exc: RunnerRequestError, context_id: str) -> E2bError | None:
+    if exc.code == "not_found":
+        return E2bError(404, "not_found", f"context {context_id[:64]!r} not found")
+    if exc.code == "context_lost":
+        return E2bError(409, "context_lost", f"context {context_id[:64]!r} was lost; restart it")
+    return None
+
+
+async def _default_context(contexts: _Contexts, language: str) -> str:
+    context_id = f"default-{language}"
+    if not any(info.context_id == context_id for info in await contexts.list()):
+        await contexts.create(cx.ContextCreate(language=language, context_id=context_id))
+    return context_id
+
+
+def _line(kind: str, **fields: object) -> bytes:
+    return encode({"type": kind, **fields}) + b"\n"
+
+
+def _translate(event: cx.ContextEvent) -> bytes:
+    now_ns = time.time_ns()
+    if isinstance(event, cx.ContextStdoutEvent):
+        return _line("stdout", text=event.data, timestamp=now_ns)
+    if isinstance(event, cx.ContextStderrEvent):
+        return _line("stderr", text=event.data, timestamp=now_ns)
+    if isinstance(event, cx.ContextResultEvent):
+        fields = {_RESULT_FIELDS[mime]: value for mime, value in event.data.items()}
+        return _line("result", **fields, is_main_result=event.is_main_result)
+    if isinstance(event, cx.ContextErrorEvent):
+        return _line("error", name=event.name, value=event.value, traceback=event.traceback)
+    assert isinstance(event, cx.ContextEndEvent)
+    end = _line("number_of_executions", execution_count=event.execution_count)
+    if event.context_lost:
+        # The cell's own error (if any) came first; this says the interpreter is gone.
+        lost = _line(
+            "error",
+            name="ContextLostError",
+            value=event.message or f"the interpreter was lost ({event.status})",
+            traceback="",
+        )
+        return lost + end
+    return end
+
+
+async def execute(request: Request, sandbox: E2bSandbox) -> Response:
+    """``POST /execute``: run a cell, streamed as E2B's NDJSON lines."""
+    body: _Execute = await _body(request, _Execute)
+    contexts = _Contexts(sandbox)
+    if body.context_id is not None and body.language is not None:
+        raise E2bError(400, "bad_request", "give context_id or language, not both")
+    try:
+        if body.context_id is not None:
+            context_id = body.context_id
+        else:
+            context_id = await _default_context(contexts, _language(body.language))
+    except RunnerRequestError as exc:
+        raise _context_missing(exc, body.context_id or "") or exc from None
+    run = cx.ContextRun(code=body.code, env={**sandbox.env, **(body.env_vars or {})})
+    events = aiter(contexts.run(context_id, run))
+    try:
+        # The first event (or the refusal: unknown or lost context) before answering.
+        first = await anext(events)
+    except RunnerRequestError as exc:
+        raise _context_missing(exc, context_id) or exc from None
+    except StopAsyncIteration:
+        raise E2bError(502, "busy", "the cell's output ended before it began") from None
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield _translate(first)
+        async for event in events:
+            yield _translate(event)
+
+    return StreamingResponse(lines(), media_type=_NDJSON)
+
+
+async def create_context(request: Request, sandbox: E2bSandbox) -> Response:
+    """``POST /contexts``: a new interpreter (``cwd`` a path under ``/home/user``)."""
+    body: _NewContext = await _body(request, _NewContext)
+    cwd = None
+    if body.cwd:
+        try:
+            cwd = sm.sandbox_path(body.cwd) or None
+        except ProtocolError as exc:
+            raise E2bError(400, "invalid_path", str(exc)) from None
+    create = cx.ContextCreate(language=_language(body.language), cwd=cwd)
+    return _json(_context(await _Contexts(sandbox).create(create)))
+
+
+async def list_contexts(_request: Request, sandbox: E2bSandbox) -> Response:
+    """``GET /contexts``."""
+    return _json([_context(info) for info in await _Contexts(sandbox).list()])
+
+
+def _context_id(request: Request) -> str:
+    context_id = request.path_params.get("context_id", "")
+    if not cx.is_context_id(context_id):
+        raise E2bError(404, "not_found", f"context {context_id[:64]!r} not found")
+    return str(context_id)
+
+
+async def delete_context(request: Request, sandbox: E2bSandbox) -> Response:
+    """``DELETE /contexts/{id}``."""
+    context_id = _context_id(request)
+    try:
+        await _Contexts(sandbox).delete(context_id)
+    except RunnerRequestError as exc:
+        raise _context_missing(exc, context_id) or exc from None
+    return Response(status_code=204)
+
+
+async def restart_context(request: Request, sandbox: E2bSandbox) -> Response:
+    """``POST /contexts/{id}/restart``: a fresh interpreter, same id (variables gone)."""
+    context_id = _context_id(request)
+    try:
+        await _Contexts(sandbox).restart(context_id)
+    except RunnerRequestError as exc:
+        raise _context_missing(exc, context_id) or exc from None
+    return Response(status_code=204)
+
+
+Handler = Callable[[Request, E2bSandbox], Awaitable[Response]]
+
+
+def interpreter_route(method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
+    """The handler of a port-49999 request and its path parameters, or ``None``."""
+    if (method, path) == ("POST", "/execute"):
+        return execute, {}
+    if path == "/contexts":
+        if method == "POST":
+            return create_context, {}
+        if method == "GET":
+            return list_contexts, {}
+        return None
+    parts = path.split("/")
+    if len(parts) == 3 and parts[1] == "contexts" and method == "DELETE":
+        return delete_context, {"context_id": parts[2]}
+    if len(parts) == 4 and parts[1] == "contexts" and parts[3] == "restart" and method == "POST":
+        return restart_context, {"context_id": parts[2]}
+    return None

@@ -1,0 +1,209 @@
+"""Code contexts on ``sandcell serve`` (bearer API key; errors are ``ErrorBody``).
+
+    POST   /v1/run                                    RunCall -> ContextRunResult
+                                                      (NDJSON ContextEvents with
+                                                      Accept: application/x-ndjson)
+    GET    /v1/sessions/{id}/contexts                 ContextList (the warm sandbox's)
+    POST   /v1/sessions/{id}/contexts                 ContextCreate -> 201 ContextInfo
+    DELETE /v1/sessions/{id}/contexts/{cid}           204
+    POST   /v1/sessions/{id}/contexts/{cid}/restart   ContextInfo (a fresh interpreter)
+    POST   /v1/sessions/{id}/contexts/{cid}/interrupt ContextInfo (SIGINT to the cell)
+
+An adapter: each route translates onto ``ExecutionService.run_code`` or its
+``contexts``. A session is this tenant's only once ``/v1/exec`` or ``/v1/run``
+named it through this process (the serve app's session index); any other
+answers exactly as a missing one (404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from sandcell_protocol import (
+    ErrorBody,
+    ErrorCode,
+    ExecuteRequest,
+    ProtocolError,
+    decode,
+    encode,
+    error_body,
+    is_runtime_session_id,
+    routes,
+    runtime_session_id,
+)
+from sandcell_protocol import contexts as cx
+
+from ..errors import RunnerRequestError, SandboxNotFoundError
+from ..sessions.execution import ExecutionService, Identity
+from .errors import JSON_MEDIA_TYPE, guarded, read_body
+
+__all__ = ["ContextRoutes"]
+
+log = logging.getLogger(__name__)
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+Remember = Callable[[str, str, str, str], None]
+"""(session id, namespace, user id, hint): index a session this tenant named."""
+OwnerOf = Callable[[str], str | None]
+"""session id -> the namespace that named it (None: unknown here)."""
+
+
+class _NoSuchSession(Exception):
+    """An unknown session, or another tenant's: answered alike."""
+
+
+def context_error(exc: BaseException) -> tuple[int, ErrorBody] | None:
+    """The context routes' own answers; ``None``: the service's common mapping."""
+    if isinstance(exc, _NoSuchSession):
+        return 404, error_body(ErrorCode.NOT_FOUND, "no such session")
+    if isinstance(exc, RunnerRequestError) and exc.code == "not_found":
+        return 404, error_body(ErrorCode.NOT_FOUND, "no such context")
+    if isinstance(exc, SandboxNotFoundError):
+        return 404, error_body(ErrorCode.NOT_FOUND, "the session has no warm sandbox")
+    return None
+
+
+def _execute_request(call: cx.RunCall) -> ExecuteRequest:
+    """The runner's part of a ``RunCall``."""
+    fields = msgspec.structs.asdict(call)
+    for name in ("user_id", "runtime_session_hint", "context_id", "egress"):
+        del fields[name]
+    return ExecuteRequest(**fields)
+
+
+class ContextRoutes:
+    """The routes, over the service's ``ExecutionService`` and session index."""
+
+    def __init__(
+        self,
+        *,
+        execution: Callable[[], ExecutionService],
+        namespace_of: Callable[[Request], str],
+        remember: Remember,
+        owner_of: OwnerOf,
+    ) -> None:
+        self._execution = execution
+        self._namespace_of = namespace_of
+        self._remember = remember
+        self._owner_of = owner_of
+
+    def routes(self) -> list[BaseRoute]:
+        def g(endpoint: Endpoint) -> Endpoint:
+            return guarded(endpoint, extra=context_error)
+
+        base = "/v1/sessions/{session_id}/contexts"
+        return [
+            Route("/v1/run", g(self.run), methods=["POST"]),
+            Route(base, g(self.list_contexts), methods=["GET"]),
+            Route(base, g(self.create_context), methods=["POST"]),
+            Route(base + "/{context_id}", g(self.delete_context), methods=["DELETE"]),
+            Route(base + "/{context_id}/restart", g(self.restart), methods=["POST"]),
+            Route(base + "/{context_id}/interrupt", g(self.interrupt), methods=["POST"]),
+        ]
+
+    def _session(self, request: Request) -> str:
+        namespace = self._namespace_of(request)
+        session_id = str(request.path_params["session_id"])
+        if not is_runtime_session_id(session_id):
+            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
+        if self._owner_of(session_id) != namespace:
+            raise _NoSuchSession
+        return session_id
+
+    @staticmethod
+    def _context_id(request: Request) -> str:
+        context_id = str(request.path_params["context_id"])
+        if not cx.is_context_id(context_id):
+            raise ProtocolError("context id: must match ^[A-Za-z0-9._-]{1,64}$")
+        return context_id
+
+    @staticmethod
+    def _json(value: object, status: int = 200) -> Response:
+        return Response(encode(value), status_code=status, media_type=JSON_MEDIA_TYPE)
+
+    # -- routes -------------------------------------------------------------------
+
+    async def run(self, request: Request) -> Response:
+        namespace = self._namespace_of(request)
+        call = decode(await read_body(request), cx.RunCall)
+        hint = call.runtime_session_hint
+        if hint is not None:
+            session_id = runtime_session_id(namespace, call.user_id, hint)
+            self._remember(session_id, namespace, call.user_id, hint)
+        identity = Identity(namespace=namespace, user_id=call.user_id)
+        code = _execute_request(call)
+        execution = self._execution()
+        if routes.NDJSON not in request.headers.get("accept", ""):
+            result = await execution.run_code(code, identity, hint=hint, context_id=call.context_id)
+            return self._json(result)
+        queue: asyncio.Queue[cx.ContextEvent | None] = asyncio.Queue()
+        task = asyncio.ensure_future(
+            execution.run_code(
+                code,
+                identity,
+                hint=hint,
+                context_id=call.context_id,
+                on_event=queue.put_nowait,
+                egress=call.egress,
+            )
+        )
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        first = await queue.get()
+        if first is None:
+            # Refused before the cell ran (busy, lost, bad input): an HTTP error.
+            task.result()
+            raise RuntimeError("a context run ended without events")
+        return StreamingResponse(_stream(first, queue, task), media_type=routes.NDJSON)
+
+    async def list_contexts(self, request: Request) -> Response:
+        session_id = self._session(request)
+        listed = await self._execution().contexts.list(session_id)
+        return self._json(cx.ContextList(contexts=listed))
+
+    async def create_context(self, request: Request) -> Response:
+        session_id = self._session(request)
+        create = decode(await read_body(request), cx.ContextCreate)
+        return self._json(await self._execution().contexts.create(session_id, create), 201)
+
+    async def delete_context(self, request: Request) -> Response:
+        session_id = self._session(request)
+        await self._execution().contexts.delete(session_id, self._context_id(request))
+        return Response(status_code=204)
+
+    async def restart(self, request: Request) -> Response:
+        session_id = self._session(request)
+        info = await self._execution().contexts.restart(session_id, self._context_id(request))
+        return self._json(info)
+
+    async def interrupt(self, request: Request) -> Response:
+        session_id = self._session(request)
+        info = await self._execution().contexts.interrupt(session_id, self._context_id(request))
+        return self._json(info)
+
+
+async def _stream(
+    first: cx.ContextEvent,
+    queue: asyncio.Queue[cx.ContextEvent | None],
+    task: asyncio.Future[cx.ContextRunResult],
+) -> AsyncIterator[bytes]:
+    try:
+        yield encode(first) + b"\n"
+        while (event := await queue.get()) is not None:
+            yield encode(event) + b"\n"
+        # The end event has gone out; the turn's own failure after it (a lost lock
+        # while checkpointing) can only be logged.
+        if task.exception() is not None:
+            log.warning("a context run failed after its end event: %s", task.exception())
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task

@@ -1,0 +1,420 @@
+"""Programmatic tool calling: ``POST /exec/programmatic`` (and ``/cancel``).
+
+The caller's Python runs with each of its tools as an async function. When the
+code awaits tools, the answer is ``{status: "tool_call_required",
+continuation_token, tool_calls: [{id, name, input}]}``; the caller runs the tools
+and posts ``{continuation_token, tool_results: [{call_id, result, is_error,
+error_message?}]}``, and the code continues where it waited; at the end
+``{status: "completed", stdout, stderr, files, session_id}`` or ``{status: "error",
+error, stderr}``.
+
+The paused code lives in a code context of a runtime session (the call's hint,
+or a session of its own that is destroyed at the end): the first round runs
+``RUNTIME`` there, which starts the code as a task on an event loop thread of
+the interpreter; each round's cell waits until the task finishes or has awaited
+tools and gone quiet, and answers with a JSON result. Every round goes through
+``ExecutionService.run_code`` (one session turn: held, attached, checkpointed).
+
+A continuation token is random, single-use, bound to its tenant, and expires
+(``TOKEN_TTL_S``); a paused run is kept by this process, so a continuation must
+come back to the worker that answered the last round (a load balancer's
+affinity). At most ``MAX_ROUND_TRIPS`` rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import keyword
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sandcell_protocol import (
+    ExecuteRequest,
+    OutputFile,
+    ProtocolError,
+    runtime_session_id,
+    validate_hint,
+)
+from sandcell_protocol import contexts as cx
+
+from ...errors import SandboxError, SandboxNotFoundError
+from ...sessions.execution import Identity
+from ..errors import JSON_MEDIA_TYPE, read_body
+from .auth import Caller
+from .errors import librechat_json
+from .ids import new_nanoid
+from .routes import LibreChatApi, ResolvedInput
+from .wire import InFile
+
+__all__ = ["MAX_ROUND_TRIPS", "RUNTIME", "TOKEN_TTL_S", "Programmatic", "python_name"]
+
+log = logging.getLogger(__name__)
+
+MAX_ROUND_TRIPS = 20
+TOKEN_TTL_S = 600.0
+REQUEST_ID_HEADER = "x-librechat-code-request-id"
+_QUIET_S = 0.05
+_PY_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
+
+# Runs inside the context's interpreter (standard library only). The code becomes
+# the body of an async function whose globals hold the tools; a tool call records
+# {id, name, input} and awaits a future that the next round resolves.
+RUNTIME = r"""
+import asyncio as _sc_asyncio, itertools as _sc_it, json as _sc_json, sys as _sc_sys
+import threading as _sc_threading, time as _sc_time, traceback as _sc_tb
+
+class _SandcellAnswer:
+    def __init__(self, value):
+        self._value = _sc_json.dumps(value, default=str)
+    def _repr_json_(self):
+        return self._value
+    def __repr__(self):
+        return "<sandcell programmatic round>"
+
+def _sandcell_decode(value):
+    if isinstance(value, str) and value.strip()[:1] in ("{", "["):
+        try:
+            return _sc_json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+class _SandcellProgrammatic:
+    def __init__(self, code, tools):
+        self.loop = _sc_asyncio.new_event_loop()
+        self.lock = _sc_threading.Lock()
+        self.pending = {}
+        self.new = []
+        self.ids = _sc_it.count(1)
+        self.last_call = 0.0
+        space = {"__name__": "__main__", "asyncio": _sc_asyncio}
+        for python, original in tools.items():
+            space[python] = self._tool(original)
+        body = "\n".join(("    " + line) if line.strip() else "" for line in code.split("\n"))
+        source = "async def __sandcell_main__():\n" + body + "\n    pass\n"
+        exec(compile(source, "<code>", "exec"), space)
+        _sc_threading.Thread(target=self.loop.run_forever, name="sandcell-ptc", daemon=True).start()
+        self.task = _sc_asyncio.run_coroutine_threadsafe(space["__sandcell_main__"](), self.loop)
+
+    def _tool(self, name):
+        async def tool(*args, **kwargs):
+            if args:
+                raise TypeError(name + "() takes keyword arguments only")
+            future = self.loop.create_future()
+            with self.lock:
+                call_id = "call_%d" % next(self.ids)
+                self.pending[call_id] = future
+                self.new.append({"id": call_id, "name": name, "input": kwargs})
+                self.last_call = _sc_time.monotonic()
+            return await future
+        tool.__name__ = name
+        return tool
+
+    def resume(self, results):
+        for item in results:
+            future = self.pending.pop(item.get("call_id"), None)
+            if future is None:
+                continue
+            if item.get("is_error"):
+                error = RuntimeError(item.get("error_message") or "the tool failed")
+                self.loop.call_soon_threadsafe(future.set_exception, error)
+            else:
+                value = _sandcell_decode(item.get("result"))
+                self.loop.call_soon_threadsafe(future.set_result, value)
+
+    def wait(self, quiet_s):
+        while True:
+            if self.task.done():
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                error = self.task.exception()
+                if error is None:
+                    return _SandcellAnswer({"state": "done"})
+                text = "".join(_sc_tb.format_exception(type(error), error, error.__traceback__))
+                _sc_sys.stderr.write(text)
+                message = type(error).__name__ + ": " + str(error)
+                return _SandcellAnswer({"state": "error", "error": message})
+            with self.lock:
+                if self.new and _sc_time.monotonic() - self.last_call >= quiet_s:
+                    calls, self.new = self.new, []
+                    return _SandcellAnswer({"state": "calls", "calls": calls})
+            _sc_time.sleep(0.01)
+"""
+
+
+def python_name(name: str) -> str:
+    """A tool's name as the code calls it, as ``@librechat/agents`` normalizes it:
+    hyphens and spaces to ``_``, other characters dropped, a leading digit prefixed
+    with ``_``, a keyword suffixed with ``_tool``."""
+    normalized = re.sub(r"[^a-zA-Z0-9_]", "", re.sub(r"[-\s]", "_", name))
+    if re.match(r"[0-9]", normalized):
+        normalized = "_" + normalized
+    if normalized in _PY_KEYWORDS:
+        normalized += "_tool"
+    return normalized
+
+
+class ToolDef(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: Any = None
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
+    call_id: str
+    result: Any = None
+    is_error: bool = False
+    error_message: str | None = None
+
+
+class ProgrammaticBody(msgspec.Struct, frozen=True, kw_only=True):
+    """A first round (``code``, ``tools``) or a continuation (``continuation_token``).
+
+    Not ``forbid_unknown_fields``, for the reason ``wire.ExecBody`` gives."""
+
+    code: str | None = None
+    tools: list[ToolDef] | None = None
+    session_id: str | None = None
+    timeout: int | None = None
+    files: list[InFile] | None = None
+    runtime_session_hint: str | None = None
+    continuation_token: str | None = None
+    tool_results: list[ToolResult] | None = None
+
+    def __repr__(self) -> str:
+        continuing = self.continuation_token is not None
+        return f"ProgrammaticBody(tools={len(self.tools or [])}, continuing={continuing})"
+
+
+class CancelBody(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+
+
+@dataclass
+class _Run:
+    """A programmatic run between rounds (or in one)."""
+
+    namespace: str
+    user: str
+    hint: str
+    own_session: bool
+    context_id: str
+    timeout_ms: int
+    inputs: list[ResolvedInput]
+    expires_at: float
+    rounds: int = 0
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    outputs: dict[str, OutputFile] = field(default_factory=dict)
+
+
+class Programmatic:
+    """The programmatic routes' state: paused runs by token, rounds in flight by request id."""
+
+    def __init__(
+        self,
+        api: LibreChatApi,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+    ) -> None:
+        self._api = api
+        self._clock = clock
+        self._new_token = new_token
+        self._paused: dict[str, _Run] = {}
+        self._in_flight: dict[str, tuple[str, _Run]] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    async def handle(self, request: Request) -> Response:
+        api = self._api
+        try:
+            body = msgspec.json.decode(await read_body(request), type=ProgrammaticBody, strict=True)
+        except msgspec.MsgspecError as exc:
+            raise ProtocolError(f"programmatic body: {exc}") from None
+        caller = api.auth.caller(request)
+        self._expire()
+        if body.continuation_token is not None:
+            run = self._paused.get(body.continuation_token)
+            if run is not None and run.namespace == caller.namespace:
+                del self._paused[body.continuation_token]  # single-use
+            else:
+                # Unknown, used, expired or another tenant's: all alike (and another
+                # tenant's attempt leaves the run to its owner).
+                return librechat_json(
+                    400, {"error": "invalid_continuation", "message": "unknown continuation token"}
+                )
+            cell = (
+                f"__sandcell_ptc__.resume(__import__('json').loads("
+                f"{json.dumps(_results(body.tool_results))!r}))\n"
+                f"__sandcell_ptc__.wait({_QUIET_S})"
+            )
+            return await self._round(request, caller, run, cell, files=[])
+        if not body.code:
+            raise ProtocolError("programmatic: code is required")
+        tools = {python_name(tool.name): tool.name for tool in body.tools or []}
+        if "" in tools:
+            raise ProtocolError("programmatic: a tool name has no identifier characters")
+        user = api.user_of(caller, request, None)
+        hint = body.runtime_session_hint
+        if request.headers.get("x-codeapi-expected-profile", "").lower() == "default":
+            hint = None
+        own_session = hint is None
+        if hint is None:
+            hint = f"ptc-{new_nanoid()}"
+        validate_hint(hint)
+        inputs = await api.resolve_inputs(caller, body.files)
+        run = _Run(
+            namespace=caller.namespace,
+            user=user,
+            hint=hint,
+            own_session=own_session,
+            context_id=f"ptc-{new_nanoid()}",
+            timeout_ms=max(1, round(api.timeout_s(body.timeout) * 1000)),
+            inputs=inputs,
+            expires_at=self._clock() + TOKEN_TTL_S,
+        )
+        cell = (
+            f"{RUNTIME}\n"
+            f"__sandcell_ptc__ = _SandcellProgrammatic({body.code!r}, {tools!r})\n"
+            f"__sandcell_ptc__.wait({_QUIET_S})"
+        )
+        return await self._round(request, caller, run, cell, files=api.refs_of(inputs))
+
+    async def _round(
+        self, request: Request, caller: Caller, run: _Run, cell: str, *, files: list[Any]
+    ) -> Response:
+        api = self._api
+        run.rounds += 1
+        if run.rounds > MAX_ROUND_TRIPS + 1:
+            await self._finish(run)
+            return _json({"status": "error", "error": "too many round trips", "stderr": ""})
+        request_id = request.headers.get(REQUEST_ID_HEADER)
+        if request_id:
+            self._in_flight[request_id] = (caller.namespace, run)
+        try:
+            with api.limiter.slot(caller.namespace):
+                result = await api.execution.run_code(
+                    ExecuteRequest(
+                        language="python", code=cell, timeout_ms=run.timeout_ms, files=files
+                    ),
+                    Identity(namespace=run.namespace, user_id=run.user),
+                    hint=run.hint,
+                    context_id=run.context_id,
+                )
+        except BaseException:
+            await self._finish(run)
+            raise
+        finally:
+            if request_id:
+                self._in_flight.pop(request_id, None)
+        run.stdout.append(result.stdout)
+        run.stderr.append(result.stderr)
+        for output in result.files:
+            run.outputs[output.name] = output
+        state = _state_of(result)
+        if state.get("state") == "calls":
+            token = self._new_token()
+            run.expires_at = self._clock() + TOKEN_TTL_S
+            self._paused[token] = run
+            return _json(
+                {
+                    "status": "tool_call_required",
+                    "continuation_token": token,
+                    "tool_calls": state["calls"],
+                }
+            )
+        await self._finish(run)
+        stderr = "".join(run.stderr)
+        if state.get("state") == "done":
+            session_id = api.new_id()
+            files, delivery = await api.keep_outputs(
+                caller, run.user, session_id, list(run.outputs.values()), run.inputs
+            )
+            answer: dict[str, Any] = {
+                "status": "completed",
+                "session_id": session_id,
+                "stdout": "".join(run.stdout),
+                "stderr": stderr,
+                "files": [msgspec.to_builtins(item) for item in files],
+            }
+            if delivery is not None:
+                answer["artifact_delivery"] = delivery
+            return _json(answer)
+        error = state.get("error") or _failure(result)
+        return _json({"status": "error", "error": error, "stderr": stderr})
+
+    async def cancel(self, request: Request) -> Response:
+        try:
+            body = msgspec.json.decode(await read_body(request), type=CancelBody, strict=True)
+        except msgspec.MsgspecError as exc:
+            raise ProtocolError(f"cancel body: {exc}") from None
+        caller = self._api.auth.caller(request)
+        found = self._in_flight.get(body.request_id)
+        if found is None or found[0] != caller.namespace:
+            return librechat_json(404, {"error": "not_found", "message": "no such request"})
+        run = found[1]
+        session_id = _session_id(run)
+        with contextlib.suppress(SandboxError, SandboxNotFoundError):
+            await self._api.execution.contexts.interrupt(session_id, run.context_id)
+        return librechat_json(200, {"status": "cancelled"})
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for token, run in list(self._paused.items()):
+            if run.expires_at <= now:
+                del self._paused[token]
+                task = asyncio.create_task(self._finish(run))
+                self._cleanups.add(task)
+                task.add_done_callback(self._cleanups.discard)
+
+    async def _finish(self, run: _Run) -> None:
+        """Drop the run's context, and its session when it had one of its own (best effort)."""
+        execution = self._api.execution
+        session_id = _session_id(run)
+        try:
+            if run.own_session:
+                await execution.destroy_session(session_id)
+            else:
+                await execution.contexts.delete(session_id, run.context_id)
+        except Exception as exc:
+            log.warning("programmatic run clean-up failed: %s", type(exc).__name__)
+
+
+def _session_id(run: _Run) -> str:
+    return runtime_session_id(run.namespace, run.user, run.hint)
+
+
+def _results(items: list[ToolResult] | None) -> list[dict[str, Any]]:
+    return [msgspec.to_builtins(item) for item in items or []]
+
+
+def _state_of(result: cx.ContextRunResult) -> dict[str, Any]:
+    for item in result.results:
+        value = item.data.get("application/json")
+        if isinstance(value, dict) and value.get("state") in ("calls", "done", "error"):
+            return value
+    return {}
+
+
+def _failure(result: cx.ContextRunResult) -> str:
+    if result.status == cx.ContextStatus.TIMEOUT:
+        return "Execution failed or timed out"
+    if result.error is not None:
+        return f"{result.error.name}: {result.error.value}"
+    if result.context_lost:
+        return "the paused code was lost (its sandbox was recycled)"
+    return result.message or "Execution failed or timed out"
+
+
+def _json(body: dict[str, Any]) -> Response:
+    return Response(msgspec.json.encode(body), media_type=JSON_MEDIA_TYPE)

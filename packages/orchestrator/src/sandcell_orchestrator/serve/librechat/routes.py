@@ -1,0 +1,439 @@
+"""The routes of ``/librechat/v1``: LibreChat's wire translated onto ``ExecutionService``.
+
+    POST   /exec                               run code (stateless, or in a runtime session)
+    POST   /upload, /upload/batch              keep files for later runs
+    GET    /download/{session_id}/{fileId}     a file's bytes
+    GET    /sessions/{session_id}/objects/{fileId}   {lastModified, size, etag}
+    GET    /files/{session_id}                 the storage session's files
+    DELETE /files/{session_id}/{fileId}        204
+    GET    /health                             200, no auth
+
+No lifecycle, lock or storage logic lives here: runs go through the process's
+``SandboxManager`` (one ``ExecutionService`` over it), files through its
+``InputStore`` (``files.py``), each scoped to the caller's namespace.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sandcell_protocol import (
+    ExecuteRequest,
+    ExecuteResult,
+    FileRef,
+    OutputFile,
+    ProtocolError,
+    RunStatus,
+    runtime_session_id,
+    validate_hint,
+)
+
+from ...bootstrap import Services
+from ...errors import InputMissingError, SandboxTimeoutError
+from ...sessions.execution import ExecutionService, Identity
+from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, read_body
+from .auth import Caller, LibreChatAuth
+from .errors import ExecutionTimeoutError, FileNotVisibleError, librechat_json
+from .files import FileMeta, LibreChatFiles, Viewer, visible
+from .ids import new_nanoid, require_nanoid
+from .limits import TenantLimiter
+from .settings import LibreChatSettings
+from .wire import (
+    ExecAnswer,
+    ExecBody,
+    FileEntry,
+    InFile,
+    ModifiedFrom,
+    ObjectInfo,
+    OutFile,
+    UploadAnswer,
+    UploadedFile,
+)
+
+__all__ = ["LANGUAGES", "LibreChatApi"]
+
+log = logging.getLogger(__name__)
+
+LANGUAGES = {
+    "py": "python",
+    "js": "node",
+    "ts": "typescript",
+    "bash": "bash",
+    "sh": "sh",
+    "c": "c",
+    "cpp": "cpp",
+}
+"""LibreChat's ``lang`` -> the runner's language. Others answer 400 ``Unsupported language``;
+one the runner lacks answers the same (its ``unsupported_language``)."""
+PROFILE_HEADER = "x-codeapi-expected-profile"
+MAX_BATCH_FILES = 200
+_DEFAULT_USER = "anonymous"
+_KINDS = frozenset({"user", "agent", "skill"})
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedInput:
+    """A ``files[]`` ref as resolved: the wire's, and where its bytes are."""
+
+    wire: InFile
+    storage: str
+    read_only: bool
+
+
+class LibreChatApi:
+    """State of the API: built once by ``install_librechat``; services resolved lazily."""
+
+    def __init__(
+        self,
+        settings: LibreChatSettings,
+        *,
+        auth: LibreChatAuth,
+        services: Callable[[], Services],
+        new_id: Callable[[], str] = new_nanoid,
+    ) -> None:
+        self.settings = settings
+        self.auth = auth
+        self._services = services
+        self._new_id = new_id
+        self.limiter = TenantLimiter(settings.max_concurrent)
+        self._execution: ExecutionService | None = None
+        self._files: LibreChatFiles | None = None
+
+    @property
+    def execution(self) -> ExecutionService:
+        # The process's one manager: this API only chooses stateless vs. session per
+        # call (a call without a hint is stateless whatever SANDCELL_RUNTIME_SESSION_MODE).
+        if self._execution is None:
+            services = self._services()
+            self._execution = ExecutionService(
+                manager=services.manager,
+                mode="affinity",
+                inputs=services.inputs,
+                spec=services.execution.spec,
+                keep_warm=services.execution.keep_warm,
+            )
+        return self._execution
+
+    def new_id(self) -> str:
+        """A fresh nanoid (the injected generator)."""
+        return self._new_id()
+
+    @property
+    def files(self) -> LibreChatFiles:
+        if self._files is None:
+            self._files = LibreChatFiles(self._services().inputs)
+        return self._files
+
+    # -- exec ---------------------------------------------------------------------
+
+    async def exec(self, request: Request) -> Response:
+        raw = await read_body(request)
+        try:
+            body = msgspec.json.decode(raw, type=ExecBody, strict=True)
+        except msgspec.MsgspecError as exc:
+            raise ProtocolError(f"exec body: {exc}") from None
+        caller = self.auth.caller(request, body_key=body.LIBRECHAT_CODE_API_KEY)
+        language = LANGUAGES.get(body.lang)
+        if language is None:
+            return librechat_json(400, {"error": "bad_request", "message": "Unsupported language"})
+        user = self.user_of(caller, request, body.user_id)
+        hint = body.runtime_session_hint
+        if request.headers.get(PROFILE_HEADER, "").lower() == "default":
+            hint = None
+        if hint is not None:
+            validate_hint(hint)
+            runtime_session_id(caller.namespace, user, hint)  # a bad user is a 400 up front
+        inputs = await self.resolve_inputs(caller, body.files)
+        timeout_s = self.timeout_s(body.timeout)
+        run = ExecuteRequest(
+            language=language,
+            code=body.code,
+            args=list(body.args or []),
+            timeout_ms=max(1, round(timeout_s * 1000)),
+            files=self.refs_of(inputs),
+        )
+        with self.limiter.slot(caller.namespace):
+            try:
+                result = await self.execution.execute(
+                    run, Identity(namespace=caller.namespace, user_id=user), hint=hint
+                )
+            except SandboxTimeoutError as exc:
+                raise ExecutionTimeoutError(str(exc)) from None
+        if result.status == RunStatus.TIMEOUT:
+            raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
+        answer = await self._answer(caller, user, result, inputs)
+        if hint is not None:
+            answer = msgspec.structs.replace(
+                answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)
+            )
+        return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
+
+    def user_of(self, caller: Caller, request: Request, named: str | None) -> str:
+        """The run's user: the token's, else the one the call names, else a default."""
+        return caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
+
+    def timeout_s(self, timeout_ms: int | None) -> float:
+        """The call's ``timeout`` (ms) capped, or the default."""
+        if timeout_ms:
+            return min(timeout_ms / 1000, self.settings.max_timeout_s)
+        return self.settings.default_timeout_s
+
+    async def resolve_inputs(
+        self, caller: Caller, items: list[InFile] | None
+    ) -> list[ResolvedInput]:
+        return [await self._resolve_input(caller, item) for item in items or []]
+
+    @staticmethod
+    def refs_of(inputs: list[ResolvedInput]) -> list[FileRef]:
+        return [
+            FileRef(
+                storage_session=item.storage,
+                object_id=item.wire.id,
+                name=item.wire.name,
+                read_only=item.read_only,
+            )
+            for item in inputs
+        ]
+
+    async def _resolve_input(self, caller: Caller, item: InFile) -> ResolvedInput:
+        storage = item.storage
+        if storage is None:
+            raise ProtocolError("files[]: a ref needs storage_session_id (or session_id)")
+        require_nanoid("files[].storage_session_id", storage)
+        require_nanoid("files[].id", item.id)
+        meta = await self.files.meta(caller.namespace, storage, item.id)
+        if meta is None:
+            # Absent, or another tenant's: the same words either way.
+            raise InputMissingError(f"input {item.id} (for {item.name}) not found")
+        return ResolvedInput(wire=item, storage=storage, read_only=meta.read_only)
+
+    async def _answer(
+        self, caller: Caller, user: str, result: ExecuteResult, inputs: list[ResolvedInput]
+    ) -> ExecAnswer:
+        """Keep the run's output files under a new ``session_id`` and describe them."""
+        session_id = self._new_id()
+        files, delivery = await self.keep_outputs(caller, user, session_id, result.files, inputs)
+        return ExecAnswer(
+            session_id=session_id,
+            stdout=result.stdout,
+            stderr=result.stderr,
+            files=files,
+            code=result.exit_code,
+            signal=result.signal,
+            status=str(result.status),
+            wall_time=result.wall_ms / 1000,
+            artifact_delivery=delivery,
+        )
+
+    async def keep_outputs(
+        self,
+        caller: Caller,
+        user: str,
+        session_id: str,
+        outputs: list[OutputFile],
+        inputs: list[ResolvedInput],
+    ) -> tuple[list[OutFile], dict[str, object] | None]:
+        """Store ``outputs`` under ``session_id``: the answer's ``files`` and, when some
+        could not be kept (over the runner's inline cap), its ``artifact_delivery``."""
+        by_name = {item.wire.name: item for item in inputs}
+        files: list[OutFile] = []
+        attempted = undelivered = 0
+        for output in outputs:
+            if output.symlink_target is not None:
+                continue
+            source = by_name.get(output.name)
+            if source is not None and source.read_only:
+                # Read-only inputs are the caller's own: echoed, never replaced.
+                files.append(
+                    OutFile(
+                        id=source.wire.id,
+                        name=source.wire.name,
+                        storage_session_id=source.storage,
+                        inherited=True,
+                    )
+                )
+                continue
+            attempted += 1
+            if output.content_b64 is None and output.size > 0:
+                undelivered += 1  # over the runner's inline cap
+                continue
+            file_id = self._new_id()
+            await self.files.put(
+                caller.namespace,
+                session_id,
+                file_id,
+                base64.b64decode(output.content_b64 or ""),
+                filename=output.name,
+                user_id=user,
+            )
+            files.append(
+                OutFile(
+                    id=file_id,
+                    name=output.name,
+                    storage_session_id=session_id,
+                    path=f"/mnt/data/{output.name}",
+                    modified_from=(
+                        ModifiedFrom(id=source.wire.id, storage_session_id=source.storage)
+                        if source is not None
+                        else None
+                    ),
+                )
+            )
+        delivery: dict[str, object] | None = None
+        if undelivered:
+            delivery = {
+                "code": "artifact_delivery_failed",
+                "status": "failed" if undelivered == attempted else "partial",
+                "attempted": attempted,
+                "delivered": attempted - undelivered,
+                "failed": undelivered,
+            }
+        return files, delivery
+
+    # -- files --------------------------------------------------------------------
+
+    async def upload(self, request: Request) -> Response:
+        return await self._upload(request, batch=False)
+
+    async def upload_batch(self, request: Request) -> Response:
+        return await self._upload(request, batch=True)
+
+    async def _upload(self, request: Request, *, batch: bool) -> Response:
+        caller = self.auth.caller(request)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.settings.max_upload_bytes:
+            raise PayloadTooLargeError
+        limit = MAX_BATCH_FILES if batch else 1
+        async with request.form(max_files=limit, max_fields=16) as form:
+            parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
+            if not parts:
+                raise ProtocolError("upload: no file part")
+            kind = _text(form.get("kind"))
+            if kind is not None and kind not in _KINDS:
+                raise ProtocolError("upload: kind must be user, agent or skill")
+            resource_id = _text(form.get("id"))
+            version = _text(form.get("version"))
+            if version is not None and not version.isdigit():
+                raise ProtocolError("upload: version must be a whole number")
+            read_only = (_text(form.get("read_only")) or "").lower() in ("true", "1")
+            user = caller.token_user or request.headers.get("user-id") or None
+            storage_session_id = self._new_id()
+            uploaded: list[UploadedFile] = []
+            total = 0
+            for part in parts:
+                data = await part.read()
+                total += len(data)
+                if total > self.settings.max_upload_bytes:
+                    raise PayloadTooLargeError
+                filename = part.filename or "file"
+                file_id = self._new_id()
+                await self.files.put(
+                    caller.namespace,
+                    storage_session_id,
+                    file_id,
+                    data,
+                    filename=filename,
+                    user_id=user,
+                    kind=kind or "user",
+                    resource_id=resource_id,
+                    version=int(version) if version is not None else None,
+                    read_only=read_only,
+                )
+                uploaded.append(
+                    UploadedFile(
+                        fileId=file_id, filename=filename, status="success" if batch else None
+                    )
+                )
+        # Clients that send no kind are the legacy contract: it named the storage
+        # session ``session_id``.
+        legacy = kind is None
+        answer = UploadAnswer(
+            message="success",
+            files=uploaded,
+            storage_session_id=None if legacy else storage_session_id,
+            session_id=storage_session_id if legacy else None,
+            succeeded=len(uploaded) if batch else None,
+            failed=0 if batch else None,
+        )
+        return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
+
+    async def _visible_meta(self, request: Request, caller: Caller) -> tuple[str, str, FileMeta]:
+        session_id = require_nanoid("session_id", request.path_params["session_id"])
+        file_id = require_nanoid("fileId", request.path_params["file_id"])
+        meta = await self.files.meta(caller.namespace, session_id, file_id)
+        if meta is None or not visible(meta, _viewer(request, caller)):
+            raise FileNotVisibleError
+        return session_id, file_id, meta
+
+    async def download(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        session_id, file_id, meta = await self._visible_meta(request, caller)
+        data = await self.files.read(caller.namespace, session_id, file_id)
+        if data is None:
+            raise FileNotVisibleError
+        quoted = meta.filename.rsplit("/", 1)[-1].replace('"', "")
+        return Response(
+            data,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{quoted}"'},
+        )
+
+    async def object_info(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        _, _, meta = await self._visible_meta(request, caller)
+        info = ObjectInfo(lastModified=meta.modified_at, size=meta.size, etag=meta.sha256)
+        return Response(msgspec.json.encode(info), media_type=JSON_MEDIA_TYPE)
+
+    async def list_files(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        session_id = require_nanoid("session_id", request.path_params["session_id"])
+        full = request.query_params.get("detail", "summary") == "full"
+        viewer = _viewer(request, caller)
+        entries = [
+            FileEntry(
+                name=f"{session_id}/{file_id}",
+                id=file_id,
+                storage_session_id=session_id,
+                metadata={"original-filename": meta.filename},
+                size=meta.size if full else None,
+                lastModified=meta.modified_at if full else None,
+                etag=meta.sha256 if full else None,
+            )
+            for file_id, meta in await self.files.list(caller.namespace, session_id)
+            if visible(meta, viewer)
+        ]
+        return Response(msgspec.json.encode(entries), media_type=JSON_MEDIA_TYPE)
+
+    async def delete_file(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        try:
+            session_id, file_id, _ = await self._visible_meta(request, caller)
+        except FileNotVisibleError:
+            # Gone, never there, or not the caller's: all look alike, and all are done.
+            return Response(status_code=204)
+        await self.files.delete(caller.namespace, session_id, file_id)
+        return Response(status_code=204)
+
+    async def health(self, _request: Request) -> Response:
+        return librechat_json(200, {"status": "ok"})
+
+
+def _viewer(request: Request, caller: Caller) -> Viewer:
+    kind = request.query_params.get("kind") or None
+    resource = request.query_params.get("id") or None
+    user = caller.token_user
+    if user is None:
+        user = resource if kind == "user" else request.headers.get("user-id") or None
+    return Viewer(user_id=user, kind=kind, resource_id=resource)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value != "" else None

@@ -1,0 +1,154 @@
+"""``POST /v1/exec`` answered as it runs: NDJSON events, and a turn that ends with its caller.
+
+With ``Accept: application/x-ndjson`` the answer is a stream of the protocol's
+``StreamEvent`` lines: ``{"type": "stdout"|"stderr", "data": …}`` as the job
+produces output, then exactly one ``{"type": "result", "result": ExecuteResult}``
+last. A turn refused before it produced anything (a busy session, a bad
+request) is answered as usual, with its status and ``ErrorBody``; a failure after
+output began ends the stream with one ``ErrorBody`` line instead of the result.
+
+Either way the turn is tied to its caller: when the client disconnects, the turn
+is cancelled (the job is stopped and the session keeps the state of its last
+completed turn; see ``ExecutionService``), the same rule as a CLI's Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Generic, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from sandcell_protocol import (
+    ExecuteResult,
+    ResultEvent,
+    StderrEvent,
+    StdoutEvent,
+    encode,
+    encode_event,
+    routes,
+)
+
+from ..sessions.output import OnOutput
+from .errors import map_error
+
+__all__ = ["ClientGoneError", "run_until_disconnect", "stream_turn", "wants_stream"]
+
+T = TypeVar("T")
+_Item = StdoutEvent | StderrEvent | None
+
+
+class ClientGoneError(Exception):
+    """The turn was cancelled because its client disconnected."""
+
+
+class _Turn(Generic[T]):
+    """A turn running in its own task, cancellable only through an anyio scope.
+
+    A native ``task.cancel()`` passes through anyio's shields, so a second one
+    (Starlette cancelling a response task, a generator awaiting the task) could
+    cut the turn's own cleanup short: recycling its sandbox, releasing its
+    session. Cancelling the scope lets that cleanup run to its end.
+    """
+
+    def __init__(self, work: Awaitable[T]) -> None:
+        self._scope = anyio.CancelScope()
+        self.task: asyncio.Task[T] = asyncio.ensure_future(self._run(work))
+
+    async def _run(self, work: Awaitable[T]) -> T:
+        with self._scope:
+            return await work
+        raise ClientGoneError("the client disconnected; the turn was cancelled")
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+    async def finish(self) -> None:
+        """Cancel the turn if it still runs and wait for its cleanup, whatever happens here."""
+        self.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({self.task})
+        if not self.task.cancelled():
+            self.task.exception()  # retrieved: whoever needed it has read it by now
+
+
+def wants_stream(request: Request) -> bool:
+    """Whether the caller asked for NDJSON (``Accept: application/x-ndjson``)."""
+    return routes.NDJSON in request.headers.get("accept", "")
+
+
+async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+    """Await ``work``; ``None`` once it was cancelled because the client went away.
+
+    The body has been read, so the next ASGI message is ``http.disconnect``.
+    """
+    turn = _Turn(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({turn.task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not turn.task.done():
+            await turn.finish()
+    try:
+        return turn.task.result()
+    except ClientGoneError:
+        return None
+
+
+async def stream_turn(
+    request: Request, turn: Callable[[OnOutput], Awaitable[ExecuteResult]]
+) -> Response:
+    """Run ``turn(on_output)``, answered as NDJSON once it has output (or has ended)."""
+    queue: asyncio.Queue[_Item] = asyncio.Queue()
+    running = _Turn(turn(queue.put_nowait))
+    running.task.add_done_callback(lambda _: queue.put_nowait(None))
+    # Starlette notices a gone client only when a write fails (ASGI 2.4), and a
+    # quiet job writes nothing: watch for the disconnect ourselves.
+    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(lambda done: None if done.cancelled() else running.cancel())
+    try:
+        first = await queue.get()
+    except BaseException:
+        watcher.cancel()
+        await running.finish()
+        raise
+    if first is None and running.task.exception() is not None:
+        watcher.cancel()
+        running.task.result()  # refused before any output: the usual status and ErrorBody
+    return StreamingResponse(_lines(first, queue, running, watcher), media_type=routes.NDJSON)
+
+
+async def _lines(
+    first: _Item,
+    queue: asyncio.Queue[_Item],
+    running: _Turn[ExecuteResult],
+    watcher: asyncio.Future[None],
+) -> AsyncIterator[bytes]:
+    # A disconnect cancels the turn (the watcher) or this generator (a failed
+    # write): either way the finally waits for the turn's cleanup.
+    try:
+        item = first
+        while item is not None:
+            yield encode_event(item)
+            item = await queue.get()
+        try:
+            result = running.task.result()
+        except ClientGoneError:
+            return
+        except Exception as exc:
+            yield encode(map_error(exc)[1]) + b"\n"
+            return
+        yield encode_event(ResultEvent(result=result))
+    finally:
+        watcher.cancel()
+        await running.finish()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body was read: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

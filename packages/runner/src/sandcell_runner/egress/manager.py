@@ -1,0 +1,375 @@
+"""The runner's side of egress: which namespace a job gets, its links, gateways and counters.
+
+With the policy at ``deny_all`` (the default) nothing changes: a job's network
+namespace holds only ``lo``. Any other policy gives the namespaces jobs run in a
+link to the runner (``plumbing.attach``) served by a gateway process
+(``gateway.py``):
+
+* a bound session's own namespace (every job and process of the session);
+* for jobs outside a session, one namespace the runner keeps for them (made when
+  a policy first needs it): they share it, as they share the sandbox.
+
+Jobs in a linked namespace get ``HTTP(S)_PROXY`` naming the gateway's proxy and
+an ``/etc/resolv.conf`` naming its resolver; what ignores both meets the
+transparent redirect. ``replace`` sends a new policy to every gateway and waits
+for each to confirm, so the next connection is decided by it.
+
+The mechanism is ``nftables`` when this runner can plumb links (root, ``ip`` and
+``nft``, the jail on, host networking off); otherwise ``none``, and only
+``deny_all`` can be set.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from sandcell_protocol import EgressEvent, EgressPolicy, EgressStatus
+from sandcell_protocol.egress import EgressMechanism
+
+from ..errors import BadRequestError
+from ..jail.netns import SessionNetns, create_netns
+from ..jail.spec import JobSpec
+from .plumbing import GatewayPorts, Link, PlumbingError, attach, detach, reap_leftovers
+from .settings import EgressSettings
+
+log = logging.getLogger(__name__)
+
+_PORTS = GatewayPorts()
+_RECENT = 100
+_ACK_TIMEOUT_S = 15.0
+
+
+class _Line(msgspec.Struct, frozen=True):
+    ack: int | None = None
+    event: EgressEvent | None = None
+
+
+class _Gateway:
+    """One link and the gateway process serving it."""
+
+    def __init__(self, link: Link, process: subprocess.Popen[bytes], resolv_conf: Path) -> None:
+        self.link = link
+        self.process = process
+        self.resolv_conf = resolv_conf
+        self.env = {
+            **dict.fromkeys(_PROXY_VARS, f"http://{link.gateway}:{_PORTS.proxy}"),
+            "NO_PROXY": "localhost,127.0.0.1,::1",
+            "no_proxy": "localhost,127.0.0.1,::1",
+        }
+        self._acks: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.ready = self.expect(0)
+
+    def expect(self, seq: int) -> threading.Event:
+        with self._lock:
+            return self._acks.setdefault(seq, threading.Event())
+
+    def acked(self, seq: int) -> None:
+        self.expect(seq).set()
+
+    def forget(self, seq: int) -> None:
+        with self._lock:
+            self._acks.pop(seq, None)
+
+
+_PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+
+
+class EgressManager:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        settings: EgressSettings,
+        *,
+        unavailable: str | None,
+        state_dir: Path,
+    ) -> None:
+        self._settings = settings
+        self.unavailable = unavailable if settings.enabled else "SANDCELL_RUNNER_EGRESS=0"
+        self.mechanism: EgressMechanism = "none" if self.unavailable else "nftables"
+        self.policy = settings.policy if self.mechanism == "nftables" else EgressPolicy()
+        self._state_dir = state_dir
+        self._gateways: dict[int, _Gateway] = {}
+        self._shared: SessionNetns | None = None
+        self._session: SessionNetns | None = None
+        self._lock = threading.RLock()
+        self._counts_lock = threading.Lock()
+        self._seq = 0
+        self.allowed_total = 0
+        self.refused_total = 0
+        self.by_transport: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._recent: collections.deque[EgressEvent] = collections.deque(maxlen=_RECENT)
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Reap a dead runner's tables; link the shared namespace if the policy needs it."""
+        if self.mechanism == "none":
+            return
+        reaped = reap_leftovers()
+        if reaped:
+            log.warning("removed %d egress tables left by a previous runner", reaped)
+        if self.policy.mode != "deny_all":
+            self._ensure_links(self.policy)
+
+    def close(self) -> None:
+        """Stop every gateway, remove every link; the shared namespace goes too."""
+        with self._lock:
+            for netns_fd in list(self._gateways):
+                self._drop(netns_fd)
+            if self._shared is not None:
+                self._shared.close()
+                self._shared = None
+
+    # -- the session's namespace ----------------------------------------------------
+
+    def session_netns(self, netns: SessionNetns | None) -> None:
+        """The bound session got ``netns``: link it now if the policy lets anything out."""
+        with self._lock:
+            self._session = netns
+            if (
+                netns is not None
+                and self.mechanism == "nftables"
+                and self.policy.mode != "deny_all"
+            ):
+                self._link(netns, self.policy)
+
+    def session_released(self, netns: SessionNetns | None) -> None:
+        """The session's namespace is about to close: its gateway and link go first."""
+        with self._lock:
+            if netns is not None and netns.fd in self._gateways:
+                self._drop(netns.fd)
+            if self._session is netns:
+                self._session = None
+
+    # -- policy ---------------------------------------------------------------------
+
+    def replace(self, policy: EgressPolicy) -> EgressStatus:
+        """Make ``policy`` the sandbox's, for every connection from now on (blocking)."""
+        if self.mechanism == "none" and policy.mode != "deny_all":
+            raise BadRequestError(f"egress policy {policy.mode!r} unavailable: {self.unavailable}")
+        with self._lock:
+            if policy.mode != "deny_all":
+                self._ensure_links(policy)
+            self.policy = policy
+            self._broadcast({"policy": policy})
+        return self.status()
+
+    def sync(self) -> None:
+        """Wait until every gateway's events so far are counted (blocking)."""
+        with self._lock:
+            self._broadcast({})
+
+    def _broadcast(self, control: dict[str, object]) -> None:
+        """Send ``control`` to every gateway and wait for each to answer."""
+        self._seq += 1
+        waits = [(fd, gw, gw.expect(self._seq)) for fd, gw in self._gateways.items()]
+        line = msgspec.json.encode({"seq": self._seq, **control}) + b"\n"
+        for _, gw, _ in waits:
+            stdin = gw.process.stdin
+            assert stdin is not None
+            with contextlib.suppress(OSError):
+                stdin.write(line)
+                stdin.flush()
+        for fd, gw, acked in waits:
+            if not acked.wait(_ACK_TIMEOUT_S):
+                # Fail closed: without its gateway the link carries nothing.
+                log.error("egress gateway on %s did not answer", gw.link.host_if)
+                self._drop(fd)
+            gw.forget(self._seq)
+
+    def status(self) -> EgressStatus:
+        with self._counts_lock:
+            return EgressStatus(
+                mechanism=self.mechanism,
+                policy=self.policy,
+                allowed_total=self.allowed_total,
+                refused_total=self.refused_total,
+                recent_refused=list(self._recent),
+            )
+
+    def link_for(self, netns: SessionNetns) -> Link | None:
+        """The link ``netns`` was given, if any (benchmarks and diagnostics)."""
+        gateway = self._gateways.get(netns.fd)
+        return gateway.link if gateway is not None else None
+
+    # -- the jail's hook ------------------------------------------------------------
+
+    def apply(self, spec: JobSpec) -> JobSpec:
+        """The job's namespace and network settings (the jail calls this for every job)."""
+        fd = spec.netns_fd
+        if fd is None:
+            shared = self._shared
+            if self.policy.mode == "deny_all" or shared is None or shared.closed:
+                return spec
+            fd = shared.fd
+            spec = dataclasses.replace(spec, netns_fd=fd)
+        gateway = self._gateways.get(fd)
+        if gateway is None:
+            return spec
+        return dataclasses.replace(
+            spec,
+            env={**gateway.env, **spec.env},
+            readonly_binds=(*spec.readonly_binds, (gateway.resolv_conf, "/etc/resolv.conf")),
+        )
+
+    # -- links and gateways ---------------------------------------------------------
+
+    def _ensure_links(self, policy: EgressPolicy) -> None:
+        if self._shared is None or self._shared.closed:
+            self._shared = create_netns()
+        for netns in (self._shared, self._session):
+            if netns is not None and not netns.closed and netns.fd not in self._gateways:
+                self._link(netns, policy)
+
+    def _link(self, netns: SessionNetns, policy: EgressPolicy) -> None:
+        link = attach(netns.fd, subnet=self._settings.subnet, ports=_PORTS)
+        try:
+            gateway = self._spawn(link, policy)
+        except BaseException:
+            detach(link)
+            raise
+        if not gateway.ready.wait(_ACK_TIMEOUT_S):
+            gateway.process.kill()
+            gateway.process.wait()
+            detach(link)
+            raise PlumbingError(f"egress gateway on {link.host_if} did not start")
+        self._gateways[netns.fd] = gateway
+        log.info("egress link %s (gateway %s) up", link.host_if, link.gateway)
+
+    def _drop(self, netns_fd: int) -> None:
+        gateway = self._gateways.pop(netns_fd, None)
+        if gateway is None:
+            return
+        process = gateway.process
+        with contextlib.suppress(OSError):
+            if process.stdin is not None:
+                process.stdin.close()
+        try:
+            process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        detach(gateway.link)
+        with contextlib.suppress(OSError):
+            gateway.resolv_conf.unlink()
+
+    def _spawn(self, link: Link, policy: EgressPolicy) -> _Gateway:
+        address = str(link.gateway)
+        sockets = [
+            _bound(address, _PORTS.dns, socket.SOCK_DGRAM),
+            _bound(address, _PORTS.dns, socket.SOCK_STREAM),
+            _bound(address, _PORTS.proxy, socket.SOCK_STREAM),
+            _bound(address, _PORTS.transparent, socket.SOCK_STREAM),
+        ]
+        try:
+            fds = [s.fileno() for s in sockets]
+            config = {
+                "upstream": self._settings.upstream,
+                "upstream_port": self._settings.upstream_port,
+                "allow_nets": self._settings.allow_nets,
+                "policy": policy,
+                "uid": self._settings.uid,
+                "dns_udp_fd": fds[0],
+                "dns_tcp_fd": fds[1],
+                "proxy_fd": fds[2],
+                "transparent_fd": fds[3],
+            }
+            # The gateway drops to the unprivileged UID itself, once its code is loaded
+            # (the interpreter may live where that UID cannot read). Only what the
+            # interpreter needs is in its environment: the runner's token stays out.
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sandcell_runner.egress.gateway",
+                    msgspec.json.encode(config).decode(),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=fds,
+                cwd="/",
+                env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+            )
+        finally:
+            for sock in sockets:
+                sock.close()
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        resolv = self._state_dir / f"resolv-{link.host_if}.conf"
+        resolv.write_text(f"nameserver {link.gateway}\noptions timeout:2 attempts:2\n")
+        os.chmod(resolv, 0o644)
+        gateway = _Gateway(link, process, resolv)
+        assert process.stdout is not None
+        threading.Thread(
+            target=self._read, args=(gateway, process.stdout), name="sandcell-egress", daemon=True
+        ).start()
+        return gateway
+
+    def _read(self, gateway: _Gateway, stream: IO[bytes]) -> None:
+        decoder = msgspec.json.Decoder(_Line)
+        for raw in stream:
+            try:
+                line = decoder.decode(raw)
+            except msgspec.DecodeError:
+                log.warning("egress gateway wrote a line that is not a message")
+                continue
+            if line.ack is not None:
+                gateway.acked(line.ack)
+            if line.event is not None:
+                self._count(line.event)
+
+    def _count(self, event: EgressEvent) -> None:
+        with self._counts_lock:
+            self.by_transport[(event.verdict, event.transport)] += 1
+            if event.verdict == "allowed":
+                self.allowed_total += 1
+                return
+            self.refused_total += 1
+            self._recent.append(event)
+        log.info(
+            "egress refused (%s): %s %s port %d",
+            event.reason,
+            event.name or "-",
+            event.address or "-",
+            event.port,
+        )
+
+
+def _bound(address: str, port: int, kind: socket.SocketKind) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, kind)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        if kind == socket.SOCK_STREAM:
+            sock.listen(512)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def unavailable_reason(*, jailed: bool, allow_network: bool) -> str | None:
+    """Why this runner cannot enforce an egress policy (None when it can)."""
+    if not jailed:
+        return "egress needs the jail (SANDCELL_RUNNER_JAIL=none)"
+    if allow_network:
+        return "egress is off while SANDCELL_RUNNER_ALLOW_NETWORK=1 (jobs share the host's network)"
+    from .plumbing import tools_missing
+
+    return tools_missing()
+
+
+__all__ = ["EgressManager", "unavailable_reason"]

@@ -1,0 +1,95 @@
+"""How a sandbox process's events reach its streams, and how its end is reported.
+
+``Subscriber``: one stream's bounded queue of events; one that falls
+``QUEUE_EVENTS`` behind is dropped (its stream ends) rather than buffered
+without bound. ``ended``: the ``ProcessEnded`` of a process from the init's
+report (``exit N`` / ``signal N``) or, when the init could not say, from what
+the jail saw; statuses read like envd's (``exit status 1``, ``signal: killed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from sandcell_protocol import sandbox_messages as sm
+
+from ..apps.procinit import parse_report
+from ..jail.launched import LaunchOutcome
+from ..jail.outcome import signal_name
+
+QUEUE_EVENTS = 256
+SIGNALS = {
+    "SIGTERM": signal.SIGTERM,
+    "SIGKILL": signal.SIGKILL,
+    "SIGINT": signal.SIGINT,
+    "SIGHUP": signal.SIGHUP,
+    "SIGQUIT": signal.SIGQUIT,
+    "SIGUSR1": signal.SIGUSR1,
+    "SIGUSR2": signal.SIGUSR2,
+}
+_STATUS_OF_SIGNAL = {
+    "SIGKILL": "signal: killed",
+    "SIGTERM": "signal: terminated",
+    "SIGINT": "signal: interrupt",
+    "SIGHUP": "signal: hangup",
+}
+
+
+class Subscriber:
+    """One stream's view of a process: a bounded queue; ``None`` ends it."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[sm.ProcessEvent | None] = asyncio.Queue(QUEUE_EVENTS + 1)
+        self.dropped = False
+
+    def offer(self, event: sm.ProcessEvent | None) -> bool:
+        """Queue ``event``; False (and the stream ends) if this subscriber fell behind."""
+        if self.dropped:
+            return False
+        if event is not None and self.queue.qsize() >= QUEUE_EVENTS:
+            self.dropped = True
+            self.queue.put_nowait(None)
+            return False
+        self.queue.put_nowait(event)
+        return True
+
+
+def ended(
+    sent: str | None, outcome: LaunchOutcome | None, report: tuple[int | None, int | None]
+) -> sm.ProcessEnded:
+    exit_code, signum = report
+    error = None
+    if exit_code is None and signum is None:
+        if outcome is None or (outcome.jail_failed and sent == "SIGKILL"):
+            signum = int(signal.SIGKILL)
+        elif outcome.jail_failed:
+            error = "the jail could not run the process: " + outcome.jail_log[-400:]
+            exit_code = outcome.exit_code if outcome.exit_code is not None else -1
+        else:
+            exit_code = outcome.exit_code
+            name = outcome.signal
+            signum = int(SIGNALS[name]) if name in SIGNALS else None
+    if outcome is not None and outcome.oom_killed:
+        error = "killed: memory limit reached"
+    if signum is not None:
+        name = signal_name(signum) or f"signal {signum}"
+        status = _STATUS_OF_SIGNAL.get(name, f"signal: {name}")
+        return sm.ProcessEnded(exit_code=None, signal=name, status=status, error=error)
+    code = exit_code if exit_code is not None else -1
+    return sm.ProcessEnded(exit_code=code, status=f"exit status {code}", error=error)
+
+
+def read_report(fd: int) -> tuple[int | None, int | None]:
+    try:
+        os.set_blocking(fd, False)
+        text = os.read(fd, 256).decode("ascii", "replace")
+    except OSError:
+        text = ""
+    finally:
+        os.close(fd)
+    return parse_report(text) or (None, None)
+
+
+__all__ = ["QUEUE_EVENTS", "SIGNALS", "Subscriber", "ended", "read_report"]

@@ -1,0 +1,220 @@
+"""E2B's SDK against ``sandcell serve``: filesystem RPCs and watch, PTY, reattach,
+timeouts, pause and connect.
+
+The real ``e2b`` package (sync and async) over real HTTP, real runners and nsjail
+underneath (local provider). Deadlines are polled, never asserted as speeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    FilesystemEventType,
+    FileType,
+    PtySize,
+    Sandbox,
+    SandboxState,
+)
+from e2b.exceptions import NotFoundException, SandboxException
+
+from tests.e2b_api.conftest import E2bServe
+
+
+@pytest.fixture(scope="module")
+def sbx(e2b_serve: E2bServe) -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(**e2b_serve.opts())
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def _until(check: Callable[[], bool], *, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.1)
+
+
+def test_filesystem_calls(sbx: Sandbox) -> None:
+    """list (with depth), exists, make_dir, rename, remove, get_info, over the RPCs."""
+    sbx.files.write("/home/user/tree/a.txt", "A")
+    sbx.files.write("tree/sub/b.txt", "BB")
+    top = {e.name: e for e in sbx.files.list("/home/user/tree")}
+    assert set(top) == {"a.txt", "sub"}
+    assert top["a.txt"].type == FileType.FILE
+    assert top["a.txt"].size == 1
+    assert top["sub"].type == FileType.DIR
+    assert top["a.txt"].path == "/home/user/tree/a.txt"
+    deep = {e.path for e in sbx.files.list("tree", depth=2)}
+    assert "/home/user/tree/sub/b.txt" in deep
+
+    assert sbx.files.exists("tree/a.txt") is True
+    assert sbx.files.exists("tree/nope.txt") is False
+    assert sbx.files.make_dir("/home/user/made/deeper") is True
+    assert sbx.files.make_dir("made/deeper") is False
+    assert sbx.files.get_info("made/deeper").type == FileType.DIR
+
+    moved = sbx.files.rename("tree/a.txt", "/home/user/moved/a2.txt")
+    assert moved.path == "/home/user/moved/a2.txt"
+    assert sbx.files.read("moved/a2.txt") == "A"
+    assert sbx.files.exists("tree/a.txt") is False
+
+    sbx.files.remove("tree")
+    assert sbx.files.exists("tree") is False
+    with pytest.raises(NotFoundException):
+        sbx.files.get_info("tree/sub/b.txt")
+    with pytest.raises(SandboxException):
+        sbx.files.list("/etc")
+
+
+def test_no_link_is_followed(sbx: Sandbox) -> None:
+    """A link a command planted is reported as a link, never read through."""
+    sbx.commands.run("ln -s /etc/passwd /home/user/pw")
+    info = sbx.files.get_info("pw")
+    assert info.type is None or info.type != FileType.FILE
+    assert info.symlink_target == "/etc/passwd"
+    with pytest.raises(SandboxException):
+        sbx.files.read("pw")
+
+
+def test_watch_dir_sees_a_write(sbx: Sandbox) -> None:
+    """The sync SDK's polling watcher reports a file written after it started."""
+    sbx.files.make_dir("watched")
+    handle = sbx.files.watch_dir("/home/user/watched")
+    try:
+        sbx.files.write("watched/new.txt", "content")
+        seen: list[tuple[str, FilesystemEventType]] = []
+
+        def written() -> bool:
+            seen.extend((e.name, e.type) for e in handle.get_new_events())
+            return ("new.txt", FilesystemEventType.WRITE) in seen
+
+        _until(written)
+        assert ("new.txt", FilesystemEventType.CREATE) in seen
+    finally:
+        handle.stop()
+
+
+def test_pty_echoes_typed_input_and_resizes(sbx: Sandbox) -> None:
+    """A PTY is a real terminal in the jail: typed input comes back, resize reaches stty."""
+    output = bytearray()
+    handle = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+    try:
+        sbx.pty.send_stdin(handle.pid, b"stty size; echo typed-$((6*7))\n")
+
+        def read_until(marker: bytes) -> None:
+            for _, _, pty in handle:
+                if pty:
+                    output.extend(pty)
+                if marker in output:
+                    return
+            raise AssertionError(f"PTY ended before {marker!r}: {bytes(output)!r}")
+
+        read_until(b"typed-42")
+        assert b"24 80" in output
+        sbx.pty.resize(handle.pid, PtySize(rows=30, cols=100))
+        sbx.pty.send_stdin(handle.pid, b"stty size\n")
+        read_until(b"30 100")
+    finally:
+        assert sbx.pty.kill(handle.pid) is True
+
+
+def test_connect_reattaches_to_a_running_command(sbx: Sandbox) -> None:
+    """``commands.connect(pid)`` follows a background command started by another call."""
+    started = sbx.commands.run(
+        "sleep 1; for i in 1 2 3; do echo line-$i; done; exit 4", background=True
+    )
+    started.disconnect()
+    attached = sbx.commands.connect(started.pid)
+    with pytest.raises(CommandExitException) as raised:
+        attached.wait()
+    assert raised.value.exit_code == 4
+    assert "line-3" in raised.value.stdout
+
+
+def test_pause_then_connect_keeps_the_files(e2b_serve: E2bServe) -> None:
+    """Pause checkpoints and stops the sandbox; connect resumes it with its files."""
+    sandbox = Sandbox.create(**e2b_serve.opts())
+    try:
+        sandbox.files.write("keep/me.txt", "still here")
+        sandbox.commands.run("echo from-a-command > keep/cmd.txt")
+        assert sandbox.pause() is True
+        info = Sandbox.get_info(sandbox.sandbox_id, **e2b_serve.opts())
+        assert info.state == SandboxState.PAUSED
+        assert sandbox.is_running() is False
+
+        resumed = Sandbox.connect(sandbox.sandbox_id, **e2b_serve.opts())
+        assert resumed.files.read("keep/me.txt") == "still here"
+        assert resumed.commands.run("cat keep/cmd.txt").stdout == "from-a-command\n"
+        info = Sandbox.get_info(sandbox.sandbox_id, **e2b_serve.opts())
+        assert info.state == SandboxState.RUNNING
+    finally:
+        Sandbox.kill(sandbox.sandbox_id, **e2b_serve.opts())
+
+
+def test_set_timeout_then_expiry_kills(e2b_serve: E2bServe) -> None:
+    """A sandbox past its timeout is killed (set_timeout shortens it)."""
+    sandbox = Sandbox.create(timeout=300, **e2b_serve.opts())
+    sandbox.set_timeout(1)
+
+    def gone() -> bool:
+        try:
+            Sandbox.get_info(sandbox.sandbox_id, **e2b_serve.opts())
+        except NotFoundException:
+            return True
+        return False
+
+    _until(gone)
+    assert sandbox.is_running() is False
+
+
+def test_timeout_with_auto_pause_pauses(e2b_serve: E2bServe) -> None:
+    """``on_timeout: pause`` pauses instead of killing; connect brings the files back."""
+    sandbox = Sandbox.create(timeout=1, lifecycle={"on_timeout": "pause"}, **e2b_serve.opts())
+    try:
+        sandbox.files.write("p.txt", "paused by timeout")
+
+        def paused() -> bool:
+            info = Sandbox.get_info(sandbox.sandbox_id, **e2b_serve.opts())
+            return bool(info.state == SandboxState.PAUSED)
+
+        _until(paused)
+        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=300, **e2b_serve.opts())
+        assert resumed.files.read("p.txt") == "paused by timeout"
+    finally:
+        Sandbox.kill(sandbox.sandbox_id, **e2b_serve.opts())
+
+
+async def test_async_filesystem_and_watch(e2b_serve: E2bServe) -> None:
+    """``AsyncSandbox``: the WatchDir stream sees a write; list, make_dir, remove."""
+    sandbox = await AsyncSandbox.create(**e2b_serve.opts())
+    try:
+        await sandbox.files.make_dir("w")
+        seen: list[tuple[str, FilesystemEventType]] = []
+        wrote = asyncio.Event()
+
+        def on_event(event: object) -> None:
+            seen.append((event.name, event.type))  # type: ignore[attr-defined]
+            if (event.name, event.type) == ("f.txt", FilesystemEventType.WRITE):  # type: ignore[attr-defined]
+                wrote.set()
+
+        handle = await sandbox.files.watch_dir("w", on_event=on_event)
+        try:
+            await sandbox.files.write("w/f.txt", "x")
+            await asyncio.wait_for(wrote.wait(), 30)
+        finally:
+            await handle.stop()
+        names = [e.name for e in await sandbox.files.list("/home/user/w")]
+        assert names == ["f.txt"]
+        await sandbox.files.remove("w/f.txt")
+        assert await sandbox.files.exists("w/f.txt") is False
+    finally:
+        await sandbox.kill()

@@ -1,0 +1,116 @@
+"""LibreChat's signed tokens, the per-tenant concurrency limit and the run timeout,
+through the real client against a real serve."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from joserfc import jwt
+from joserfc.errors import SecurityWarning
+from joserfc.jwk import OKPKey
+
+from tests.librechat.conftest import ED_KEY, KEY_A, RSA_KEY, Driver, Serve, running_serve
+
+STRANGER = OKPKey.generate_key("Ed25519")
+
+
+def token(key: Any = ED_KEY, alg: str = "EdDSA", **claims: Any) -> str:
+    now = int(time.time())
+    body = {"iss": "librechat", "aud": "codeapi", "sub": "jwt-user", "iat": now, "exp": now + 60}
+    with warnings.catch_warnings():
+        # joserfc flags "EdDSA" (RFC 9864 prefers "Ed25519"); it is what LibreChat signs with.
+        warnings.simplefilter("ignore", SecurityWarning)
+        return jwt.encode({"alg": alg}, {**body, **claims}, key, algorithms=[alg])
+
+
+def run_as(driver: Driver, serve: Serve, bearer: str, code: str = "print('hi')") -> dict[str, Any]:
+    return driver.invoke(
+        params={"baseUrl": serve.base, "authHeaders": {"Authorization": f"Bearer {bearer}"}},
+        args={"lang": "py", "code": code},
+    )
+
+
+def test_librechat_tokens_are_verified(serve: Serve, driver: Driver) -> None:
+    """EdDSA and RS256 tokens from the configured keys are accepted, and the token's user
+    owns what the run produced; expired, wrong-audience or -issuer, over-long, unknown-key
+    and unsigned tokens are 401 ("not authorized")."""
+    ok = run_as(driver, serve, token(), "open('mine.txt', 'w').write('jwt')")
+    assert ok["ok"], ok
+    produced = ok["artifact"]["files"][0]
+    where = f"/download/{produced['storage_session_id']}/{produced['id']}"
+    with serve.client(None, Authorization=f"Bearer {token()}") as owner:
+        assert owner.get(where).content == b"jwt"
+    with serve.client(None, Authorization=f"Bearer {token(sub='someone-else')}") as other:
+        assert other.get(where).status_code == 404
+
+    rsa = run_as(driver, serve, token(RSA_KEY, "RS256"))
+    assert rsa["ok"], rsa
+    now = int(time.time())
+    for bad in (
+        token(iat=now - 120, exp=now - 60),
+        token(aud="something-else"),
+        token(iss="not-librechat"),
+        token(iat=now, exp=now + 301),
+        token(STRANGER),
+        token().rsplit(".", 1)[0] + ".",
+    ):
+        refused = run_as(driver, serve, bad)
+        assert not refused["ok"]
+        assert "not authorized" in refused["error"], refused
+    with httpx.Client(base_url=serve.base) as anonymous:
+        assert anonymous.post("/exec", json={"lang": "py", "code": "1"}).status_code == 401
+
+
+def test_a_tenant_past_its_concurrency_is_rate_limited_and_a_long_run_times_out(
+    serve: Serve, driver: Driver
+) -> None:
+    """With SANDCELL_LIBRECHAT_MAX_CONCURRENT=1 a second run while one is in flight is
+    429 rate_limited with retry_after_seconds; a run past its timeout is 504."""
+    started = threading.Event()
+    results: dict[str, httpx.Response] = {}
+
+    def long_run() -> None:
+        with serve.client() as client:
+            started.set()
+            results["long"] = client.post(
+                "/exec", json={"lang": "py", "code": "import time; time.sleep(60)", "timeout": 4000}
+            )
+
+    thread = threading.Thread(target=long_run)
+    thread.start()
+    started.wait()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with serve.client() as client:
+                second = client.post("/exec", json={"lang": "py", "code": "print(1)"})
+            if second.status_code == 429 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # the first call has not reached its slot yet
+        assert second.status_code == 429, second.text
+        assert second.json()["error"] == "rate_limited"
+        assert second.json()["retry_after_seconds"] >= 1
+        limited = driver.invoke(
+            params={"baseUrl": serve.base, "authHeaders": {"X-API-Key": KEY_A}},
+            args={"lang": "py", "code": "print(1)"},
+        )
+        assert "rate-limited" in limited["error"], limited
+    finally:
+        thread.join(timeout=120)
+    assert results["long"].status_code == 504, results["long"].text
+    assert results["long"].json()["error"] == "execution_timeout"
+
+
+def test_the_jwt_key_files_are_checked_at_start_up(tmp_path: Path) -> None:
+    """A key file that is not a key stops ``sandcell serve`` with the variable's name."""
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a key")
+    with pytest.raises(AssertionError, match="SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS"):  # noqa: SIM117
+        with running_serve("lc-badkey-", SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS=str(bad)):
+            pass

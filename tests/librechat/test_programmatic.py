@@ -1,0 +1,81 @@
+"""Programmatic tool calling (``POST /exec/programmatic``) driven by the real client's
+``createProgrammaticToolCallingTool``: the code awaits tools, the client runs them
+between rounds, the code continues in its code context."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve
+
+
+def ptc(driver: Driver, serve: Serve, code: str, *tools: str) -> dict[str, Any]:
+    return driver.invoke(
+        tool="ptc",
+        params={"baseUrl": serve.base, "authHeaders": {"X-API-Key": KEY_A}},
+        args={"code": code},
+        ptc_tools=list(tools),
+    )
+
+
+def test_two_round_trips_with_parallel_calls_then_completion(serve: Serve, driver: Driver) -> None:
+    """Round 1 awaits two tools at once (one tool_call_required with both), round 2 one
+    more with a hyphenated name; the code keeps its variables across rounds, prints,
+    writes a file, and completes; a failing tool raises in the code."""
+    code = (
+        "sf, ny = await asyncio.gather(get_weather(city='SF'), get_weather(city='NYC'))\n"
+        "print('weather', sf['temp_c'], ny['temp_c'])\n"
+        "total = await add_numbers(a=sf['temp_c'], b=ny['temp_c'])\n"
+        "open('/mnt/data/total.txt', 'w').write(str(total))\n"
+        "try:\n"
+        "    await fail()\n"
+        "except RuntimeError as exc:\n"
+        "    print('caught', exc)\n"
+        "print('total', total)\n"
+    )
+    done = ptc(driver, serve, code, "get_weather", "add-numbers", "fail")
+    assert done["ok"], done
+    assert done["content"].startswith("stdout:\nweather 6 9\ncaught the tool broke\ntotal 15"), done
+    (kept,) = done["artifact"]["files"]
+    assert kept["name"] == "total.txt"
+    with serve.client() as client:
+        got = client.get(
+            f"/download/{kept['storage_session_id']}/{kept['id']}",
+            params={"kind": "user", "id": "anonymous"},
+        )
+    assert got.content == b"15"
+
+
+def test_errors_tokens_and_tenants(serve: Serve, driver: Driver) -> None:
+    """An exception in the code is status error with its message; a continuation token is
+    bound to its tenant (another tenant's use is an unknown token) and single-use."""
+    broken = ptc(
+        driver, serve, "await get_weather(city='x')\nraise ValueError('nope')\n", "get_weather"
+    )
+    assert not broken["ok"]
+    assert "failed" in broken["error"], broken
+    assert "ValueError: nope" in broken["error"], broken
+
+    with serve.client() as a, serve.client(KEY_B) as b:
+        first = a.post(
+            "/exec/programmatic",
+            json={
+                "code": "print(await get_weather(city='Oslo'))",
+                "tools": [{"name": "get_weather"}],
+            },
+        ).json()
+        assert first["status"] == "tool_call_required", first
+        (call,) = first["tool_calls"]
+        assert call["name"] == "get_weather"
+        assert call["input"] == {"city": "Oslo"}
+        answer = {"call_id": call["id"], "result": '{"temp_c": 1}', "is_error": False}
+        body = {"continuation_token": first["continuation_token"], "tool_results": [answer]}
+        stolen = b.post("/exec/programmatic", json=body)
+        assert stolen.status_code == 400
+        assert stolen.json()["error"] == "invalid_continuation"
+        # The other tenant's attempt leaves the run to its owner, once.
+        finished = a.post("/exec/programmatic", json=body).json()
+        assert finished["status"] == "completed", finished
+        assert finished["stdout"] == "{'temp_c': 1}\n"
+        again = a.post("/exec/programmatic", json=body)
+        assert again.status_code == 400
