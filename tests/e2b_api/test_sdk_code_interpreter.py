@@ -87,6 +87,8 @@ def test_files_written_by_code_are_files_of_the_sandbox(sbx: Sandbox) -> None:
     """The interpreter works in the session workspace, the same ``/home/user`` files see."""
     sbx.run_code("open('from_code.txt', 'w').write('written by a cell')")
     assert sbx.files.read("/home/user/from_code.txt") == "written by a cell"
+    sbx.files.write("/home/user/for_code.txt", "read by a cell")
+    assert sbx.run_code("open('/home/user/for_code.txt').read()").text == "'read by a cell'"
 
 
 async def test_async_run_code(e2b_serve: E2bServe) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from e2b import CommandExitException, PtySize, Sandbox, SandboxState
+from e2b import CommandExitException, FilesystemEventType, PtySize, Sandbox, SandboxState
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from sandcell_orchestrator.emulator import MicrovmEmulator, serve_in_thread
 from tests.e2b_api.conftest import E2bServe, start_serve, stop_serve
@@ -70,9 +71,10 @@ def lambda_serve() -> Iterator[E2bServe]:
         assert not leftovers, f"MicroVM runners left behind: {leftovers}"
 
 
-def test_docker_provider_commands_files_pty_pause(docker_serve: E2bServe) -> None:
+def test_docker_provider_end_to_end(docker_serve: E2bServe) -> None:
     """On podman: run, exit codes, files, a background command fed and killed, a PTY,
-    pause then connect with the files intact, kill."""
+    the filesystem RPCs and a watcher, the code interpreter, pause then connect with the
+    files intact, kill."""
     sandbox = Sandbox.create(**docker_serve.opts())
     try:
         assert sandbox.commands.run("echo hi").stdout == "hi\n"
@@ -99,6 +101,26 @@ def test_docker_provider_commands_files_pty_pause(docker_serve: E2bServe) -> Non
             if b"pty-42" in seen:
                 break
         assert sandbox.pty.kill(terminal.pid) is True
+
+        assert sandbox.files.make_dir("tree/sub") is True
+        watcher = sandbox.files.watch_dir("tree")
+        sandbox.files.write("tree/sub/w.txt", "watched")
+        moved = sandbox.files.rename("tree/sub/w.txt", "tree/w2.txt")
+        assert moved.path == "/home/user/tree/w2.txt"
+        assert {e.path for e in sandbox.files.list("tree", depth=2)} == {
+            "/home/user/tree/sub",
+            "/home/user/tree/w2.txt",
+        }
+        assert ("w2.txt", FilesystemEventType.CREATE) in {
+            (e.name, e.type) for e in watcher.get_new_events()
+        }
+        watcher.stop()
+        sandbox.files.remove("tree")
+        assert sandbox.files.exists("tree") is False
+
+        interpreter = CodeSandbox.connect(sandbox.sandbox_id, **docker_serve.opts())
+        interpreter.run_code("x = 1")
+        assert interpreter.run_code("x + 41").text == "42"
 
         assert sandbox.pause() is True
         info = Sandbox.get_info(sandbox.sandbox_id, **docker_serve.opts())

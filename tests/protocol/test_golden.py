@@ -20,6 +20,7 @@ from sandcell_protocol import (
     is_runtime_session_id,
     legacy_checkpoint_key,
     parse_checkpoint_key,
+    redact_secrets,
     runtime_session_id,
     scoped_storage_session,
     unescape_name,
@@ -209,3 +210,11 @@ def test_an_escaped_name_is_never_a_workspace_path() -> None:
         if is_escaped_name(vector["name"]):
             with pytest.raises(ProtocolError):
                 validate_workspace_path(vector["name"])
+
+
+@pytest.mark.parametrize("vector", GOLDEN["redacted_text"])
+def test_redacted_text_golden(vector: dict[str, Any]) -> None:
+    """Credentials in URLs, bearer tokens and the given secrets become [redacted]."""
+    assert redact_secrets(vector["text"], secrets=vector["secrets"]) == vector["redacted"]
+    # Idempotent: a redacted text redacts to itself.
+    assert redact_secrets(vector["redacted"], secrets=vector["secrets"]) == vector["redacted"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import urllib.parse
 from typing import Any
 
 import httpx
@@ -140,3 +141,38 @@ async def test_logs_with_lines_and_filter(start_api: StartApi) -> None:
     hello = (await api.get(f"/v1/instances/{instance_id}/logs", filter="GET /api/hel+o")).json()
     assert len(hello["lines"]) == 5
     assert all("GET /api/hello" in line for line in hello["lines"])
+
+
+INLINE_THROW = (
+    "<!doctype html><html><body><p id='message'>loaded</p>\n"
+    "<script>document.getElementById('message').textContent = 'inline';\n"
+    "undefinedInline();</script></body></html>\n"
+)
+
+
+async def test_a_browser_error_never_shows_the_preview_token(
+    start_api: StartApi, browser: Any
+) -> None:
+    """An inline script's frame names the page URL, ?token= included: the runtime-errors
+    answer and the webhook carry it redacted, never the token itself."""
+    api = await start_api()
+    created = await api.create("static-site", webhook_url=f"{api.receiver_url}/hook")
+    instance_id = created["instance_id"]
+    token = urllib.parse.parse_qs(urllib.parse.urlsplit(created["url"]).query)["token"][0]
+    assert (await api.write(instance_id, {"index.html": INLINE_THROW})).status_code == 200
+    page = await browser.new_page()
+    await page.goto(created["url"])
+    await page.wait_for_function("document.getElementById('message').textContent === 'inline'")
+
+    async def reported() -> httpx.Response | None:
+        response = await api.get(f"/v1/instances/{instance_id}/runtime-errors")
+        found = response.json()["errors"]
+        return response if any("undefinedInline" in e["message"] for e in found) else None
+
+    response = await eventually(reported)
+    assert token not in response.text
+    (record,) = [e for e in response.json()["errors"] if "undefinedInline" in e["message"]]
+    assert record["top_frame"] is not None
+    assert "token=[redacted]" in record["top_frame"], record
+    (call,) = await api.receiver.wait_for(1)
+    assert token.encode() not in call.body

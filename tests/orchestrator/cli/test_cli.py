@@ -301,3 +301,14 @@ def test_env_out_and_the_files_commands(cli: Cli, tmp_path: Path) -> None:
     assert bad.returncode == 2
     assert "KEY=VALUE" in bad.stderr
     assert_clean(cli)
+
+
+def test_usual_language_aliases_are_accepted(cli: Cli) -> None:
+    """py means python, shell means sh; an unknown name lists what is offered."""
+    done = cli.run("exec", "--language", "py", "print(1 + 1)")
+    assert (done.returncode, done.stdout) == (0, "2\n"), done.stderr
+    shell = cli.run("exec", "--language", "shell", "echo $((2 + 3))")
+    assert (shell.returncode, shell.stdout) == (0, "5\n"), shell.stderr
+    unknown = cli.run("exec", "--language", "cobol", "DISPLAY 1")
+    assert "offered: " in unknown.stderr
+    assert "python" in unknown.stderr

@@ -5,7 +5,17 @@ The runner and the orchestrator both pin this package to the same version.
 
 from __future__ import annotations
 
-from . import addresses, app_messages, contexts, egress, headers, names, routes, sandbox_messages
+from . import (
+    addresses,
+    app_messages,
+    contexts,
+    egress,
+    headers,
+    names,
+    redaction,
+    routes,
+    sandbox_messages,
+)
 from .addresses import AddressRules
 from .app_messages import (
     AnalysisResult,
@@ -80,6 +90,7 @@ from .messages import (
     SurfacedOutput,
 )
 from .names import escape_name, is_escaped_name, unescape_name
+from .redaction import REDACTED, redact_message, redact_secrets
 from .version import PROTOCOL_VERSION, check_compatible, parse_version
 
 # A constant, not importlib.metadata (~40 ms at every start-up); a test checks it
@@ -87,6 +98,7 @@ from .version import PROTOCOL_VERSION, check_compatible, parse_version
 __version__ = "0.1.0"
 
 __all__ = [
+    "REDACTED",
     "ERROR_SEMANTICS",
     "MAX_INPUT_REF_CHARS",
     "MAX_STORAGE_SESSION_CHARS",
@@ -163,6 +175,9 @@ __all__ = [
     "names",
     "parse_checkpoint_key",
     "parse_version",
+    "redact_message",
+    "redact_secrets",
+    "redaction",
     "routes",
     "runtime_session_id",
     "sandbox_messages",

@@ -30,7 +30,7 @@ from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
 from .jail.nsjail import Jail, OutputCallback
 from .jail.outcome import JobOutcome
 from .jail.spec import JobLimits, JobSpec
-from .languages import LanguageSpec
+from .languages import LANGUAGE_ALIASES, LanguageSpec, resolve_language
 from .outputs import Collected, OutputCollector
 from .workspace import fsops
 from .workspace.manager import JobWorkspace, WorkspaceManager
@@ -81,11 +81,15 @@ class Executor:
 
     def prepare(self, request: ExecuteRequest) -> PreparedRequest:
         """Validate everything about a request; raises a 4xx ``RunnerError``."""
-        language = self.languages.get(request.language)
+        language = self.languages.get(resolve_language(request.language))
         if language is None:
             offered = ", ".join(sorted(self.languages))
+            aliases = ", ".join(
+                f"{a}={n}" for a, n in LANGUAGE_ALIASES.items() if n in self.languages
+            )
             raise UnsupportedLanguageError(
-                f"language {request.language[:64]!r} is not offered (offered: {offered})"
+                f"language {request.language[:64]!r} is not offered (offered: {offered};"
+                f" also accepted: {aliases})"
             )
         inline: list[InlineInput] = []
         names: set[str] = set()

@@ -26,8 +26,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import anyio
+import msgspec
 
 from sandcell_protocol import (
     AnalysisResult,
@@ -37,6 +39,7 @@ from sandcell_protocol import (
     LogLines,
     ProtocolError,
     RuntimeErrors,
+    redact_message,
     validate_workspace_path,
 )
 
@@ -60,6 +63,8 @@ from .policy import CommandPolicy
 from .settings import AppSettings
 from .templates import TemplateManifest, TemplateRegistry
 from .webhooks import WebhookSender
+
+M = TypeVar("M", bound=msgspec.Struct)
 
 __all__ = ["AppInstances", "Instance"]
 
@@ -97,6 +102,11 @@ class Instance:
     def session_id(self) -> str:
         """The runtime session the manager keeps this instance's sandbox under."""
         return sandbox_session_key(self.sandbox_uuid)
+
+    def diagnostic(self, value: M) -> M:
+        """``value`` as an agent may see it: this instance's preview token, URL
+        credentials and bearer tokens redacted (sandcell_protocol.redaction)."""
+        return redact_message(value, secrets=(self.preview_token,))
 
     @property
     def preview_prefix(self) -> str:
@@ -355,7 +365,7 @@ class AppInstances:
                     )
                 )
             instance.dirty = True
-        return CommandResults(results=results)
+        return instance.diagnostic(CommandResults(results=results))
 
     # -- diagnostics ------------------------------------------------------------------------
 
@@ -363,7 +373,7 @@ class AppInstances:
         """Static analysis of the workspace, run by the runner inside the jail."""
         instance = self.get(instance_id, owner=owner)
         async with self._using(instance):
-            return await instance.runner.analysis()
+            return instance.diagnostic(await instance.runner.analysis())
 
     async def runtime_errors(
         self, instance_id: str, *, owner: str, since: float | None = None
@@ -371,7 +381,7 @@ class AppInstances:
         """Deduplicated runtime errors (browser and server side)."""
         instance = self.get(instance_id, owner=owner)
         self.touch(instance)
-        return await instance.runner.runtime_errors(since=since)
+        return instance.diagnostic(await instance.runner.runtime_errors(since=since))
 
     async def clear_runtime_errors(self, instance_id: str, *, owner: str) -> None:
         """Forget the collected runtime errors (webhooks fire again for a recurrence)."""
@@ -388,7 +398,8 @@ class AppInstances:
             raise AppRequestError(f"lines: must be between 1 and {_MAX_LOG_LINES}")
         instance = self.get(instance_id, owner=owner)
         self.touch(instance)
-        return await instance.runner.logs(provision.DEV_TAG, lines=lines, filter=filter)
+        found = await instance.runner.logs(provision.DEV_TAG, lines=lines, filter=filter)
+        return instance.diagnostic(found)
 
     # -- checkpoints -----------------------------------------------------------------------
 

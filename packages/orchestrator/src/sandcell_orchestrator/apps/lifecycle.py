@@ -209,7 +209,7 @@ class InstanceSupervisor:
             if record.fingerprint in instance.seen_errors:
                 continue
             instance.seen_errors.add(record.fingerprint)
-            payload = {"instance_id": instance.instance_id, "error": record}
+            payload = {"instance_id": instance.instance_id, "error": instance.diagnostic(record)}
             if webhooks.submit(Delivery(url=instance.webhook_url, payload=payload)):
                 queued += 1
         return queued

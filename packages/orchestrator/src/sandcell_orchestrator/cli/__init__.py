@@ -8,6 +8,7 @@
     sandcell sessions list [--json]
     sandcell sessions destroy (ID | HINT)
     sandcell files (ls [DIR] | get PATH [DEST|-] | put SRC [PATH]) --session HINT
+    sandcell instances (create|ls|get|write|run|logs|errors|analysis|rm) ...  (docs/apps.md)
 
 One module per command (``exec.py``, ``sessions.py``, ``serve.py``), each adding
 its parser and running it; ``common.py`` holds what they share.
@@ -41,6 +42,7 @@ from ..config import OrchestratorSettings
 from ..errors import SandcellError
 from . import exec as exec_command
 from . import files as files_command
+from . import instances as instances_command
 from . import run as run_command
 from . import serve as serve_command
 from . import sessions as sessions_command
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.add_parser(commands)
     sessions_command.add_parser(commands)
     files_command.add_parser(commands)
+    instances_command.add_parser(commands)
     return parser
 
 
@@ -85,6 +88,9 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     # httpx logs every runner request at INFO: noise to an operator.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
+        if args.command == "instances":
+            # A client of a running serve: no local services, no settings needed.
+            return instances_command.run_instances(args, environ, sys.stdout, sys.stderr)
         settings = OrchestratorSettings.from_env(environ)
         if args.command == "serve":
             return serve_command.run_serve(args, settings)

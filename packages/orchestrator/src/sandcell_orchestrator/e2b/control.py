@@ -30,6 +30,7 @@ from starlette.routing import BaseRoute, Route
 from sandcell_protocol import ProtocolError, decode, encode
 
 from ..serve.errors import read_body
+from .egress import egress_policy
 from .errors import E2bError, e2b_error_response
 from .sandboxes import E2bSandbox, E2bSandboxes
 from .wire import (
@@ -156,7 +157,6 @@ class ControlPlane:
             "mcp": new.mcp,
             "iam": new.iam,
             "volumeMounts": new.volumeMounts,
-            "network": new.network,
         }
         for name, value in unsupported.items():
             if value:
@@ -169,6 +169,7 @@ class ControlPlane:
             env=new.envVars,
             auto_pause=bool(new.autoPause),
             idempotency_key=request.headers.get("idempotency-key"),
+            egress=egress_policy(new.allow_internet_access, new.network),
         )
         return _json(self._created(sandbox), 201)
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from sandcell_protocol import EgressPolicy
+
 from ..errors import SandcellError
 from ..handle import SandboxHandle
 from ..providers.base import SandboxSpec
@@ -167,6 +169,7 @@ class E2bSandboxes:
         env: Mapping[str, str],
         auto_pause: bool,
         idempotency_key: str | None = None,
+        egress: EgressPolicy | None = None,
     ) -> E2bSandbox:
         """Acquire a sandbox for ``owner`` from ``template`` (a retry with the same
         ``idempotency_key`` answers the sandbox the first call made)."""
@@ -193,6 +196,7 @@ class E2bSandboxes:
                 env=env,
                 auto_pause=auto_pause,
                 idempotency_key=idempotency_key,
+                egress=egress,
             )
         return created  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
 
@@ -217,6 +221,7 @@ class E2bSandboxes:
         env: Mapping[str, str],
         auto_pause: bool,
         idempotency_key: str | None,
+        egress: EgressPolicy | None = None,
     ) -> E2bSandbox:
         sandbox_id = self._new_id()
         session_id = sandbox_session_key(str(uuid.uuid4()))
@@ -226,6 +231,7 @@ class E2bSandboxes:
             turn_timeout_s=spec.turn_timeout_s,
             env=spec.env,
             egress_allowlist=spec.egress_allowlist,
+            egress=egress if egress is not None else spec.egress,
             limits=spec.limits,
             labels={**spec.labels, _OWNER_LABEL: sandbox_id},
         )

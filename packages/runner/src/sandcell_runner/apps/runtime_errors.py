@@ -11,6 +11,7 @@ not make an old error look new.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import time
@@ -19,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sandcell_protocol import redact_secrets
 from sandcell_protocol.app_messages import (
     ErrorCategory,
     RuntimeErrorRecord,
@@ -168,6 +170,16 @@ def _strip_url(url: str) -> str:
     return parts.path if parts.scheme in ("http", "https") else url.split("?", 1)[0]
 
 
+def _redacted(event: ErrorEvent) -> ErrorEvent:
+    return dataclasses.replace(
+        event,
+        type=redact_secrets(event.type),
+        message=redact_secrets(event.message),
+        file=redact_secrets(event.file) if event.file else event.file,
+        top_frame=redact_secrets(event.top_frame) if event.top_frame else event.top_frame,
+    )
+
+
 class RuntimeErrorStore:
     """At most ``max_fingerprints`` records; the least recently seen go first."""
 
@@ -182,7 +194,12 @@ class RuntimeErrorStore:
         self._clock = clock
 
     def record(self, event: ErrorEvent) -> tuple[RuntimeErrorRecord, bool]:
-        """Count ``event``; returns its record and whether its fingerprint is new."""
+        """Count ``event``; returns its record and whether its fingerprint is new.
+
+        Credentials in it (a page URL's ``?token=``, a bearer token) are redacted
+        before it is kept: every reader of the store is an agent's diagnostic.
+        """
+        event = _redacted(event)
         now = self._clock()
         key = fingerprint(event)
         known = self._records.pop(key, None)

@@ -39,6 +39,16 @@ _MEMORY_S = 300.0
 """How long an address handed out by the DNS resolver stays tied to its name."""
 
 
+def has_ipv6_route() -> bool:
+    """True if this host could send to a global IPv6 address (no packet is sent)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("2001:db8::1", 53))
+        except OSError:
+            return False
+    return True
+
+
 def is_local_address(address: IPAddress) -> bool:
     """True if ``address`` belongs to this host (a socket can bind to it)."""
     family = socket.AF_INET if isinstance(address, IPv4Address) else socket.AF_INET6
@@ -53,7 +63,11 @@ def is_local_address(address: IPAddress) -> bool:
 class Upstream:
     """The resolver the gateway asks (never the sandbox's own answers)."""
 
-    def __init__(self, nameserver: str, port: int, *, lifetime_s: float = 5.0) -> None:
+    def __init__(
+        self, nameserver: str, port: int, *, lifetime_s: float = 5.0, ipv6: bool = True
+    ) -> None:
+        self._ipv6 = ipv6
+        """False: AAAA is never asked (this host cannot reach IPv6 anyway)."""
         self._resolver = dns.asyncresolver.Resolver(configure=False)
         self._resolver.nameservers = [nameserver]
         self._resolver.port = port
@@ -71,7 +85,7 @@ class Upstream:
 
     async def resolve(self, name: str, *, ipv6: bool = True) -> list[IPAddress]:
         """Every A (and AAAA) address of ``name``; empty when it does not resolve."""
-        if not ipv6:
+        if not (ipv6 and self._ipv6):
             return await self._query(name, "A")
         v4, v6 = await asyncio.gather(self._query(name, "A"), self._query(name, "AAAA"))
         return [*v4, *v6]
@@ -232,4 +246,11 @@ def first_addresses(addresses: Sequence[IPAddress], limit: int = 4) -> list[IPAd
     return ordered[:limit]
 
 
-__all__ = ["Decider", "Decision", "Upstream", "first_addresses", "is_local_address"]
+__all__ = [
+    "Decider",
+    "Decision",
+    "Upstream",
+    "first_addresses",
+    "has_ipv6_route",
+    "is_local_address",
+]

@@ -24,7 +24,6 @@ import os
 import resource
 import socket
 import sys
-from typing import Any
 
 import msgspec
 
@@ -32,7 +31,7 @@ from sandcell_protocol.addresses import AddressRules, parse_networks
 from sandcell_protocol.egress import EgressEvent, EgressPolicy
 
 from . import dns_server
-from .decide import Decider, Upstream
+from .decide import Decider, Upstream, has_ipv6_route
 from .proxy import Proxy, serve
 
 _PR_SET_NO_NEW_PRIVS = 38
@@ -61,16 +60,34 @@ class _Control(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _encoder = msgspec.json.Encoder()
 
 
-def _write_line(value: dict[str, Any]) -> None:
-    sys.stdout.buffer.write(_encoder.encode(value) + b"\n")
-    sys.stdout.buffer.flush()
+class _Output:
+    """The stdout lines to the runner. Events are buffered and written once the loop is
+    idle (off the connection's path); an ack writes everything before it first, so the
+    runner has counted every event decided before the ack."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+        self._scheduled = False
+
+    def event(self, event: EgressEvent) -> None:
+        self._pending.append(_encoder.encode({"event": event}) + b"\n")
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def ack(self, seq: int) -> None:
+        self._pending.append(_encoder.encode({"ack": seq}) + b"\n")
+        self.flush()
+
+    def flush(self) -> None:
+        self._scheduled = False
+        if self._pending:
+            data, self._pending = b"".join(self._pending), []
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
 
 
-def _emit(event: EgressEvent) -> None:
-    _write_line({"event": event})
-
-
-async def _control(decider: Decider) -> None:
+async def _control(decider: Decider, output: _Output) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -79,7 +96,7 @@ async def _control(decider: Decider) -> None:
         control = decoder.decode(line)
         if control.policy is not None:
             decider.policy = control.policy
-        _write_line({"ack": control.seq})
+        output.ack(control.seq)
 
 
 def _inherited(fd: int, kind: socket.SocketKind) -> socket.socket:
@@ -90,10 +107,11 @@ def _inherited(fd: int, kind: socket.SocketKind) -> socket.socket:
 
 async def run(config: GatewayConfig) -> None:
     """Serve until the runner closes stdin."""
+    output = _Output()
     decider = Decider(
         rules=AddressRules(parse_networks(config.allow_nets)),
-        upstream=Upstream(config.upstream, config.upstream_port),
-        emit=_emit,
+        upstream=Upstream(config.upstream, config.upstream_port, ipv6=has_ipv6_route()),
+        emit=output.event,
         policy=config.policy,
     )
     proxy = Proxy(decider)
@@ -118,9 +136,9 @@ async def run(config: GatewayConfig) -> None:
             )
         ),
     ]
-    _write_line({"ack": 0})
+    output.ack(0)
     try:
-        await _control(decider)
+        await _control(decider, output)
     finally:
         dns.close()
         for task in servers:

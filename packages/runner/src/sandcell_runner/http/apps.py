@@ -17,7 +17,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import app_messages as am
-from sandcell_protocol import encode, routes
+from sandcell_protocol import encode, redact_message, redact_secrets, routes
 
 from ..apps import logfilter
 from ..apps.runtime_errors import from_browser
@@ -93,19 +93,21 @@ class AppRoutes(RouteGroup):
         if pattern is not None:
             mask = await logfilter.match_lines(pattern, snapshot.texts)
         tail = snapshot.tail(count, mask)
+        # Logs are diagnostics an agent reads: credentials in them are redacted.
+        shown = [redact_secrets(line) for line in tail.lines]
         if not follow:
-            return json_response(am.LogLines(tag=tag, lines=tail.lines, truncated=tail.truncated))
+            return json_response(am.LogLines(tag=tag, lines=shown, truncated=tail.truncated))
         follower = buffer.follow()
 
         async def stream() -> AsyncIterator[bytes]:
-            for line in tail.lines:
+            for line in shown:
                 yield encode(am.LogLine(line=line)) + b"\n"
             lines = follower.lines()
             if pattern is not None:
                 lines = logfilter.filter_stream(pattern, lines)
             try:
                 async for line in lines:
-                    yield encode(am.LogLine(line=line)) + b"\n"
+                    yield encode(am.LogLine(line=redact_secrets(line))) + b"\n"
             finally:
                 follower.close()
 
@@ -138,7 +140,8 @@ class AppRoutes(RouteGroup):
     # -- analysis -------------------------------------------------------------------
 
     async def get_analysis(self, request: Request) -> Response:
-        return json_response(await self.service.analyse(self.required_session(request)))
+        analysis = await self.service.analyse(self.required_session(request))
+        return json_response(redact_message(analysis))
 
 
 def _int_param(request: Request, name: str, *, default: int) -> int:

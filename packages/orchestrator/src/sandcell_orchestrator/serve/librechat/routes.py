@@ -63,7 +63,15 @@ __all__ = ["LANGUAGES", "LibreChatApi"]
 
 log = logging.getLogger(__name__)
 
-LANGUAGES = {"py": "python", "js": "node", "ts": "typescript", "bash": "bash", "sh": "sh"}
+LANGUAGES = {
+    "py": "python",
+    "js": "node",
+    "ts": "typescript",
+    "bash": "bash",
+    "sh": "sh",
+    "c": "c",
+    "cpp": "cpp",
+}
 """LibreChat's ``lang`` -> the runner's language. Others answer 400 ``Unsupported language``;
 one the runner lacks answers the same (its ``unsupported_language``)."""
 PROFILE_HEADER = "x-codeapi-expected-profile"
