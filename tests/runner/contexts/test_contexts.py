@@ -360,3 +360,15 @@ def test_a_node_context_keeps_its_bindings(client: ContextClient) -> None:
     assert (stuck["status"], stuck["context_lost"]) == ("timeout", False)
     assert client.main_text(node, "y") == "'kept'"
     client.http.delete(f"/v1/session/contexts/{node}")
+
+
+def test_output_past_the_cap_interrupts_the_cell_and_keeps_the_context(
+    client: ContextClient, ctx: str
+) -> None:
+    """The runner's stdout cap (1 MiB here) ends a cell that prints forever: output_limit."""
+    client.run(ctx, "n = 5")
+    flood = client.run(ctx, "while True:\n    print('y' * 1000)", timeout_ms=60_000)
+    assert flood["status"] == "output_limit"
+    assert flood["context_lost"] is False
+    assert len(flood["stdout"].encode()) <= 1024 * 1024
+    assert client.main_text(ctx, "n") == "5"
