@@ -10,6 +10,8 @@ runtime session id (``rt_`` + 64 hex digits, validated before it reaches a key):
     <prefix>sessions       set     ids that have a record (feeds list_records
                                    without a keyspace SCAN)
     <prefix>last_seen      zset    id -> wall-clock seconds of last use (idle sweeper)
+    <prefix>idem:<key>     hash    token, fingerprint, done, status, body of a claimed
+                                   idempotency key (a sha256 hex); PX-expiring
 
 Locks are taken with ``SET NX PX``; renew, release, and every write go through
 the Lua scripts below, so "is the lock still mine, is my generation current"
@@ -32,9 +34,11 @@ import redis.exceptions
 from ..errors import LockLostError, RegistryError
 from . import (
     FencedError,
+    IdempotencyEntry,
     Lease,
     SessionRecord,
     _CorruptRecordLog,
+    validate_idempotency_key,
     validate_session_id,
 )
 
@@ -114,6 +118,53 @@ return {1, current}
 """
 
 
+# KEYS[1] idempotency key
+# ARGV[1] token, ARGV[2] fingerprint, ARGV[3] ttl in ms
+# Returns {} if claimed, else {fingerprint, done, status, body} of the holder.
+CLAIM_IDEMPOTENCY_LUA = """
+if redis.call('exists', KEYS[1]) == 0 then
+    redis.call('hset', KEYS[1], 'token', ARGV[1], 'fingerprint', ARGV[2],
+        'done', '0', 'status', '0', 'body', '')
+    redis.call('pexpire', KEYS[1], ARGV[3])
+    return {}
+end
+return redis.call('hmget', KEYS[1], 'fingerprint', 'done', 'status', 'body')
+"""
+
+# KEYS[1] idempotency key
+# ARGV[1] token, ARGV[2] ttl in ms
+# Returns 1 if the pending claim was extended, 0 if it is not ours (or answered).
+RENEW_IDEMPOTENCY_LUA = """
+if redis.call('hget', KEYS[1], 'token') == ARGV[1]
+        and redis.call('hget', KEYS[1], 'done') == '0' then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS[1] idempotency key
+# ARGV[1] token, ARGV[2] status, ARGV[3] body, ARGV[4] ttl in ms
+# Returns 1 if the answer was stored, 0 if the claim is not ours.
+FINISH_IDEMPOTENCY_LUA = """
+if redis.call('hget', KEYS[1], 'token') == ARGV[1] then
+    redis.call('hset', KEYS[1], 'done', '1', 'status', ARGV[2], 'body', ARGV[3])
+    return redis.call('pexpire', KEYS[1], ARGV[4])
+end
+return 0
+"""
+
+# KEYS[1] idempotency key
+# ARGV[1] token
+# Returns 1 if the pending claim was deleted, 0 if it is not ours (or answered).
+DROP_IDEMPOTENCY_LUA = """
+if redis.call('hget', KEYS[1], 'token') == ARGV[1]
+        and redis.call('hget', KEYS[1], 'done') == '0' then
+    return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
 @contextmanager
 def _map_redis_errors(operation: str) -> Iterator[None]:
     try:
@@ -151,6 +202,10 @@ class RedisRegistry:
         self._put = client.register_script(PUT_LUA)
         self._delete = client.register_script(DELETE_LUA)
         self._next_generation = client.register_script(NEXT_GENERATION_LUA)
+        self._claim_idem = client.register_script(CLAIM_IDEMPOTENCY_LUA)
+        self._renew_idem = client.register_script(RENEW_IDEMPOTENCY_LUA)
+        self._finish_idem = client.register_script(FINISH_IDEMPOTENCY_LUA)
+        self._drop_idem = client.register_script(DROP_IDEMPOTENCY_LUA)
         self._corrupt = _CorruptRecordLog(logger)
 
     @classmethod
@@ -312,6 +367,56 @@ class RedisRegistry:
                     if record is not None:
                         records.append(record)
         return records
+
+    def _idem_key(self, key: str) -> str:
+        return f"{self._prefix}idem:{validate_idempotency_key(key)}"
+
+    async def claim_idempotency(
+        self, key: str, *, fingerprint: str, token: str, ttl_ms: int
+    ) -> IdempotencyEntry | None:
+        """Claim ``key`` unless someone has (``CLAIM_IDEMPOTENCY_LUA``); else its entry."""
+        _check_ttl(ttl_ms)
+        with _map_redis_errors("claim_idempotency"):
+            found = await self._claim_idem(
+                keys=[self._idem_key(key)], args=[token, fingerprint, ttl_ms]
+            )
+        if not found:
+            return None
+        held_fingerprint, done, status, body = found
+        if held_fingerprint is None:
+            # A hash without our fields was not written by this registry.
+            raise RegistryError("idempotency entry is corrupt")
+        raw = body if isinstance(body, bytes) else (body or "").encode()
+        return IdempotencyEntry(
+            fingerprint=_text(held_fingerprint),
+            done=_text(done) == "1",
+            status=int(status),
+            body=raw,
+        )
+
+    async def renew_idempotency(self, key: str, *, token: str, ttl_ms: int) -> bool:
+        """Extend ``token``'s pending claim (``RENEW_IDEMPOTENCY_LUA``)."""
+        _check_ttl(ttl_ms)
+        with _map_redis_errors("renew_idempotency"):
+            result = await self._renew_idem(keys=[self._idem_key(key)], args=[token, ttl_ms])
+        return bool(result)
+
+    async def finish_idempotency(
+        self, key: str, *, token: str, status: int, body: bytes, ttl_ms: int
+    ) -> bool:
+        """Store the answer of ``token``'s claim (``FINISH_IDEMPOTENCY_LUA``)."""
+        _check_ttl(ttl_ms)
+        with _map_redis_errors("finish_idempotency"):
+            result = await self._finish_idem(
+                keys=[self._idem_key(key)], args=[token, status, bytes(body), ttl_ms]
+            )
+        return bool(result)
+
+    async def drop_idempotency(self, key: str, *, token: str) -> bool:
+        """Forget ``token``'s pending claim (``DROP_IDEMPOTENCY_LUA``)."""
+        with _map_redis_errors("drop_idempotency"):
+            result = await self._drop_idem(keys=[self._idem_key(key)], args=[token])
+        return bool(result)
 
     async def close(self) -> None:
         """Close the client if this registry created it; idempotent."""

@@ -3,7 +3,8 @@
 Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``ErrorBody``):
 
     POST   /v1/exec             ExecCall -> ExecuteResult       bearer API key
-                                (Accept: application/x-ndjson: StreamEvent lines, see stream.py)
+                                (Accept: application/x-ndjson: StreamEvent lines, see stream.py;
+                                Idempotency-Key: a retry gets the first answer, idempotency.py)
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
     PUT    /v1/sessions/{id}/egress  EgressPolicy -> EgressStatus  bearer API key
@@ -25,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,10 +42,14 @@ from sandcell_protocol import (
     ErrorCode,
     ExecCall,
     ExecuteRequest,
+    ExecuteResult,
     ProtocolError,
+    ResultEvent,
     decode,
     encode,
+    encode_event,
     is_runtime_session_id,
+    routes,
     runtime_session_id,
 )
 
@@ -54,6 +59,7 @@ from ..errors import ConfigError, SandboxNotFoundError, SandcellError
 from ..extras import needs_extra
 from ..metrics import render_provider_counters
 from ..sessions.execution import ExecutionService, Identity
+from ..sessions.output import OnOutput
 from .auth import INSECURE_NO_AUTH_ENV, load_api_keys
 from .contexts import ContextRoutes
 from .errors import (
@@ -65,6 +71,7 @@ from .errors import (
     map_error,
     read_body,
 )
+from .idempotency import Idempotency, IdempotencyConflict, Replay, idempotency_key, replayed
 from .stream import run_until_disconnect, stream_turn, wants_stream
 
 __all__ = [
@@ -105,6 +112,14 @@ class _Owner:
     hint: str
 
 
+def _replay_exec(stored: Replay, *, stream: bool) -> Response:
+    """A stored ``/v1/exec`` answer, in the form this retry asked for."""
+    if not stream:
+        return Response(stored.body, status_code=stored.status, media_type=JSON_MEDIA_TYPE)
+    event = ResultEvent(result=decode(stored.body, ExecuteResult))
+    return Response(encode_event(event), media_type=routes.NDJSON)
+
+
 def _execute_request(call: ExecCall) -> ExecuteRequest:
     """The runner's part of an ``ExecCall`` (the runner refuses unknown fields)."""
     fields = msgspec.structs.asdict(call)
@@ -121,6 +136,7 @@ class _Service:
         self._given = services
         self._services = services
         self._owners: dict[str, _Owner] = {}
+        self.idempotency = Idempotency(lambda: self.services.registry)
 
     @property
     def services(self) -> Services:
@@ -166,7 +182,9 @@ class _Service:
 
     async def exec(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
-        call = decode(await read_body(request), ExecCall)
+        key = idempotency_key(request)
+        body = await read_body(request)
+        call = decode(body, ExecCall)
         run = _execute_request(call)
         hint = call.runtime_session_hint
         if hint is not None:
@@ -175,16 +193,23 @@ class _Service:
             session_id = runtime_session_id(namespace, call.user_id, hint)
             self._owners[session_id] = _Owner(namespace, call.user_id, hint)
         identity = Identity(namespace=namespace, user_id=call.user_id)
-        if wants_stream(request):
-            return await stream_turn(
-                request,
-                lambda on_output: self.execution.execute(
-                    run, identity, hint=hint, on_output=on_output, egress=call.egress
-                ),
-            )
-        result = await run_until_disconnect(
-            request, self.execution.execute(run, identity, hint=hint, egress=call.egress)
+        claim = await self.idempotency.claim(
+            surface="v1/exec", namespace=namespace, key=key, body=body
         )
+        if isinstance(claim, IdempotencyConflict):
+            return claim.response()
+        if isinstance(claim, Replay):
+            return replayed(_replay_exec(claim, stream=wants_stream(request)))
+
+        def turn(on_output: OnOutput | None) -> Awaitable[ExecuteResult]:
+            work = self.execution.execute(
+                run, identity, hint=hint, on_output=on_output, egress=call.egress
+            )
+            return claim.kept(work, stored=lambda result: (200, encode(result)))
+
+        if wants_stream(request):
+            return await stream_turn(request, turn)
+        result = await run_until_disconnect(request, turn(None))
         if result is None:  # the caller left: the turn was cancelled, nobody reads this
             return Response(status_code=499)
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)
@@ -278,6 +303,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         namespace_of=service.keys.namespace,
         remember=service.remember,
         owner_of=service.owner_of,
+        idempotency=service.idempotency,
     ).routes()
     handlers: dict[Any, Any] = {HTTPException: http_error_response}
     app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)

@@ -44,6 +44,7 @@ from sandcell_protocol import contexts as cx
 from ..errors import RunnerRequestError, SandboxNotFoundError
 from ..sessions.execution import ExecutionService, Identity
 from .errors import JSON_MEDIA_TYPE, guarded, read_body
+from .idempotency import IDEMPOTENCY_KEY_HEADER, Idempotency, idempotency_key
 
 __all__ = ["ContextRoutes"]
 
@@ -89,7 +90,9 @@ class ContextRoutes:
         namespace_of: Callable[[Request], str],
         remember: Remember,
         owner_of: OwnerOf,
+        idempotency: Idempotency | None = None,
     ) -> None:
+        self._idempotency = idempotency
         self._execution = execution
         self._namespace_of = namespace_of
         self._remember = remember
@@ -133,7 +136,9 @@ class ContextRoutes:
 
     async def run(self, request: Request) -> Response:
         namespace = self._namespace_of(request)
-        call = decode(await read_body(request), cx.RunCall)
+        key = idempotency_key(request)
+        body = await read_body(request)
+        call = decode(body, cx.RunCall)
         hint = call.runtime_session_hint
         if hint is not None:
             session_id = runtime_session_id(namespace, call.user_id, hint)
@@ -142,8 +147,20 @@ class ContextRoutes:
         code = _execute_request(call)
         execution = self._execution()
         if routes.NDJSON not in request.headers.get("accept", ""):
-            result = await execution.run_code(code, identity, hint=hint, context_id=call.context_id)
-            return self._json(result)
+
+            async def answer() -> Response:
+                result = await execution.run_code(
+                    code, identity, hint=hint, context_id=call.context_id, egress=call.egress
+                )
+                return self._json(result)
+
+            if self._idempotency is None:
+                return await answer()
+            return await self._idempotency.once(
+                surface="v1/run", namespace=namespace, key=key, body=body, answer=answer
+            )
+        if key is not None:
+            raise ProtocolError(f"{IDEMPOTENCY_KEY_HEADER} is not taken with an NDJSON /v1/run")
         queue: asyncio.Queue[cx.ContextEvent | None] = asyncio.Queue()
         task = asyncio.ensure_future(
             execution.run_code(
