@@ -135,9 +135,6 @@ class ContextManager:
             raise NotFoundError(f"no context {context_id!r} in this session")
         return context
 
-    def info(self, session_id: str, context_id: str) -> ContextInfo:
-        return self._get(session_id, context_id).info()
-
     def keep_paths(self) -> set[Path]:
         """Job directories of live interpreters (the reaper must skip them)."""
         return {

@@ -150,7 +150,7 @@ function run(code, env) {
 
 process.on('SIGINT', () => {});  // between cells an interrupt interrupts nothing
 process.chdir(process.argv[2] || process.cwd());
-send({t: 'ready', python: 'node ' + process.versions.node});
+send({t: 'ready', version: 'node ' + process.versions.node});
 for (;;) {
   const message = receive();
   if (message === null) break;
