@@ -23,6 +23,7 @@ def test_all_is_pinned() -> None:
         "InProcessRegistry",
         "Lease",
         "RedisRegistry",
+        "SessionOwner",
         "SessionRecord",
         "SessionRegistry",
         "SessionState",

@@ -185,6 +185,8 @@ class RunnerService:
                 max_bytes=settings.checkpoint_max_bytes,
                 max_members=settings.checkpoint_max_members,
             ),
+            cgroups=self._cgroups,
+            memory_bytes=settings.limits.memory_mib * MIB,
         )
         # A restore replaces the workspace the interpreters run in: their state is gone.
         self.checkpoints.restore_hooks.append(self._lose_contexts)

@@ -23,6 +23,7 @@ from . import (
     FencedError,
     IdempotencyEntry,
     Lease,
+    SessionOwner,
     SessionRecord,
     _CorruptRecordLog,
     validate_idempotency_key,
@@ -46,6 +47,7 @@ class InProcessRegistry:
         self._last_seen: dict[str, float] = {}
         # idempotency key -> (token, entry, expires at, by ``clock``)
         self._idempotency: dict[str, tuple[str, IdempotencyEntry, float]] = {}
+        self._owners: dict[str, SessionOwner] = {}
         self._corrupt = _CorruptRecordLog(logger)
 
     def __repr__(self) -> str:
@@ -161,6 +163,28 @@ class InProcessRegistry:
         await anyio.lowlevel.checkpoint()
         records = (self._corrupt.decode(sid, raw) for sid, raw in sorted(self._records.items()))
         return [record for record in records if record is not None]
+
+    async def index_session(self, owner: SessionOwner) -> None:
+        """Record whose the session is."""
+        await anyio.lowlevel.checkpoint()
+        self._owners[owner.session_id] = owner
+
+    async def session_owner(self, session_id: str) -> SessionOwner | None:
+        """Whose the session is."""
+        validate_session_id(session_id)
+        await anyio.lowlevel.checkpoint()
+        return self._owners.get(session_id)
+
+    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
+        """The namespace's sessions, by id."""
+        await anyio.lowlevel.checkpoint()
+        return [o for _, o in sorted(self._owners.items()) if o.namespace == namespace]
+
+    async def unindex_session(self, session_id: str) -> None:
+        """Forget whose the session is."""
+        validate_session_id(session_id)
+        await anyio.lowlevel.checkpoint()
+        self._owners.pop(session_id, None)
 
     def _idempotent(self, key: str) -> tuple[str, IdempotencyEntry, float] | None:
         validate_idempotency_key(key)

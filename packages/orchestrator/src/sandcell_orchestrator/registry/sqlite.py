@@ -10,6 +10,7 @@ process on the machine opens:
     generations(session_id, generation)             never deleted (fencing)
     records(session_id, raw)                         the SessionRecord JSON
     last_seen(session_id, at_s)                      wall-clock seconds
+    owners(session_id, namespace, user_id, hint)     the session index (whose it is)
     idempotency(key, token, fingerprint, done, status, body, expires_at, boot_id)
                                                      requests claimed or answered
 
@@ -47,6 +48,7 @@ from . import (
     FencedError,
     IdempotencyEntry,
     Lease,
+    SessionOwner,
     SessionRecord,
     _CorruptRecordLog,
     validate_idempotency_key,
@@ -79,6 +81,13 @@ CREATE TABLE IF NOT EXISTS last_seen (
     session_id TEXT PRIMARY KEY,
     at_s REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS owners (
+    session_id TEXT PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    hint TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS owners_by_namespace ON owners (namespace, session_id);
 CREATE TABLE IF NOT EXISTS idempotency (
     key TEXT PRIMARY KEY,
     token TEXT NOT NULL,
@@ -361,6 +370,58 @@ class SqliteRegistry:
         records = (self._corrupt.decode(sid, raw) for sid, raw in rows)
         return [record for record in records if record is not None]
 
+    # -- the session index ----------------------------------------------------------
+
+    async def index_session(self, owner: SessionOwner) -> None:
+        """Record whose the session is."""
+
+        def work() -> None:
+            with self._transaction(write=True) as db:
+                db.execute(
+                    "INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?)",
+                    (owner.session_id, owner.namespace, owner.user_id, owner.hint),
+                )
+
+        await self._run("index_session", work)
+
+    async def session_owner(self, session_id: str) -> SessionOwner | None:
+        """Whose the session is."""
+        validate_session_id(session_id)
+
+        def work() -> SessionOwner | None:
+            with self._transaction(write=False) as db:
+                row = db.execute(
+                    "SELECT session_id, namespace, user_id, hint FROM owners WHERE session_id = ?",
+                    (session_id,),
+                ).fetchone()
+            return None if row is None else _owner(row)
+
+        return await self._run("session_owner", work)
+
+    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
+        """The namespace's sessions, by id."""
+
+        def work() -> list[SessionOwner]:
+            with self._transaction(write=False) as db:
+                rows = db.execute(
+                    "SELECT session_id, namespace, user_id, hint FROM owners"
+                    " WHERE namespace = ? ORDER BY session_id",
+                    (namespace,),
+                ).fetchall()
+            return [_owner(row) for row in rows]
+
+        return await self._run("sessions_of", work)
+
+    async def unindex_session(self, session_id: str) -> None:
+        """Forget whose the session is."""
+        validate_session_id(session_id)
+
+        def work() -> None:
+            with self._transaction(write=True) as db:
+                db.execute("DELETE FROM owners WHERE session_id = ?", (session_id,))
+
+        await self._run("unindex_session", work)
+
     # -- idempotency --------------------------------------------------------------
     # Expiry is on CLOCK_MONOTONIC like the locks: an answer kept from another
     # boot is forgotten (a retry then runs again), never misread as current.
@@ -456,6 +517,11 @@ class SqliteRegistry:
 def _locked(mutex: threading.Lock, work: Callable[[], None]) -> None:
     with mutex:
         work()
+
+
+def _owner(row: tuple[object, ...]) -> SessionOwner:
+    session_id, namespace, user_id, hint = (str(value) for value in row)
+    return SessionOwner(session_id=session_id, namespace=namespace, user_id=user_id, hint=hint)
 
 
 def _generation(connection: sqlite3.Connection, session_id: str) -> int:

@@ -1,20 +1,25 @@
-"""``Idempotency-Key`` on the routes that run something (issue 20): a retry gets the
-first run's answer and never runs again, across two ``sandcell serve`` workers on one
-real redis-server."""
+"""Two ``sandcell serve`` workers on one real redis-server and one S3 (moto's server),
+as docs/deployment.md deploys them (issue 20): a session started on one continues on
+the other, either is listed and deleted through either, and ``Idempotency-Key``
+retries get the first run's answer and never run again, whichever worker they reach."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
+import psutil
 import pytest
 import redis.asyncio
 
 from sandcell_orchestrator.serve.idempotency import Idempotency
-from sandcell_protocol import ErrorBody, ErrorCode, ExecuteResult, decode
+from sandcell_orchestrator.testing import sandbox_processes
+from sandcell_protocol import ErrorBody, ErrorCode, ExecuteResult, decode, runtime_session_id
 from tests.librechat.conftest import KEY_A, KEY_B, Serve, running_serve
 from tests.orchestrator.conftest import redis_url
 from tests.orchestrator.serve.fleet import fleet_env, shared_s3
@@ -191,3 +196,64 @@ async def test_run_and_librechat_exec_take_keys(
     again = await two.post("/librechat/v1/exec", content=lc, headers=lc_headers)
     assert again.content == first.content
     assert again.headers["idempotent-replayed"] == "true"
+
+
+def session_of(hint: str, namespace: str = "tenant-a") -> str:
+    return runtime_session_id(namespace, "u", hint)
+
+
+async def listed(client: httpx.AsyncClient, tenant: str = KEY_A) -> list[str]:
+    response = await client.get("/v1/sessions", headers=headers(None, tenant))
+    assert response.status_code == 200, response.text
+    return [s["session_id"] for s in response.json()["sessions"]]
+
+
+async def test_a_session_continues_on_the_other_worker_and_is_listed_on_both(
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient],
+) -> None:
+    """Turns alternate workers on one session and each sees every earlier turn; both
+    workers list it for its tenant only; a delete through one is seen by the other."""
+    one, two = clients
+    hint = f"h-{uuid.uuid4().hex[:8]}"
+    for n, client in enumerate([one, two, one, two], start=1):
+        assert (
+            stdout_of(await client.post("/v1/exec", content=call(hint), headers=headers(None)))
+            == f"{n}\n"
+        )
+    sid = session_of(hint)
+    assert sid in await listed(one)
+    assert sid in await listed(two)
+    assert sid not in await listed(one, KEY_B)
+    other_tenant = await one.delete(f"/v1/sessions/{sid}", headers=headers(None, KEY_B))
+    assert other_tenant.status_code == 404
+    deleted = await two.delete(f"/v1/sessions/{sid}", headers=headers(None))
+    assert deleted.status_code == 204, deleted.text
+    assert sid not in await listed(one)
+    gone = await one.delete(f"/v1/sessions/{sid}", headers=headers(None))
+    assert gone.status_code == 404
+    # Deleted means deleted on every worker: the next turn starts from nothing.
+    assert stdout_of(await one.post("/v1/exec", content=call(hint), headers=headers(None))) == "1\n"
+
+
+async def test_a_turn_recovers_from_the_checkpoint_when_the_runner_is_gone(
+    workers: tuple[Serve, Serve], clients: tuple[httpx.AsyncClient, httpx.AsyncClient]
+) -> None:
+    """Worker 1's runner for the session is SIGKILLed; worker 2's next turn restores the
+    session from its checkpoint in S3 and sees every acknowledged turn."""
+    one, two = clients
+    hint = f"h-{uuid.uuid4().hex[:8]}"
+    for n in (1, 2):
+        assert (
+            stdout_of(await one.post("/v1/exec", content=call(hint), headers=headers(None)))
+            == f"{n}\n"
+        )
+    # The worker's own environment names its runtime directory too: spare it.
+    worker = workers[0].process.pid
+    killed = [p for p in sandbox_processes(workers[0].home.parent / "sandboxes") if p.pid != worker]
+    assert killed, "worker 1 keeps no runner for the session"
+    for process in killed:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(killed, timeout=10)
+    assert stdout_of(await two.post("/v1/exec", content=call(hint), headers=headers(None))) == "3\n"
+    assert stdout_of(await one.post("/v1/exec", content=call(hint), headers=headers(None))) == "4\n"
