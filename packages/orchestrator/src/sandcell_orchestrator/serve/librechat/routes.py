@@ -39,7 +39,7 @@ from sandcell_protocol import (
 from ...bootstrap import Services
 from ...errors import InputMissingError, SandboxTimeoutError
 from ...sessions.execution import ExecutionService, Identity
-from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, read_body
+from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of, read_body
 from ..idempotency import Idempotency, idempotency_key
 from .auth import Caller, LibreChatAuth
 from .errors import ExecutionTimeoutError, FileNotVisibleError, librechat_json
@@ -324,7 +324,7 @@ class LibreChatApi:
         if declared.isdigit() and int(declared) > self.settings.max_upload_bytes:
             raise PayloadTooLargeError
         limit = MAX_BATCH_FILES if batch else 1
-        async with request.form(max_files=limit, max_fields=16) as form:
+        async with form_of(request, max_files=limit, max_fields=16) as form:
             parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
             if not parts:
                 raise ProtocolError("upload: no file part")
