@@ -1,4 +1,4 @@
-"""A real ``sandcell serve`` for the E2B SDK tests: one subprocess per test module.
+"""A real ``sandcell serve`` for the E2B SDK tests: one subprocess shared by the modules.
 
 The SDKs (PyPI ``e2b``, ``e2b-code-interpreter``, pinned in the dev group) talk to
 it exactly as a user would point them at sandcell: ``api_url=…/e2b``,
@@ -111,9 +111,10 @@ def stop_serve(served: E2bServe) -> None:
             served.process.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def e2b_serve() -> Iterator[E2bServe]:
-    """One service for the module; nothing it launched may outlive it."""
+    """One local-provider service for the package's modules (each module's sandboxes
+    are gone when the module ends); nothing it launched may outlive it."""
     with traversable_dir("e2b-") as base:
         served = start_serve(base)
         try:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+from joserfc.jwk import OKPKey, RSAKey
 
 from sandcell_orchestrator.testing import clean_environ
 from tests.fixtures.paths import traversable_dir
@@ -32,6 +34,9 @@ from tests.orchestrator.cli.conftest import stop_leftovers
 HERE = Path(__file__).resolve().parent
 KEY_A = "lc-key-a-0123456789abcdef"
 KEY_B = "lc-key-b-0123456789abcdef"
+ED_KEY = OKPKey.generate_key("Ed25519")
+"""LibreChat's token signing keys, as the test's LibreChat would hold them."""
+RSA_KEY = RSAKey.generate_key(2048)
 
 
 @dataclass
@@ -202,3 +207,27 @@ def node_driver(serve: Serve) -> Iterator[Driver]:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+@pytest.fixture(scope="session")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
+    """The one serve of this folder's tests (but the two-worker one): API keys for
+    tenants a and b, LibreChat tokens from ``ED_KEY``/``RSA_KEY`` for tenant a, and one
+    run at a time per tenant (so the rate limit is reachable; the tests run one by one)."""
+    keys = tmp_path_factory.mktemp("jwt-keys")
+    ed, rsa = keys / "ed25519.pem", keys / "rsa.jwk.json"
+    ed.write_bytes(ED_KEY.as_pem(private=False))
+    rsa.write_text(json.dumps(RSA_KEY.as_dict(private=False)))
+    with running_serve(
+        "lc-",
+        SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS=f"{ed},{rsa}",
+        SANDCELL_LIBRECHAT_JWT_NAMESPACE="tenant-a",
+        SANDCELL_LIBRECHAT_MAX_CONCURRENT="1",
+    ) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def driver(serve: Serve) -> Iterator[Driver]:
+    with node_driver(serve) as running:
+        yield running

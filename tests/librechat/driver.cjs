@@ -3,7 +3,7 @@
 // stdout line. The tools are invoked without a model, as LibreChat's ToolNode does:
 // tool.invoke({name, id, type: 'tool_call', args, session_id?, _injected_files?}).
 //
-// Request: {id, version: "current"|"legacy", tool: "code"|"bash"|"ptc", params, call}
+// Request: {id, version: "current"|"legacy", tool: "code"|"bash"|"ptc"|"normalize", params, call}
 //   (call.ptc_tools: names from PTC_TOOLS to hand the programmatic tool)
 // Answer:  {id, ok: true, content, artifact} | {id, ok: false, error}
 'use strict';
@@ -61,6 +61,10 @@ const FACTORIES = {
 
 async function run(request) {
   const agents = load(request.version);
+  if (request.tool === 'normalize') {
+    // The client's own tool-name normalization, for the server's parity test.
+    return { content: (request.call?.names ?? []).map((name) => agents.normalizeToPythonIdentifier(name)) };
+  }
   const factory = agents[FACTORIES[request.tool]];
   if (typeof factory !== 'function') throw new Error(`${request.version} has no ${request.tool} tool`);
   const tool = factory(request.params ?? {});

@@ -3,11 +3,9 @@ through the real client against a real serve."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +13,11 @@ import httpx
 import pytest
 from joserfc import jwt
 from joserfc.errors import SecurityWarning
-from joserfc.jwk import OKPKey, RSAKey
+from joserfc.jwk import OKPKey
 
-from tests.librechat.conftest import KEY_A, Driver, Serve, node_driver, running_serve
+from tests.librechat.conftest import ED_KEY, KEY_A, RSA_KEY, Driver, Serve, running_serve
 
-ED_KEY = OKPKey.generate_key("Ed25519")
-RSA_KEY = RSAKey.generate_key(2048)
 STRANGER = OKPKey.generate_key("Ed25519")
-
-
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
-    keys = tmp_path_factory.mktemp("jwt-keys")
-    ed, rsa = keys / "ed25519.pem", keys / "rsa.jwk.json"
-    ed.write_bytes(ED_KEY.as_pem(private=False))
-    rsa.write_text(json.dumps(RSA_KEY.as_dict(private=False)))
-    with running_serve(
-        "lc-auth-",
-        SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS=f"{ed},{rsa}",
-        SANDCELL_LIBRECHAT_JWT_NAMESPACE="tenant-a",
-        SANDCELL_LIBRECHAT_MAX_CONCURRENT="1",
-    ) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def driver(serve: Serve) -> Iterator[Driver]:
-    with node_driver(serve) as running:
-        yield running
 
 
 def token(key: Any = ED_KEY, alg: str = "EdDSA", **claims: Any) -> str:

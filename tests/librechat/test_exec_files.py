@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve, node_driver, running_serve
+from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve
 
 BINARY = bytes(range(256)) * 64 + b"\x00end"
-
-
-@pytest.fixture(scope="module")
-def serve() -> Iterator[Serve]:
-    with running_serve("lc-exec-") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def driver(serve: Serve) -> Iterator[Driver]:
-    with node_driver(serve) as running:
-        yield running
 
 
 def current(serve: Serve, key: str = KEY_A, **params: Any) -> dict[str, Any]:
@@ -30,7 +15,7 @@ def current(serve: Serve, key: str = KEY_A, **params: Any) -> dict[str, Any]:
 
 
 def test_py_and_bash_run_through_the_current_client(serve: Serve, driver: Driver) -> None:
-    """execute_code (py) and the bash tool return the program's output, with args."""
+    """execute_code (py, ts, c, js) and the bash tool return the program's output, with args."""
     py = driver.invoke(
         params=current(serve, user_id="user-1"),
         args={"lang": "py", "code": "import sys; print('py', 6 * 7, sys.argv[1:])", "args": ["x"]},
@@ -58,6 +43,10 @@ def test_py_and_bash_run_through_the_current_client(serve: Serve, driver: Driver
     )
     assert ts["ok"], ts
     assert ts["content"].startswith("stdout:\n42 [ 't' ]")
+    c_source = '#include <stdio.h>\nint main(int n, char **v) { printf("c %s\\n", v[1]); }\n'
+    c = driver.invoke(params=current(serve), args={"lang": "c", "code": c_source, "args": ["ok"]})
+    assert c["ok"], c
+    assert c["content"].startswith("stdout:\nc ok"), c
     js = driver.invoke(params=current(serve), args={"lang": "js", "code": "console.log(1 + 1)"})
     assert js["ok"], js
     assert js["content"].startswith("stdout:\n2"), js

@@ -4,24 +4,10 @@ between rounds, the code continues in its code context."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve, node_driver, running_serve
-
-
-@pytest.fixture(scope="module")
-def serve() -> Iterator[Serve]:
-    with running_serve("lc-ptc-") as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def driver(serve: Serve) -> Iterator[Driver]:
-    with node_driver(serve) as running:
-        yield running
+from sandcell_orchestrator.serve.librechat.programmatic import python_name
+from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve
 
 
 def ptc(driver: Driver, serve: Serve, code: str, *tools: str) -> dict[str, Any]:
@@ -94,3 +80,10 @@ def test_errors_tokens_and_tenants(serve: Serve, driver: Driver) -> None:
         assert finished["stdout"] == "{'temp_c': 1}\n"
         again = a.post("/exec/programmatic", json=body)
         assert again.status_code == 400
+
+
+def test_tool_names_are_normalized_as_the_client_does(driver: Driver) -> None:
+    """The names the code calls tools by match the client's normalizeToPythonIdentifier."""
+    names = ["get_weather", "add-numbers", "my tool", "9lives", "class", "match", "a.b/c", "x-y z"]
+    expected = driver.invoke(tool="normalize", args={}, names=names)["content"]
+    assert [python_name(name) for name in names] == expected

@@ -18,6 +18,8 @@ HELLO = {
     "sh": 'echo "hello from sh"',
     "node": 'console.log("hello from node")',
     "typescript": 'const who: string = "typescript"; console.log(`hello from ${who}`)',
+    "c": '#include <stdio.h>\nint main(void) { puts("hello from c"); return 0; }\n',
+    "cpp": '#include <iostream>\nint main() { std::cout << "hello from cpp" << std::endl; }\n',
 }
 
 
@@ -36,7 +38,7 @@ def test_hello_world_in_every_discovered_language(runner: RunnerProcess) -> None
     assert names
     for name in names:
         result = execute(runner, language=name, code=HELLO[name])
-        assert result["status"] == "ok", (name, result)
+        assert result["status"] == "ok", (name, result["stderr"][:1500])
         assert result["stdout"] == f"hello from {name}\n"
         assert result["exit_code"] == 0
         decode(json.dumps(result).encode(), ExecuteResult)

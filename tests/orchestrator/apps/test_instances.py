@@ -56,6 +56,28 @@ async def test_each_template_serves_its_app_in_a_browser(
     assert again.status == 200
 
 
+async def test_an_open_tab_reloads_after_a_file_write(start_api: StartApi, browser: Any) -> None:
+    """static-site has no reload of its own: the injected channel reloads an open tab
+    once a file is written through the API, and the tab shows the new page."""
+    api = await start_api()
+    created = await api.create("static-site")
+    page = await browser.new_page()
+    response = await page.goto(created["url"])
+    assert response is not None
+    assert response.status == 200
+    await page.wait_for_function("() => window.__sandcellReload === true")
+    await page.evaluate("() => { window.__before_write = true; }")
+    changed = "<!doctype html><html><body><p id='message'>written later</p></body></html>"
+    written = await api.write(created["instance_id"], {"index.html": changed})
+    assert written.status_code == 200, written.text
+    # A reload drops the marker set above, and the new page is what the write put there.
+    await page.wait_for_function(
+        "() => !window.__before_write && "
+        "document.getElementById('message')?.textContent === 'written later'",
+        timeout=30_000,
+    )
+
+
 async def test_files_are_committed_and_the_preview_shows_the_change(start_api: StartApi) -> None:
     """A write with a commit message shows in git log (author from config) and in the preview."""
     api = await start_api()

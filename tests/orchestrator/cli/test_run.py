@@ -36,16 +36,11 @@ def test_variables_persist_across_cli_calls_and_plots_become_files(cli: Cli) -> 
     assert text.startswith("[<matplotlib.lines.Line2D")
     assert _png_size(Path(image)) == (300, 200)
     assert Path(image).parent == cli.home / "images"
-    # --json gives the whole result; an exception is exit 1 with its traceback.
-    data = json.loads(cli.run("run", "--session", "nb", "--json", "x").stdout)
-    assert data["results"][0]["data"] == {"text/plain": "41"}
-    failed = cli.run("run", "--session", "nb", "1 / 0")
-    assert failed.returncode == 1
-    assert "ZeroDivisionError: division by zero" in failed.stderr
-    # A named context is another namespace; --restart empties one.
-    other = cli.run("run", "--session", "nb", "--context", "side", "x")
+    # A named context is another namespace (an exception: exit 1 with its traceback);
+    # --json gives the whole result; --restart empties a context.
+    other = cli.run("run", "--session", "nb", "--context", "side", "--json", "x")
     assert other.returncode == 1
-    assert "NameError" in other.stderr
+    assert json.loads(other.stdout)["error"]["name"] == "NameError"
     restarted = cli.run("run", "--session", "nb", "--restart", "'x' in dir()")
     assert restarted.stdout == "False\n"
     # The session's sandbox is still warm; destroying the session ends it.
@@ -78,6 +73,4 @@ def test_files_go_in_and_the_runner_exits_when_idle(cli: Cli, tmp_path: Path) ->
     lost = cli.run("run", "--session", "idle", "pd", env=env)
     assert lost.returncode == 2, lost.stderr
     assert "context_lost" in lost.stderr
-    again = cli.run("run", "--session", "idle", "--restart", "open('data.csv').read()", env=env)
-    assert again.stdout == "'a,b\\n1,2\\n'\n", again.stderr
     assert cli.run("sessions", "destroy", "idle").returncode == 0

@@ -8,6 +8,7 @@ own boto3 client from settings, with dummy credentials from the environment.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -131,3 +132,17 @@ def process_state(pid: int) -> str:
     """The one-letter state from /proc (``T`` = stopped)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         return stat.read().rpartition(")")[2].split()[0]
+
+
+def state_once_stopped(pid: int, *, timeout_s: float = 10.0) -> str:
+    """The state after SIGSTOP has taken effect (or the last one seen at the deadline).
+
+    A stop is delivered when the process next runs: on a loaded machine /proc can
+    still say ``R`` just after the signal was sent.
+    """
+    deadline = time.monotonic() + timeout_s
+    state = process_state(pid)
+    while state != "T" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        state = process_state(pid)
+    return state

@@ -25,7 +25,14 @@ from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_sessi
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from sandcell_protocol import ExecuteRequest, RunStatus
 
-from .conftest import ProviderFactory, process_state, proxy_get, runner_pid, vm_id_of
+from .conftest import (
+    ProviderFactory,
+    process_state,
+    proxy_get,
+    runner_pid,
+    state_once_stopped,
+    vm_id_of,
+)
 
 
 def py(code: str) -> ExecuteRequest:
@@ -79,7 +86,7 @@ async def test_suspend_and_resume_keep_the_process_and_its_files(
     await provider.suspend(handle.sandbox_id)
 
     assert emulator.fleet.vms[vm_id].state is VmState.SUSPENDED
-    assert process_state(pid) == "T"
+    assert state_once_stopped(pid) == "T"
     resumed = await provider.resume(handle.sandbox_id, SandboxSpec())
     handles.append(resumed)
     assert resumed.sandbox_id == handle.sandbox_id
@@ -109,7 +116,7 @@ async def test_traffic_resumes_a_vm_the_idle_policy_suspended(
     await _wait_for(lambda: vm.in_flight == 0)
     emulator.clock.advance(121)
     await _wait_for(lambda: vm.state is VmState.SUSPENDED)
-    assert process_state(runner_pid(emulator, vm.microvm_id)) == "T"
+    assert state_once_stopped(runner_pid(emulator, vm.microvm_id)) == "T"
     result = await handle.runner.execute(py("print(open('f').read())"), session_id=session_id)
     assert result.stdout == "x\n"
     assert vm.state is VmState.RUNNING

@@ -19,15 +19,18 @@ def test_all_is_pinned() -> None:
     """__all__ is exactly the intended surface, and every name resolves."""
     assert sorted(registry_module.__all__) == [
         "FencedError",
+        "IdempotencyEntry",
         "InProcessRegistry",
         "Lease",
         "RedisRegistry",
+        "SessionOwner",
         "SessionRecord",
         "SessionRegistry",
         "SessionState",
         "SqliteRegistry",
         "hold_session",
         "lock_ttl_ms",
+        "validate_idempotency_key",
         "validate_session_id",
     ]
     for name in registry_module.__all__:

@@ -31,6 +31,9 @@ EXPECTED: dict[ErrorCode, type[errors.SandcellError]] = {
     ErrorCode.PROTOCOL_MISMATCH: errors.ProtocolMismatchError,
     ErrorCode.BUSY: errors.SandboxUnavailableError,
     ErrorCode.CONTEXT_LOST: errors.ContextLostError,
+    ErrorCode.APP_NOT_RESPONDING: errors.RunnerRequestError,
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: errors.RunnerRequestError,
+    ErrorCode.IDEMPOTENCY_IN_FLIGHT: errors.RunnerRequestError,
     ErrorCode.INTERNAL: errors.RunnerRequestError,
 }
 

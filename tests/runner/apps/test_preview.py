@@ -39,6 +39,26 @@ def test_html_gets_the_reporter_script(app: AppClient) -> None:
     assert response.headers.get_list("server") == ["uvicorn"]
 
 
+def test_the_live_reload_channel_counts_file_writes(app: AppClient) -> None:
+    """Served HTML polls <prefix>__sandcell/changes; its version moves with every file
+    written or removed through the file routes (what an open tab reloads on), and a
+    proxy whose app reloads itself (X-Sandcell-Live-Reload: 0) gets no poller."""
+    _serve(app)
+    page = app.preview(APP_PORT, "index.html", headers={"X-Forwarded-Prefix": "/preview/abc/"})
+    assert '"/preview/abc/__sandcell/changes"' in page.text
+    assert "location.reload()" in page.text
+    changes = app.preview(APP_PORT, "__sandcell/changes")
+    assert changes.headers["cache-control"] == "no-store"
+    before = changes.json()["version"]
+    app.put("notes/new.html", "<p>new</p>")
+    assert app.preview(APP_PORT, "__sandcell/changes").json()["version"] == before + 1
+    assert app.http.delete("/v1/session/files/notes/new.html").status_code == 204
+    assert app.preview(APP_PORT, "__sandcell/changes").json()["version"] == before + 2
+    quiet = app.preview(APP_PORT, "index.html", headers={"X-Sandcell-Live-Reload": "0"})
+    assert "__sandcell/changes" not in quiet.text
+    assert "__sandcell/runtime-errors" in quiet.text
+
+
 def test_forwarded_prefix_is_used_when_it_is_a_plain_path(app: AppClient) -> None:
     _serve(app)
     good = app.preview(APP_PORT, "index.html", headers={"X-Forwarded-Prefix": "/preview/abc/"})

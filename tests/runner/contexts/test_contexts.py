@@ -339,3 +339,36 @@ def test_a_real_run_matches_the_golden_wire(client: ContextClient) -> None:
         {k: v for k, v in e.items() if k not in timing} for e in golden
     ]
     client.http.delete(f"/v1/session/contexts/{context_id}")
+
+
+def test_a_node_context_keeps_its_bindings(client: ContextClient) -> None:
+    """JavaScript through node's vm: bindings persist, the completion value is the main
+    result, console output comes first, errors and timeouts keep the context."""
+    node = client.create(language="node")
+    assert client.run(node, "var x = 41; let y = 'kept'")["status"] == "ok"
+    events = client.stream(node, "console.log('hi', {a: 1}); console.error('warn'); x + 1")
+    assert [(e["type"], e.get("data")) for e in events[:-1]] == [
+        ("stdout", "hi { a: 1 }\n"),
+        ("stderr", "warn\n"),
+        ("result", {"text/plain": "42"}),
+    ]
+    failed = client.run(node, "function f() { throw new TypeError('bad') }\nf()")
+    assert failed["error"]["name"] == "TypeError"
+    assert "at f (<cell-3>:1:" in failed["error"]["traceback"]
+    assert "driver" not in failed["error"]["traceback"]
+    stuck = client.run(node, "while (true) {}", timeout_ms=800)
+    assert (stuck["status"], stuck["context_lost"]) == ("timeout", False)
+    assert client.main_text(node, "y") == "'kept'"
+    client.http.delete(f"/v1/session/contexts/{node}")
+
+
+def test_output_past_the_cap_interrupts_the_cell_and_keeps_the_context(
+    client: ContextClient, ctx: str
+) -> None:
+    """The runner's stdout cap (1 MiB here) ends a cell that prints forever: output_limit."""
+    client.run(ctx, "n = 5")
+    flood = client.run(ctx, "while True:\n    print('y' * 1000)", timeout_ms=60_000)
+    assert flood["status"] == "output_limit"
+    assert flood["context_lost"] is False
+    assert len(flood["stdout"].encode()) <= 1024 * 1024
+    assert client.main_text(ctx, "n") == "5"

@@ -77,7 +77,8 @@ def test_files_are_owned_by_pool_uid_outside(runner: RunnerProcess) -> None:
         found: list[Path] = []
         deadline = time.monotonic() + 10
         while not found and time.monotonic() < deadline:
-            found = list((runner.workspace_root / "jobs").glob("*/ws/mine.txt"))
+            # jobs/<id>/ws (a tmpfs) or workspace-images/<n>.mnt/ws (an ext4 image)
+            found = list(runner.root.glob("*/*/ws/mine.txt"))
             time.sleep(0.05)
         assert found, "job file never appeared on the host"
         st = found[0].stat()

@@ -24,6 +24,11 @@ sees (``/preview/<id>/``), so the injected reporter posts back through that prox
 
 BROWSER_ERRORS_PATH = "__sandcell/runtime-errors"
 """Relative to a port's prefix: where the injected script POSTs a ``RuntimeErrorReport``."""
+PREVIEW_CHANGES_PATH = "__sandcell/changes"
+"""Relative to a port's prefix: ``GET`` answers ``{"version": n}``, which grows with every
+file written or removed through the session's file routes (the live-reload channel)."""
+LIVE_RELOAD_HEADER = "X-Sandcell-Live-Reload"
+"""Set to ``0`` by a proxy whose app reloads its pages itself: no reload script is injected."""
 
 SESSION_PROCESS = SESSION_PROCESSES + "/{tag}"
 SESSION_PROCESS_LOGS = SESSION_PROCESSES + "/{tag}/logs"

@@ -52,6 +52,10 @@ class ErrorCode(enum.StrEnum):
     """The context's interpreter is gone (killed, crashed, or not restored); restart it."""
     APP_NOT_RESPONDING = "app_not_responding"
     """An app preview's server did not answer (not started, crashed, or too slow)."""
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    """An ``Idempotency-Key`` already named a request with another body."""
+    IDEMPOTENCY_IN_FLIGHT = "idempotency_in_flight"
+    """The first request with this ``Idempotency-Key`` is still running; retry later."""
     INTERNAL = "internal"
 
 
@@ -82,5 +86,7 @@ ERROR_SEMANTICS: dict[ErrorCode, ErrorSemantics] = {
     ErrorCode.CONTEXT_LOST: ErrorSemantics(409, retryable=False),
     # The sandbox is fine; the app in it is not (yet) serving: fix or start it.
     ErrorCode.APP_NOT_RESPONDING: ErrorSemantics(502, retryable=True),
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: ErrorSemantics(422, retryable=False),
+    ErrorCode.IDEMPOTENCY_IN_FLIGHT: ErrorSemantics(409, retryable=True),
     ErrorCode.INTERNAL: ErrorSemantics(500, retryable=False),
 }

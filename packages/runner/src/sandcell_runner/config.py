@@ -39,6 +39,8 @@ class LimitSettings:
     file_size_mib: int = 1024
     open_files: int = 1024
     workspace_quota_mib: int = 1024
+    workspace_inodes: int = 65_536
+    """Files and directories a workspace may hold (the image's inode count)."""
     tmp_mib: int = 256
 
 
@@ -52,6 +54,8 @@ class RunnerSettings:
     production: bool = False
     workspace_root: Path = Path(tempfile.gettempdir()) / "sandcell-runner" / "workspaces"
     input_cache_dir: Path = Path(tempfile.gettempdir()) / "sandcell-runner" / "input-cache"
+    image_dir: Path = Path(tempfile.gettempdir()) / "sandcell-runner" / "workspace-images"
+    """Where the workspace images live (disk, outside every jail and the workspace root)."""
     nsjail_path: Path | None = None
     jail_mode: JailMode = "nsjail"
     uid_min: int = 20_000
@@ -145,6 +149,15 @@ class RunnerSettings:
             raise ConfigError(
                 "SANDCELL_INPUT_CACHE_DIR must lie outside SANDCELL_WORKSPACE_ROOT (and vice versa)"
             )
+        image_dir = reader.path(
+            "SANDCELL_RUNNER_IMAGE_DIR", default=workspace_root.parent / "workspace-images"
+        )
+        for other in (workspace_root, input_cache_dir):
+            if _is_within(image_dir, other) or _is_within(other, image_dir):
+                raise ConfigError(
+                    "SANDCELL_RUNNER_IMAGE_DIR must lie outside SANDCELL_WORKSPACE_ROOT and "
+                    "SANDCELL_INPUT_CACHE_DIR"
+                )
         nsjail_path = None
         if jail_mode == "nsjail":
             nsjail_path = _find_nsjail(env.get("SANDCELL_NSJAIL"))
@@ -175,6 +188,11 @@ class RunnerSettings:
             workspace_quota_mib=reader.integer(
                 "SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB", defaults.workspace_quota_mib
             ),
+            workspace_inodes=reader.integer(
+                "SANDCELL_RUNNER_WORKSPACE_INODES",
+                defaults.workspace_inodes,
+                minimum=256,
+            ),
             tmp_mib=reader.integer("SANDCELL_RUNNER_TMP_MIB", defaults.tmp_mib),
         )
         for name, default_value, cap in (
@@ -193,6 +211,7 @@ class RunnerSettings:
             production=production,
             workspace_root=workspace_root,
             input_cache_dir=input_cache_dir,
+            image_dir=image_dir,
             nsjail_path=nsjail_path,
             jail_mode=jail_mode,  # type: ignore[arg-type]
             uid_min=uid_min,

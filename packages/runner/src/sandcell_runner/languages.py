@@ -70,6 +70,11 @@ class LanguageSpec:
         entry = f"{JOB_DIR}/{self.entry_name}"
         if self.name == "python":
             return [self.binary, "-u", "-c", _PYTHON_BOOTSTRAP.format(entry=entry), *args]
+        if self.name in _COMPILED:
+            # Compiled into the job's own /tmp (a tmpfs inside the jail), then run with
+            # the caller's args; a compile error is the job's stderr and exit code.
+            script = f'out=$(mktemp) && {self.binary} -O2 -o "$out" "$0" -lm && exec "$out" "$@"'
+            return ["/bin/sh", "-c", script, entry, *args]
         if self.name == "typescript":
             # Type stripping only (no type check), as node's own --experimental-strip-types
             # does; Debian's ts-node finds its modules under /usr/share/nodejs.
@@ -84,7 +89,11 @@ _CANDIDATES: dict[str, tuple[tuple[str, ...], str, list[str]]] = {
     "node": (("/usr/bin/node", "/usr/local/bin/node"), "main.js", ["--version"]),
     # Debian's ts-node (package ts-node) on whichever node /usr/bin has.
     "typescript": (("/usr/bin/ts-node",), "main.ts", ["--version"]),
+    # Not java: Debian's JDK reads its security policy from /etc, which the jail lacks.
+    "c": (("/usr/bin/gcc",), "main.c", ["--version"]),
+    "cpp": (("/usr/bin/g++",), "main.cpp", ["--version"]),
 }
+_COMPILED = frozenset({"c", "cpp"})
 _ENV = "/usr/bin/env"
 _DEBIAN_NODE_MODULES = "/usr/share/nodejs"
 

@@ -145,7 +145,15 @@ class OutputCollector:
         ``disk_full`` is checked in the same thread hop (a hop costs more than a statvfs).
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self._collect, workspace, disk_full)
+        future = loop.run_in_executor(self._pool, self._collect, workspace, disk_full)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The thread goes on updating ``workspace.surfaced``: the caller's session
+            # lock must outlive it (it is bounded by the budget), or the next turn's
+            # collection would race this one on the same state.
+            await asyncio.wait({future})
+            raise
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

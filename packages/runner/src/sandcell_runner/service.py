@@ -80,7 +80,10 @@ class RunnerService:
         self.settings = settings
         self.warnings: list[str] = []
         self._workspaces = WorkspaceManager(
-            settings.workspace_root, quota_bytes=settings.limits.workspace_quota_mib * MIB
+            settings.workspace_root,
+            quota_bytes=settings.limits.workspace_quota_mib * MIB,
+            inodes=settings.limits.workspace_inodes,
+            image_dir=settings.image_dir,
         )
         self._workspaces.prepare()
         instance = instance_key(settings.workspace_root)
@@ -182,6 +185,8 @@ class RunnerService:
                 max_bytes=settings.checkpoint_max_bytes,
                 max_members=settings.checkpoint_max_members,
             ),
+            cgroups=self._cgroups,
+            memory_bytes=settings.limits.memory_mib * MIB,
         )
         # A restore replaces the workspace the interpreters run in: their state is gone.
         self.checkpoints.restore_hooks.append(self._lose_contexts)
@@ -210,6 +215,11 @@ class RunnerService:
             )
         elif not self._cgroups.cpu_limited:
             self.warnings.append("no cpu cgroup controller: the session's CPU use is not bounded")
+        if self._workspaces.backend == "tmpfs":
+            self.warnings.append(
+                "workspace images unavailable (no loop devices or mkfs.ext4): workspaces are "
+                "tmpfs, so their bytes are memory charged to the jobs that write them"
+            )
         if not self._workspaces.quota_enforced:
             self.warnings.append("workspace disk quota not enforced (not root: no tmpfs mounts)")
         if self._uids.shared:
@@ -488,6 +498,8 @@ class RunnerService:
             await asyncio.to_thread(self._spawner.close)
             await asyncio.to_thread(self._cgroups.release_all)
         self._outputs.close()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(self._workspaces.close)
         self._lease.release()
 
 

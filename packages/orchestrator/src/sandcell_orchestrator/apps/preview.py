@@ -39,7 +39,11 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandcell_protocol import ErrorCode, encode, error_body
-from sandcell_protocol.app_messages import BROWSER_ERRORS_PATH, FORWARDED_PREFIX_HEADER
+from sandcell_protocol.app_messages import (
+    BROWSER_ERRORS_PATH,
+    FORWARDED_PREFIX_HEADER,
+    LIVE_RELOAD_HEADER,
+)
 
 from ..errors import SandcellError
 from .instances import AppInstances, Instance
@@ -227,6 +231,7 @@ class PreviewProxy:
         if cookies:
             upstream_headers["cookie"] = cookies
         upstream_headers[FORWARDED_PREFIX_HEADER.lower()] = instance.preview_prefix
+        upstream_headers[LIVE_RELOAD_HEADER.lower()] = "1" if instance.manifest.live_reload else "0"
         upstream_headers["x-forwarded-proto"] = request.url.scheme
         if "host" in request.headers:
             upstream_headers["x-forwarded-host"] = request.headers["host"]

@@ -4,6 +4,8 @@ The manifest declares how an instance of the template is brought up::
 
     description = "A stdlib-only Python web app"
     preview_port = 8000            # the port /preview/<id>/ is proxied to
+    live_reload = true             # optional: reload open tabs after a file write
+                                   # (false when the app reloads itself)
 
     [install]                      # optional: run once, to completion, after copying
     command = "python3 -m compileall -q ."
@@ -97,6 +99,9 @@ class TemplateManifest(_Strict, frozen=True):
     description: str = ""
     install: InstallStep | None = None
     ready: ReadyCheck = msgspec.field(default_factory=ReadyCheck)
+    live_reload: bool = True
+    """Reload an open preview tab after a file write (set false when the app's own
+    dev tooling reloads its pages: Vite, webpack-dev-server, …)."""
 
     @property
     def ready_port(self) -> int:

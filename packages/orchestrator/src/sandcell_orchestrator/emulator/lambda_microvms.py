@@ -385,9 +385,11 @@ def serve_in_thread(
     emulator: MicrovmEmulator, *, host: str = "127.0.0.1", port: int = 0
 ) -> Iterator[str]:
     """Serve ``emulator`` with uvicorn in a thread; yields its base URL. Stops on exit."""
-    config = uvicorn.Config(
-        emulator.app, host=host, port=port, log_level="warning", lifespan="on", access_log=False
-    )
+    # An emulator served inside another process (a test, an embedder) leaves that
+    # process's logging alone: uvicorn's dictConfig, a log level or access_log=False
+    # each reconfigure the process-wide uvicorn loggers (access_log=False stops
+    # uvicorn.access propagating for every later server in the process).
+    config = uvicorn.Config(emulator.app, host=host, port=port, lifespan="on", log_config=None)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="microvm-emulator", daemon=True)
     thread.start()

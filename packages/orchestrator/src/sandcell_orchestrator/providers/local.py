@@ -250,7 +250,7 @@ class LocalProvider:
     async def _kill(self, runner: _Runner) -> None:
         if not _alive(runner):
             # Gone before us (crashed, killed): its cgroups may be left behind.
-            await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
+            await self._reap_cgroups(runner)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(runner.pid, signal.SIGTERM)
@@ -262,10 +262,15 @@ class LocalProvider:
             await asyncio.sleep(0.05)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(runner.pid, signal.SIGKILL)
-        for _ in range(40):
-            if not _alive(runner):
+        await self._reap_cgroups(runner)
+
+    async def _reap_cgroups(self, runner: _Runner) -> None:
+        # Dying, or a zombie (which still counts as a member of its cgroups, so rmdir
+        # says EBUSY until whoever started it reaps it): wait for that, briefly.
+        for _ in range(100):
+            if not (_alive(runner) or _is_zombie_runner(runner)):
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
         await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
 
     async def _kill_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
@@ -286,6 +291,13 @@ def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
 
 def _die_with_parent() -> None:
     _libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _is_zombie_runner(runner: _Runner) -> bool:
+    try:
+        return psutil.Process(runner.pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _alive(runner: _Runner) -> bool:

@@ -45,15 +45,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FencedError",
+    "IdempotencyEntry",
     "InProcessRegistry",
     "Lease",
     "RedisRegistry",
+    "SessionOwner",
     "SessionRecord",
     "SessionRegistry",
     "SessionState",
     "SqliteRegistry",
     "hold_session",
     "lock_ttl_ms",
+    "validate_idempotency_key",
     "validate_session_id",
 ]
 
@@ -132,6 +135,57 @@ _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder(SessionRecord)
 
 
+class SessionOwner(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Whose a runtime session is: the session index every worker reads.
+
+    Records do not carry their tenant (they are written on the lifecycle's hot
+    path, by code that knows no tenants); the serving surfaces index a session
+    here when a tenant names it, and look it up before any session route.
+    """
+
+    session_id: str
+    namespace: str
+    user_id: str
+    hint: str
+
+    def __post_init__(self) -> None:
+        validate_session_id(self.session_id)
+
+    def to_json(self) -> bytes:
+        return _ENCODER.encode(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> SessionOwner:
+        return _OWNER_DECODER.decode(data)
+
+
+_OWNER_DECODER = msgspec.json.Decoder(SessionOwner)
+
+
+class IdempotencyEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """What a registry holds for an idempotency key someone else already claimed.
+
+    ``done`` is false while the first request still runs (``status`` 0, ``body``
+    empty); then ``status`` and ``body`` are the answer it gave, replayed as is.
+    """
+
+    fingerprint: str
+    done: bool
+    status: int
+    body: bytes
+
+
+def validate_idempotency_key(key: str) -> str:
+    """Return ``key`` if it is a stored idempotency key (64 lowercase hex digits).
+
+    Callers hash what clients send (tenant, route, header) into one; nothing a
+    client names reaches a storage key unhashed.
+    """
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise ValueError("idempotency key: must be 64 lowercase hex digits")
+    return key
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lease:
     """Proof of holding a session's lock. The token is a secret: ``repr`` hides it.
@@ -208,6 +262,45 @@ class SessionRegistry(Protocol):
 
     async def list_records(self) -> list[SessionRecord]:
         """Every readable record, by session id; corrupt ones are skipped (logged)."""
+        ...
+
+    async def index_session(self, owner: SessionOwner) -> None:
+        """Record whose ``owner.session_id`` is (idempotent; the latest write wins)."""
+        ...
+
+    async def session_owner(self, session_id: str) -> SessionOwner | None:
+        """Whose the session is; ``None`` if it was never indexed (or was unindexed)."""
+        ...
+
+    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
+        """The sessions indexed for ``namespace``, by session id."""
+        ...
+
+    async def unindex_session(self, session_id: str) -> None:
+        """Forget whose the session is (it was destroyed); idempotent."""
+        ...
+
+    async def claim_idempotency(
+        self, key: str, *, fingerprint: str, token: str, ttl_ms: int
+    ) -> IdempotencyEntry | None:
+        """Claim ``key`` for ``token`` for ``ttl_ms`` if nobody has (``None``); else its entry.
+
+        Atomic: of two concurrent claims exactly one gets ``None``.
+        """
+        ...
+
+    async def renew_idempotency(self, key: str, *, token: str, ttl_ms: int) -> bool:
+        """Keep a pending claim of ``token`` alive for ``ttl_ms``; ``False`` if it is not ours."""
+        ...
+
+    async def finish_idempotency(
+        self, key: str, *, token: str, status: int, body: bytes, ttl_ms: int
+    ) -> bool:
+        """Store the answer of ``token``'s claim, kept ``ttl_ms``; ``False`` if not ours."""
+        ...
+
+    async def drop_idempotency(self, key: str, *, token: str) -> bool:
+        """Forget ``token``'s pending claim (the request failed: a retry runs again)."""
         ...
 
     async def close(self) -> None:

@@ -21,9 +21,12 @@ import anyio
 from ..errors import LockLostError
 from . import (
     FencedError,
+    IdempotencyEntry,
     Lease,
+    SessionOwner,
     SessionRecord,
     _CorruptRecordLog,
+    validate_idempotency_key,
     validate_session_id,
 )
 
@@ -42,6 +45,9 @@ class InProcessRegistry:
         self._records: dict[str, bytes] = {}
         self._generations: dict[str, int] = {}
         self._last_seen: dict[str, float] = {}
+        # idempotency key -> (token, entry, expires at, by ``clock``)
+        self._idempotency: dict[str, tuple[str, IdempotencyEntry, float]] = {}
+        self._owners: dict[str, SessionOwner] = {}
         self._corrupt = _CorruptRecordLog(logger)
 
     def __repr__(self) -> str:
@@ -157,6 +163,83 @@ class InProcessRegistry:
         await anyio.lowlevel.checkpoint()
         records = (self._corrupt.decode(sid, raw) for sid, raw in sorted(self._records.items()))
         return [record for record in records if record is not None]
+
+    async def index_session(self, owner: SessionOwner) -> None:
+        """Record whose the session is."""
+        await anyio.lowlevel.checkpoint()
+        self._owners[owner.session_id] = owner
+
+    async def session_owner(self, session_id: str) -> SessionOwner | None:
+        """Whose the session is."""
+        validate_session_id(session_id)
+        await anyio.lowlevel.checkpoint()
+        return self._owners.get(session_id)
+
+    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
+        """The namespace's sessions, by id."""
+        await anyio.lowlevel.checkpoint()
+        return [o for _, o in sorted(self._owners.items()) if o.namespace == namespace]
+
+    async def unindex_session(self, session_id: str) -> None:
+        """Forget whose the session is."""
+        validate_session_id(session_id)
+        await anyio.lowlevel.checkpoint()
+        self._owners.pop(session_id, None)
+
+    def _idempotent(self, key: str) -> tuple[str, IdempotencyEntry, float] | None:
+        validate_idempotency_key(key)
+        held = self._idempotency.get(key)
+        if held is not None and self._clock() >= held[2]:
+            del self._idempotency[key]
+            return None
+        return held
+
+    async def claim_idempotency(
+        self, key: str, *, fingerprint: str, token: str, ttl_ms: int
+    ) -> IdempotencyEntry | None:
+        """Claim ``key`` unless someone has; else the entry found."""
+        _check_ttl(ttl_ms)
+        await anyio.lowlevel.checkpoint()
+        held = self._idempotent(key)
+        if held is not None:
+            return held[1]
+        pending = IdempotencyEntry(fingerprint=fingerprint, done=False, status=0, body=b"")
+        self._idempotency[key] = (token, pending, self._clock() + ttl_ms / 1000)
+        return None
+
+    async def renew_idempotency(self, key: str, *, token: str, ttl_ms: int) -> bool:
+        """Extend ``token``'s pending claim."""
+        _check_ttl(ttl_ms)
+        await anyio.lowlevel.checkpoint()
+        held = self._idempotent(key)
+        if held is None or held[0] != token or held[1].done:
+            return False
+        self._idempotency[key] = (token, held[1], self._clock() + ttl_ms / 1000)
+        return True
+
+    async def finish_idempotency(
+        self, key: str, *, token: str, status: int, body: bytes, ttl_ms: int
+    ) -> bool:
+        """Store the answer of ``token``'s claim."""
+        _check_ttl(ttl_ms)
+        await anyio.lowlevel.checkpoint()
+        held = self._idempotent(key)
+        if held is None or held[0] != token:
+            return False
+        done = IdempotencyEntry(
+            fingerprint=held[1].fingerprint, done=True, status=status, body=bytes(body)
+        )
+        self._idempotency[key] = (token, done, self._clock() + ttl_ms / 1000)
+        return True
+
+    async def drop_idempotency(self, key: str, *, token: str) -> bool:
+        """Forget ``token``'s pending claim."""
+        await anyio.lowlevel.checkpoint()
+        held = self._idempotent(key)
+        if held is None or held[0] != token or held[1].done:
+            return False
+        del self._idempotency[key]
+        return True
 
     async def close(self) -> None:
         """Nothing to release; present for the protocol."""

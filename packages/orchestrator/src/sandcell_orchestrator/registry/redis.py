@@ -10,6 +10,10 @@ runtime session id (``rt_`` + 64 hex digits, validated before it reaches a key):
     <prefix>sessions       set     ids that have a record (feeds list_records
                                    without a keyspace SCAN)
     <prefix>last_seen      zset    id -> wall-clock seconds of last use (idle sweeper)
+    <prefix>owners         hash    id -> SessionOwner JSON (the session index)
+    <prefix>ns:<sha256>    set     ids indexed for one namespace (hashed: any text)
+    <prefix>idem:<key>     hash    token, fingerprint, done, status, body of a claimed
+                                   idempotency key (a sha256 hex); PX-expiring
 
 Locks are taken with ``SET NX PX``; renew, release, and every write go through
 the Lua scripts below, so "is the lock still mine, is my generation current"
@@ -20,21 +24,26 @@ behind Sentinel), not Redis Cluster.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import msgspec
 import redis.asyncio
 import redis.exceptions
 
 from ..errors import LockLostError, RegistryError
 from . import (
     FencedError,
+    IdempotencyEntry,
     Lease,
+    SessionOwner,
     SessionRecord,
     _CorruptRecordLog,
+    validate_idempotency_key,
     validate_session_id,
 )
 
@@ -114,6 +123,53 @@ return {1, current}
 """
 
 
+# KEYS[1] idempotency key
+# ARGV[1] token, ARGV[2] fingerprint, ARGV[3] ttl in ms
+# Returns {} if claimed, else {fingerprint, done, status, body} of the holder.
+CLAIM_IDEMPOTENCY_LUA = """
+if redis.call('exists', KEYS[1]) == 0 then
+    redis.call('hset', KEYS[1], 'token', ARGV[1], 'fingerprint', ARGV[2],
+        'done', '0', 'status', '0', 'body', '')
+    redis.call('pexpire', KEYS[1], ARGV[3])
+    return {}
+end
+return redis.call('hmget', KEYS[1], 'fingerprint', 'done', 'status', 'body')
+"""
+
+# KEYS[1] idempotency key
+# ARGV[1] token, ARGV[2] ttl in ms
+# Returns 1 if the pending claim was extended, 0 if it is not ours (or answered).
+RENEW_IDEMPOTENCY_LUA = """
+if redis.call('hget', KEYS[1], 'token') == ARGV[1]
+        and redis.call('hget', KEYS[1], 'done') == '0' then
+    return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS[1] idempotency key
+# ARGV[1] token, ARGV[2] status, ARGV[3] body, ARGV[4] ttl in ms
+# Returns 1 if the answer was stored, 0 if the claim is not ours.
+FINISH_IDEMPOTENCY_LUA = """
+if redis.call('hget', KEYS[1], 'token') == ARGV[1] then
+    redis.call('hset', KEYS[1], 'done', '1', 'status', ARGV[2], 'body', ARGV[3])
+    return redis.call('pexpire', KEYS[1], ARGV[4])
+end
+return 0
+"""
+
+# KEYS[1] idempotency key
+# ARGV[1] token
+# Returns 1 if the pending claim was deleted, 0 if it is not ours (or answered).
+DROP_IDEMPOTENCY_LUA = """
+if redis.call('hget', KEYS[1], 'token') == ARGV[1]
+        and redis.call('hget', KEYS[1], 'done') == '0' then
+    return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
 @contextmanager
 def _map_redis_errors(operation: str) -> Iterator[None]:
     try:
@@ -151,6 +207,10 @@ class RedisRegistry:
         self._put = client.register_script(PUT_LUA)
         self._delete = client.register_script(DELETE_LUA)
         self._next_generation = client.register_script(NEXT_GENERATION_LUA)
+        self._claim_idem = client.register_script(CLAIM_IDEMPOTENCY_LUA)
+        self._renew_idem = client.register_script(RENEW_IDEMPOTENCY_LUA)
+        self._finish_idem = client.register_script(FINISH_IDEMPOTENCY_LUA)
+        self._drop_idem = client.register_script(DROP_IDEMPOTENCY_LUA)
         self._corrupt = _CorruptRecordLog(logger)
 
     @classmethod
@@ -313,6 +373,98 @@ class RedisRegistry:
                         records.append(record)
         return records
 
+    def _namespace_key(self, namespace: str) -> str:
+        return f"{self._prefix}ns:{hashlib.sha256(namespace.encode()).hexdigest()}"
+
+    async def index_session(self, owner: SessionOwner) -> None:
+        """``HSET owners`` + ``SADD`` to the namespace's set, in one transaction."""
+        previous = await self.session_owner(owner.session_id)
+        with _map_redis_errors("index_session"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                if previous is not None and previous.namespace != owner.namespace:
+                    pipe.srem(self._namespace_key(previous.namespace), owner.session_id)
+                pipe.hset(f"{self._prefix}owners", owner.session_id, owner.to_json())
+                pipe.sadd(self._namespace_key(owner.namespace), owner.session_id)
+                await pipe.execute()
+
+    async def session_owner(self, session_id: str) -> SessionOwner | None:
+        """``HGET owners``; ``None`` if missing or unreadable."""
+        validate_session_id(session_id)
+        with _map_redis_errors("session_owner"):
+            raw = await self._client.hget(f"{self._prefix}owners", session_id)
+        return None if raw is None else _decode_owner(raw)
+
+    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
+        """The namespace's set, then ``HMGET owners`` (entries of another namespace skipped)."""
+        with _map_redis_errors("sessions_of"):
+            members = await self._client.smembers(self._namespace_key(namespace))
+            session_ids = sorted(_text(member) for member in members)
+            if not session_ids:
+                return []
+            raws = await self._client.hmget(f"{self._prefix}owners", session_ids)
+        owners = (None if raw is None else _decode_owner(raw) for raw in raws)
+        return [o for o in owners if o is not None and o.namespace == namespace]
+
+    async def unindex_session(self, session_id: str) -> None:
+        """``HDEL owners`` and ``SREM`` from its namespace's set."""
+        previous = await self.session_owner(session_id)
+        with _map_redis_errors("unindex_session"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hdel(f"{self._prefix}owners", session_id)
+                if previous is not None:
+                    pipe.srem(self._namespace_key(previous.namespace), session_id)
+                await pipe.execute()
+
+    def _idem_key(self, key: str) -> str:
+        return f"{self._prefix}idem:{validate_idempotency_key(key)}"
+
+    async def claim_idempotency(
+        self, key: str, *, fingerprint: str, token: str, ttl_ms: int
+    ) -> IdempotencyEntry | None:
+        """Claim ``key`` unless someone has (``CLAIM_IDEMPOTENCY_LUA``); else its entry."""
+        _check_ttl(ttl_ms)
+        with _map_redis_errors("claim_idempotency"):
+            found = await self._claim_idem(
+                keys=[self._idem_key(key)], args=[token, fingerprint, ttl_ms]
+            )
+        if not found:
+            return None
+        held_fingerprint, done, status, body = found
+        if held_fingerprint is None:
+            # A hash without our fields was not written by this registry.
+            raise RegistryError("idempotency entry is corrupt")
+        raw = body if isinstance(body, bytes) else (body or "").encode()
+        return IdempotencyEntry(
+            fingerprint=_text(held_fingerprint),
+            done=_text(done) == "1",
+            status=int(status),
+            body=raw,
+        )
+
+    async def renew_idempotency(self, key: str, *, token: str, ttl_ms: int) -> bool:
+        """Extend ``token``'s pending claim (``RENEW_IDEMPOTENCY_LUA``)."""
+        _check_ttl(ttl_ms)
+        with _map_redis_errors("renew_idempotency"):
+            result = await self._renew_idem(keys=[self._idem_key(key)], args=[token, ttl_ms])
+        return bool(result)
+
+    async def finish_idempotency(
+        self, key: str, *, token: str, status: int, body: bytes, ttl_ms: int
+    ) -> bool:
+        """Store the answer of ``token``'s claim (``FINISH_IDEMPOTENCY_LUA``)."""
+        _check_ttl(ttl_ms)
+        with _map_redis_errors("finish_idempotency"):
+            result = await self._finish_idem(
+                keys=[self._idem_key(key)], args=[token, status, bytes(body), ttl_ms]
+            )
+        return bool(result)
+
+    async def drop_idempotency(self, key: str, *, token: str) -> bool:
+        """Forget ``token``'s pending claim (``DROP_IDEMPOTENCY_LUA``)."""
+        with _map_redis_errors("drop_idempotency"):
+            result = await self._drop_idem(keys=[self._idem_key(key)], args=[token])
+        return bool(result)
+
     async def close(self) -> None:
         """Close the client if this registry created it; idempotent."""
         if self._closed:
@@ -334,6 +486,14 @@ def _raise_if_refused(result: Any, *, session_id: str, generation: int) -> None:
         generation=generation,
         current_generation=current,
     )
+
+
+def _decode_owner(raw: bytes | str) -> SessionOwner | None:
+    try:
+        return SessionOwner.from_json(raw)
+    except (msgspec.DecodeError, ValueError):
+        logger.warning("a session index entry is unreadable; skipping it")
+        return None
 
 
 def _check_ttl(ttl_ms: int) -> None:

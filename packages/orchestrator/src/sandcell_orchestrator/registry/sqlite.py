@@ -10,6 +10,9 @@ process on the machine opens:
     generations(session_id, generation)             never deleted (fencing)
     records(session_id, raw)                         the SessionRecord JSON
     last_seen(session_id, at_s)                      wall-clock seconds
+    owners(session_id, namespace, user_id, hint)     the session index (whose it is)
+    idempotency(key, token, fingerprint, done, status, body, expires_at, boot_id)
+                                                     requests claimed or answered
 
 Each operation is one transaction. Writers open it with ``BEGIN IMMEDIATE``
 (the database's write lock first, so "is the lock mine, is my generation
@@ -41,7 +44,16 @@ from typing import TypeVar
 import anyio.to_thread
 
 from ..errors import LockLostError, RegistryError
-from . import FencedError, Lease, SessionRecord, _CorruptRecordLog, validate_session_id
+from . import (
+    FencedError,
+    IdempotencyEntry,
+    Lease,
+    SessionOwner,
+    SessionRecord,
+    _CorruptRecordLog,
+    validate_idempotency_key,
+    validate_session_id,
+)
 from .memory import _check_floor, _check_ttl
 
 __all__ = ["SqliteRegistry"]
@@ -68,6 +80,23 @@ CREATE TABLE IF NOT EXISTS records (
 CREATE TABLE IF NOT EXISTS last_seen (
     session_id TEXT PRIMARY KEY,
     at_s REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS owners (
+    session_id TEXT PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    user_id TEXT NOT NULL,
+    hint TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS owners_by_namespace ON owners (namespace, session_id);
+CREATE TABLE IF NOT EXISTS idempotency (
+    key TEXT PRIMARY KEY,
+    token TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    done INTEGER NOT NULL,
+    status INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    expires_at REAL NOT NULL,
+    boot_id TEXT NOT NULL
 );
 """
 
@@ -341,6 +370,138 @@ class SqliteRegistry:
         records = (self._corrupt.decode(sid, raw) for sid, raw in rows)
         return [record for record in records if record is not None]
 
+    # -- the session index ----------------------------------------------------------
+
+    async def index_session(self, owner: SessionOwner) -> None:
+        """Record whose the session is."""
+
+        def work() -> None:
+            with self._transaction(write=True) as db:
+                db.execute(
+                    "INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?)",
+                    (owner.session_id, owner.namespace, owner.user_id, owner.hint),
+                )
+
+        await self._run("index_session", work)
+
+    async def session_owner(self, session_id: str) -> SessionOwner | None:
+        """Whose the session is."""
+        validate_session_id(session_id)
+
+        def work() -> SessionOwner | None:
+            with self._transaction(write=False) as db:
+                row = db.execute(
+                    "SELECT session_id, namespace, user_id, hint FROM owners WHERE session_id = ?",
+                    (session_id,),
+                ).fetchone()
+            return None if row is None else _owner(row)
+
+        return await self._run("session_owner", work)
+
+    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
+        """The namespace's sessions, by id."""
+
+        def work() -> list[SessionOwner]:
+            with self._transaction(write=False) as db:
+                rows = db.execute(
+                    "SELECT session_id, namespace, user_id, hint FROM owners"
+                    " WHERE namespace = ? ORDER BY session_id",
+                    (namespace,),
+                ).fetchall()
+            return [_owner(row) for row in rows]
+
+        return await self._run("sessions_of", work)
+
+    async def unindex_session(self, session_id: str) -> None:
+        """Forget whose the session is."""
+        validate_session_id(session_id)
+
+        def work() -> None:
+            with self._transaction(write=True) as db:
+                db.execute("DELETE FROM owners WHERE session_id = ?", (session_id,))
+
+        await self._run("unindex_session", work)
+
+    # -- idempotency --------------------------------------------------------------
+    # Expiry is on CLOCK_MONOTONIC like the locks: an answer kept from another
+    # boot is forgotten (a retry then runs again), never misread as current.
+
+    def _idempotent(self, db: sqlite3.Connection, key: str) -> tuple[str, IdempotencyEntry] | None:
+        row = db.execute(
+            "SELECT token, fingerprint, done, status, body, expires_at, boot_id"
+            " FROM idempotency WHERE key = ?",
+            (key,),
+        ).fetchone()
+        if row is None:
+            return None
+        token, fingerprint, done, status, body, expires_at, boot_id = row
+        if boot_id != self._boot_id or self._clock() >= expires_at:
+            return None
+        entry = IdempotencyEntry(
+            fingerprint=str(fingerprint), done=bool(done), status=int(status), body=bytes(body)
+        )
+        return str(token), entry
+
+    async def claim_idempotency(
+        self, key: str, *, fingerprint: str, token: str, ttl_ms: int
+    ) -> IdempotencyEntry | None:
+        """Claim ``key`` unless someone has; else the entry found."""
+        validate_idempotency_key(key)
+        _check_ttl(ttl_ms)
+
+        def work() -> IdempotencyEntry | None:
+            with self._transaction(write=True) as db:
+                held = self._idempotent(db, key)
+                if held is not None:
+                    return held[1]
+                db.execute(
+                    "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, 0, 0, ?, ?, ?)",
+                    (key, token, fingerprint, b"", self._clock() + ttl_ms / 1000, self._boot_id),
+                )
+                return None
+
+        return await self._run("claim_idempotency", work)
+
+    def _update_own(
+        self, key: str, token: str, *, pending_only: bool, sql: str, args: tuple[object, ...]
+    ) -> Callable[[], bool]:
+        validate_idempotency_key(key)
+
+        def work() -> bool:
+            with self._transaction(write=True) as db:
+                held = self._idempotent(db, key)
+                if held is None or held[0] != token or (pending_only and held[1].done):
+                    return False
+                db.execute(sql, (*args, key))
+                return True
+
+        return work
+
+    async def renew_idempotency(self, key: str, *, token: str, ttl_ms: int) -> bool:
+        """Extend ``token``'s pending claim."""
+        _check_ttl(ttl_ms)
+        sql = "UPDATE idempotency SET expires_at = ? WHERE key = ?"
+        work = self._update_own(
+            key, token, pending_only=True, sql=sql, args=(self._clock() + ttl_ms / 1000,)
+        )
+        return await self._run("renew_idempotency", work)
+
+    async def finish_idempotency(
+        self, key: str, *, token: str, status: int, body: bytes, ttl_ms: int
+    ) -> bool:
+        """Store the answer of ``token``'s claim."""
+        _check_ttl(ttl_ms)
+        sql = "UPDATE idempotency SET done = 1, status = ?, body = ?, expires_at = ? WHERE key = ?"
+        args = (status, bytes(body), self._clock() + ttl_ms / 1000)
+        work = self._update_own(key, token, pending_only=False, sql=sql, args=args)
+        return await self._run("finish_idempotency", work)
+
+    async def drop_idempotency(self, key: str, *, token: str) -> bool:
+        """Forget ``token``'s pending claim."""
+        sql = "DELETE FROM idempotency WHERE key = ?"
+        work = self._update_own(key, token, pending_only=True, sql=sql, args=())
+        return await self._run("drop_idempotency", work)
+
     async def close(self) -> None:
         """Close the connection; idempotent (the file stays for the next process)."""
 
@@ -356,6 +517,11 @@ class SqliteRegistry:
 def _locked(mutex: threading.Lock, work: Callable[[], None]) -> None:
     with mutex:
         work()
+
+
+def _owner(row: tuple[object, ...]) -> SessionOwner:
+    session_id, namespace, user_id, hint = (str(value) for value in row)
+    return SessionOwner(session_id=session_id, namespace=namespace, user_id=user_id, hint=hint)
 
 
 def _generation(connection: sqlite3.Connection, session_id: str) -> int:

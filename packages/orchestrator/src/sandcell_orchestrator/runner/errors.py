@@ -66,6 +66,10 @@ ERROR_CODE_MAP: Mapping[ErrorCode, type[SandcellError]] = MappingProxyType(
         ErrorCode.PROTOCOL_MISMATCH: ProtocolMismatchError,
         ErrorCode.BUSY: SandboxUnavailableError,
         ErrorCode.CONTEXT_LOST: ContextLostError,
+        # Codes of serve's own routes (app previews, idempotency); a runner never sends them.
+        ErrorCode.APP_NOT_RESPONDING: RunnerRequestError,
+        ErrorCode.IDEMPOTENCY_KEY_REUSED: RunnerRequestError,
+        ErrorCode.IDEMPOTENCY_IN_FLIGHT: RunnerRequestError,
         # Not retryable on the wire; RunnerRequestError keeps the code so the
         # caller can still choose to recycle the sandbox.
         ErrorCode.INTERNAL: RunnerRequestError,

@@ -3,7 +3,8 @@
 Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``ErrorBody``):
 
     POST   /v1/exec             ExecCall -> ExecuteResult       bearer API key
-                                (Accept: application/x-ndjson: StreamEvent lines, see stream.py)
+                                (Accept: application/x-ndjson: StreamEvent lines, see stream.py;
+                                Idempotency-Key: a retry gets the first answer, idempotency.py)
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
     PUT    /v1/sessions/{id}/egress  EgressPolicy -> EgressStatus  bearer API key
@@ -14,10 +15,10 @@ Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``Erro
 
 Each API key (``SANDCELL_API_KEYS``) maps to a tenant namespace; the namespace
 comes from the key, never from the body, so one tenant cannot name another's
-session. Session records do not carry a namespace, so this service keeps an
-in-memory index (session id -> namespace, user, hint) filled by ``/v1/exec``:
-``GET``/``DELETE /v1/sessions`` see a session only after an exec through this
-process (a restart or another replica forgets it until its next exec).
+session. Session records do not carry a namespace, so ``/v1/exec`` and
+``/v1/run`` index each session they are given in the registry's session index
+(session id -> namespace, user, hint): with a Redis registry every worker lists
+and finds every session, whichever worker ran it.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
@@ -41,10 +41,14 @@ from sandcell_protocol import (
     ErrorCode,
     ExecCall,
     ExecuteRequest,
+    ExecuteResult,
     ProtocolError,
+    ResultEvent,
     decode,
     encode,
+    encode_event,
     is_runtime_session_id,
+    routes,
     runtime_session_id,
 )
 
@@ -53,7 +57,9 @@ from ..config import OrchestratorSettings
 from ..errors import ConfigError, SandboxNotFoundError, SandcellError
 from ..extras import needs_extra
 from ..metrics import render_provider_counters
+from ..registry import SessionOwner
 from ..sessions.execution import ExecutionService, Identity
+from ..sessions.output import OnOutput
 from .auth import INSECURE_NO_AUTH_ENV, load_api_keys
 from .contexts import ContextRoutes
 from .errors import (
@@ -65,6 +71,7 @@ from .errors import (
     map_error,
     read_body,
 )
+from .idempotency import Idempotency, IdempotencyConflict, Replay, idempotency_key, replayed
 from .stream import run_until_disconnect, stream_turn, wants_stream
 
 __all__ = [
@@ -98,11 +105,12 @@ class SessionList(msgspec.Struct, frozen=True, kw_only=True):
     sessions: list[SessionInfo]
 
 
-@dataclass(frozen=True, slots=True)
-class _Owner:
-    namespace: str
-    user_id: str
-    hint: str
+def _replay_exec(stored: Replay, *, stream: bool) -> Response:
+    """A stored ``/v1/exec`` answer, in the form this retry asked for."""
+    if not stream:
+        return Response(stored.body, status_code=stored.status, media_type=JSON_MEDIA_TYPE)
+    event = ResultEvent(result=decode(stored.body, ExecuteResult))
+    return Response(encode_event(event), media_type=routes.NDJSON)
 
 
 def _execute_request(call: ExecCall) -> ExecuteRequest:
@@ -120,7 +128,7 @@ class _Service:
         self.keys = load_api_keys(settings)
         self._given = services
         self._services = services
-        self._owners: dict[str, _Owner] = {}
+        self.idempotency = Idempotency(lambda: self.services.registry)
 
     @property
     def services(self) -> Services:
@@ -166,25 +174,34 @@ class _Service:
 
     async def exec(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
-        call = decode(await read_body(request), ExecCall)
+        key = idempotency_key(request)
+        body = await read_body(request)
+        call = decode(body, ExecCall)
         run = _execute_request(call)
         hint = call.runtime_session_hint
         if hint is not None:
             # Derived here too so a bad user_id is a 400 before any sandbox work,
             # and indexed before the turn so a failed turn's session is deletable.
             session_id = runtime_session_id(namespace, call.user_id, hint)
-            self._owners[session_id] = _Owner(namespace, call.user_id, hint)
+            await self.remember(session_id, namespace, call.user_id, hint)
         identity = Identity(namespace=namespace, user_id=call.user_id)
-        if wants_stream(request):
-            return await stream_turn(
-                request,
-                lambda on_output: self.execution.execute(
-                    run, identity, hint=hint, on_output=on_output, egress=call.egress
-                ),
-            )
-        result = await run_until_disconnect(
-            request, self.execution.execute(run, identity, hint=hint, egress=call.egress)
+        claim = await self.idempotency.claim(
+            surface="v1/exec", namespace=namespace, key=key, body=body
         )
+        if isinstance(claim, IdempotencyConflict):
+            return claim.response()
+        if isinstance(claim, Replay):
+            return replayed(_replay_exec(claim, stream=wants_stream(request)))
+
+        def turn(on_output: OnOutput | None) -> Awaitable[ExecuteResult]:
+            work = self.execution.execute(
+                run, identity, hint=hint, on_output=on_output, egress=call.egress
+            )
+            return claim.kept(work, stored=lambda result: (200, encode(result)))
+
+        if wants_stream(request):
+            return await stream_turn(request, turn)
+        result = await run_until_disconnect(request, turn(None))
         if result is None:  # the caller left: the turn was cancelled, nobody reads this
             return Response(status_code=499)
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)
@@ -195,8 +212,7 @@ class _Service:
         if not is_runtime_session_id(session_id):
             raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
         policy = decode(await read_body(request), EgressPolicy)
-        owner = self._owners.get(session_id)
-        if owner is None or owner.namespace != namespace:
+        if await self.owner_of(session_id) != namespace:
             return error_response(404, ErrorCode.NOT_FOUND, "no such session")
         try:
             status = await self.services.manager.set_egress(session_id, policy)
@@ -208,9 +224,8 @@ class _Service:
         namespace = self.keys.namespace(request)
         services = self.services
         sessions: list[SessionInfo] = []
-        for session_id, owner in sorted(self._owners.items()):
-            if owner.namespace != namespace:
-                continue
+        for owner in await services.registry.sessions_of(namespace):
+            session_id = owner.session_id
             record = await services.manager.record(session_id)
             saved = await services.manager.current_checkpoint(session_id) is not None
             if record is None and not saved:
@@ -232,20 +247,23 @@ class _Service:
         session_id = request.path_params["session_id"]
         if not is_runtime_session_id(session_id):
             raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
-        owner = self._owners.get(session_id)
-        if owner is None or owner.namespace != namespace:
+        if await self.owner_of(session_id) != namespace:
             # Another tenant's session and an unknown one look alike.
             return error_response(404, ErrorCode.NOT_FOUND, "no such session")
         await self.execution.destroy_session(session_id)
-        self._owners.pop(session_id, None)
+        await self.services.registry.unindex_session(session_id)
         return Response(status_code=204)
 
-    def remember(self, session_id: str, namespace: str, user_id: str, hint: str) -> None:
-        """Index a session a tenant named (``/v1/run`` does it like ``/v1/exec``)."""
-        self._owners[session_id] = _Owner(namespace, user_id, hint)
+    async def remember(self, session_id: str, namespace: str, user_id: str, hint: str) -> None:
+        """Index a session a tenant named (``/v1/run`` does it like ``/v1/exec``).
 
-    def owner_of(self, session_id: str) -> str | None:
-        owner = self._owners.get(session_id)
+        The index is the registry's, so every worker on it lists and finds it.
+        """
+        owner = SessionOwner(session_id=session_id, namespace=namespace, user_id=user_id, hint=hint)
+        await self.services.registry.index_session(owner)
+
+    async def owner_of(self, session_id: str) -> str | None:
+        owner = await self.services.registry.session_owner(session_id)
         return owner.namespace if owner is not None else None
 
     async def healthz(self, _request: Request) -> Response:
@@ -278,6 +296,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         namespace_of=service.keys.namespace,
         remember=service.remember,
         owner_of=service.owner_of,
+        idempotency=service.idempotency,
     ).routes()
     handlers: dict[Any, Any] = {HTTPException: http_error_response}
     app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)

@@ -44,15 +44,16 @@ from sandcell_protocol import contexts as cx
 from ..errors import RunnerRequestError, SandboxNotFoundError
 from ..sessions.execution import ExecutionService, Identity
 from .errors import JSON_MEDIA_TYPE, guarded, read_body
+from .idempotency import IDEMPOTENCY_KEY_HEADER, Idempotency, idempotency_key
 
 __all__ = ["ContextRoutes"]
 
 log = logging.getLogger(__name__)
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-Remember = Callable[[str, str, str, str], None]
+Remember = Callable[[str, str, str, str], Awaitable[None]]
 """(session id, namespace, user id, hint): index a session this tenant named."""
-OwnerOf = Callable[[str], str | None]
+OwnerOf = Callable[[str], Awaitable[str | None]]
 """session id -> the namespace that named it (None: unknown here)."""
 
 
@@ -89,7 +90,9 @@ class ContextRoutes:
         namespace_of: Callable[[Request], str],
         remember: Remember,
         owner_of: OwnerOf,
+        idempotency: Idempotency | None = None,
     ) -> None:
+        self._idempotency = idempotency
         self._execution = execution
         self._namespace_of = namespace_of
         self._remember = remember
@@ -109,12 +112,12 @@ class ContextRoutes:
             Route(base + "/{context_id}/interrupt", g(self.interrupt), methods=["POST"]),
         ]
 
-    def _session(self, request: Request) -> str:
+    async def _session(self, request: Request) -> str:
         namespace = self._namespace_of(request)
         session_id = str(request.path_params["session_id"])
         if not is_runtime_session_id(session_id):
             raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
-        if self._owner_of(session_id) != namespace:
+        if await self._owner_of(session_id) != namespace:
             raise _NoSuchSession
         return session_id
 
@@ -133,17 +136,31 @@ class ContextRoutes:
 
     async def run(self, request: Request) -> Response:
         namespace = self._namespace_of(request)
-        call = decode(await read_body(request), cx.RunCall)
+        key = idempotency_key(request)
+        body = await read_body(request)
+        call = decode(body, cx.RunCall)
         hint = call.runtime_session_hint
         if hint is not None:
             session_id = runtime_session_id(namespace, call.user_id, hint)
-            self._remember(session_id, namespace, call.user_id, hint)
+            await self._remember(session_id, namespace, call.user_id, hint)
         identity = Identity(namespace=namespace, user_id=call.user_id)
         code = _execute_request(call)
         execution = self._execution()
         if routes.NDJSON not in request.headers.get("accept", ""):
-            result = await execution.run_code(code, identity, hint=hint, context_id=call.context_id)
-            return self._json(result)
+
+            async def answer() -> Response:
+                result = await execution.run_code(
+                    code, identity, hint=hint, context_id=call.context_id, egress=call.egress
+                )
+                return self._json(result)
+
+            if self._idempotency is None:
+                return await answer()
+            return await self._idempotency.once(
+                surface="v1/run", namespace=namespace, key=key, body=body, answer=answer
+            )
+        if key is not None:
+            raise ProtocolError(f"{IDEMPOTENCY_KEY_HEADER} is not taken with an NDJSON /v1/run")
         queue: asyncio.Queue[cx.ContextEvent | None] = asyncio.Queue()
         task = asyncio.ensure_future(
             execution.run_code(
@@ -164,27 +181,27 @@ class ContextRoutes:
         return StreamingResponse(_stream(first, queue, task), media_type=routes.NDJSON)
 
     async def list_contexts(self, request: Request) -> Response:
-        session_id = self._session(request)
+        session_id = await self._session(request)
         listed = await self._execution().contexts.list(session_id)
         return self._json(cx.ContextList(contexts=listed))
 
     async def create_context(self, request: Request) -> Response:
-        session_id = self._session(request)
+        session_id = await self._session(request)
         create = decode(await read_body(request), cx.ContextCreate)
         return self._json(await self._execution().contexts.create(session_id, create), 201)
 
     async def delete_context(self, request: Request) -> Response:
-        session_id = self._session(request)
+        session_id = await self._session(request)
         await self._execution().contexts.delete(session_id, self._context_id(request))
         return Response(status_code=204)
 
     async def restart(self, request: Request) -> Response:
-        session_id = self._session(request)
+        session_id = await self._session(request)
         info = await self._execution().contexts.restart(session_id, self._context_id(request))
         return self._json(info)
 
     async def interrupt(self, request: Request) -> Response:
-        session_id = self._session(request)
+        session_id = await self._session(request)
         info = await self._execution().contexts.interrupt(session_id, self._context_id(request))
         return self._json(info)
 

@@ -34,6 +34,8 @@ class SessionApp:
     errors: RuntimeErrorStore
     processes: ProcessManager
     upstream: PreviewUpstream | None
+    files_version: int = 0
+    """Grows with every file the session's file routes write or remove (live reload)."""
 
 
 class AppManager:
@@ -81,6 +83,12 @@ class AppManager:
         except (NetnsUnavailableError, OSError) as exc:
             log.warning("session network namespace unavailable: %s", exc)
             return None
+
+    def files_changed(self, session_id: str) -> None:
+        """Count a write or removal through the file routes, for open previews to reload."""
+        app = self._apps.get(session_id)
+        if app is not None:
+            app.files_version += 1
 
     def get(self, state: SessionState) -> SessionApp:
         """The session's app state, created on first use."""

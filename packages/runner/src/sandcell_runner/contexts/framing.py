@@ -25,7 +25,8 @@ class _Frame(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field=
 
 
 class Ready(_Frame, frozen=True, tag="ready"):
-    python: str = ""
+    version: str = ""
+    """The interpreter's version (for logs)."""
 
 
 class Output(_Frame, frozen=True, tag="stdout"):

@@ -72,7 +72,6 @@ class _Run:
     result_bytes: int = 0
     limited: bool = False
     end: framing.End | None = None
-    error_name: str | None = None
 
 
 class Interpreter:
@@ -144,9 +143,6 @@ class Interpreter:
         """The driver's pid on the host (what ``interrupt`` signals)."""
         return self._pid
 
-    def keeps_cgroup(self) -> bool:
-        return self.alive
-
     # -- reading ----------------------------------------------------------------------
 
     def _on_readable(self) -> None:
@@ -192,7 +188,6 @@ class Interpreter:
             data = {k: v for k, v in frame.data.items() if k in _MIME_SET}
             run.on_event(ContextResultEvent(data=data, is_main_result=frame.main))  # type: ignore[arg-type]
         else:
-            run.error_name = frame.name
             run.on_event(
                 ContextErrorEvent(name=frame.name, value=frame.value, traceback=frame.traceback)
             )

@@ -1,6 +1,6 @@
 """The bound session's contexts: created, listed, run, interrupted, restarted, deleted.
 
-A context is a driver (``pydriver.py``) in its own long-lived jail, started on
+A context is a driver (``pydriver.py``, ``nodedriver.py``) in its own long-lived jail, started on
 create and kept until it is deleted or restarted, idle past
 ``SANDCELL_RUNNER_CONTEXT_IDLE_S``, or the session is released. An interpreter
 that dies (memory kill, a timeout past the grace, a crash) leaves the context
@@ -51,12 +51,27 @@ from ..workspace import fsops
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState
 from .interpreter import EventCallback, Interpreter, InterpreterStartError, OutputCaps
+from .nodedriver import NODE_DRIVER
 
 log = logging.getLogger(__name__)
 
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
-_DRIVER_NAME = "driver.py"
-_DRIVERS = {"python": Path(__file__).with_name("pydriver.py")}
+
+
+@dataclass(frozen=True, slots=True)
+class _Driver:
+    """How a language's driver is written into the job directory and started."""
+
+    file_name: str
+    source: Callable[[], bytes]
+    flags: tuple[str, ...]
+
+
+_DRIVERS = {
+    # -I: no user site, no PYTHON* variables; the driver puts the workspace on sys.path.
+    "python": _Driver("driver.py", Path(__file__).with_name("pydriver.py").read_bytes, ("-I",)),
+    "node": _Driver("driver.js", NODE_DRIVER.encode, ()),
+}
 _READY_TIMEOUT_S = 30.0
 _RESULT_BYTES = 64 * MIB
 
@@ -120,9 +135,6 @@ class ContextManager:
             raise NotFoundError(f"no context {context_id!r} in this session")
         return context
 
-    def info(self, session_id: str, context_id: str) -> ContextInfo:
-        return self._get(session_id, context_id).info()
-
     def keep_paths(self) -> set[Path]:
         """Job directories of live interpreters (the reaper must skip them)."""
         return {
@@ -171,9 +183,9 @@ class ContextManager:
 
     async def _start(self, state: SessionState, context: _Context) -> None:
         job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
+        driver = _DRIVERS[context.language]
         try:
-            source = _DRIVERS[context.language].read_bytes()
-            await asyncio.to_thread((job_dir / _DRIVER_NAME).write_bytes, source)
+            await asyncio.to_thread((job_dir / driver.file_name).write_bytes, driver.source())
             spec = self._spec(state, context, job_dir)
             interpreter = await Interpreter.start(
                 self._jail, spec, ready_timeout_s=_READY_TIMEOUT_S
@@ -192,7 +204,8 @@ class ContextManager:
     def _spec(self, state: SessionState, context: _Context, job_dir: Path) -> JobSpec:
         workspace_inside, job_inside = self._jail.inside_paths(state.workspace, job_dir)
         cwd_inside = f"{workspace_inside}/{context.cwd}" if context.cwd else workspace_inside
-        python = self.languages[context.language].binary
+        binary = self.languages[context.language].binary
+        driver = _DRIVERS[context.language]
         # The jail's own /tmp (a tmpfs per jail), or, unjailed, the job directory.
         tmp = "/tmp" if self._jail.jailed else str(job_dir)  # noqa: S108
         env = {
@@ -210,7 +223,7 @@ class ContextManager:
         }
         conf = self._settings.limits
         return JobSpec(
-            argv=[python, "-I", f"{job_inside}/{_DRIVER_NAME}", cwd_inside],
+            argv=[binary, *driver.flags, f"{job_inside}/{driver.file_name}", cwd_inside],
             workspace=state.workspace,
             job_dir=job_dir,
             uid=state.uid,

@@ -471,7 +471,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*non-GUI backend.*")
     warnings.filterwarnings("ignore", message=".*is non-interactive, and thus cannot be shown")
     kernel = Kernel(channel, forwarder, interrupts)
-    channel.send({"t": "ready", "python": sys.version.split()[0]})
+    channel.send({"t": "ready", "version": sys.version.split()[0]})
     while True:
         try:
             message = channel.receive()

@@ -37,7 +37,9 @@ class FileRoutes(RouteGroup):
             raise InvalidPathError("a file path is required")
         mode = _parse_mode(request.query_params.get("mode"))
         data = await self.read_body(request)
-        return json_response(await self.service.files.put(session_id, relpath, data, mode=mode))
+        entry = await self.service.files.put(session_id, relpath, data, mode=mode)
+        self.service.apps.files_changed(session_id)
+        return json_response(entry)
 
     async def delete_file(self, request: Request) -> Response:
         session_id = self.required_session(request)
@@ -45,6 +47,7 @@ class FileRoutes(RouteGroup):
         if not relpath:
             raise InvalidPathError("a path is required")
         await self.service.files.remove(session_id, relpath)
+        self.service.apps.files_changed(session_id)
         return Response(status_code=204)
 
 

@@ -26,7 +26,7 @@ from sandcell_protocol import app_messages as am
 from sandcell_protocol import routes
 
 from ..apps.runtime_errors import from_browser
-from ..errors import BadRequestError, BusyError, RunnerError
+from ..errors import AppNotRespondingError, BadRequestError, RunnerError
 from ..preview.inject import reporter_prefix
 from ..preview.proxy import HOP_BY_HOP, RUNNER_ONLY
 from ..preview.ws_relay import UpstreamRefusedError, connect_upstream, relay
@@ -34,6 +34,7 @@ from ..preview.ws_tunnel import can_take_over, handshake
 from .base import RouteGroup, error_response
 
 _BROWSER_ERRORS = b"/" + am.BROWSER_ERRORS_PATH.encode()
+_CHANGES = b"/" + am.PREVIEW_CHANGES_PATH.encode()
 _PROXIED_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _PORT_PATH_RE = re.compile(r"(\d{1,5})(/.*)?", re.DOTALL)
 
@@ -55,6 +56,12 @@ class PreviewRoutes(RouteGroup):
             report = await self.read_message(request, am.RuntimeErrorReport)
             app.errors.record(from_browser(report))
             return Response(status_code=204)
+        if request.method == "GET" and target.split(b"?", 1)[0] == _CHANGES:
+            return Response(
+                b'{"version":%d}' % app.files_version,
+                media_type="application/json",
+                headers={"cache-control": "no-store"},
+            )
         if app.upstream is None:
             raise BadRequestError(self._no_preview())
         body = await self.read_body(request)
@@ -66,6 +73,7 @@ class PreviewRoutes(RouteGroup):
             request_headers=request.headers.raw,
             body=body,
             script_prefix=reporter_prefix(forwarded, port),
+            live_reload=request.headers.get(am.LIVE_RELOAD_HEADER) != "0",
         )
 
     def _no_preview(self) -> str:
@@ -86,7 +94,9 @@ class PreviewRoutes(RouteGroup):
         try:
             return port, await state.netns.connect(port)
         except (OSError, TimeoutError):
-            raise BusyError(f"nothing is listening on port {port} in the session yet") from None
+            raise AppNotRespondingError(
+                f"the app did not answer: nothing is listening on port {port}"
+            ) from None
 
     @staticmethod
     def _forwarded(scope: Scope) -> list[tuple[bytes, bytes]]:

@@ -6,6 +6,10 @@ a path under the same prefix the page was served from, so the report is
 same-origin through whatever proxy sits in front (the orchestrator's
 ``/preview/<id>/``) and needs no CORS. It sends at most 50 reports per page load,
 cuts long messages and stacks to what the runner accepts, and never throws.
+
+Unless the proxy says the app reloads itself (``X-Sandcell-Live-Reload: 0``), a
+second script polls ``<prefix>__sandcell/changes`` and reloads the page when a
+file was written or removed through the session's file routes since it loaded.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from sandcell_protocol.app_messages import BROWSER_ERRORS_PATH
+from sandcell_protocol.app_messages import BROWSER_ERRORS_PATH, PREVIEW_CHANGES_PATH
 
 # A path of URL-safe characters, starting and ending with "/"; anything else in
 # X-Forwarded-Prefix is ignored (it ends up inside a <script>).
@@ -64,6 +68,25 @@ function safe(a) { try { return JSON.stringify(a); } catch (e) { return String(a
 })();"""
 
 
+# Live reload for apps without their own: poll the session's file-change counter
+# (about once a second while the tab is visible) and reload when it moves.
+_RELOAD = """(function(){
+if (window.__sandcellReload) return; window.__sandcellReload = true;
+var url = %s, seen = null;
+function poll() {
+  if (document.hidden) return;
+  fetch(url, {cache: "no-store", credentials: "same-origin"})
+    .then(function(r) { return r.ok ? r.json() : null; })
+    .then(function(v) {
+      if (!v || typeof v.version !== "number") return;
+      if (seen === null) seen = v.version;
+      else if (v.version !== seen) location.reload();
+    }).catch(function(){});
+}
+poll(); setInterval(poll, 1000);
+})();"""
+
+
 def reporter_prefix(forwarded: str | None, port: int) -> str:
     """``X-Forwarded-Prefix`` when it is a plain path ending in ``/``, else the port's own."""
     if forwarded is not None and len(forwarded) <= 512 and _PREFIX_RE.fullmatch(forwarded):
@@ -71,10 +94,15 @@ def reporter_prefix(forwarded: str | None, port: int) -> str:
     return f"/v1/session/ports/{port}/"
 
 
-def reporter_tag(prefix: str) -> bytes:
-    """The ``<script>`` element posting to ``prefix`` (JSON-quoted, ``<`` escaped)."""
+def reporter_tag(prefix: str, *, live_reload: bool = True) -> bytes:
+    """The ``<script>`` element posting to ``prefix`` (JSON-quoted, ``<`` escaped), with
+    the live-reload poller unless the app reloads its pages itself."""
     target = json.dumps(prefix + BROWSER_ERRORS_PATH).replace("<", "\\u003c")
-    return b"<script>" + (_SCRIPT % target).encode() + b"</script>"
+    script = _SCRIPT % target
+    if live_reload:
+        changes = json.dumps(prefix + PREVIEW_CHANGES_PATH).replace("<", "\\u003c")
+        script += _RELOAD % changes
+    return b"<script>" + script.encode() + b"</script>"
 
 
 def inject(html: bytes, tag: bytes) -> bytes:

@@ -3,7 +3,7 @@
 Layout under ``SANDCELL_WORKSPACE_ROOT`` (mode 0711: jobs never see it, the jail
 bind-mounts only their own directories)::
 
-    jobs/<id>/ws       fresh workspace (tmpfs sized to the quota), removed after the job
+    jobs/<id>/ws       fresh workspace (an ext4 image bound here, or a tmpfs), removed after the job
     jobs/<id>/job      the job's entry file, mounted read-only at /mnt/job
     session/ws-<n>     the bound session's workspace (n grows with each restore)
     (a restore extracts into the next ws-<n> and becomes the workspace only when complete)
@@ -23,8 +23,10 @@ from pathlib import Path
 
 from sandcell_protocol import SurfacedOutput
 
+from ..config import MIB
 from ..errors import ConfigError
 from . import mounts
+from .images import ImagePool
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +53,29 @@ class JobWorkspace:
 
 
 class WorkspaceManager:
-    """Creates and removes workspaces; mounts a quota-sized tmpfs where it can."""
+    """Creates and removes workspaces: an ext4 image from the pool where it can
+    (``images.py``), else a quota-sized tmpfs, else a plain directory."""
 
-    def __init__(self, root: Path, *, quota_bytes: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        quota_bytes: int,
+        inodes: int | None = None,
+        image_dir: Path | None = None,
+    ) -> None:
         self.root = root
         self.quota_bytes = quota_bytes
         self.quota_enforced = mounts.can_mount()
         self.jobs = root / "jobs"
         self.session = root / "session"
+        self.images: ImagePool | None = None
+        if self.quota_enforced and image_dir is not None:
+            # At most one inode per 4 KiB block: mkfs refuses more.
+            count = min(inodes or quota_bytes >> 14, max(256, quota_bytes >> 12))
+            self.images = ImagePool(image_dir, size_bytes=quota_bytes, inodes=count)
+        self.backend = "plain"
+        """Where workspace bytes live: ``ext4`` (disk), ``tmpfs`` (memory) or ``plain``."""
 
     def prepare(self) -> None:
         """Create the root directories (idempotent).
@@ -78,11 +95,30 @@ class WorkspaceManager:
             directory.mkdir(parents=True, exist_ok=True)
             # Traversable, not listable: job UIDs reach only the mounts nsjail makes.
             os.chmod(directory, 0o711)  # noqa: S103
+        if self.images is not None:
+            try:
+                self.images.prepare()
+            except OSError as exc:
+                log.warning("workspace images unavailable (%s); using tmpfs", exc)
+                self.images = None
+        if self.images is not None:
+            self.backend = "ext4"
+        elif self.quota_enforced:
+            self.backend = "tmpfs"
 
     # -- workspaces -------------------------------------------------------------
 
-    def make_workspace(self, path: Path, *, uid: int, gid: int) -> None:
-        """An empty workspace at ``path`` owned by ``uid``, quota-capped when possible."""
+    def make_workspace(self, path: Path, *, uid: int, gid: int, fixed: bool = True) -> Path:
+        """An empty workspace owned by ``uid``, quota-capped when possible; its path.
+
+        ``fixed``: it is ``path`` (a session's ``ws-N``). Otherwise an image's own
+        directory may be answered instead, which saves a mount and an unmount per job.
+        """
+        if self.images is not None:
+            if not fixed:
+                return self.images.take(uid=uid, gid=gid)
+            path.mkdir(mode=0o700)
+            return self.images.take(uid=uid, gid=gid, bind_at=path)
         path.mkdir(mode=0o700)
         if self.quota_enforced:
             try:
@@ -91,11 +127,20 @@ class WorkspaceManager:
                 log.warning("workspace quota unavailable (%s); using a plain directory", exc)
                 self.quota_enforced = False
             else:
-                return
+                return path
         os.chown(path, uid, gid)
+        return path
 
-    def remove_workspace(self, path: Path) -> None:
-        """Unmount and delete; raises OSError when the tree cannot be removed."""
+    def remove_workspace(self, path: Path, *, reuse: bool = False) -> None:
+        """Unmount and delete; raises OSError when the tree cannot be removed.
+
+        ``reuse``: nothing can see the workspace any more (a one-shot job's), so its
+        image may serve the next one; a session's may still be seen by its processes.
+        """
+        if self.images is not None and self.images.owns(path):
+            self.images.give(path, reuse=reuse)
+            if path.name == "ws" and path.parent.parent == self.images.directory:
+                return
         if mounts.is_mount_point(path):
             mounts.unmount(path)
         if path.exists() or path.is_symlink():
@@ -109,7 +154,11 @@ class WorkspaceManager:
             st = os.statvfs(path)
         except OSError:
             return False
-        return st.f_bavail * st.f_frsize < 64 * 1024
+        # Out of blocks, or (an image has a fixed inode count) out of inodes. ext4
+        # refuses a write (delayed allocation reserves its worst-case metadata) while
+        # statvfs still shows up to ~1% free: "full" is within 2% (at least 2 MiB).
+        slack = max(2 * MIB, st.f_blocks * st.f_frsize // 50)
+        return st.f_bavail * st.f_frsize < slack or (st.f_files > 0 and st.f_favail == 0)
 
     # -- fresh per-job directories ------------------------------------------------
 
@@ -121,14 +170,16 @@ class WorkspaceManager:
         job_dir.mkdir(mode=0o755)
         workspace = base / "ws"
         if with_workspace:
-            self.make_workspace(workspace, uid=uid, gid=gid)
+            workspace = self.make_workspace(workspace, uid=uid, gid=gid, fixed=False)
         return JobDirs(workspace=workspace, job_dir=job_dir)
 
     def remove_job(self, dirs: JobDirs) -> None:
         """Remove a fresh job's directories."""
         base = dirs.job_dir.parent
         with contextlib.suppress(FileNotFoundError):
-            if dirs.workspace.parent == base:
+            if self.images is not None and self.images.owns(dirs.workspace):
+                self.remove_workspace(dirs.workspace, reuse=True)
+            elif dirs.workspace.parent == base:
                 self.remove_workspace(dirs.workspace)
             shutil.rmtree(base)
 
@@ -176,6 +227,13 @@ class WorkspaceManager:
             entry.unlink()
             return
         for child in (entry / "ws", entry):
+            if self.images is not None and self.images.owns(child):
+                self.images.give(child, reuse=False)
             if mounts.is_mount_point(child):
                 mounts.unmount(child)
         shutil.rmtree(entry)
+
+    def close(self) -> None:
+        """Unmount and delete the image pool (at shutdown)."""
+        if self.images is not None:
+            self.images.close()

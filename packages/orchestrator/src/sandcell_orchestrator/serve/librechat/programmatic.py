@@ -65,7 +65,9 @@ MAX_ROUND_TRIPS = 20
 TOKEN_TTL_S = 600.0
 REQUEST_ID_HEADER = "x-librechat-code-request-id"
 _QUIET_S = 0.05
-_PY_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
+# The hard keywords only, as the client's list has them (``match`` stays ``match``:
+# a soft keyword is a valid name); a parity test compares with the client.
+_PY_KEYWORDS = frozenset(keyword.kwlist)
 
 # Runs inside the context's interpreter (standard library only). The code becomes
 # the body of an async function whose globals hold the tools; a tool call records

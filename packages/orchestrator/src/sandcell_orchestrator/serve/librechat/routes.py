@@ -40,6 +40,7 @@ from ...bootstrap import Services
 from ...errors import InputMissingError, SandboxTimeoutError
 from ...sessions.execution import ExecutionService, Identity
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, read_body
+from ..idempotency import Idempotency, idempotency_key
 from .auth import Caller, LibreChatAuth
 from .errors import ExecutionTimeoutError, FileNotVisibleError, librechat_json
 from .files import FileMeta, LibreChatFiles, Viewer, visible
@@ -62,7 +63,15 @@ __all__ = ["LANGUAGES", "LibreChatApi"]
 
 log = logging.getLogger(__name__)
 
-LANGUAGES = {"py": "python", "js": "node", "ts": "typescript", "bash": "bash", "sh": "sh"}
+LANGUAGES = {
+    "py": "python",
+    "js": "node",
+    "ts": "typescript",
+    "bash": "bash",
+    "sh": "sh",
+    "c": "c",
+    "cpp": "cpp",
+}
 """LibreChat's ``lang`` -> the runner's language. Others answer 400 ``Unsupported language``;
 one the runner lacks answers the same (its ``unsupported_language``)."""
 PROFILE_HEADER = "x-codeapi-expected-profile"
@@ -96,6 +105,7 @@ class LibreChatApi:
         self._services = services
         self._new_id = new_id
         self.limiter = TenantLimiter(settings.max_concurrent)
+        self.idempotency = Idempotency(lambda: self._services().registry)
         self._execution: ExecutionService | None = None
         self._files: LibreChatFiles | None = None
 
@@ -152,21 +162,31 @@ class LibreChatApi:
             timeout_ms=max(1, round(timeout_s * 1000)),
             files=self.refs_of(inputs),
         )
-        with self.limiter.slot(caller.namespace):
-            try:
-                result = await self.execution.execute(
-                    run, Identity(namespace=caller.namespace, user_id=user), hint=hint
+
+        async def run_once() -> Response:
+            with self.limiter.slot(caller.namespace):
+                try:
+                    result = await self.execution.execute(
+                        run, Identity(namespace=caller.namespace, user_id=user), hint=hint
+                    )
+                except SandboxTimeoutError as exc:
+                    raise ExecutionTimeoutError(str(exc)) from None
+            if result.status == RunStatus.TIMEOUT:
+                raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
+            answer = await self._answer(caller, user, result, inputs)
+            if hint is not None:
+                answer = msgspec.structs.replace(
+                    answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)
                 )
-            except SandboxTimeoutError as exc:
-                raise ExecutionTimeoutError(str(exc)) from None
-        if result.status == RunStatus.TIMEOUT:
-            raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
-        answer = await self._answer(caller, user, result, inputs)
-        if hint is not None:
-            answer = msgspec.structs.replace(
-                answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)
-            )
-        return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
+            return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
+
+        return await self.idempotency.once(
+            surface="librechat/exec",
+            namespace=caller.namespace,
+            key=idempotency_key(request),
+            body=raw,
+            answer=run_once,
+        )
 
     def user_of(self, caller: Caller, request: Request, named: str | None) -> str:
         """The run's user: the token's, else the one the call names, else a default."""

@@ -1,0 +1,269 @@
+"""Idempotent retries: ``Idempotency-Key`` on the routes that run something.
+
+A client that lost an answer (a timeout, a dropped connection, a worker that
+died behind the load balancer) retries with the same ``Idempotency-Key`` and
+gets the first run's answer, never a second run:
+
+    first request          claims the key in the registry, runs, stores its
+                           2xx answer (status + body) for ``result_ttl_s``
+    same key, same body    that stored answer, byte for byte, with
+                           ``Idempotent-Replayed: true``
+    same key, other body   422 ``idempotency_key_reused``
+    while the first runs   409 ``idempotency_in_flight`` with ``Retry-After``
+
+Keys are scoped: the stored key is a hash of (surface, tenant, header value),
+so two tenants' equal keys never meet, and what a client sends never becomes
+a storage key itself. The claim lives in the registry (Redis in production),
+so a retry that reaches another worker sees it too. A pending claim expires
+``claim_ttl_s`` after its worker stopped renewing it (the worker died): a retry
+after that runs again, since nothing was answered. An error answer is not
+kept: the claim is dropped and a retry runs again (an error means the turn was
+not acknowledged; the session kept the state of its last completed turn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sandcell_protocol import ErrorCode, ProtocolError, encode, error_body
+
+from ..errors import RegistryError
+from ..registry import SessionRegistry
+from .errors import JSON_MEDIA_TYPE
+
+__all__ = [
+    "IDEMPOTENCY_KEY_HEADER",
+    "REPLAYED_HEADER",
+    "Idempotency",
+    "Claim",
+    "IdempotencyConflict",
+    "Replay",
+    "idempotency_key",
+    "replayed",
+]
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+# Printable ASCII without spaces: UUIDs, ULIDs and E2B's [a-z0-9-] keys all fit.
+_KEY_RE = re.compile(r"[\x21-\x7e]{1,255}")
+IN_FLIGHT_RETRY_AFTER_S = 1
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's ``Idempotency-Key``; ``ProtocolError`` (400) if it is malformed."""
+    value = request.headers.get(IDEMPOTENCY_KEY_HEADER)
+    if value is None:
+        return None
+    if not _KEY_RE.fullmatch(value):
+        raise ProtocolError(f"{IDEMPOTENCY_KEY_HEADER}: 1-255 printable ASCII characters")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyConflict:
+    """Why a keyed request was not run: its HTTP status, code and message."""
+
+    status: int
+    code: ErrorCode
+    message: str
+
+    def response(self) -> Response:
+        headers = {"Retry-After": str(IN_FLIGHT_RETRY_AFTER_S)} if self.status == 409 else None
+        return Response(
+            encode(error_body(self.code, self.message, retryable=self.status == 409)),
+            status_code=self.status,
+            media_type=JSON_MEDIA_TYPE,
+            headers=headers,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A stored answer."""
+
+    status: int
+    body: bytes
+
+
+T = TypeVar("T")
+Answer = Callable[[], Awaitable[Response]]
+
+
+class Claim:
+    """This request's hold on its key: renewed while the work runs, then answered or dropped.
+
+    A request without a key gets a ``Claim`` that keeps nothing.
+    """
+
+    def __init__(
+        self,
+        registry: SessionRegistry | None,
+        key: str,
+        token: str,
+        *,
+        claim_ttl_ms: int,
+        result_ttl_ms: int,
+    ) -> None:
+        self._registry = registry
+        self._key = key
+        self._token = token
+        self._claim_ttl_ms = claim_ttl_ms
+        self._result_ttl_ms = result_ttl_ms
+
+    async def kept(self, work: Awaitable[T], *, stored: Callable[[T], tuple[int, bytes]]) -> T:
+        """Await ``work``; store ``stored(result)`` (status, body) as the key's answer.
+
+        If ``work`` raises (or is cancelled) the claim is dropped: a retry runs again.
+        """
+        registry = self._registry
+        if registry is None:
+            return await work
+        renewer = asyncio.create_task(self._renew(registry))
+        try:
+            result = await work
+        except BaseException:
+            renewer.cancel()
+            await self._drop(registry)
+            raise
+        renewer.cancel()
+        status, body = stored(result)
+        try:
+            await registry.finish_idempotency(
+                self._key, token=self._token, status=status, body=body, ttl_ms=self._result_ttl_ms
+            )
+        except RegistryError as exc:
+            # The answer is the caller's either way; a retry may then run again.
+            log.warning("could not store an idempotent answer: %s", exc)
+        return result
+
+    async def _renew(self, registry: SessionRegistry) -> None:
+        ttl_ms = self._claim_ttl_ms
+        while True:
+            await asyncio.sleep(ttl_ms / 3000)
+            try:
+                if not await registry.renew_idempotency(
+                    self._key, token=self._token, ttl_ms=ttl_ms
+                ):
+                    return
+            except RegistryError as exc:
+                log.warning("could not renew an idempotency claim: %s", exc)
+
+    async def _drop(self, registry: SessionRegistry) -> None:
+        with contextlib.suppress(RegistryError), anyio.CancelScope(shield=True):
+            await registry.drop_idempotency(self._key, token=self._token)
+
+
+class Idempotency:
+    """Runs keyed requests once per (surface, tenant, key), on a registry's entries."""
+
+    def __init__(
+        self,
+        registry: Callable[[], SessionRegistry],
+        *,
+        result_ttl_s: float = 24 * 3600,
+        claim_ttl_s: float = 30,
+    ) -> None:
+        self._registry = registry
+        self._result_ttl_ms = int(result_ttl_s * 1000)
+        self._claim_ttl_ms = int(claim_ttl_s * 1000)
+
+    @staticmethod
+    def scoped(surface: str, namespace: str, key: str) -> str:
+        """The stored key: a hash, so nothing a client sends becomes a storage key."""
+        return hashlib.sha256(f"{surface}\0{namespace}\0{key}".encode()).hexdigest()
+
+    async def claim(
+        self, *, surface: str, namespace: str, key: str | None, body: bytes
+    ) -> Claim | IdempotencyConflict | Replay:
+        """Claim ``key`` for this request, or say why not (a conflict, or the stored answer).
+
+        ``body`` is what must match for a replay: the request's bytes, or a
+        canonical encoding of what was decoded from them.
+        """
+        if key is None:
+            return Claim(None, "", "", claim_ttl_ms=1, result_ttl_ms=1)
+        stored_key = self.scoped(surface, namespace, key)
+        fingerprint = hashlib.sha256(body).hexdigest()
+        token = secrets.token_hex(16)
+        registry = self._registry()
+        held = await registry.claim_idempotency(
+            stored_key, fingerprint=fingerprint, token=token, ttl_ms=self._claim_ttl_ms
+        )
+        if held is None:
+            return Claim(
+                registry,
+                stored_key,
+                token,
+                claim_ttl_ms=self._claim_ttl_ms,
+                result_ttl_ms=self._result_ttl_ms,
+            )
+        if held.fingerprint != fingerprint:
+            return IdempotencyConflict(
+                422,
+                ErrorCode.IDEMPOTENCY_KEY_REUSED,
+                f"{IDEMPOTENCY_KEY_HEADER} was used for a request with another body",
+            )
+        if not held.done:
+            return IdempotencyConflict(
+                409,
+                ErrorCode.IDEMPOTENCY_IN_FLIGHT,
+                f"the first request with this {IDEMPOTENCY_KEY_HEADER} is still running",
+            )
+        return Replay(status=held.status, body=held.body)
+
+    async def once(
+        self, *, surface: str, namespace: str, key: str | None, body: bytes, answer: Answer
+    ) -> Response:
+        """``answer()`` once per key: a retry gets the stored 2xx JSON answer.
+
+        A non-2xx answer is not kept (the claim is dropped; a retry runs again).
+        """
+        claim = await self.claim(surface=surface, namespace=namespace, key=key, body=body)
+        if isinstance(claim, IdempotencyConflict):
+            return claim.response()
+        if isinstance(claim, Replay):
+            return replayed(
+                Response(claim.body, status_code=claim.status, media_type=JSON_MEDIA_TYPE)
+            )
+
+        async def kept() -> Response:
+            response = await answer()
+            content = getattr(response, "body", None)
+            if not (200 <= response.status_code < 300 and isinstance(content, bytes)):
+                raise _NotKept(response)
+            return response
+
+        try:
+            return await claim.kept(kept(), stored=_stored)
+        except _NotKept as not_kept:
+            return not_kept.response
+
+
+class _NotKept(Exception):
+    def __init__(self, response: Response) -> None:
+        super().__init__("not kept")
+        self.response = response
+
+
+def _stored(response: Response) -> tuple[int, bytes]:
+    return response.status_code, bytes(response.body)
+
+
+def replayed(response: Response) -> Response:
+    """Mark ``response`` as a stored answer replayed."""
+    response.headers[REPLAYED_HEADER] = "true"
+    return response

@@ -1,0 +1,119 @@
+"""The registry's idempotency entries, run against every backend (the ``registry`` fixture)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+import anyio
+import pytest
+
+from sandcell_orchestrator.registry import IdempotencyEntry, SessionRegistry
+
+LONG_TTL_MS = 10_000
+
+
+def new_key() -> str:
+    return hashlib.sha256(secrets.token_bytes(16)).hexdigest()
+
+
+async def test_first_claim_wins_and_later_ones_see_it_pending(registry: SessionRegistry) -> None:
+    """A claimed key answers every other claim with its pending entry."""
+    key = new_key()
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f1", token="a", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    seen = await registry.claim_idempotency(key, fingerprint="f2", token="b", ttl_ms=LONG_TTL_MS)
+    assert seen == IdempotencyEntry(fingerprint="f1", done=False, status=0, body=b"")
+
+
+async def test_concurrent_claims_have_one_winner(registry: SessionRegistry) -> None:
+    """Of many simultaneous claims, exactly one gets the key."""
+    key = new_key()
+    won: list[str] = []
+
+    async def claim(token: str) -> None:
+        if (
+            await registry.claim_idempotency(key, fingerprint="f", token=token, ttl_ms=LONG_TTL_MS)
+            is None
+        ):
+            won.append(token)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(20):
+            tg.start_soon(claim, f"t{n}")
+    assert len(won) == 1
+
+
+async def test_finished_answer_is_replayed_byte_for_byte(registry: SessionRegistry) -> None:
+    """The stored status and body come back exactly, binary included."""
+    key = new_key()
+    body = b'{"stdout":"x"}\x00\xff'
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    assert await registry.finish_idempotency(
+        key, token="a", status=200, body=body, ttl_ms=LONG_TTL_MS
+    )
+    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    assert seen == IdempotencyEntry(fingerprint="f", done=True, status=200, body=body)
+
+
+async def test_only_the_claimant_renews_finishes_or_drops(registry: SessionRegistry) -> None:
+    """Another token changes nothing; a dropped claim frees the key for the next one."""
+    key = new_key()
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    assert not await registry.renew_idempotency(key, token="b", ttl_ms=LONG_TTL_MS)
+    assert not await registry.finish_idempotency(
+        key, token="b", status=200, body=b"x", ttl_ms=LONG_TTL_MS
+    )
+    assert not await registry.drop_idempotency(key, token="b")
+    assert await registry.renew_idempotency(key, token="a", ttl_ms=LONG_TTL_MS)
+    assert await registry.drop_idempotency(key, token="a")
+    assert (
+        await registry.claim_idempotency(key, fingerprint="g", token="b", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+
+
+async def test_an_answer_is_not_dropped_or_renewed(registry: SessionRegistry) -> None:
+    """Once answered, the claimant's drop and renew are refused: the answer stays."""
+    key = new_key()
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    assert await registry.finish_idempotency(
+        key, token="a", status=201, body=b"ok", ttl_ms=LONG_TTL_MS
+    )
+    assert not await registry.drop_idempotency(key, token="a")
+    assert not await registry.renew_idempotency(key, token="a", ttl_ms=LONG_TTL_MS)
+    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    assert seen is not None
+    assert (seen.done, seen.status) == (True, 201)
+
+
+async def test_a_claim_expires_unless_renewed(registry: SessionRegistry) -> None:
+    """A claimant that died stops holding the key after its TTL; its late finish is refused."""
+    key = new_key()
+    assert await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=150) is None
+    await anyio.sleep(0.4)
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    assert not await registry.finish_idempotency(
+        key, token="a", status=200, body=b"late", ttl_ms=LONG_TTL_MS
+    )
+
+
+@pytest.mark.parametrize("key", ["", "ABC", "g" * 64, "a" * 63, "../" + "a" * 61])
+async def test_keys_must_be_hashes(registry: SessionRegistry, key: str) -> None:
+    """Nothing unhashed becomes a storage key."""
+    with pytest.raises(ValueError, match="idempotency key"):
+        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
