@@ -222,8 +222,10 @@ class LibreChatApi:
         require_nanoid("files[].storage_session_id", storage)
         require_nanoid("files[].id", item.id)
         meta = await self.files.meta(caller.namespace, storage, item.id)
-        if meta is None:
-            # Absent, or another tenant's: the same words either way.
+        viewer = Viewer(user_id=caller.token_user, kind=item.kind, resource_id=item.resource_id)
+        if meta is None or (caller.token_user is not None and not visible(meta, viewer)):
+            # Absent, another tenant's, or (for a token's user, whom the token vouches
+            # for) one that user may not download: the same words either way.
             raise InputMissingError(f"input {item.id} (for {item.name}) not found")
         return ResolvedInput(wire=item, storage=storage, read_only=meta.read_only)
 
