@@ -340,7 +340,10 @@ async def test_list_info_and_delete(start_api: StartApi) -> None:
     assert deleted.status_code == 204
     assert (await api.get(f"/v1/instances/{instance_id}")).status_code == 404
     async with httpx.AsyncClient() as client:
-        assert (await client.get(created["url"])).status_code == 401
+        # Its own preview URL (token) now says the instance is gone; a guess still gets 401.
+        assert (await client.get(created["url"])).status_code == 404
+        guessed = created["url"].split("?token=")[0] + "?token=" + "x" * 43
+        assert (await client.get(guessed)).status_code == 401
     assert _sandbox_count(api) == 0
 
 

@@ -102,7 +102,7 @@ async def test_idle_instances_are_shut_down_and_preview_traffic_keeps_one_alive(
 
         await eventually(idle_gone, timeout_s=10)
         assert (await api.get(f"/v1/instances/{busy['instance_id']}")).status_code == 200
-        assert (await client.get(idle["url"])).status_code == 401
+        assert (await client.get(idle["url"])).status_code == 404  # its tab learns it is gone
     runners = [
         p for p in sandbox_processes(api.runtime_dir) if "sandcell_runner" in " ".join(p.cmdline())
     ]

@@ -197,7 +197,9 @@ class PreviewProxy:
         # A token that was this instance's before it was deleted: the instance is gone.
         # Anything else stays the one 401, so ids cannot be probed without a token.
         if self._instances().was_deleted(instance_id, token):
-            return _json_error(404, ErrorCode.NOT_FOUND, "this app instance was deleted")
+            return _json_error(
+                404, ErrorCode.NOT_FOUND, "this app instance is gone (deleted, or shut down idle)"
+            )
         return _unauthorized()
 
     async def redirect(self, request: Request) -> Response:
