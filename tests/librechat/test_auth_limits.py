@@ -139,3 +139,20 @@ def test_a_token_user_cannot_run_another_users_file(serve: Serve) -> None:
     with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
         mine = alice.post("/exec", json={**code, "files": [ref]})
     assert mine.json()["stdout"] == "A\n", mine.text
+
+
+def test_idempotency_keys_are_scoped_to_the_token_user(serve: Serve) -> None:
+    """Two token users of the one JWT tenant sending the same key and body each get a run
+    of their own: the second never replays the first user's answer."""
+    call = {"lang": "py", "code": "import os; print(os.urandom(8).hex())"}
+    key = {"Idempotency-Key": "review-same-key-1"}
+    answers = []
+    for user in ("alice", "mallory", "alice"):
+        with serve.client(None, Authorization=f"Bearer {token(sub=user)}") as client:
+            answers.append(client.post("/exec", json=call, headers=key))
+    first, other, again = answers
+    assert first.status_code == other.status_code == again.status_code == 200
+    assert "idempotent-replayed" not in other.headers
+    assert other.json()["stdout"] != first.json()["stdout"]
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["stdout"] == first.json()["stdout"]
