@@ -156,3 +156,23 @@ def test_idempotency_keys_are_scoped_to_the_token_user(serve: Serve) -> None:
     assert other.json()["stdout"] != first.json()["stdout"]
     assert again.headers["idempotent-replayed"] == "true"
     assert again.json()["stdout"] == first.json()["stdout"]
+
+
+def test_a_continuation_token_is_bound_to_its_token_user(serve: Serve) -> None:
+    """Another token user of the one JWT tenant presenting a continuation token gets
+    ``invalid_continuation``, as for an unknown token; its owner then continues."""
+    first_call = {"code": "print(await lookup(q='x'))", "tools": [{"name": "lookup"}]}
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        first = alice.post("/exec/programmatic", json=first_call).json()
+    assert first["status"] == "tool_call_required", first
+    (call,) = first["tool_calls"]
+    answer = {"call_id": call["id"], "result": '"found"', "is_error": False}
+    body = {"continuation_token": first["continuation_token"], "tool_results": [answer]}
+    with serve.client(None, Authorization=f"Bearer {token(sub='mallory')}") as mallory:
+        stolen = mallory.post("/exec/programmatic", json=body)
+    assert stolen.status_code == 400
+    assert stolen.json()["error"] == "invalid_continuation"
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        done = alice.post("/exec/programmatic", json=body).json()
+    assert done["status"] == "completed", done
+    assert "found" in done["stdout"], done
