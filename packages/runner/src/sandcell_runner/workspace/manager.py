@@ -118,11 +118,17 @@ class WorkspaceManager:
         directory may be answered instead, which saves a mount and an unmount per job.
         """
         if self.images is not None:
-            if not fixed:
-                return self.images.take(uid=uid, gid=gid)
+            try:
+                if not fixed:
+                    return self.images.take(uid=uid, gid=gid)
+                path.mkdir(mode=0o700)
+                return self.images.take(uid=uid, gid=gid, bind_at=path)
+            except OSError as exc:
+                # No image to be had now (no free loop device, a full disk): this
+                # workspace is a tmpfs rather than the job an error.
+                log.warning("no workspace image (%s); this workspace is a tmpfs", exc)
+        if not path.exists():
             path.mkdir(mode=0o700)
-            return self.images.take(uid=uid, gid=gid, bind_at=path)
-        path.mkdir(mode=0o700)
         if self.quota_enforced:
             try:
                 mounts.mount_tmpfs(path, size_bytes=self.quota_bytes, uid=uid, gid=gid)

@@ -180,9 +180,14 @@ class LibreChatApi:
                 )
             return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
 
+        # Every JWT caller shares one namespace: its (verified) user is part of the
+        # scope, so one user's key never replays another user's answer.
+        scope = caller.namespace
+        if caller.token_user is not None:
+            scope = f"{caller.namespace}\0{caller.token_user}"
         return await self.idempotency.once(
             surface="librechat/exec",
-            namespace=caller.namespace,
+            namespace=scope,
             key=idempotency_key(request),
             body=raw,
             answer=run_once,
