@@ -114,3 +114,65 @@ def test_the_jwt_key_files_are_checked_at_start_up(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS"):  # noqa: SIM117
         with running_serve("lc-badkey-", SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS=str(bad)):
             pass
+
+
+def test_a_token_user_cannot_run_another_users_file(serve: Serve) -> None:
+    """A ref to another user's private file from a token's user is an unknown input, as
+    its download is a 404: the answer for a file that does not exist; the owner runs it."""
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        uploaded = alice.post(
+            "/upload", data={"kind": "user", "id": "alice"}, files=[("file", ("a.txt", b"A"))]
+        ).json()
+    ref = {
+        "id": uploaded["files"][0]["fileId"],
+        "storage_session_id": uploaded["storage_session_id"],
+        "name": "a.txt",
+        "kind": "user",
+    }
+    missing = {**ref, "id": "x" * 21}
+    code = {"lang": "py", "code": "print(open('a.txt').read())"}
+    with serve.client(None, Authorization=f"Bearer {token(sub='mallory')}") as mallory:
+        theirs = mallory.post("/exec", json={**code, "files": [ref]})
+        absent = mallory.post("/exec", json={**code, "files": [missing]})
+    assert theirs.status_code == absent.status_code == 400
+    assert theirs.json()["error"] == absent.json()["error"] == "input_missing"
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        mine = alice.post("/exec", json={**code, "files": [ref]})
+    assert mine.json()["stdout"] == "A\n", mine.text
+
+
+def test_idempotency_keys_are_scoped_to_the_token_user(serve: Serve) -> None:
+    """Two token users of the one JWT tenant sending the same key and body each get a run
+    of their own: the second never replays the first user's answer."""
+    call = {"lang": "py", "code": "import os; print(os.urandom(8).hex())"}
+    key = {"Idempotency-Key": "review-same-key-1"}
+    answers = []
+    for user in ("alice", "mallory", "alice"):
+        with serve.client(None, Authorization=f"Bearer {token(sub=user)}") as client:
+            answers.append(client.post("/exec", json=call, headers=key))
+    first, other, again = answers
+    assert first.status_code == other.status_code == again.status_code == 200
+    assert "idempotent-replayed" not in other.headers
+    assert other.json()["stdout"] != first.json()["stdout"]
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["stdout"] == first.json()["stdout"]
+
+
+def test_a_continuation_token_is_bound_to_its_token_user(serve: Serve) -> None:
+    """Another token user of the one JWT tenant presenting a continuation token gets
+    ``invalid_continuation``, as for an unknown token; its owner then continues."""
+    first_call = {"code": "print(await lookup(q='x'))", "tools": [{"name": "lookup"}]}
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        first = alice.post("/exec/programmatic", json=first_call).json()
+    assert first["status"] == "tool_call_required", first
+    (call,) = first["tool_calls"]
+    answer = {"call_id": call["id"], "result": '"found"', "is_error": False}
+    body = {"continuation_token": first["continuation_token"], "tool_results": [answer]}
+    with serve.client(None, Authorization=f"Bearer {token(sub='mallory')}") as mallory:
+        stolen = mallory.post("/exec/programmatic", json=body)
+    assert stolen.status_code == 400
+    assert stolen.json()["error"] == "invalid_continuation"
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        done = alice.post("/exec/programmatic", json=body).json()
+    assert done["status"] == "completed", done
+    assert "found" in done["stdout"], done

@@ -157,7 +157,11 @@ for parts, kind, extra in json.load(sys.stdin):
         if len(parts) > 1:
             os.makedirs(b"/".join(parts[:-1]), exist_ok=True)
         if kind == "file":
-            open(path, "wb").write(bytes.fromhex(extra))
+            # O_NONBLOCK: where an earlier entry made a fifo, a plain open would
+            # wait for a reader until the job's timeout (ENXIO instead).
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, 0o644)
+            with os.fdopen(fd, "wb") as out:
+                out.write(bytes.fromhex(extra))
         elif kind == "dir":
             os.makedirs(path, exist_ok=True)
         elif kind == "symlink":

@@ -74,6 +74,8 @@ class WorkspaceManager:
             # At most one inode per 4 KiB block: mkfs refuses more.
             count = min(inodes or quota_bytes >> 14, max(256, quota_bytes >> 12))
             self.images = ImagePool(image_dir, size_bytes=quota_bytes, inodes=count)
+        self.images_refused = ""
+        """Why there is no image pool (empty when there is one, or no root)."""
         self.backend = "plain"
         """Where workspace bytes live: ``ext4`` (disk), ``tmpfs`` (memory) or ``plain``."""
 
@@ -100,6 +102,7 @@ class WorkspaceManager:
                 self.images.prepare()
             except OSError as exc:
                 log.warning("workspace images unavailable (%s); using tmpfs", exc)
+                self.images_refused = exc.strerror or str(exc)
                 self.images = None
         if self.images is not None:
             self.backend = "ext4"
@@ -115,11 +118,17 @@ class WorkspaceManager:
         directory may be answered instead, which saves a mount and an unmount per job.
         """
         if self.images is not None:
-            if not fixed:
-                return self.images.take(uid=uid, gid=gid)
+            try:
+                if not fixed:
+                    return self.images.take(uid=uid, gid=gid)
+                path.mkdir(mode=0o700)
+                return self.images.take(uid=uid, gid=gid, bind_at=path)
+            except OSError as exc:
+                # No image to be had now (no free loop device, a full disk): this
+                # workspace is a tmpfs rather than the job an error.
+                log.warning("no workspace image (%s); this workspace is a tmpfs", exc)
+        if not path.exists():
             path.mkdir(mode=0o700)
-            return self.images.take(uid=uid, gid=gid, bind_at=path)
-        path.mkdir(mode=0o700)
         if self.quota_enforced:
             try:
                 mounts.mount_tmpfs(path, size_bytes=self.quota_bytes, uid=uid, gid=gid)

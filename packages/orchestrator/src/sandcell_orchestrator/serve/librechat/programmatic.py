@@ -234,9 +234,9 @@ class Programmatic:
         self._clock = clock
         self._new_token = new_token
         self._paused: dict[str, _Run] = {}
-        # Keyed by (tenant, X-Request-Id): the id is the caller's, so another tenant
-        # sending the same one must neither replace nor drop this tenant's entry.
-        self._in_flight: dict[tuple[str, str], _Run] = {}
+        # Keyed by (tenant, token user, request id): the id is the caller's, so another
+        # caller sending the same one must neither replace nor drop this entry.
+        self._in_flight: dict[tuple[str, str | None, str], _Run] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request) -> Response:
@@ -249,7 +249,7 @@ class Programmatic:
         self._expire()
         if body.continuation_token is not None:
             run = self._paused.get(body.continuation_token)
-            if run is not None and run.namespace == caller.namespace:
+            if run is not None and _owns(caller, run):
                 del self._paused[body.continuation_token]  # single-use
             else:
                 # Unknown, used, expired or another tenant's: all alike (and another
@@ -304,7 +304,7 @@ class Programmatic:
             return _json({"status": "error", "error": "too many round trips", "stderr": ""})
         request_id = request.headers.get(REQUEST_ID_HEADER)
         if request_id:
-            self._in_flight[(caller.namespace, request_id)] = run
+            self._in_flight[_scope(caller, request_id)] = run
         try:
             with api.limiter.slot(caller.namespace):
                 result = await api.execution.run_code(
@@ -320,7 +320,7 @@ class Programmatic:
             raise
         finally:
             if request_id:
-                self._in_flight.pop((caller.namespace, request_id), None)
+                self._in_flight.pop(_scope(caller, request_id), None)
         run.stdout.append(result.stdout)
         run.stderr.append(result.stderr)
         for output in result.files:
@@ -363,7 +363,7 @@ class Programmatic:
         except msgspec.MsgspecError as exc:
             raise ProtocolError(f"cancel body: {exc}") from None
         caller = self._api.auth.caller(request)
-        run = self._in_flight.get((caller.namespace, body.request_id))
+        run = self._in_flight.get(_scope(caller, body.request_id))
         if run is None:
             return librechat_json(404, {"error": "not_found", "message": "no such request"})
         session_id = _session_id(run)
@@ -421,3 +421,16 @@ def _failure(result: cx.ContextRunResult) -> str:
 
 def _json(body: dict[str, Any]) -> Response:
     return Response(msgspec.json.encode(body), media_type=JSON_MEDIA_TYPE)
+
+
+def _owns(caller: Caller, run: _Run) -> bool:
+    """Whether ``caller`` may continue ``run``: its tenant's, and (every JWT caller shares
+    one tenant) its token user's when a token vouches for one."""
+    if run.namespace != caller.namespace:
+        return False
+    return caller.token_user is None or caller.token_user == run.user
+
+
+def _scope(caller: Caller, request_id: str) -> tuple[str, str | None, str]:
+    """Where a round's ``X-LibreChat-Code-Request-ID`` is kept: per tenant and token user."""
+    return (caller.namespace, caller.token_user, request_id)
