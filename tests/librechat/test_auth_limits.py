@@ -114,3 +114,45 @@ def test_the_jwt_key_files_are_checked_at_start_up(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS"):  # noqa: SIM117
         with running_serve("lc-badkey-", SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS=str(bad)):
             pass
+
+
+def test_a_token_user_cannot_run_another_users_file(serve: Serve) -> None:
+    """A ref to another user's private file from a token's user is an unknown input, as
+    its download is a 404: the answer for a file that does not exist; the owner runs it."""
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        uploaded = alice.post(
+            "/upload", data={"kind": "user", "id": "alice"}, files=[("file", ("a.txt", b"A"))]
+        ).json()
+    ref = {
+        "id": uploaded["files"][0]["fileId"],
+        "storage_session_id": uploaded["storage_session_id"],
+        "name": "a.txt",
+        "kind": "user",
+    }
+    missing = {**ref, "id": "x" * 21}
+    code = {"lang": "py", "code": "print(open('a.txt').read())"}
+    with serve.client(None, Authorization=f"Bearer {token(sub='mallory')}") as mallory:
+        theirs = mallory.post("/exec", json={**code, "files": [ref]})
+        absent = mallory.post("/exec", json={**code, "files": [missing]})
+    assert theirs.status_code == absent.status_code == 400
+    assert theirs.json()["error"] == absent.json()["error"] == "input_missing"
+    with serve.client(None, Authorization=f"Bearer {token(sub='alice')}") as alice:
+        mine = alice.post("/exec", json={**code, "files": [ref]})
+    assert mine.json()["stdout"] == "A\n", mine.text
+
+
+def test_idempotency_keys_are_scoped_to_the_token_user(serve: Serve) -> None:
+    """Two token users of the one JWT tenant sending the same key and body each get a run
+    of their own: the second never replays the first user's answer."""
+    call = {"lang": "py", "code": "import os; print(os.urandom(8).hex())"}
+    key = {"Idempotency-Key": "review-same-key-1"}
+    answers = []
+    for user in ("alice", "mallory", "alice"):
+        with serve.client(None, Authorization=f"Bearer {token(sub=user)}") as client:
+            answers.append(client.post("/exec", json=call, headers=key))
+    first, other, again = answers
+    assert first.status_code == other.status_code == again.status_code == 200
+    assert "idempotent-replayed" not in other.headers
+    assert other.json()["stdout"] != first.json()["stdout"]
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["stdout"] == first.json()["stdout"]

@@ -243,3 +243,15 @@ def test_a_stateful_hint_keeps_files_and_an_installed_package_across_calls(
         args={"lang": "py", "code": "import os; print(os.path.exists('/mnt/data/state.txt'))"},
     )
     assert other["content"].startswith("stdout:\nFalse"), other
+
+
+def test_a_broken_multipart_upload_is_400(serve: Serve) -> None:
+    """A multipart body that does not parse is the caller's mistake (400), not a 500."""
+    with serve.client() as client:
+        for body, content_type in (
+            (b"garbage", "multipart/form-data; boundary=zz"),
+            (b"", "multipart/form-data"),
+        ):
+            answer = client.post("/upload", content=body, headers={"content-type": content_type})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"] == "bad_request"

@@ -4,6 +4,8 @@ between rounds, the code continues in its code context."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sandcell_orchestrator.serve.librechat.programmatic import python_name
@@ -87,3 +89,24 @@ def test_tool_names_are_normalized_as_the_client_does(driver: Driver) -> None:
     names = ["get_weather", "add-numbers", "my tool", "9lives", "class", "match", "a.b/c", "x-y z"]
     expected = driver.invoke(tool="normalize", args={}, names=names)["content"]
     assert [python_name(name) for name in names] == expected
+
+
+def test_cancel_is_scoped_to_the_tenant_of_the_request_id(serve: Serve) -> None:
+    """``X-Librechat-Code-Request-Id`` is the caller's: another tenant sending the same id
+    (a run of its own, or a cancel) neither reaches nor unregisters this tenant's run, and
+    the owner's cancel still interrupts it."""
+    request_id = {"x-librechat-code-request-id": "req-shared-1"}
+    slow = {"code": "import time\ntime.sleep(60)\n", "tools": [], "timeout": 90_000}
+    with serve.client() as a, serve.client(KEY_B) as b, ThreadPoolExecutor(1) as pool:
+        running = pool.submit(a.post, "/exec/programmatic", json=slow, headers=request_id)
+        time.sleep(1.0)  # registered before its sandbox is even acquired
+        assert not running.done()
+        own = b.post("/exec/programmatic", json={"code": "print(1)"}, headers=request_id)
+        assert own.json()["status"] == "completed", own.text
+        foreign = b.post("/exec/programmatic/cancel", json={"request_id": "req-shared-1"})
+        assert foreign.status_code == 404
+        assert not running.done()
+        cancelled = a.post("/exec/programmatic/cancel", json={"request_id": "req-shared-1"})
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json() == {"status": "cancelled"}
+        assert running.result(timeout=60).json()["status"] == "error"

@@ -29,7 +29,13 @@ VENDOR_HOMES = {
     "urllib3": {"snapshots/s3.py"},
     # envd's generated Connect code ships in the e2b package.
     "e2b": {"e2b/process.py", "e2b/filesystem.py"},
-    "connectrpc": {"e2b/process.py", "e2b/filesystem.py", "e2b/errors.py", "e2b/envd.py"},
+    "connectrpc": {
+        "e2b/process.py",
+        "e2b/filesystem.py",
+        "e2b/errors.py",
+        "e2b/envd.py",
+        "e2b/codecs.py",
+    },
     "protobuf": {"e2b/process.py", "e2b/filesystem.py"},
 }
 """Each vendor SDK and the only modules that may import it."""

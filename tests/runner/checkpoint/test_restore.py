@@ -332,6 +332,7 @@ def test_the_extractor_loads_only_what_an_extraction_needs() -> None:
         "sandcell_runner.checkpoint",
         "sandcell_runner.checkpoint.archive_rules",
         "sandcell_runner.checkpoint.compression",
+        "sandcell_runner.checkpoint.confine",
         "sandcell_runner.checkpoint.extractor",
         "sandcell_runner.errors",
     }

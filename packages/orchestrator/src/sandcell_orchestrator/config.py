@@ -82,6 +82,10 @@ class ServeSettings:
     """``SANDCELL_E2B_DOMAIN``: also route E2B's ``api.{domain}`` / ``{port}-{id}.{domain}``."""
     e2b_max_running: int = 32
     """``SANDCELL_E2B_MAX_SANDBOXES``: running E2B sandboxes one tenant may hold."""
+    idempotency_ttl_s: float = 86_400.0
+    """``SANDCELL_IDEMPOTENCY_TTL_S``: how long an ``Idempotency-Key``'s answer is kept."""
+    idempotency_claim_ttl_s: float = 30.0
+    """``SANDCELL_IDEMPOTENCY_CLAIM_TTL_S``: how long a dead worker's claim blocks retries."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ServeSettings:
@@ -94,6 +98,10 @@ class ServeSettings:
             insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
             e2b_domain=_e2b_domain(read.text("SANDCELL_E2B_DOMAIN")),
             e2b_max_running=int(read.number("SANDCELL_E2B_MAX_SANDBOXES", 32, minimum=1)),
+            idempotency_ttl_s=read.number("SANDCELL_IDEMPOTENCY_TTL_S", 86_400.0, minimum=1),
+            idempotency_claim_ttl_s=read.number(
+                "SANDCELL_IDEMPOTENCY_CLAIM_TTL_S", 30.0, minimum=1
+            ),
         )
 
     @property

@@ -64,9 +64,11 @@ def _serve(*, undumpable: bool) -> int:
         create_app(service),
         host=settings.host,
         port=settings.port,
-        # asyncio, not uvloop: uvloop's child spawning cost grows with the process's
-        # RSS; httptools parses faster than h11.
-        loop="asyncio",
+        # uvloop (when installed) takes less CPU per request on the event loop, and
+        # its child spawning (fork, costing more with the runner's RSS) is off the
+        # job path: jobs are spawned with vfork by the spawner's threads. httptools
+        # parses faster than h11.
+        loop=settings.event_loop,
         http="httptools",
         # The runner never uses the client's address; X-Forwarded-* parsing is
         # per-request work (and trust) with nothing to gain.

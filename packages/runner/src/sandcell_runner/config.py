@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -15,6 +16,7 @@ from .errors import ConfigError
 from .runner_token import TOKEN_FILE_VARIABLE, TOKEN_VARIABLE, TokenSourceError, read_token_file
 
 JailMode = Literal["nsjail", "none"]
+EventLoop = Literal["uvloop", "asyncio"]
 T = TypeVar("T")
 
 MIB = 1024 * 1024
@@ -78,6 +80,8 @@ class RunnerSettings:
     reap_age_s: int = 3600
     reap_interval_s: int = 300
     log_level: str = "info"
+    event_loop: EventLoop = "asyncio"
+    """uvicorn's loop: uvloop when it is installed (the default), else asyncio's own."""
     max_contexts: int = 8
     """Code contexts (live interpreters) one session may hold."""
     context_idle_s: int = 1800
@@ -235,6 +239,7 @@ class RunnerSettings:
             reap_age_s=reader.integer("SANDCELL_RUNNER_REAP_AGE_S", 3600),
             reap_interval_s=reader.integer("SANDCELL_RUNNER_REAP_INTERVAL_S", 300),
             log_level=env.get("SANDCELL_RUNNER_LOG_LEVEL", "info").lower(),
+            event_loop=_event_loop(env.get("SANDCELL_RUNNER_EVENT_LOOP", "").strip().lower()),
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
             context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
             context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),
@@ -298,6 +303,20 @@ class _EnvReader:
 
 def _is_within(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
+
+
+def _event_loop(asked: str) -> EventLoop:
+    # uvloop is a dependency, but a platform without its wheel still runs on asyncio's loop.
+    installed = importlib.util.find_spec("uvloop") is not None
+    if asked in ("", "auto"):
+        return "uvloop" if installed else "asyncio"
+    if asked == "asyncio":
+        return "asyncio"
+    if asked == "uvloop":
+        if not installed:
+            raise ConfigError("SANDCELL_RUNNER_EVENT_LOOP=uvloop but uvloop is not installed")
+        return "uvloop"
+    raise ConfigError("SANDCELL_RUNNER_EVENT_LOOP must be 'auto', 'uvloop' or 'asyncio'")
 
 
 def _find_nsjail(configured: str | None) -> Path:

@@ -185,6 +185,8 @@ class RunnerService:
                 max_bytes=settings.checkpoint_max_bytes,
                 max_members=settings.checkpoint_max_members,
             ),
+            cgroups=self._cgroups,
+            memory_bytes=settings.limits.memory_mib * MIB,
         )
         # A restore replaces the workspace the interpreters run in: their state is gone.
         self.checkpoints.restore_hooks.append(self._lose_contexts)
@@ -215,8 +217,8 @@ class RunnerService:
             self.warnings.append("no cpu cgroup controller: the session's CPU use is not bounded")
         if self._workspaces.backend == "tmpfs":
             self.warnings.append(
-                "workspace images unavailable (no loop devices or mkfs.ext4): workspaces are "
-                "tmpfs, so their bytes are memory charged to the jobs that write them"
+                f"workspace images unavailable ({self._workspaces.images_refused}): workspaces "
+                "are tmpfs, so their bytes are memory charged to the jobs that write them"
             )
         if not self._workspaces.quota_enforced:
             self.warnings.append("workspace disk quota not enforced (not root: no tmpfs mounts)")

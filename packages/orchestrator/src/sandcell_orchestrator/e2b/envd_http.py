@@ -23,7 +23,7 @@ from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import RunnerRequestError
-from ..serve.errors import MAX_BODY_BYTES, read_body
+from ..serve.errors import MAX_BODY_BYTES, form_of, read_body
 from .errors import E2bError
 from .sandboxes import E2bSandbox
 
@@ -112,7 +112,7 @@ async def write_files(request: Request, sandbox: E2bSandbox) -> Response:
     body = await read_body(request)
     if content_type.startswith("multipart/form-data"):
         buffered = Request(request.scope, receive=_replay(body))
-        async with buffered.form(max_files=1000, max_part_size=MAX_BODY_BYTES) as form:
+        async with form_of(buffered, max_files=1000, max_part_size=MAX_BODY_BYTES) as form:
             items = form.multi_items()
             one_path = request.query_params.get("path")
             files = [value for key, value in items if key == "file"]

@@ -30,6 +30,7 @@ from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import SandcellError
 from ..runner.sandbox import SandboxRunnerClient
+from .codecs import strict_codecs
 from .errors import connect_error
 from .sandboxes import E2bSandbox
 
@@ -267,4 +268,4 @@ class FilesystemService:
 
 def filesystem_app(sandbox_of: SandboxOf) -> FilesystemASGIApplication:
     """The Connect ASGI app of ``filesystem.Filesystem``."""
-    return FilesystemASGIApplication(FilesystemService(sandbox_of))  # type: ignore[arg-type]
+    return FilesystemASGIApplication(FilesystemService(sandbox_of), codecs=strict_codecs())  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import SandcellError
 from ..runner.sandbox import SandboxRunnerClient
+from .codecs import strict_codecs
 from .errors import connect_error
 from .sandboxes import E2bSandbox
 
@@ -249,4 +250,4 @@ def _input_bytes(message: pb.ProcessInput | None) -> bytes:
 
 def process_app(sandbox_of: SandboxOf) -> ProcessASGIApplication:
     """The Connect ASGI app of ``process.Process`` (mount where ``/process.Process/…`` lands)."""
-    return ProcessASGIApplication(ProcessService(sandbox_of))  # type: ignore[arg-type]
+    return ProcessASGIApplication(ProcessService(sandbox_of), codecs=strict_codecs())  # type: ignore[arg-type]

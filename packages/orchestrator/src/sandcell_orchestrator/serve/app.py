@@ -128,7 +128,11 @@ class _Service:
         self.keys = load_api_keys(settings)
         self._given = services
         self._services = services
-        self.idempotency = Idempotency(lambda: self.services.registry)
+        self.idempotency = Idempotency(
+            lambda: self.services.registry,
+            result_ttl_s=settings.serve.idempotency_ttl_s,
+            claim_ttl_s=settings.serve.idempotency_claim_ttl_s,
+        )
 
     @property
     def services(self) -> Services:
@@ -322,7 +326,10 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
     # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
     from .librechat import install_librechat
 
-    install_librechat(app, settings.librechat, keys=service.keys, services=lambda: service.services)
+    librechat = install_librechat(
+        app, settings.librechat, keys=service.keys, services=lambda: service.services
+    )
+    librechat.idempotency = service.idempotency
     return app
 
 

@@ -10,10 +10,13 @@ limit ``MAX_BODY_BYTES`` live here because the 413 answer names the limit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -50,6 +53,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "PayloadTooLargeError",
     "error_response",
+    "form_of",
     "guarded",
     "http_error_response",
     "map_error",
@@ -183,6 +187,24 @@ async def read_body(request: Request) -> bytes:
             raise PayloadTooLargeError
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+@contextlib.asynccontextmanager
+async def form_of(request: Request, **limits: int) -> AsyncIterator[FormData]:
+    """The request's parsed form; a malformed multipart body is a ``ProtocolError`` (400).
+
+    Starlette raises ``HTTPException(400)`` (``MultiPartException`` outside an app)
+    for it, which the routes' error mapping would otherwise answer as a 500.
+    """
+    try:
+        form = await request.form(**limits)
+    except (HTTPException, MultiPartException) as exc:
+        detail = exc.detail if isinstance(exc, HTTPException) else exc.message
+        raise ProtocolError(f"multipart body: {str(detail)[:200]}") from None
+    try:
+        yield form
+    finally:
+        await form.close()
 
 
 def error_response(status: int, code: ErrorCode, message: str) -> Response:

@@ -29,7 +29,8 @@ parses header blocks and its data filter is a first check; on top of it:
   and the compressed stream must end exactly where the archive does;
 - all of it runs as the pinned UID, so even a bug here writes only what that UID may,
   and (as root) chrooted into the staging directory, so it cannot reach a path
-  outside it at all.
+  outside it at all; and (as root) under a job's jail (``confine.py``): its own
+  cgroup, an empty network namespace, rlimits and a seccomp filter.
 
 The stream is walked here rather than by tarfile's stream mode, whose reader
 copies every chunk through bytes joins and slices: member data goes from the
@@ -54,6 +55,7 @@ from sandcell_protocol import CheckpointMeta, ProtocolError, decode
 from sandcell_protocol.routes import CHECKPOINT_META_MEMBER, CHECKPOINT_WORKSPACE_PREFIX
 
 from ..errors import ArchiveRejectedError
+from . import confine
 from .archive_rules import (
     MAX_META_BYTES,
     PERMISSION_BITS,
@@ -89,6 +91,10 @@ class ExtractorArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_members: int
     uid: int | None = None
     gid: int | None = None
+    cgroup_fds: list[int] = []
+    """Open ``cgroup.procs`` files to join first (the runner's restore cgroup)."""
+    confine: bool = False
+    """Apply a job's jail (``confine.py``): namespaces, rlimits, seccomp (root only)."""
 
 
 _BLOCK = tarfile.BLOCKSIZE
@@ -395,13 +401,24 @@ def _parse_args(argv: Sequence[str] | None) -> ExtractorArgs:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one extraction; the verdict goes to stdout, exit 0 unless the child itself broke."""
     args = _parse_args(argv)
+    for fd in args.cgroup_fds:
+        # First: everything from here on (memory, tasks, CPU) is the restore's.
+        os.write(fd, b"0")
+        os.close(fd)
     _raise_fd_limit()
     os.fchdir(args.staging_fd)
     if os.geteuid() == 0:
+        if args.confine:
+            confine.isolate_namespaces()
         # Before the privilege drop (chroot needs CAP_SYS_CHROOT), after every import.
         os.chroot(".")
+    if args.confine:
+        confine.limit_resources(max_file_bytes=args.max_bytes)
     if args.uid is not None:
         _drop_privileges(args.uid, args.gid if args.gid is not None else args.uid)
+    if args.confine:
+        # Last: from here on only what extracting needs (no exec, fork or socket).
+        confine.install_seccomp()
     os.umask(0o077)
     try:
         meta = extract(

@@ -18,7 +18,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -29,6 +29,7 @@ import msgspec
 from sandcell_protocol import CheckpointMeta, ProtocolError, decode
 
 from ..errors import ArchiveRejectedError
+from . import confine
 from .archive_rules import MAX_META_BYTES
 from .compression import Encoding
 from .export import ArchiveLimits
@@ -57,6 +58,7 @@ async def restore_checkpoint(
     encoding: Encoding,
     limits: ArchiveLimits,
     expected_sha256: str | None,
+    cgroup_fds: Sequence[int] = (),
 ) -> CheckpointMeta:
     """Extract a checkpoint archive into the empty directory ``staging``, as ``uid:gid``.
 
@@ -65,7 +67,9 @@ async def restore_checkpoint(
     ``ArchiveRejectedError`` and leaves ``staging`` in an unspecified state for
     the caller to delete; nothing outside ``staging`` is touched. When the
     runner is not root, ``uid`` must be its own UID. Cancelling the call kills
-    the extractor.
+    the extractor. ``cgroup_fds``: open ``cgroup.procs`` files (the caller's to
+    close) of the cgroup the extractor joins before anything else (a job's limits);
+    as root it also gets a job's namespaces, rlimits and seccomp filter (``confine.py``).
     """
     privileged = os.geteuid() == 0
     if not privileged and uid != os.getuid():
@@ -84,6 +88,8 @@ async def restore_checkpoint(
         max_members=limits.max_members,
         uid=uid if drop else None,
         gid=gid if drop else None,
+        cgroup_fds=list(cgroup_fds),
+        confine=privileged and confine.supported(),
     )
     argv = [
         sys.executable,
@@ -95,7 +101,7 @@ async def restore_checkpoint(
         msgspec.json.encode(args).decode(),
     ]
     try:
-        result, digest = await _run_child(argv, chunks, staging_fd)
+        result, digest = await _run_child(argv, chunks, (staging_fd, *cgroup_fds))
     finally:
         os.close(staging_fd)
     if not result.ok:
@@ -109,7 +115,7 @@ async def restore_checkpoint(
 
 
 async def _run_child(
-    argv: list[str], chunks: AsyncIterator[bytes], staging_fd: int
+    argv: list[str], chunks: AsyncIterator[bytes], pass_fds: Sequence[int]
 ) -> tuple[ChildResult, str]:
     read_fd, write_fd = _archive_pipe()
     run = _ChildRun(write_fd)
@@ -119,7 +125,7 @@ async def _run_child(
             stdin=read_fd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(staging_fd,),
+            pass_fds=tuple(pass_fds),
             cwd="/",
             env={},
         )

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
-from sandcell_protocol import RestoreResult
+from sandcell_protocol import CheckpointMeta, RestoreResult
 
 from ..errors import ArchiveRejectedError
+from ..jail.cgroups import CgroupManager
 from ..workspace import fsops
 from ..workspace.session import SessionManager, SessionState
 from .compression import Encoding, sniff_encoding
@@ -24,14 +27,26 @@ from .selection import WorkspaceSelection
 
 # Enough of the body to tell gzip from zstd by its magic bytes.
 _SNIFF_BYTES = 4
+# The extractor and its decompressing thread, with room for the interpreter's own.
+_EXTRACTOR_PIDS = 16
 
 
 class SessionCheckpoints:
     """The session's checkpoint stream out and its restore in."""
 
-    def __init__(self, sessions: SessionManager, *, limits: ArchiveLimits) -> None:
+    def __init__(
+        self,
+        sessions: SessionManager,
+        *,
+        limits: ArchiveLimits,
+        cgroups: CgroupManager | None = None,
+        memory_bytes: int = 512 << 20,
+    ) -> None:
         self._sessions = sessions
         self._limits = limits
+        self._cgroups = cgroups if cgroups is not None and cgroups.available else None
+        """The extractor runs in a cgroup of its own, limited like a job's."""
+        self._memory_bytes = memory_bytes
         self.restore_hooks: list[Callable[[SessionState], Awaitable[None]]] = []
         """Run under the session lock once a restored workspace is in place."""
 
@@ -70,6 +85,41 @@ class SessionCheckpoints:
 
         return body()
 
+    async def _extract(
+        self,
+        chunks: AsyncIterator[bytes],
+        staging: Path,
+        state: SessionState,
+        encoding: Encoding,
+        expected_sha256: str | None,
+    ) -> CheckpointMeta:
+        cgroup = None
+        if self._cgroups is not None:
+            # One restore at a time per session (the lock): one pooled cgroup serves all.
+            cgroup = await asyncio.to_thread(
+                self._cgroups.acquire,
+                "restore",
+                memory_bytes=self._memory_bytes,
+                pids=_EXTRACTOR_PIDS,
+            )
+        fds = cgroup.open_procs_fds() if cgroup is not None else []
+        try:
+            return await restore_checkpoint(
+                chunks,
+                staging,
+                uid=state.uid,
+                gid=state.uid,
+                encoding=encoding,
+                limits=self._limits,
+                expected_sha256=expected_sha256,
+                cgroup_fds=fds,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+            if cgroup is not None and cgroup.signal_leftovers():
+                await asyncio.to_thread(cgroup.kill_all)
+
     async def restore(
         self, session_id: str, body: AsyncIterator[bytes], *, expected_sha256: str | None
     ) -> RestoreResult:
@@ -89,15 +139,7 @@ class SessionCheckpoints:
 
             staging = await self._sessions.new_staging(state)
             try:
-                meta = await restore_checkpoint(
-                    chunks(),
-                    staging,
-                    uid=state.uid,
-                    gid=state.uid,
-                    encoding=encoding,
-                    limits=self._limits,
-                    expected_sha256=expected_sha256,
-                )
+                meta = await self._extract(chunks(), staging, state, encoding, expected_sha256)
             except BaseException:
                 await self._sessions.discard_staging(state, staging)
                 raise

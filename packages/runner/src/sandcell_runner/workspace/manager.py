@@ -74,6 +74,8 @@ class WorkspaceManager:
             # At most one inode per 4 KiB block: mkfs refuses more.
             count = min(inodes or quota_bytes >> 14, max(256, quota_bytes >> 12))
             self.images = ImagePool(image_dir, size_bytes=quota_bytes, inodes=count)
+        self.images_refused = ""
+        """Why there is no image pool (empty when there is one, or no root)."""
         self.backend = "plain"
         """Where workspace bytes live: ``ext4`` (disk), ``tmpfs`` (memory) or ``plain``."""
 
@@ -100,6 +102,7 @@ class WorkspaceManager:
                 self.images.prepare()
             except OSError as exc:
                 log.warning("workspace images unavailable (%s); using tmpfs", exc)
+                self.images_refused = exc.strerror or str(exc)
                 self.images = None
         if self.images is not None:
             self.backend = "ext4"

@@ -1,13 +1,12 @@
-"""Size-capped tmpfs mounts: the workspace disk quota.
+"""Size-capped tmpfs mounts: the workspace quota where there are no workspace images.
 
-``rlimit_fsize`` caps one file, not a workspace (five 50 MiB files pass a 64 MiB
-limit). A tmpfs per workspace, sized to the quota, caps the total with no setup
-cost (a mount syscall, ~0.1 ms) and no filesystem features to depend on (project
-quotas need XFS/ext4 with prjquota; a loop-mounted image costs a mkfs per
-workspace). The price: tmpfs pages live in memory, so the quota is also memory,
-and pages a job writes are charged to its memory cgroup while it runs. Where the
-runner is not root it cannot mount: workspaces are plain directories without a
-quota, and ``/health`` says so.
+The runner's workspaces are ext4 images from a pool (``images.py``); where it
+cannot make them (no ``/dev/loop-control`` in a container, no ``mkfs.ext4``) a
+tmpfs per workspace, sized to the quota, still caps the total (``rlimit_fsize``
+caps one file, not a workspace). The price: tmpfs pages are memory, charged to
+the memory cgroup of the job that writes them, which ``/health`` warns about.
+Where the runner is not root it cannot mount: workspaces are plain directories
+without a quota, and ``/health`` says so.
 
 ctypes rather than the ``mount`` binary: a fork+exec per job would cost more than
 the mount itself.

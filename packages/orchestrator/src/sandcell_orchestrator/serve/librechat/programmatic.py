@@ -234,7 +234,9 @@ class Programmatic:
         self._clock = clock
         self._new_token = new_token
         self._paused: dict[str, _Run] = {}
-        self._in_flight: dict[str, tuple[str, _Run]] = {}
+        # Keyed by (tenant, X-Request-Id): the id is the caller's, so another tenant
+        # sending the same one must neither replace nor drop this tenant's entry.
+        self._in_flight: dict[tuple[str, str], _Run] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request) -> Response:
@@ -302,7 +304,7 @@ class Programmatic:
             return _json({"status": "error", "error": "too many round trips", "stderr": ""})
         request_id = request.headers.get(REQUEST_ID_HEADER)
         if request_id:
-            self._in_flight[request_id] = (caller.namespace, run)
+            self._in_flight[(caller.namespace, request_id)] = run
         try:
             with api.limiter.slot(caller.namespace):
                 result = await api.execution.run_code(
@@ -318,7 +320,7 @@ class Programmatic:
             raise
         finally:
             if request_id:
-                self._in_flight.pop(request_id, None)
+                self._in_flight.pop((caller.namespace, request_id), None)
         run.stdout.append(result.stdout)
         run.stderr.append(result.stderr)
         for output in result.files:
@@ -361,10 +363,9 @@ class Programmatic:
         except msgspec.MsgspecError as exc:
             raise ProtocolError(f"cancel body: {exc}") from None
         caller = self._api.auth.caller(request)
-        found = self._in_flight.get(body.request_id)
-        if found is None or found[0] != caller.namespace:
+        run = self._in_flight.get((caller.namespace, body.request_id))
+        if run is None:
             return librechat_json(404, {"error": "not_found", "message": "no such request"})
-        run = found[1]
         session_id = _session_id(run)
         with contextlib.suppress(SandboxError, SandboxNotFoundError):
             await self._api.execution.contexts.interrupt(session_id, run.context_id)

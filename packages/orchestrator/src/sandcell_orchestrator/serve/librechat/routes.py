@@ -39,7 +39,7 @@ from sandcell_protocol import (
 from ...bootstrap import Services
 from ...errors import InputMissingError, SandboxTimeoutError
 from ...sessions.execution import ExecutionService, Identity
-from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, read_body
+from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of, read_body
 from ..idempotency import Idempotency, idempotency_key
 from .auth import Caller, LibreChatAuth
 from .errors import ExecutionTimeoutError, FileNotVisibleError, librechat_json
@@ -180,9 +180,14 @@ class LibreChatApi:
                 )
             return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
 
+        # Every JWT caller shares one namespace: its (verified) user is part of the
+        # scope, so one user's key never replays another user's answer.
+        scope = caller.namespace
+        if caller.token_user is not None:
+            scope = f"{caller.namespace}\0{caller.token_user}"
         return await self.idempotency.once(
             surface="librechat/exec",
-            namespace=caller.namespace,
+            namespace=scope,
             key=idempotency_key(request),
             body=raw,
             answer=run_once,
@@ -222,8 +227,10 @@ class LibreChatApi:
         require_nanoid("files[].storage_session_id", storage)
         require_nanoid("files[].id", item.id)
         meta = await self.files.meta(caller.namespace, storage, item.id)
-        if meta is None:
-            # Absent, or another tenant's: the same words either way.
+        viewer = Viewer(user_id=caller.token_user, kind=item.kind, resource_id=item.resource_id)
+        if meta is None or (caller.token_user is not None and not visible(meta, viewer)):
+            # Absent, another tenant's, or (for a token's user, whom the token vouches
+            # for) one that user may not download: the same words either way.
             raise InputMissingError(f"input {item.id} (for {item.name}) not found")
         return ResolvedInput(wire=item, storage=storage, read_only=meta.read_only)
 
@@ -324,7 +331,7 @@ class LibreChatApi:
         if declared.isdigit() and int(declared) > self.settings.max_upload_bytes:
             raise PayloadTooLargeError
         limit = MAX_BATCH_FILES if batch else 1
-        async with request.form(max_files=limit, max_fields=16) as form:
+        async with form_of(request, max_files=limit, max_fields=16) as form:
             parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
             if not parts:
                 raise ProtocolError("upload: no file part")
