@@ -110,3 +110,11 @@ def test_cancel_is_scoped_to_the_tenant_of_the_request_id(serve: Serve) -> None:
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json() == {"status": "cancelled"}
         assert running.result(timeout=60).json()["status"] == "error"
+
+
+def test_a_negative_timeout_is_400(serve: Serve) -> None:
+    """``timeout`` is milliseconds, not negative: a 400, as on ``/exec``."""
+    with serve.client() as client:
+        answer = client.post("/exec/programmatic", json={"code": "print(1)", "timeout": -5})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "bad_request"

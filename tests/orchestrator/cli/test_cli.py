@@ -312,3 +312,31 @@ def test_usual_language_aliases_are_accepted(cli: Cli) -> None:
     unknown = cli.run("exec", "--language", "cobol", "DISPLAY 1")
     assert "offered: " in unknown.stderr
     assert "python" in unknown.stderr
+
+
+def test_wait_s_queues_parallel_calls_instead_of_refusing(cli: Cli) -> None:
+    """With --wait-s, two calls on one session at once both run, one after the other,
+    and both turns are kept."""
+    calls = [
+        subprocess.Popen(
+            [
+                *cli.command(),
+                "exec",
+                "--session",
+                "queue",
+                "--wait-s",
+                "120",
+                f"import time; open('turn{i}', 'w').write('{i}'); time.sleep(0.5)",
+            ],
+            env=cli.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outcomes = [(call.wait(timeout=300), call.communicate()[1]) for call in calls]
+    assert [code for code, _ in outcomes] == [0, 0], outcomes
+    listing = cli.run("exec", "--session", "queue", "import os; print(sorted(os.listdir('.')))")
+    assert listing.stdout == "['turn0', 'turn1']\n", listing.stderr
+    assert_clean(cli)

@@ -76,6 +76,12 @@ def add_parser(commands: Any) -> None:
     run.add_argument(
         "--out", metavar="DIR", type=Path, help="write the files the job made or changed into DIR"
     )
+    run.add_argument(
+        "--wait-s",
+        type=positive_float,
+        metavar="N",
+        help="wait up to N s for a session another call is using [0: exit 75 at once]",
+    )
 
 
 async def run_exec(
@@ -106,6 +112,8 @@ async def run_exec(
         # Human output streams: each chunk is printed as the job produces it, the
         # summary comes last. --json prints one ExecuteResult at the end.
         on_output = None if args.json else _Echo(out, err)
+        if args.wait_s:
+            services.execution.session_wait_ms = round(args.wait_s * 1000)
         before = None
         if session_id is not None:
             before = await services.manager.current_checkpoint(session_id)
@@ -119,7 +127,7 @@ async def run_exec(
         except SessionBusyError:
             raise SessionBusyExit(
                 f"session {hint!r} is busy: another call is running a turn in it;"
-                " this turn did not run (retry when that one has finished)"
+                " this turn did not run (retry when that one has finished, or wait with --wait-s N)"
             ) from None
     if args.out is not None:
         await asyncio.to_thread(_write_out, result, args.out, err)

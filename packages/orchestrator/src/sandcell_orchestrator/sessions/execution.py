@@ -110,6 +110,8 @@ class ExecutionService:
         self.spec = spec or SandboxSpec()
         self.keep_warm = keep_warm
         """False: park each session's sandbox at the end of its turn (see ``open_services``)."""
+        self.session_wait_ms = 0
+        """How long a turn waits for a busy session before ``SessionBusyError`` (0: not at all)."""
         self.contexts = SessionContexts(manager, spec=self.spec)
         """Context operations by session id (``run_code`` runs the cells)."""
 
@@ -289,7 +291,7 @@ class ExecutionService:
     ) -> _T:
         manager = self.manager
         spec = self._spec_for(egress)
-        async with manager.hold(session_id) as hold:
+        async with manager.hold(session_id, wait_ms=self.session_wait_ms) as hold:
             attached = await manager.attach(hold, spec, verify=verify)
             try:
                 if egress is not None and not attached.launched:

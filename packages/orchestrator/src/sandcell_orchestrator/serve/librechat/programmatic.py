@@ -55,7 +55,7 @@ from .auth import Caller
 from .errors import librechat_json
 from .ids import new_nanoid
 from .routes import LibreChatApi, ResolvedInput
-from .wire import InFile
+from .wire import InFile, NonNegativeInt
 
 __all__ = ["MAX_ROUND_TRIPS", "RUNTIME", "TOKEN_TTL_S", "Programmatic", "python_name"]
 
@@ -187,7 +187,7 @@ class ProgrammaticBody(msgspec.Struct, frozen=True, kw_only=True):
     code: str | None = None
     tools: list[ToolDef] | None = None
     session_id: str | None = None
-    timeout: int | None = None
+    timeout: NonNegativeInt | None = None
     files: list[InFile] | None = None
     runtime_session_hint: str | None = None
     continuation_token: str | None = None
