@@ -10,6 +10,7 @@ answer (acknowledged) or gives the turn up. Between turns, at random, a fault:
 
     kill_worker    SIGKILL a worker, start it again (same home and port)
     kill_runner    SIGKILL a runner process (a sandbox) of some worker
+    *_mid_turn     the same, 0-300 ms into the next turn (whatever stage it is at)
     stop_worker    SIGSTOP a worker for --stop-s, SIGCONT it (turns sent to it hang)
     restart_redis  SIGTERM redis-server and start it again on its AOF
 
@@ -56,7 +57,19 @@ from moto.server import ThreadedMotoServer
 KEY = "chaos-key-0123456789abcdef"
 BUCKET = "sandcell-chaos"
 S3_ACCESS, S3_SECRET = "chaos-access", "chaos-secret-0123456789"
-FAULTS = ("kill_worker", "kill_runner", "stop_worker", "restart_redis")
+FAULTS = (
+    "kill_worker",
+    "kill_runner",
+    "stop_worker",
+    "restart_redis",
+    "kill_worker_mid_turn",
+    "kill_runner_mid_turn",
+)
+# These strike the next turn a random 0-300 ms after it was sent: while its
+# sandbox launches or restores, while it executes, while its checkpoint uploads,
+# or before its record is written (a strike that comes after a quick turn ended
+# hits the idle worker or runner instead).
+MID_TURN = ("kill_worker_mid_turn", "kill_runner_mid_turn")
 
 
 def free_port() -> int:
@@ -220,6 +233,8 @@ class Chaos:
             Session(hint=f"chaos-{n}-{uuid.uuid4().hex[:6]}") for n in range(args.sessions)
         ]
         self._stopped: set[int] = set()
+        self._mid_turn: str | None = None
+        self._strikes: list[threading.Timer] = []
 
     # -- set-up -------------------------------------------------------------------
 
@@ -245,6 +260,13 @@ class Chaos:
             "SANDCELL_S3_SECRET_KEY": S3_SECRET,
             "SANDCELL_API_KEYS": f"{KEY}=chaos",
             "SANDCELL_IDEMPOTENCY_CLAIM_TTL_S": str(self.args.claim_ttl_s),
+            # The session lock's TTL is 1.5x the sum of these budgets, and a worker
+            # killed mid-turn blocks its session until the lock expires: small
+            # budgets (the turns are tiny) keep that wait to ~11 s, not ~12 min.
+            "SANDCELL_LAUNCH_TIMEOUT_S": "3",
+            "SANDCELL_HEALTH_TIMEOUT_S": "1",
+            "SANDCELL_EXECUTE_TIMEOUT_S": "1.5",
+            "SANDCELL_CHECKPOINT_TIMEOUT_S": "2",
         }
         for n in range(self.args.workers):
             root = self.base / f"w{n}"
@@ -260,6 +282,8 @@ class Chaos:
             self.workers.append(worker)
 
     def close(self) -> None:
+        for strike in self._strikes:
+            strike.join()
         with httpx.Client(timeout=30) as client:
             for session in self.sessions:
                 sid = self._session_id(session)
@@ -310,7 +334,9 @@ class Chaos:
 
     def fault(self, kind: str) -> None:
         self.report.faults[kind] += 1
-        if kind == "kill_worker":
+        if kind in MID_TURN:
+            self._mid_turn = kind
+        elif kind == "kill_worker":
             worker = self.rng.choice(self.workers)
             worker.kill()
             worker.start()
@@ -329,6 +355,20 @@ class Chaos:
         elif kind == "restart_redis":
             self.redis.stop()
             self.redis.start()
+
+    def _strike(self, kind: str, worker: Worker) -> None:
+        """A mid-turn fault, from a timer thread, on the worker the turn went to."""
+        if kind == "kill_worker_mid_turn":
+            worker.kill()
+            try:
+                worker.start()
+            except RuntimeError as exc:
+                self.report.problems.append(f"restart after a mid-turn kill: {exc}")
+            return
+        runners = [p for p in self._runners() if str(worker.runtime_dir) in " ".join(p.cmdline())]
+        for victim in runners:
+            with contextlib.suppress(psutil.Error):
+                victim.send_signal(signal.SIGKILL)
 
     def _resume(self, worker: Worker) -> None:
         if worker.process is not None and worker.process.poll() is None:
@@ -355,13 +395,23 @@ class Chaos:
         while time.monotonic() < deadline:
             worker = self.workers[(step + attempt) % len(self.workers)]
             attempt += 1
+            if attempt == 1 and self._mid_turn is not None:
+                delay_s = self.rng.uniform(0.0, 0.3)
+                strike = threading.Timer(delay_s, self._strike, args=(self._mid_turn, worker))
+                strike.start()
+                self._strikes.append(strike)
+                self._mid_turn = None
             try:
                 response = client.post(f"{worker.url}/v1/exec", json=body, headers=headers)
             except httpx.HTTPError as exc:
                 self._count(type(exc).__name__)
                 time.sleep(0.2)
                 continue
-            self._count(str(response.status_code))
+            code = ""
+            if response.status_code >= 400:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    code = " " + str(response.json()["error"]["code"])
+            self._count(f"{response.status_code}{code}")
             if response.status_code == 200:
                 self.report.latencies_s.append(time.monotonic() - started)
                 if attempt == 1:
@@ -408,6 +458,7 @@ class Chaos:
         begun = time.monotonic()
         budget_end = begun + self.args.budget_s
         faults_due = self.args.faults
+        next_kind = 0
         with httpx.Client(timeout=self.args.request_timeout_s) as client:
             step = 0
             while step < self.args.turns and time.monotonic() < budget_end:
@@ -415,10 +466,15 @@ class Chaos:
                 step += 1
                 left = self.args.turns - step
                 if faults_due and self.rng.random() < faults_due / max(left, 1) * 1.5:
-                    kinds = list(FAULTS)
-                    if len(self._stopped) >= len(self.workers) - 1:
-                        kinds.remove("stop_worker")
-                    self.fault(kinds[(self.args.faults - faults_due) % len(kinds)])
+                    # One fault at a time: a mid-turn strike still restarting a
+                    # worker must not race the next fault.
+                    for strike in self._strikes:
+                        strike.join()
+                    kind = FAULTS[next_kind % len(FAULTS)]
+                    if kind == "stop_worker" and len(self._stopped) >= len(self.workers) - 1:
+                        continue
+                    next_kind += 1
+                    self.fault(kind)
                     faults_due -= 1
             # A last turn per session reads everything acknowledged back.
             for n, _session in enumerate(self.sessions):
