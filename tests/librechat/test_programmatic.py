@@ -113,8 +113,12 @@ def test_cancel_is_scoped_to_the_tenant_of_the_request_id(serve: Serve) -> None:
 
 
 def test_a_negative_timeout_is_400(serve: Serve) -> None:
-    """``timeout`` is milliseconds, not negative: a 400, as on ``/exec``."""
+    """``timeout`` is milliseconds, not negative: a 400, as on ``/exec``; without a key
+    even a malformed body is a 401."""
     with serve.client() as client:
         answer = client.post("/exec/programmatic", json={"code": "print(1)", "timeout": -5})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"] == "bad_request"
+    with serve.client(None) as stranger:
+        for route in ("/exec/programmatic", "/exec/programmatic/cancel"):
+            assert stranger.post(route, content=b"{").status_code == 401, route

@@ -241,11 +241,11 @@ class Programmatic:
 
     async def handle(self, request: Request) -> Response:
         api = self._api
+        caller = api.auth.caller(request)  # before the body: a stranger learns nothing of it
         try:
             body = msgspec.json.decode(await read_body(request), type=ProgrammaticBody, strict=True)
         except msgspec.MsgspecError as exc:
             raise ProtocolError(f"programmatic body: {exc}") from None
-        caller = api.auth.caller(request)
         self._expire()
         if body.continuation_token is not None:
             run = self._paused.get(body.continuation_token)
@@ -358,11 +358,11 @@ class Programmatic:
         return _json({"status": "error", "error": error, "stderr": stderr})
 
     async def cancel(self, request: Request) -> Response:
+        caller = self._api.auth.caller(request)
         try:
             body = msgspec.json.decode(await read_body(request), type=CancelBody, strict=True)
         except msgspec.MsgspecError as exc:
             raise ProtocolError(f"cancel body: {exc}") from None
-        caller = self._api.auth.caller(request)
         run = self._in_flight.get(_scope(caller, body.request_id))
         if run is None:
             return librechat_json(404, {"error": "not_found", "message": "no such request"})
