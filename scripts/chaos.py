@@ -13,6 +13,8 @@ answer (acknowledged) or gives the turn up. Between turns, at random, a fault:
     *_mid_turn     the same, 0-300 ms into the next turn (whatever stage it is at)
     stop_worker    SIGSTOP a worker for --stop-s, SIGCONT it (turns sent to it hang)
     restart_redis  SIGTERM redis-server and start it again on its AOF
+    wipe_redis     SIGKILL redis-server and start it again empty (persistence lost:
+                   generations must still never go backwards)
 
 Invariants, checked at every acknowledged turn and at the end:
 
@@ -62,6 +64,7 @@ FAULTS = (
     "kill_runner",
     "stop_worker",
     "restart_redis",
+    "wipe_redis",
     "kill_worker_mid_turn",
     "kill_runner_mid_turn",
 )
@@ -116,6 +119,12 @@ class Redis:
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
+            self.process.wait(timeout=15)
+        self.process = None
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
             self.process.wait(timeout=15)
         self.process = None
 
@@ -355,6 +364,14 @@ class Chaos:
         elif kind == "restart_redis":
             self.redis.stop()
             self.redis.start()
+        elif kind == "wipe_redis":
+            self.redis.kill()
+            for leftover in self.redis.workdir.iterdir():
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink()
+            self.redis.start()
 
     def _strike(self, kind: str, worker: Worker) -> None:
         """A mid-turn fault, from a timer thread, on the worker the turn went to."""
@@ -504,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.bounded:
         args.turns = min(args.turns, 40)
-        args.faults = min(args.faults, 12)
+        args.faults = min(args.faults, 14)
         args.budget_s = min(args.budget_s, 60.0)
         args.stop_s = min(args.stop_s, 3.0)
         args.turn_deadline_s = min(args.turn_deadline_s, 30.0)
