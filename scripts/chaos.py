@@ -13,6 +13,7 @@ answer (acknowledged) or gives the turn up. Between turns, at random, a fault:
     *_mid_turn     the same, 0-300 ms into the next turn (whatever stage it is at)
     stop_worker    SIGSTOP a worker for --stop-s, SIGCONT it (turns sent to it hang)
     restart_redis  SIGTERM redis-server and start it again on its AOF
+    stop_s3        stop the S3 endpoint for --s3-outage-s while turns go on
     wipe_redis     SIGKILL redis-server and start it again empty (persistence lost:
                    generations must still never go backwards)
 
@@ -65,6 +66,7 @@ FAULTS = (
     "stop_worker",
     "restart_redis",
     "wipe_redis",
+    "stop_s3",
     "kill_worker_mid_turn",
     "kill_runner_mid_turn",
 )
@@ -364,6 +366,12 @@ class Chaos:
         elif kind == "restart_redis":
             self.redis.stop()
             self.redis.start()
+        elif kind == "stop_s3":
+            # moto keeps its buckets in this process: a restarted endpoint serves them.
+            self.s3.stop()
+            restart = threading.Timer(self.args.s3_outage_s, self.s3.start)
+            restart.start()
+            self._strikes.append(restart)
         elif kind == "wipe_redis":
             self.redis.kill()
             for leftover in self.redis.workdir.iterdir():
@@ -515,15 +523,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop-s", type=float, default=4.0)
     parser.add_argument("--claim-ttl-s", type=float, default=3.0)
+    parser.add_argument("--s3-outage-s", type=float, default=10.0)
     parser.add_argument("--request-timeout-s", type=float, default=15.0)
     parser.add_argument("--turn-deadline-s", type=float, default=60.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = parser.parse_args(argv)
     if args.bounded:
         args.turns = min(args.turns, 40)
-        args.faults = min(args.faults, 14)
+        args.faults = min(args.faults, 16)
         args.budget_s = min(args.budget_s, 60.0)
         args.stop_s = min(args.stop_s, 3.0)
+        args.s3_outage_s = min(args.s3_outage_s, 3.0)
         args.turn_deadline_s = min(args.turn_deadline_s, 30.0)
         args.request_timeout_s = min(args.request_timeout_s, 8.0)
     if args.seed is None:
