@@ -255,3 +255,20 @@ def test_a_broken_multipart_upload_is_400(serve: Serve) -> None:
             answer = client.post("/upload", content=body, headers={"content-type": content_type})
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"] == "bad_request"
+
+
+def test_a_bad_file_name_is_400_before_any_run(serve: Serve) -> None:
+    """files[].name is checked at the door by the protocol's workspace-path rule."""
+    uploaded = serve.upload([("in.txt", b"x")], user="alice").json()
+    ref = {
+        "id": uploaded["files"][0]["fileId"],
+        "storage_session_id": uploaded["storage_session_id"],
+        "kind": "user",
+    }
+    with serve.client() as client:
+        for name in ("../escape.txt", "/mnt/data/in.txt", "a\\b"):
+            answer = client.post(
+                "/exec", json={"lang": "py", "code": "print(1)", "files": [{**ref, "name": name}]}
+            )
+            assert answer.status_code == 400, answer.text
+            assert "files[].name" in answer.text, answer.text

@@ -224,3 +224,11 @@ def test_schema_export_covers_every_message() -> None:
     for message in ALL_MESSAGES:
         assert message.__name__ in components
     assert msgspec.json.decode(msgspec.json.encode(components))
+
+
+def test_decoding_into_a_union_fails_with_protocol_error() -> None:
+    """A union has no ``__name__``: bad input is still a ProtocolError, not an AttributeError."""
+    with pytest.raises(ProtocolError, match="StdoutEvent"):
+        decode(b'{"type": "nope"}', StdoutEvent | StderrEvent)
+    with pytest.raises(ProtocolError, match="malformed JSON"):
+        decode(b"{", StdoutEvent | StderrEvent)

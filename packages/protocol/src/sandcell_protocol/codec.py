@@ -28,9 +28,15 @@ def decode(data: bytes | str, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(data, type=type_, strict=True)
     except msgspec.ValidationError as exc:
-        raise ProtocolError(f"{type_.__name__}: {exc}") from exc
+        raise ProtocolError(f"{_name_of(type_)}: {exc}") from exc
     except msgspec.DecodeError as exc:
-        raise ProtocolError(f"{type_.__name__}: malformed JSON: {exc}") from exc
+        raise ProtocolError(f"{_name_of(type_)}: malformed JSON: {exc}") from exc
+
+
+def _name_of(type_: object) -> str:
+    # A union (``A | B``) or a generic alias has no ``__name__``: the error message
+    # must not turn a caller's bad input into an AttributeError (a 500).
+    return getattr(type_, "__name__", None) or repr(type_)
 
 
 def encode_event(event: StreamEvent) -> bytes:

@@ -34,6 +34,7 @@ from sandcell_protocol import (
     RunStatus,
     runtime_session_id,
     validate_hint,
+    validate_workspace_path,
 )
 
 from ...bootstrap import Services
@@ -226,6 +227,12 @@ class LibreChatApi:
             raise ProtocolError("files[]: a ref needs storage_session_id (or session_id)")
         require_nanoid("files[].storage_session_id", storage)
         require_nanoid("files[].id", item.id)
+        try:
+            # Checked here, before a sandbox is held for the call, by the protocol's
+            # one rule for workspace paths (the runner applies it again).
+            validate_workspace_path(item.name)
+        except ProtocolError as exc:
+            raise ProtocolError(f"files[].name {item.name[:100]!r}: {exc}") from exc
         meta = await self.files.meta(caller.namespace, storage, item.id)
         viewer = Viewer(user_id=caller.token_user, kind=item.kind, resource_id=item.resource_id)
         if meta is None or (caller.token_user is not None and not visible(meta, viewer)):
