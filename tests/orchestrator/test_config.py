@@ -40,6 +40,14 @@ def test_the_provider_is_a_union_tagged_by_kind(
     assert settings.provider.kind == name == settings.provider_name
 
 
+def test_checkpoint_retry_budget_defaults_to_10_s_and_0_disables() -> None:
+    assert OrchestratorSettings.from_env(HOME).checkpoint_retry_s == 10.0
+    off = OrchestratorSettings.from_env({**HOME, "SANDCELL_CHECKPOINT_RETRY_S": "0"})
+    assert off.checkpoint_retry_s == 0.0
+    two = OrchestratorSettings.from_env({**HOME, "SANDCELL_CHECKPOINT_RETRY_S": "2.5"})
+    assert two.checkpoint_retry_s == 2.5
+
+
 def test_no_raw_environment_is_kept() -> None:
     """Every field is typed configuration; nothing later parses the environment again."""
     settings = OrchestratorSettings.from_env({**HOME, "UNRELATED_SECRET": "s3cr3t-value"})
@@ -56,6 +64,7 @@ def test_no_raw_environment_is_kept() -> None:
         ({"SANDCELL_LOCAL_POOL_SIZE": "many"}, "SANDCELL_LOCAL_POOL_SIZE"),
         ({"SANDCELL_SERVE_PORT": "-1"}, "SANDCELL_SERVE_PORT"),
         ({"SANDCELL_CHECKPOINT_GRACE_S": "-5"}, "SANDCELL_CHECKPOINT_GRACE_S"),
+        ({"SANDCELL_CHECKPOINT_RETRY_S": "-1"}, "SANDCELL_CHECKPOINT_RETRY_S"),
         ({"SANDCELL_PROVIDER": "docker", "DOCKER_HOST": "tcp://x:1"}, "DOCKER_HOST"),
         ({"SANDCELL_PROVIDER": "lambda-microvm"}, "SANDCELL_MICROVM_IMAGE"),
         (

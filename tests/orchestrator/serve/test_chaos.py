@@ -32,7 +32,7 @@ def test_bounded_chaos_run_keeps_every_acknowledged_turn(tmp_path: Path) -> None
     assert done.returncode == 0
     assert (report["lost"], report["duplicated"], report["empty_workspace"]) == (0, 0, 0)
     assert report["leftovers"] == 0
-    assert len(report["faults"]) == 7
+    assert len(report["faults"]) == 8  # stop_s3 included
     assert all(count >= 1 for count in report["faults"].values()), report["faults"]
     assert report["acknowledged"] >= 20
     assert report["given_up"] == 0, report["problems"]

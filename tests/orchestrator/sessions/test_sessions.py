@@ -175,8 +175,12 @@ async def test_s3_down_during_checkpoint_returns_result(
     local_provider: LocalProvider, s3_server: S3Server
 ) -> None:
     async with S3SnapshotStore(s3_server.settings("cp-down")) as store:
+        # A short retry budget: S3 stays down past it, so the turn gives up on saving.
         service = ExecutionService(
-            provider=local_provider, registry=InProcessRegistry(), store=store
+            provider=local_provider,
+            registry=InProcessRegistry(),
+            store=store,
+            checkpoint_retry_s=0.5,
         )
         await service.execute(py("open('v','w').write('1')"), ALICE, hint="s")
         session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "s")
@@ -187,12 +191,80 @@ async def test_s3_down_during_checkpoint_returns_result(
                 py("open('v','w').write('2'); print('ran')"), ALICE, hint="s"
             )
             assert result.stdout == "ran\n"
-            assert service.metrics.value("sandcell_checkpoints_total", outcome="failed") == 1
+            failed = service.metrics.value("sandcell_checkpoints_total", outcome="failed")
+            assert failed >= 2  # the first attempt and at least one retry
+            assert service.metrics.value("sandcell_checkpoint_retries_total") == failed - 1
         finally:
             s3_server.start()
         # The record still points at the previous checkpoint, which is intact.
         assert await current_key(service, session_id) == before
         assert await store.exists(before)
+        await service.aclose(destroy_sandboxes=True)
+
+
+async def test_checkpoint_retried_through_a_short_s3_outage(
+    local_provider: LocalProvider, s3_server: S3Server, runtime_dir: Path
+) -> None:
+    async with S3SnapshotStore(s3_server.settings("cp-retry")) as store:
+        service = ExecutionService(
+            provider=local_provider, registry=InProcessRegistry(), store=store
+        )
+        await service.execute(py("open('v','w').write('1')"), ALICE, hint="t")
+        session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "t")
+        before = await current_key(service, session_id)
+        s3_server.stop()
+        loop = asyncio.get_running_loop()
+        # S3 comes back 1 s into the turn, well inside the default 10 s retry budget.
+        restart = loop.call_later(1.0, s3_server.start)
+        try:
+            await service.execute(py("open('v','w').write('2')"), ALICE, hint="t")
+        finally:
+            restart.cancel()  # a no-op once S3 is back (the fixture stops it anyway)
+        assert service.metrics.value("sandcell_checkpoint_retries_total") >= 1
+        after = await current_key(service, session_id)
+        assert after is not None
+        assert after != before
+        # The saved turn survives the sandbox: a new one restores it.
+        (pid,) = runner_pids(runtime_dir)
+        os.killpg(pid, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        again = await service.execute(py("print(open('v').read())"), ALICE, hint="t")
+        assert again.stdout == "2\n"
+        await service.aclose(destroy_sandboxes=True)
+
+
+async def test_turn_after_a_failed_checkpoint_saves_even_if_unchanged(
+    local_provider: LocalProvider, s3_server: S3Server, runtime_dir: Path
+) -> None:
+    async with S3SnapshotStore(s3_server.settings("cp-unsaved")) as store:
+        service = ExecutionService(
+            provider=local_provider,
+            registry=InProcessRegistry(),
+            store=store,
+            checkpoint_retry_s=0,
+        )
+        await service.execute(py("open('v','w').write('1')"), ALICE, hint="u")
+        session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "u")
+        before = await current_key(service, session_id)
+        s3_server.stop()
+        try:
+            await service.execute(py("open('v','w').write('2')"), ALICE, hint="u")
+        finally:
+            s3_server.start()
+        assert await current_key(service, session_id) == before
+        # This turn changes nothing, but the sandbox holds the unsaved turn: it saves.
+        read = await service.execute(py("print(open('v').read())"), ALICE, hint="u")
+        assert read.stdout == "2\n"
+        assert await current_key(service, session_id) != before
+        assert service.metrics.value("sandcell_checkpoints_total", outcome="unchanged") == 0
+        # Saved, the flag is gone: the next unchanged turn skips the checkpoint.
+        await service.execute(py("print(open('v').read())"), ALICE, hint="u")
+        assert service.metrics.value("sandcell_checkpoints_total", outcome="unchanged") == 1
+        (pid,) = runner_pids(runtime_dir)
+        os.killpg(pid, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        again = await service.execute(py("print(open('v').read())"), ALICE, hint="u")
+        assert again.stdout == "2\n"
         await service.aclose(destroy_sandboxes=True)
 
 

@@ -114,7 +114,11 @@ async def open_services(
         embedded = not settings.distributed_registry
         stack.push_async_callback(manager.aclose, destroy_sandboxes=embedded and not keep_sandboxes)
         execution = ExecutionService(
-            manager=manager, mode=settings.session_mode, inputs=inputs, keep_warm=keep_warm
+            manager=manager,
+            mode=settings.session_mode,
+            inputs=inputs,
+            keep_warm=keep_warm,
+            checkpoint_retry_s=settings.checkpoint_retry_s,
         )
         yield Services(
             settings=settings,

@@ -138,6 +138,8 @@ class OrchestratorSettings:
     checkpoint_max_bytes: int = 1 << 30
     checkpoint_grace_s: float = 600.0
     """How long a superseded checkpoint object is kept before it is collected."""
+    checkpoint_retry_s: float = 10.0
+    """``SANDCELL_CHECKPOINT_RETRY_S``: how long a turn retries a failed checkpoint (0: once)."""
     idle_timeout_s: float = 1800.0
     sweep_interval_s: float = 60.0
     serve: ServeSettings = field(default_factory=ServeSettings)
@@ -218,6 +220,7 @@ class OrchestratorSettings:
             ),
             checkpoint_max_bytes=checkpoint_max_bytes,
             checkpoint_grace_s=read.number("SANDCELL_CHECKPOINT_GRACE_S", 600.0, minimum=0),
+            checkpoint_retry_s=read.number("SANDCELL_CHECKPOINT_RETRY_S", 10.0, minimum=0),
             idle_timeout_s=read.number("SANDCELL_IDLE_TIMEOUT_S", 1800.0),
             sweep_interval_s=read.number("SANDCELL_SWEEP_INTERVAL_S", 60.0),
             serve=serve,

@@ -130,6 +130,7 @@ METRIC_HELP = {
     "sandcell_restores_total": "Checkpoint restores by outcome.",
     "sandcell_checkpoints_total": "Checkpoints by outcome.",
     "sandcell_checkpoint_bytes_total": "Bytes of checkpoints stored.",
+    "sandcell_checkpoint_retries_total": "Failed checkpoints a turn retried.",
     "sandcell_lock_contention_total": "Session lock attempts that found the session busy.",
     "sandcell_fallbacks_total": "Turns run statelessly or recycled, by reason.",
     "sandcell_idle_suspends_total": "Sandboxes suspended by the idle sweeper.",

@@ -88,6 +88,7 @@ class ExecutionService:
         spec: SandboxSpec | None = None,
         wall_clock: Callable[[], float] = time.time,
         keep_warm: bool = True,
+        checkpoint_retry_s: float = 10.0,
     ) -> None:
         if manager is None:
             if provider is None or registry is None or store is None:
@@ -110,6 +111,8 @@ class ExecutionService:
         self.spec = spec or SandboxSpec()
         self.keep_warm = keep_warm
         """False: park each session's sandbox at the end of its turn (see ``open_services``)."""
+        self.checkpoint_retry_s = checkpoint_retry_s
+        """How long a turn retries a failed checkpoint before keeping the previous one."""
         self.session_wait_ms = 0
         """How long a turn waits for a busy session before ``SessionBusyError`` (0: not at all)."""
         self.contexts = SessionContexts(manager, spec=self.spec)
@@ -321,29 +324,59 @@ class ExecutionService:
                 and not request.files
                 and not request.inline_files
             )
-            if changed(result) is False and (hold.checkpoint_key is not None or pristine):
+            # A sandbox whose last checkpoint failed holds an unsaved turn: save it
+            # now even if this turn changed nothing.
+            unsaved = attached.handle.sandbox_id in manager.sandboxes.unsaved
+            if (
+                changed(result) is False
+                and (hold.checkpoint_key is not None or pristine)
+                and not unsaved
+            ):
                 self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
             else:
-                try:
-                    await manager.checkpoint(hold, attached)
-                except LockLostError:
-                    raise
-                except (
-                    CheckpointError,
-                    SandboxError,
-                    SessionBusyError,
-                    SessionConflictError,
-                    TimeoutError,
-                ) as exc:
-                    log.warning(
-                        "session %s: checkpoint failed (%s); keeping the previous one",
-                        session_id[:11],
-                        type(exc).__name__,
-                    )
+                await self._checkpoint_retrying(hold, attached)
             await manager.touch(session_id)
             if not self.keep_warm:
                 await manager.park(hold, attached)
         return result
+
+    async def _checkpoint_retrying(self, hold: Hold, attached: Attached) -> None:
+        """Checkpoint, retrying store and transport failures for ``checkpoint_retry_s``.
+
+        A turn acknowledged on a failed checkpoint lives only in its warm sandbox,
+        so a short outage (S3 restarting) is waited out under the session lock,
+        which is renewed meanwhile. Past the budget the previous checkpoint is kept
+        (rule 6) and the sandbox is marked unsaved. A lost lock or a fenced write is
+        never retried: another holder owns the session.
+        """
+        deadline = time.monotonic() + self.checkpoint_retry_s
+        delay = 0.2
+        while True:
+            try:
+                await self.manager.checkpoint(hold, attached)
+            except LockLostError:
+                raise
+            except (CheckpointError, SandboxError, TimeoutError) as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._checkpoint_failed(hold, exc)
+                    return
+                self.metrics.inc("sandcell_checkpoint_retries_total")
+                await asyncio.sleep(min(delay, remaining))
+                delay = min(delay * 2, 2.0)
+            except (SessionBusyError, SessionConflictError) as exc:
+                self._checkpoint_failed(hold, exc)
+                return
+            else:
+                return
+
+    @staticmethod
+    def _checkpoint_failed(hold: Hold, exc: Exception) -> None:
+        log.warning(
+            "session %s: checkpoint failed (%s); keeping the previous one",
+            hold.session_id[:11],
+            type(exc).__name__,
+        )
 
     async def _keep_interrupted(self, hold: Hold, attached: Attached) -> None:
         """Checkpoint an interrupted turn's workspace; recycle the sandbox if that fails.

@@ -254,8 +254,11 @@ class SandboxManager:
                     )
                 await self._write(hold, checkpoint_key=info.key)
         except Exception:
+            # The sandbox now holds work no checkpoint has: its next turn must save.
+            self.sandboxes.unsaved.add(attached.handle.sandbox_id)
             self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
             raise
+        self.sandboxes.unsaved.discard(attached.handle.sandbox_id)
         hold.checkpoint_key = info.key
         self.metrics.inc("sandcell_checkpoints_total", outcome="ok")
         self.metrics.inc("sandcell_checkpoint_bytes_total", info.size)

@@ -100,6 +100,8 @@ class Sandboxes:
         self._cleanups: set[asyncio.Task[None]] = set()
         self.launched: set[str] = set()
         """Ids of the sandboxes this process launched and has not destroyed."""
+        self.unsaved: set[str] = set()
+        """Ids of live sandboxes whose last checkpoint failed: their next turn saves."""
         self.egress = EgressTracker(metrics)
 
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
@@ -130,6 +132,7 @@ class Sandboxes:
         await self.shielded(self.destroy_quietly(handle))
 
     async def destroy_quietly(self, handle: SandboxHandle) -> None:
+        self.unsaved.discard(handle.sandbox_id)
         with contextlib.suppress(Exception):
             await handle.close()
         try:

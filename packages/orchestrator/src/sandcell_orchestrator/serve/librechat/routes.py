@@ -122,6 +122,7 @@ class LibreChatApi:
                 inputs=services.inputs,
                 spec=services.execution.spec,
                 keep_warm=services.execution.keep_warm,
+                checkpoint_retry_s=services.execution.checkpoint_retry_s,
             )
         return self._execution
 
