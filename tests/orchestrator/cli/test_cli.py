@@ -8,6 +8,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -117,6 +118,13 @@ def test_ctrl_c_keeps_what_the_job_wrote_like_a_timeout(cli: Cli) -> None:
     assert cli.run("exec", "--session", "int", "open('kept', 'w').write('1')").returncode == 0
     call = subprocess.Popen(
         [
+            # A terminal's Ctrl-C reaches a CLI whose SIGINT is at its default; a test
+            # command started in the background by a non-interactive shell inherits
+            # SIGINT ignored (which Python then keeps), so the child restores it.
+            sys.executable,
+            "-c",
+            "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
+            " os.execv(sys.argv[1], sys.argv[1:])",
             *cli.command(),
             "exec",
             "--session",
