@@ -7,32 +7,25 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 
 from tests.librechat.conftest import KEY_A, Driver, Serve, node_driver, running_serve
-from tests.orchestrator.conftest import BUCKET, S3_ACCESS, S3_SECRET, S3Server, redis_url
+from tests.orchestrator.conftest import (
+    BUCKET,
+    S3_ACCESS,
+    S3_SECRET,
+    S3Server,
+    redis_url,
+    running_s3,
+)
 
 __all__ = ["redis_url"]
 
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    server = S3Server()
-    server.start()
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=S3_ACCESS,
-        aws_secret_access_key=S3_SECRET,
-        region_name="us-east-1",
-    )
-    client.create_bucket(Bucket=BUCKET)
-    client.close()
-    try:
+    with running_s3() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ and the real Redis the tests use (``$SANDCELL_TEST_REDIS_URL``, or a private red
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -56,8 +57,9 @@ class S3Server:
         )
 
 
-@pytest.fixture
-def s3_server() -> Iterator[S3Server]:
+@contextlib.contextmanager
+def running_s3() -> Iterator[S3Server]:
+    """A moto S3 server with the test bucket, stopped at the end."""
     server = S3Server()
     server.start()
     client = boto3.client(
@@ -73,6 +75,12 @@ def s3_server() -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def s3_server() -> Iterator[S3Server]:
+    with running_s3() as server:
+        yield server
 
 
 def _free_port() -> int:

@@ -21,8 +21,8 @@ from sandcell_orchestrator.serve.idempotency import Idempotency
 from sandcell_orchestrator.testing import sandbox_processes
 from sandcell_protocol import ErrorBody, ErrorCode, ExecuteResult, decode, runtime_session_id
 from tests.librechat.conftest import KEY_A, KEY_B, Serve, running_serve
-from tests.orchestrator.conftest import redis_url
-from tests.orchestrator.serve.fleet import fleet_env, shared_s3
+from tests.orchestrator.conftest import redis_url, running_s3
+from tests.orchestrator.serve.fleet import fleet_env
 
 __all__ = ["redis_url"]
 
@@ -32,7 +32,7 @@ COUNT = "open('runs', 'a').write('x\\n'); print(len(open('runs').read().splitlin
 
 @pytest.fixture(scope="module")
 def workers(redis_url: str) -> Iterator[tuple[Serve, Serve]]:
-    with shared_s3() as s3:
+    with running_s3() as s3:
         env = fleet_env(redis_url, s3, prefix="idem")
         with running_serve("idem-w1-", **env) as one, running_serve("idem-w2-", **env) as two:
             yield one, two

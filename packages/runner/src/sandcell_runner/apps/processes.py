@@ -27,6 +27,7 @@ from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
 
 from ..config import MIB, RunnerSettings
 from ..errors import BadRequestError, InvalidPathError, NotFoundError, SessionConflictError
+from ..jail.fdio import write_all
 from ..jail.launched import LaunchedJob, LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.outcome import signal_name
@@ -315,20 +316,8 @@ class ProcessManager:
         fd = proc.stdin_fd
         if fd is None or proc.done.is_set():
             raise BadRequestError(f"process {tag!r} is not running")
-        view = memoryview(data)
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(5):
-                while view:
-                    try:
-                        view = view[os.write(fd, view) :]
-                    except BlockingIOError:
-                        writable = loop.create_future()
-                        loop.add_writer(fd, writable.set_result, None)
-                        try:
-                            await writable
-                        finally:
-                            loop.remove_writer(fd)
+            await write_all(fd, data)
         except TimeoutError:
             raise BadRequestError(f"process {tag!r} is not reading its stdin") from None
         except BrokenPipeError:

@@ -34,6 +34,7 @@ from sandcell_protocol import sandbox_messages as sm
 
 from ..config import MIB, RunnerSettings
 from ..errors import BadRequestError, InvalidPathError, NotFoundError
+from ..jail.fdio import write_all
 from ..jail.launched import LaunchedJob, LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits, JobSpec
@@ -363,20 +364,8 @@ class SandboxProcesses:
         fd = proc.stdin_fd
         if fd is None:
             raise BadRequestError(f"process {pid} has no open stdin (start it with stdin)")
-        view = memoryview(data)
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(5):
-                while view:
-                    try:
-                        view = view[os.write(fd, view) :]
-                    except BlockingIOError:
-                        writable = loop.create_future()
-                        loop.add_writer(fd, writable.set_result, None)
-                        try:
-                            await writable
-                        finally:
-                            loop.remove_writer(fd)
+            await write_all(fd, data)
         except TimeoutError:
             raise BadRequestError(f"process {pid} is not reading its stdin") from None
         except BrokenPipeError:
