@@ -29,7 +29,6 @@ def test_all_is_pinned() -> None:
         "SessionState",
         "SqliteRegistry",
         "hold_session",
-        "lock_ttl_ms",
         "validate_idempotency_key",
         "validate_session_id",
     ]
