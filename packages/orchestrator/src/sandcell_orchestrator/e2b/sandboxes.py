@@ -127,7 +127,6 @@ class E2bSandboxes:
             template=base.template,
             turn_timeout_s=base.turn_timeout_s,
             env=base.env,
-            egress_allowlist=base.egress_allowlist,
             egress=row.egress if row.egress is not None else base.egress,
             limits=base.limits,
             labels={**base.labels, _OWNER_LABEL: row.sandbox_id},
