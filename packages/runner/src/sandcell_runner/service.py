@@ -432,6 +432,7 @@ class RunnerService:
     async def running(self) -> AsyncIterator[None]:
         """The service while it serves: warmup and the reaper run; shut down on exit."""
         self._warmup.start()
+        self.checkpoints.extractors.start()
         reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
         idle = asyncio.create_task(self._idle_loop(), name="sandcell-idle")
         try:
@@ -503,6 +504,8 @@ class RunnerService:
             await self.sandbox.shutdown()
         with contextlib.suppress(Exception):
             await self.sessions.release(None)
+        with contextlib.suppress(Exception):
+            await self.checkpoints.extractors.aclose()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self.egress.close)
         with contextlib.suppress(Exception):
