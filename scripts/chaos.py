@@ -1063,7 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.json is not None:
         args.json.write_text(text + "\n")
-    shutil.rmtree(base, ignore_errors=True)
+    if summary["ok"]:
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        print(f"kept for a look: {base} (workers' serve.log)", file=sys.stderr)
     return 0 if summary["ok"] else 1
 
 

@@ -63,6 +63,9 @@ __all__ = ["Attached", "Hold", "SandboxManager", "rebind", "sandbox_session_key"
 
 log = logging.getLogger(__name__)
 
+_NO_RECORD_GAP = 1 << 20
+"""How far a hold that finds no record moves the generation past the newest object."""
+
 
 class SandboxManager:
     """Provider-neutral lifecycle of sandboxes, recorded in the session registry."""
@@ -133,8 +136,11 @@ class SandboxManager:
                 f"cannot list the session's checkpoints ({type(exc).__name__}); retry"
             ) from exc
         latest = Persistence.latest(stored)
+        # A gap past the newest object: a holder from before the registry forgot the
+        # session (a wiped Redis) may still be mid-turn a few generations past it, and
+        # must never share a generation, and so a checkpoint key, with this hold.
         generation = await self.registry.next_generation(
-            session_id, above=latest.generation if latest else 0
+            session_id, above=(latest.generation if latest else 0) + _NO_RECORD_GAP
         )
         key = latest.key if latest else None
         return Hold(session_id, lease, generation, None, key, stored=stored)
@@ -234,6 +240,12 @@ class SandboxManager:
             raise SandboxUnavailableError(
                 f"restore failed ({type(exc).__name__}); the turn did not run, retry"
             ) from exc
+        except BaseException:
+            # Cancelled, or the lock lost, mid-restore: the recorded sandbox holds a
+            # partial (or empty) workspace, so it must go before anybody reuses it.
+            self.metrics.inc("sandcell_restores_total", outcome="failed")
+            await self._drop(hold, handle)
+            raise
         self.metrics.inc("sandcell_restores_total", outcome="ok")
 
     async def _drop(self, hold: Hold, handle: SandboxHandle) -> None:
