@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
 import msgspec
 import pytest
+import redis.asyncio
 
 import sandcell_orchestrator.registry as registry_module
 from sandcell_orchestrator.errors import LockLostError
@@ -18,18 +20,25 @@ MakeRecord = Callable[..., SessionRecord]
 def test_all_is_pinned() -> None:
     """__all__ is exactly the intended surface, and every name resolves."""
     assert sorted(registry_module.__all__) == [
+        "E2bSandboxRow",
+        "E2bSandboxState",
+        "E2bSandboxTable",
         "FencedError",
         "IdempotencyEntry",
+        "IdempotencyStore",
         "InProcessRegistry",
         "Lease",
         "RedisRegistry",
+        "SessionIndex",
         "SessionOwner",
         "SessionRecord",
         "SessionRegistry",
         "SessionState",
+        "SessionStore",
         "SqliteRegistry",
         "hold_session",
         "lock_ttl_ms",
+        "validate_e2b_sandbox_id",
         "validate_idempotency_key",
         "validate_session_id",
     ]
@@ -93,3 +102,28 @@ def test_decoding_is_strict(sid: str, make_record: MakeRecord) -> None:
         SessionRecord.from_json(msgspec.json.encode({**good, "extra": 1}))
     with pytest.raises(msgspec.ValidationError):
         SessionRecord.from_json(msgspec.json.encode({**good, "state": "running"}))
+
+
+def test_every_backend_is_a_session_registry(tmp_path: Path) -> None:
+    """The composed Protocol (store, index, idempotency, E2B table) fits every backend."""
+    from sandcell_orchestrator.registry import (
+        E2bSandboxTable,
+        IdempotencyStore,
+        InProcessRegistry,
+        RedisRegistry,
+        SessionIndex,
+        SessionRegistry,
+        SessionStore,
+        SqliteRegistry,
+    )
+
+    client = redis.asyncio.Redis()
+    backends = [
+        InProcessRegistry(),
+        SqliteRegistry(tmp_path / "r.sqlite3"),
+        RedisRegistry(client),
+    ]
+    for backend in backends:
+        for protocol in (SessionStore, SessionIndex, IdempotencyStore, E2bSandboxTable):
+            assert isinstance(backend, protocol), (backend, protocol)
+        assert isinstance(backend, SessionRegistry)

@@ -86,6 +86,15 @@ async def test_exec_bodies_and_the_session_route_set_the_policy(
 
     session_id = runtime_session_id("tenant-a", "alice", "e1")
     route = f"/v1/sessions/{session_id}/egress"
+    # The session's refused connections, each with its destination; tenant-walled.
+    seen = await service.client.get(route, headers=service.auth())
+    assert seen.status_code == 200, seen.text
+    events = decode(seen.content, EgressStatus).recent_refused
+    assert [(e.name, e.port, e.transport, e.verdict) for e in events] == [
+        (OTHER, 443, "connect", "refused")
+    ] * 2
+    assert all(e.reason and e.at_ms > 0 for e in events)
+    assert (await service.client.get(route, headers=service.auth(KEY_B))).status_code == 404
     both = {"mode": "allow", "allow": [ALLOWED, OTHER]}
     replaced = await service.client.put(route, json=both, headers=service.auth())
     assert replaced.status_code == 200, replaced.text

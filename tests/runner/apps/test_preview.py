@@ -54,6 +54,9 @@ def test_the_live_reload_channel_counts_file_writes(app: AppClient) -> None:
     assert app.preview(APP_PORT, "__sandcell/changes").json()["version"] == before + 1
     assert app.http.delete("/v1/session/files/notes/new.html").status_code == 204
     assert app.preview(APP_PORT, "__sandcell/changes").json()["version"] == before + 2
+    # A page starts from the counter it was served at, so a write that lands before its
+    # first poll still reloads it.
+    assert f"seen = {before + 2};" in app.preview(APP_PORT, "index.html").text
     quiet = app.preview(APP_PORT, "index.html", headers={"X-Sandcell-Live-Reload": "0"})
     assert "__sandcell/changes" not in quiet.text
     assert "__sandcell/runtime-errors" in quiet.text

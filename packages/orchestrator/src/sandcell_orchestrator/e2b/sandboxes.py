@@ -230,7 +230,6 @@ class E2bSandboxes:
             template=spec.template,
             turn_timeout_s=spec.turn_timeout_s,
             env=spec.env,
-            egress_allowlist=spec.egress_allowlist,
             egress=egress if egress is not None else spec.egress,
             limits=spec.limits,
             labels={**spec.labels, _OWNER_LABEL: sandbox_id},

@@ -45,7 +45,6 @@ class SandboxSpec:
     template: str | None = None
     turn_timeout_s: float = 60.0
     env: Mapping[str, str] = field(default_factory=dict)
-    egress_allowlist: tuple[str, ...] = ()
     egress: EgressPolicy | None = None
     """The sandbox's egress policy, set on its runner as soon as it is up (None: the
     runner's own, ``deny_all`` unless its operator said otherwise); see docs/egress.md."""

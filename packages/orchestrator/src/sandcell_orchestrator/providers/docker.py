@@ -151,11 +151,6 @@ class DockerProvider:
         self, spec: SandboxSpec, image: str, traits: EngineTraits
     ) -> tuple[dict[str, Any], str]:
         """The create body and the fresh runner token inside it."""
-        if spec.egress_allowlist and spec.egress_allowlist != ("*",):
-            raise ConfigError(
-                "SandboxSpec.egress_allowlist: the docker provider cannot enforce a per-host"
-                " allowlist; use () for no egress, ('*',) for all, or SANDCELL_DOCKER_NETWORK"
-            )
         reserved = sorted(RESERVED_ENV.intersection(spec.env))
         if reserved:
             raise ConfigError(f"SandboxSpec.env: {reserved[0]} is set by the docker provider")
@@ -168,8 +163,6 @@ class DockerProvider:
             "SANDCELL_RUNNER_PORT": str(RUNNER_PORT),
             "SANDCELL_RUNNER_SESSIONS": "1",
         }
-        if spec.egress_allowlist == ("*",):
-            env["SANDCELL_RUNNER_ALLOW_NETWORK"] = "1"
         sandbox_uuid = spec.labels.get(UUID_LABEL) or uuid.uuid4().hex
         labels = {key: value for key, value in spec.labels.items() if key.startswith("sandcell.")}
         labels.update({SANDBOX_LABEL: "1", UUID_LABEL: sandbox_uuid})

@@ -19,16 +19,18 @@ from collections.abc import Callable
 import anyio
 
 from ..errors import LockLostError
-from . import (
+from .core import (
     FencedError,
-    IdempotencyEntry,
     Lease,
-    SessionOwner,
     SessionRecord,
     _CorruptRecordLog,
-    validate_idempotency_key,
+    check_floor,
+    check_ttl,
     validate_session_id,
 )
+from .e2b import E2bSandboxRow, validate_e2b_sandbox_id
+from .idempotency import IdempotencyEntry, validate_idempotency_key
+from .index import SessionOwner
 
 __all__ = ["InProcessRegistry"]
 
@@ -48,6 +50,7 @@ class InProcessRegistry:
         # idempotency key -> (token, entry, expires at, by ``clock``)
         self._idempotency: dict[str, tuple[str, IdempotencyEntry, float]] = {}
         self._owners: dict[str, SessionOwner] = {}
+        self._e2b: dict[str, E2bSandboxRow] = {}
         self._corrupt = _CorruptRecordLog(logger)
 
     def __repr__(self) -> str:
@@ -79,7 +82,7 @@ class InProcessRegistry:
     async def acquire_lock(self, session_id: str, *, ttl_ms: int) -> Lease | None:
         """Take the lock for ``ttl_ms`` unless someone holds it (``None``)."""
         validate_session_id(session_id)
-        _check_ttl(ttl_ms)
+        check_ttl(ttl_ms)
         await anyio.lowlevel.checkpoint()
         if self._holder(session_id) is not None:
             return None
@@ -89,7 +92,7 @@ class InProcessRegistry:
 
     async def renew(self, lease: Lease, *, ttl_ms: int) -> bool:
         """Reset the TTL if the lock is still ``lease``'s."""
-        _check_ttl(ttl_ms)
+        check_ttl(ttl_ms)
         await anyio.lowlevel.checkpoint()
         if self._holder(lease.session_id) != lease.token:
             return False
@@ -107,7 +110,7 @@ class InProcessRegistry:
     async def next_generation(self, session_id: str, *, above: int = 0) -> int:
         """Increment and return the generation (greater than ``above``)."""
         validate_session_id(session_id)
-        _check_floor(above)
+        check_floor(above)
         await anyio.lowlevel.checkpoint()
         generation = max(self._generations.get(session_id, 0), above) + 1
         self._generations[session_id] = generation
@@ -198,7 +201,7 @@ class InProcessRegistry:
         self, key: str, *, fingerprint: str, token: str, ttl_ms: int
     ) -> IdempotencyEntry | None:
         """Claim ``key`` unless someone has; else the entry found."""
-        _check_ttl(ttl_ms)
+        check_ttl(ttl_ms)
         await anyio.lowlevel.checkpoint()
         held = self._idempotent(key)
         if held is not None:
@@ -209,7 +212,7 @@ class InProcessRegistry:
 
     async def renew_idempotency(self, key: str, *, token: str, ttl_ms: int) -> bool:
         """Extend ``token``'s pending claim."""
-        _check_ttl(ttl_ms)
+        check_ttl(ttl_ms)
         await anyio.lowlevel.checkpoint()
         held = self._idempotent(key)
         if held is None or held[0] != token or held[1].done:
@@ -221,7 +224,7 @@ class InProcessRegistry:
         self, key: str, *, token: str, status: int, body: bytes, ttl_ms: int
     ) -> bool:
         """Store the answer of ``token``'s claim."""
-        _check_ttl(ttl_ms)
+        check_ttl(ttl_ms)
         await anyio.lowlevel.checkpoint()
         held = self._idempotent(key)
         if held is None or held[0] != token:
@@ -241,16 +244,45 @@ class InProcessRegistry:
         del self._idempotency[key]
         return True
 
+    async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        """Store a new row; ``False`` if the id is taken."""
+        if row.revision != 1:
+            raise ValueError("a new row's revision is 1")
+        await anyio.lowlevel.checkpoint()
+        if row.sandbox_id in self._e2b:
+            return False
+        self._e2b[row.sandbox_id] = row
+        return True
+
+    async def e2b_sandbox(self, sandbox_id: str) -> E2bSandboxRow | None:
+        """The row; ``None`` if missing."""
+        validate_e2b_sandbox_id(sandbox_id)
+        await anyio.lowlevel.checkpoint()
+        return self._e2b.get(sandbox_id)
+
+    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
+        """``namespace``'s rows (all with ``None``), by start time then id."""
+        await anyio.lowlevel.checkpoint()
+        rows = [r for r in self._e2b.values() if namespace in (None, r.namespace)]
+        return sorted(rows, key=lambda r: (r.started_at_s, r.sandbox_id))
+
+    async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        """Compare-and-set on ``revision``."""
+        await anyio.lowlevel.checkpoint()
+        stored = self._e2b.get(row.sandbox_id)
+        if stored is None or stored.revision != row.revision - 1:
+            return False
+        if stored.namespace != row.namespace:
+            return False
+        self._e2b[row.sandbox_id] = row
+        return True
+
+    async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
+        """Delete the row."""
+        validate_e2b_sandbox_id(sandbox_id)
+        await anyio.lowlevel.checkpoint()
+        return self._e2b.pop(sandbox_id, None) is not None
+
     async def close(self) -> None:
         """Nothing to release; present for the protocol."""
         await anyio.lowlevel.checkpoint()
-
-
-def _check_floor(above: int) -> None:
-    if isinstance(above, bool) or not isinstance(above, int) or above < 0:
-        raise ValueError("above: must be an int >= 0")
-
-
-def _check_ttl(ttl_ms: int) -> None:
-    if ttl_ms <= 0:
-        raise ValueError("ttl_ms: must be > 0")

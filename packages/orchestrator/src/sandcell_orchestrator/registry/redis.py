@@ -10,10 +10,11 @@ runtime session id (``rt_`` + 64 hex digits, validated before it reaches a key):
     <prefix>sessions       set     ids that have a record (feeds list_records
                                    without a keyspace SCAN)
     <prefix>last_seen      zset    id -> wall-clock seconds of last use (idle sweeper)
-    <prefix>owners         hash    id -> SessionOwner JSON (the session index)
-    <prefix>ns:<sha256>    set     ids indexed for one namespace (hashed: any text)
-    <prefix>idem:<key>     hash    token, fingerprint, done, status, body of a claimed
-                                   idempotency key (a sha256 hex); PX-expiring
+
+and, in the feature modules beside this one: the session index
+(``redis_index``: ``owners``, ``ns:<sha256>``), idempotency keys
+(``redis_idempotency``: ``idem:<key>``) and the E2B sandbox table
+(``redis_e2b``: ``e2b:<id>``, ``e2b_all``, ``e2b_ns:<sha256>``).
 
 Locks are taken with ``SET NX PX``; renew, release, and every write go through
 the Lua scripts below, so "is the lock still mine, is my generation current"
@@ -24,34 +25,31 @@ behind Sentinel), not Redis Cluster.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import msgspec
 import redis.asyncio
-import redis.exceptions
 
 from ..errors import LockLostError, RegistryError
-from . import (
+from .core import (
     FencedError,
-    IdempotencyEntry,
     Lease,
-    SessionOwner,
     SessionRecord,
     _CorruptRecordLog,
-    validate_idempotency_key,
+    check_floor,
+    check_ttl,
     validate_session_id,
 )
+from .redis_db import DEFAULT_PREFIX, RedisDatabase, map_redis_errors, text
+from .redis_e2b import RedisE2bTable
+from .redis_idempotency import RedisIdempotency
+from .redis_index import RedisSessionIndex
 
 __all__ = ["DEFAULT_PREFIX", "RedisRegistry"]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PREFIX = "sandcell:"
 _MGET_CHUNK = 256
 
 # KEYS[1] lock key
@@ -123,67 +121,7 @@ return {1, current}
 """
 
 
-# KEYS[1] idempotency key
-# ARGV[1] token, ARGV[2] fingerprint, ARGV[3] ttl in ms
-# Returns {} if claimed, else {fingerprint, done, status, body} of the holder.
-CLAIM_IDEMPOTENCY_LUA = """
-if redis.call('exists', KEYS[1]) == 0 then
-    redis.call('hset', KEYS[1], 'token', ARGV[1], 'fingerprint', ARGV[2],
-        'done', '0', 'status', '0', 'body', '')
-    redis.call('pexpire', KEYS[1], ARGV[3])
-    return {}
-end
-return redis.call('hmget', KEYS[1], 'fingerprint', 'done', 'status', 'body')
-"""
-
-# KEYS[1] idempotency key
-# ARGV[1] token, ARGV[2] ttl in ms
-# Returns 1 if the pending claim was extended, 0 if it is not ours (or answered).
-RENEW_IDEMPOTENCY_LUA = """
-if redis.call('hget', KEYS[1], 'token') == ARGV[1]
-        and redis.call('hget', KEYS[1], 'done') == '0' then
-    return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-# KEYS[1] idempotency key
-# ARGV[1] token, ARGV[2] status, ARGV[3] body, ARGV[4] ttl in ms
-# Returns 1 if the answer was stored, 0 if the claim is not ours.
-FINISH_IDEMPOTENCY_LUA = """
-if redis.call('hget', KEYS[1], 'token') == ARGV[1] then
-    redis.call('hset', KEYS[1], 'done', '1', 'status', ARGV[2], 'body', ARGV[3])
-    return redis.call('pexpire', KEYS[1], ARGV[4])
-end
-return 0
-"""
-
-# KEYS[1] idempotency key
-# ARGV[1] token
-# Returns 1 if the pending claim was deleted, 0 if it is not ours (or answered).
-DROP_IDEMPOTENCY_LUA = """
-if redis.call('hget', KEYS[1], 'token') == ARGV[1]
-        and redis.call('hget', KEYS[1], 'done') == '0' then
-    return redis.call('del', KEYS[1])
-end
-return 0
-"""
-
-
-@contextmanager
-def _map_redis_errors(operation: str) -> Iterator[None]:
-    try:
-        yield
-    except (redis.exceptions.RedisError, OSError) as exc:
-        # redis-py's messages name the host and the failure, never command arguments.
-        raise RegistryError(f"redis {operation} failed: {type(exc).__name__}: {exc}") from exc
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-class RedisRegistry:
+class RedisRegistry(RedisSessionIndex, RedisIdempotency, RedisE2bTable, RedisDatabase):
     """A ``SessionRegistry`` in Redis, through a redis-py asyncio client.
 
     Pass a client to share a connection pool (the caller closes it), or use
@@ -198,19 +136,12 @@ class RedisRegistry:
         prefix: str = DEFAULT_PREFIX,
         owns_client: bool = False,
     ) -> None:
-        self._client = client
-        self._prefix = prefix
-        self._owns_client = owns_client
-        self._closed = False
+        super().__init__(client, prefix=prefix, owns_client=owns_client)
         self._renew = client.register_script(RENEW_LUA)
         self._release = client.register_script(RELEASE_LUA)
         self._put = client.register_script(PUT_LUA)
         self._delete = client.register_script(DELETE_LUA)
         self._next_generation = client.register_script(NEXT_GENERATION_LUA)
-        self._claim_idem = client.register_script(CLAIM_IDEMPOTENCY_LUA)
-        self._renew_idem = client.register_script(RENEW_IDEMPOTENCY_LUA)
-        self._finish_idem = client.register_script(FINISH_IDEMPOTENCY_LUA)
-        self._drop_idem = client.register_script(DROP_IDEMPOTENCY_LUA)
         self._corrupt = _CorruptRecordLog(logger)
 
     @classmethod
@@ -226,11 +157,6 @@ class RedisRegistry:
             url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s
         )
         return cls(client, prefix=prefix, owns_client=True)
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix; see the module docstring for the layout under it."""
-        return self._prefix
 
     def __repr__(self) -> str:
         # The client's repr can carry the URL, and with it a password.
@@ -250,9 +176,9 @@ class RedisRegistry:
     async def acquire_lock(self, session_id: str, *, ttl_ms: int) -> Lease | None:
         """``SET lock token NX PX ttl_ms``; ``None`` if someone holds the lock."""
         validate_session_id(session_id)
-        _check_ttl(ttl_ms)
+        check_ttl(ttl_ms)
         token = secrets.token_hex(16)
-        with _map_redis_errors("acquire_lock"):
+        with map_redis_errors("acquire_lock"):
             taken = await self._client.set(self._key("lock", session_id), token, nx=True, px=ttl_ms)
         if not taken:
             return None
@@ -260,8 +186,8 @@ class RedisRegistry:
 
     async def renew(self, lease: Lease, *, ttl_ms: int) -> bool:
         """Compare-and-``PEXPIRE``: reset the TTL if the lock is still ``lease``'s."""
-        _check_ttl(ttl_ms)
-        with _map_redis_errors("renew"):
+        check_ttl(ttl_ms)
+        with map_redis_errors("renew"):
             result = await self._renew(
                 keys=[self._key("lock", lease.session_id)], args=[lease.token, ttl_ms]
             )
@@ -269,7 +195,7 @@ class RedisRegistry:
 
     async def release(self, lease: Lease) -> bool:
         """Compare-and-delete: drop the lock if it is still ``lease``'s."""
-        with _map_redis_errors("release"):
+        with map_redis_errors("release"):
             result = await self._release(
                 keys=[self._key("lock", lease.session_id)], args=[lease.token]
             )
@@ -278,10 +204,9 @@ class RedisRegistry:
     async def next_generation(self, session_id: str, *, above: int = 0) -> int:
         """``INCR`` the generation counter (``NEXT_GENERATION_LUA`` when given a floor)."""
         validate_session_id(session_id)
-        if isinstance(above, bool) or not isinstance(above, int) or above < 0:
-            raise ValueError("above: must be an int >= 0")
+        check_floor(above)
         key = self._key("gen", session_id)
-        with _map_redis_errors("next_generation"):
+        with map_redis_errors("next_generation"):
             if above == 0:
                 return await self._client.incr(key)
             return int(await self._next_generation(keys=[key], args=[above]))
@@ -289,7 +214,7 @@ class RedisRegistry:
     async def current_generation(self, session_id: str) -> int:
         """The generation counter; 0 if never incremented."""
         validate_session_id(session_id)
-        with _map_redis_errors("current_generation"):
+        with map_redis_errors("current_generation"):
             raw = await self._client.get(self._key("gen", session_id))
         if raw is None:
             return 0
@@ -303,7 +228,7 @@ class RedisRegistry:
     async def get(self, session_id: str) -> SessionRecord | None:
         """The record; ``None`` if missing or corrupt."""
         validate_session_id(session_id)
-        with _map_redis_errors("get"):
+        with map_redis_errors("get"):
             raw = await self._client.get(self._key("record", session_id))
         return None if raw is None else self._corrupt.decode(session_id, raw)
 
@@ -312,7 +237,7 @@ class RedisRegistry:
         session_id = record.session_id
         if lease.session_id != session_id:
             raise ValueError("the lease is for another session")
-        with _map_redis_errors("put"):
+        with map_redis_errors("put"):
             result = await self._put(
                 keys=[
                     self._key("lock", session_id),
@@ -330,7 +255,7 @@ class RedisRegistry:
         validate_session_id(session_id)
         if lease.session_id != session_id:
             raise ValueError("the lease is for another session")
-        with _map_redis_errors("delete"):
+        with map_redis_errors("delete"):
             result = await self._delete(
                 keys=[
                     self._key("lock", session_id),
@@ -347,22 +272,22 @@ class RedisRegistry:
     async def touch(self, session_id: str, *, at_s: float) -> None:
         """``ZADD GT``: move the last-seen time forward, never back (skewed writers)."""
         validate_session_id(session_id)
-        with _map_redis_errors("touch"):
+        with map_redis_errors("touch"):
             await self._client.zadd(self._last_seen_key, {session_id: at_s}, gt=True)
 
     async def idle_sessions(self, *, older_than_s: float, now_s: float) -> list[str]:
         """Sessions last seen at or before ``now_s - older_than_s``, oldest first."""
-        with _map_redis_errors("idle_sessions"):
+        with map_redis_errors("idle_sessions"):
             members = await self._client.zrangebyscore(
                 self._last_seen_key, "-inf", now_s - older_than_s
             )
-        return [_text(member) for member in members if isinstance(member, bytes | str)]
+        return [text(member) for member in members if isinstance(member, bytes | str)]
 
     async def list_records(self) -> list[SessionRecord]:
         """Every readable record, by session id (index set, then ``MGET`` in chunks)."""
-        with _map_redis_errors("list_records"):
+        with map_redis_errors("list_records"):
             members = await self._client.smembers(self._sessions_key)
-            session_ids = sorted(_text(member) for member in members)
+            session_ids = sorted(text(member) for member in members)
             records: list[SessionRecord] = []
             for start in range(0, len(session_ids), _MGET_CHUNK):
                 chunk = session_ids[start : start + _MGET_CHUNK]
@@ -372,107 +297,6 @@ class RedisRegistry:
                     if record is not None:
                         records.append(record)
         return records
-
-    def _namespace_key(self, namespace: str) -> str:
-        return f"{self._prefix}ns:{hashlib.sha256(namespace.encode()).hexdigest()}"
-
-    async def index_session(self, owner: SessionOwner) -> None:
-        """``HSET owners`` + ``SADD`` to the namespace's set, in one transaction."""
-        previous = await self.session_owner(owner.session_id)
-        with _map_redis_errors("index_session"):
-            async with self._client.pipeline(transaction=True) as pipe:
-                if previous is not None and previous.namespace != owner.namespace:
-                    pipe.srem(self._namespace_key(previous.namespace), owner.session_id)
-                pipe.hset(f"{self._prefix}owners", owner.session_id, owner.to_json())
-                pipe.sadd(self._namespace_key(owner.namespace), owner.session_id)
-                await pipe.execute()
-
-    async def session_owner(self, session_id: str) -> SessionOwner | None:
-        """``HGET owners``; ``None`` if missing or unreadable."""
-        validate_session_id(session_id)
-        with _map_redis_errors("session_owner"):
-            raw = await self._client.hget(f"{self._prefix}owners", session_id)
-        return None if raw is None else _decode_owner(raw)
-
-    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
-        """The namespace's set, then ``HMGET owners`` (entries of another namespace skipped)."""
-        with _map_redis_errors("sessions_of"):
-            members = await self._client.smembers(self._namespace_key(namespace))
-            session_ids = sorted(_text(member) for member in members)
-            if not session_ids:
-                return []
-            raws = await self._client.hmget(f"{self._prefix}owners", session_ids)
-        owners = (None if raw is None else _decode_owner(raw) for raw in raws)
-        return [o for o in owners if o is not None and o.namespace == namespace]
-
-    async def unindex_session(self, session_id: str) -> None:
-        """``HDEL owners`` and ``SREM`` from its namespace's set."""
-        previous = await self.session_owner(session_id)
-        with _map_redis_errors("unindex_session"):
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hdel(f"{self._prefix}owners", session_id)
-                if previous is not None:
-                    pipe.srem(self._namespace_key(previous.namespace), session_id)
-                await pipe.execute()
-
-    def _idem_key(self, key: str) -> str:
-        return f"{self._prefix}idem:{validate_idempotency_key(key)}"
-
-    async def claim_idempotency(
-        self, key: str, *, fingerprint: str, token: str, ttl_ms: int
-    ) -> IdempotencyEntry | None:
-        """Claim ``key`` unless someone has (``CLAIM_IDEMPOTENCY_LUA``); else its entry."""
-        _check_ttl(ttl_ms)
-        with _map_redis_errors("claim_idempotency"):
-            found = await self._claim_idem(
-                keys=[self._idem_key(key)], args=[token, fingerprint, ttl_ms]
-            )
-        if not found:
-            return None
-        held_fingerprint, done, status, body = found
-        if held_fingerprint is None:
-            # A hash without our fields was not written by this registry.
-            raise RegistryError("idempotency entry is corrupt")
-        raw = body if isinstance(body, bytes) else (body or "").encode()
-        return IdempotencyEntry(
-            fingerprint=_text(held_fingerprint),
-            done=_text(done) == "1",
-            status=int(status),
-            body=raw,
-        )
-
-    async def renew_idempotency(self, key: str, *, token: str, ttl_ms: int) -> bool:
-        """Extend ``token``'s pending claim (``RENEW_IDEMPOTENCY_LUA``)."""
-        _check_ttl(ttl_ms)
-        with _map_redis_errors("renew_idempotency"):
-            result = await self._renew_idem(keys=[self._idem_key(key)], args=[token, ttl_ms])
-        return bool(result)
-
-    async def finish_idempotency(
-        self, key: str, *, token: str, status: int, body: bytes, ttl_ms: int
-    ) -> bool:
-        """Store the answer of ``token``'s claim (``FINISH_IDEMPOTENCY_LUA``)."""
-        _check_ttl(ttl_ms)
-        with _map_redis_errors("finish_idempotency"):
-            result = await self._finish_idem(
-                keys=[self._idem_key(key)], args=[token, status, bytes(body), ttl_ms]
-            )
-        return bool(result)
-
-    async def drop_idempotency(self, key: str, *, token: str) -> bool:
-        """Forget ``token``'s pending claim (``DROP_IDEMPOTENCY_LUA``)."""
-        with _map_redis_errors("drop_idempotency"):
-            result = await self._drop_idem(keys=[self._idem_key(key)], args=[token])
-        return bool(result)
-
-    async def close(self) -> None:
-        """Close the client if this registry created it; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._owns_client:
-            with _map_redis_errors("close"):
-                await self._client.aclose()
 
 
 def _raise_if_refused(result: Any, *, session_id: str, generation: int) -> None:
@@ -486,16 +310,3 @@ def _raise_if_refused(result: Any, *, session_id: str, generation: int) -> None:
         generation=generation,
         current_generation=current,
     )
-
-
-def _decode_owner(raw: bytes | str) -> SessionOwner | None:
-    try:
-        return SessionOwner.from_json(raw)
-    except (msgspec.DecodeError, ValueError):
-        logger.warning("a session index entry is unreadable; skipping it")
-        return None
-
-
-def _check_ttl(ttl_ms: int) -> None:
-    if ttl_ms <= 0:
-        raise ValueError("ttl_ms: must be > 0")

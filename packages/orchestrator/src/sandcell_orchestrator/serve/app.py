@@ -224,6 +224,20 @@ class _Service:
             return error_response(404, ErrorCode.NOT_FOUND, "the session has no running sandbox")
         return Response(encode(status), media_type=JSON_MEDIA_TYPE)
 
+    async def egress_status(self, request: Request) -> Response:
+        """The session's egress: policy, counters and its latest refused connections."""
+        namespace = self.keys.namespace(request)
+        session_id = request.path_params["session_id"]
+        if not is_runtime_session_id(session_id):
+            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
+        if await self.owner_of(session_id) != namespace:
+            return error_response(404, ErrorCode.NOT_FOUND, "no such session")
+        try:
+            status = await self.services.manager.egress_status(session_id)
+        except SandboxNotFoundError:
+            return error_response(404, ErrorCode.NOT_FOUND, "the session has no running sandbox")
+        return Response(encode(status), media_type=JSON_MEDIA_TYPE)
+
     async def list_sessions(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
         services = self.services
@@ -292,6 +306,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         Route("/v1/sessions", guarded(service.list_sessions), methods=["GET"]),
         Route("/v1/sessions/{session_id}", guarded(service.destroy_session), methods=["DELETE"]),
         Route("/v1/sessions/{session_id}/egress", guarded(service.set_egress), methods=["PUT"]),
+        Route("/v1/sessions/{session_id}/egress", guarded(service.egress_status), methods=["GET"]),
         Route("/healthz", guarded(service.healthz), methods=["GET"]),
         Route("/metrics", guarded(service.metrics), methods=["GET"]),
     ]

@@ -41,14 +41,24 @@ class EgressTracker:
 
     async def count(self, handle: SandboxHandle) -> None:
         """Add a tracked sandbox's new decisions to the metrics; never fails a turn."""
-        seen = self._seen.get(handle.sandbox_id)
-        if seen is None:
+        if handle.sandbox_id not in self._seen:
             return
         try:
             status = await handle.runner.egress()
         except SandcellError as exc:
             log.debug("egress counters of %s not read: %s", handle.sandbox_id[:12], exc)
             return
+        self._add(handle, status)
+
+    async def status(self, handle: SandboxHandle) -> EgressStatus:
+        """The sandbox's policy, counters and latest refusals (the metrics catch up too)."""
+        status = await handle.runner.egress()
+        if handle.sandbox_id in self._seen:
+            self._add(handle, status)
+        return status
+
+    def _add(self, handle: SandboxHandle, status: EgressStatus) -> None:
+        seen = self._seen.get(handle.sandbox_id, (0, 0))
         allowed, refused = status.allowed_total - seen[0], status.refused_total - seen[1]
         if allowed > 0:
             self._metrics.inc("sandcell_egress_allowed_total", allowed)

@@ -341,6 +341,19 @@ class SandboxManager:
         finally:
             await handle.close()
 
+    async def egress_status(self, session_id: str) -> EgressStatus:
+        """The egress policy, counters and latest refusals of the session's running sandbox.
+
+        Each refusal names its destination (name, address, port) and reason; the
+        window is the runner's (its latest 100). ``SandboxNotFoundError`` if the
+        session has no active sandbox.
+        """
+        handle = await self.connect(session_id)
+        try:
+            return await self.sandboxes.egress.status(handle)
+        finally:
+            await handle.close()
+
     async def apply_egress(self, handle: SandboxHandle, policy: EgressPolicy) -> EgressStatus:
         """Set ``policy`` on the caller's live sandbox ``handle`` (a turn that carries one)."""
         return await self.sandboxes.egress.apply(handle, policy)

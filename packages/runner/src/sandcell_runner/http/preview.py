@@ -73,7 +73,10 @@ class PreviewRoutes(RouteGroup):
             request_headers=request.headers.raw,
             body=body,
             script_prefix=reporter_prefix(forwarded, port),
-            live_reload=request.headers.get(am.LIVE_RELOAD_HEADER) != "0",
+            # Read before the app answers, so a write while it renders still reloads.
+            files_version=(
+                app.files_version if request.headers.get(am.LIVE_RELOAD_HEADER) != "0" else None
+            ),
         )
 
     def _no_preview(self) -> str:

@@ -69,18 +69,19 @@ function safe(a) { try { return JSON.stringify(a); } catch (e) { return String(a
 
 
 # Live reload for apps without their own: poll the session's file-change counter
-# (about once a second while the tab is visible) and reload when it moves.
+# (about once a second while the tab is visible) and reload when it moves. The page
+# starts from the counter it was served at, not from its first poll's answer: a
+# write between serving and that answer would otherwise never reload the tab.
 _RELOAD = """(function(){
 if (window.__sandcellReload) return; window.__sandcellReload = true;
-var url = %s, seen = null;
+var url = %s, seen = %d;
 function poll() {
   if (document.hidden) return;
   fetch(url, {cache: "no-store", credentials: "same-origin"})
     .then(function(r) { return r.ok ? r.json() : null; })
     .then(function(v) {
       if (!v || typeof v.version !== "number") return;
-      if (seen === null) seen = v.version;
-      else if (v.version !== seen) location.reload();
+      if (v.version !== seen) location.reload();
     }).catch(function(){});
 }
 poll(); setInterval(poll, 1000);
@@ -94,14 +95,15 @@ def reporter_prefix(forwarded: str | None, port: int) -> str:
     return f"/v1/session/ports/{port}/"
 
 
-def reporter_tag(prefix: str, *, live_reload: bool = True) -> bytes:
+def reporter_tag(prefix: str, *, files_version: int | None = None) -> bytes:
     """The ``<script>`` element posting to ``prefix`` (JSON-quoted, ``<`` escaped), with
-    the live-reload poller unless the app reloads its pages itself."""
+    the live-reload poller when ``files_version`` (the file-change counter when the
+    page was requested) is given, that is unless the app reloads its pages itself."""
     target = json.dumps(prefix + BROWSER_ERRORS_PATH).replace("<", "\\u003c")
     script = _SCRIPT % target
-    if live_reload:
+    if files_version is not None:
         changes = json.dumps(prefix + PREVIEW_CHANGES_PATH).replace("<", "\\u003c")
-        script += _RELOAD % changes
+        script += _RELOAD % (changes, files_version)
     return b"<script>" + script.encode() + b"</script>"
 
 

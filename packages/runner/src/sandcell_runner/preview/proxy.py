@@ -150,7 +150,7 @@ class PreviewUpstream:
         request_headers: Iterable[tuple[bytes, bytes]],
         body: bytes,
         script_prefix: str,
-        live_reload: bool = True,
+        files_version: int | None = None,
     ) -> Response:
         """Send one request upstream and answer with its response (HTML gets the reporter)."""
         outgoing = [(b"host", f"localhost:{port}".encode())]
@@ -182,7 +182,9 @@ class PreviewUpstream:
         ]
         kept = _rewrite_location(kept, port, script_prefix)
         if _injectable(method, response.status, kept):
-            return await self._with_reporter(response, kept, script_prefix, live_reload=live_reload)
+            return await self._with_reporter(
+                response, kept, script_prefix, files_version=files_version
+            )
         return _streamed(response, kept)
 
     async def _with_reporter(
@@ -191,7 +193,7 @@ class PreviewUpstream:
         kept: list[tuple[bytes, bytes]],
         prefix: str,
         *,
-        live_reload: bool,
+        files_version: int | None,
     ) -> Response:
         chunks: list[bytes] = []
         size = 0
@@ -203,7 +205,7 @@ class PreviewUpstream:
                 # Too big to hold: pass it on untouched, as it came.
                 return _streamed(response, kept, head=b"".join(chunks), rest=stream)
         await response.aclose()
-        html = inject(b"".join(chunks), reporter_tag(prefix, live_reload=live_reload))
+        html = inject(b"".join(chunks), reporter_tag(prefix, files_version=files_version))
         headers = [(k, v) for k, v in kept if k not in (b"content-length", b"etag")]
         headers.append((b"content-length", str(len(html)).encode()))
         answer = Response(html, status_code=response.status)

@@ -1,0 +1,114 @@
+"""The E2B sandbox table: every E2B sandbox of the fleet, readable by every worker.
+
+An E2B sandbox is a ``SandboxManager`` session plus what E2B's API says about
+it (its tenant, template, envd tokens, metadata, env, timeout, running or
+paused). ``E2bSandboxRow`` is one row; ``E2bSandboxTable`` is what a registry
+backend implements (``sqlite_e2b``, ``redis_e2b``, ``memory``). Rows change by
+compare-and-set on ``revision``, so two workers acting on one sandbox at once
+never overwrite each other's change unseen.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from sandcell_protocol import EgressPolicy
+
+__all__ = ["E2bSandboxRow", "E2bSandboxState", "E2bSandboxTable", "validate_e2b_sandbox_id"]
+
+E2bSandboxState = Literal["running", "paused"]
+
+_SANDBOX_ID_RE = re.compile(r"[a-z0-9]{20}")
+
+
+def validate_e2b_sandbox_id(sandbox_id: str) -> str:
+    """``sandbox_id`` if it is an E2B sandbox id this service hands out (20 of [a-z0-9]);
+    else ``ValueError`` (ids become parts of storage keys)."""
+    if not _SANDBOX_ID_RE.fullmatch(sandbox_id):
+        raise ValueError("sandbox_id: must be 20 of [a-z0-9]")
+    return sandbox_id
+
+
+class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One E2B sandbox. Its tokens and env are secrets: ``repr`` leaves them out.
+
+    ``revision`` is 1 when added and one more at every update; timestamps are
+    wall-clock epoch seconds (rows are read on other hosts).
+    """
+
+    sandbox_id: str
+    namespace: str
+    template: str
+    session_id: str
+    access_token: str
+    traffic_token: str
+    metadata: dict[str, str]
+    env: dict[str, str]
+    egress: EgressPolicy | None
+    started_at_s: float
+    end_at_s: float
+    auto_pause: bool
+    state: E2bSandboxState
+    revision: int = 1
+
+    def __post_init__(self) -> None:
+        validate_e2b_sandbox_id(self.sandbox_id)
+        if self.revision < 1:
+            raise ValueError("revision: must be >= 1")
+
+    def __repr__(self) -> str:
+        return (
+            f"E2bSandboxRow(sandbox_id={self.sandbox_id!r}, namespace={self.namespace!r},"
+            f" state={self.state!r}, revision={self.revision})"
+        )
+
+    def to_json(self) -> bytes:
+        """The stored form."""
+        return _ENCODER.encode(self)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> E2bSandboxRow:
+        """Parse the stored form; ``msgspec.DecodeError`` (or a subclass) if it is not one."""
+        return _DECODER.decode(data)
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(E2bSandboxRow)
+
+
+def decode_row(sandbox_id: str, raw: bytes | str) -> E2bSandboxRow | None:
+    """The stored row, or ``None`` if it is unreadable or filed under another id."""
+    try:
+        row = E2bSandboxRow.from_json(raw)
+    except (msgspec.DecodeError, ValueError):
+        return None
+    return row if row.sandbox_id == sandbox_id else None
+
+
+@runtime_checkable
+class E2bSandboxTable(Protocol):
+    """The fleet's E2B sandboxes. Ids are ``validate_e2b_sandbox_id`` ids (``ValueError``)."""
+
+    async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        """Store a new row (its ``revision`` must be 1); ``False`` if the id is taken."""
+        ...
+
+    async def e2b_sandbox(self, sandbox_id: str) -> E2bSandboxRow | None:
+        """The row; ``None`` if missing (or unreadable)."""
+        ...
+
+    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
+        """``namespace``'s rows (every row with ``None``), by start time then id."""
+        ...
+
+    async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        """Replace the stored row if its revision is ``row.revision - 1`` (compare-and-set);
+        ``False`` if it changed meanwhile or is gone. The namespace never changes."""
+        ...
+
+    async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
+        """Delete the row; whether there was one."""
+        ...

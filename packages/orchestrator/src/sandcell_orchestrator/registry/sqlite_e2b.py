@@ -1,0 +1,116 @@
+"""The E2B sandbox table in SQLite (``E2bSandboxTable`` of ``SqliteRegistry``).
+
+e2b_sandboxes(sandbox_id, namespace, revision, started_at_s, raw)
+                                                 one E2bSandboxRow JSON per sandbox
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+from .e2b import E2bSandboxRow, decode_row, validate_e2b_sandbox_id
+from .sqlite_db import SqliteDatabase
+
+__all__ = ["SqliteE2bTable"]
+
+logger = logging.getLogger(__name__)
+
+
+class SqliteE2bTable(SqliteDatabase):
+    """``E2bSandboxTable`` on the ``e2b_sandboxes`` table."""
+
+    SCHEMA: ClassVar[str] = """
+CREATE TABLE IF NOT EXISTS e2b_sandboxes (
+    sandbox_id TEXT PRIMARY KEY,
+    namespace TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    started_at_s REAL NOT NULL,
+    raw BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS e2b_by_namespace ON e2b_sandboxes (namespace, started_at_s);
+"""
+
+    async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        """Store a new row; ``False`` if the id is taken."""
+        if row.revision != 1:
+            raise ValueError("a new row's revision is 1")
+        raw = row.to_json()
+
+        def work() -> bool:
+            with self._transaction(write=True) as db:
+                done = db.execute(
+                    "INSERT OR IGNORE INTO e2b_sandboxes VALUES (?, ?, 1, ?, ?)",
+                    (row.sandbox_id, row.namespace, row.started_at_s, raw),
+                )
+                return done.rowcount == 1
+
+        return await self._run("add_e2b_sandbox", work)
+
+    async def e2b_sandbox(self, sandbox_id: str) -> E2bSandboxRow | None:
+        """The row; ``None`` if missing or unreadable."""
+        validate_e2b_sandbox_id(sandbox_id)
+
+        def work() -> bytes | None:
+            with self._transaction(write=False) as db:
+                found = db.execute(
+                    "SELECT raw FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,)
+                ).fetchone()
+            return None if found is None else bytes(found[0])
+
+        raw = await self._run("e2b_sandbox", work)
+        return None if raw is None else _decoded(sandbox_id, raw)
+
+    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
+        """``namespace``'s rows (all with ``None``), by start time then id."""
+
+        def work() -> list[tuple[str, bytes]]:
+            with self._transaction(write=False) as db:
+                if namespace is None:
+                    rows = db.execute(
+                        "SELECT sandbox_id, raw FROM e2b_sandboxes"
+                        " ORDER BY started_at_s, sandbox_id"
+                    ).fetchall()
+                else:
+                    rows = db.execute(
+                        "SELECT sandbox_id, raw FROM e2b_sandboxes WHERE namespace = ?"
+                        " ORDER BY started_at_s, sandbox_id",
+                        (namespace,),
+                    ).fetchall()
+            return [(str(sid), bytes(raw)) for sid, raw in rows]
+
+        found = (_decoded(sid, raw) for sid, raw in await self._run("e2b_sandboxes", work))
+        return [row for row in found if row is not None]
+
+    async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        """Compare-and-set on ``revision``."""
+        raw = row.to_json()
+
+        def work() -> bool:
+            with self._transaction(write=True) as db:
+                done = db.execute(
+                    "UPDATE e2b_sandboxes SET revision = ?, raw = ?"
+                    " WHERE sandbox_id = ? AND revision = ? AND namespace = ?",
+                    (row.revision, raw, row.sandbox_id, row.revision - 1, row.namespace),
+                )
+                return done.rowcount == 1
+
+        return await self._run("update_e2b_sandbox", work)
+
+    async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
+        """Delete the row."""
+        validate_e2b_sandbox_id(sandbox_id)
+
+        def work() -> bool:
+            with self._transaction(write=True) as db:
+                done = db.execute("DELETE FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+                return done.rowcount == 1
+
+        return await self._run("remove_e2b_sandbox", work)
+
+
+def _decoded(sandbox_id: str, raw: bytes) -> E2bSandboxRow | None:
+    row = decode_row(sandbox_id, raw)
+    if row is None:
+        logger.warning("e2b sandbox row %s is unreadable; treating it as missing", sandbox_id)
+    return row

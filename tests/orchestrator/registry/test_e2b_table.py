@@ -1,0 +1,100 @@
+"""The registry's E2B sandbox table (issue 20: E2B sandboxes across workers), against
+every backend: rows added once, found by id and namespace, changed by compare-and-set
+on their revision, removed; tokens and env never in a row's repr."""
+
+from __future__ import annotations
+
+import secrets
+
+import msgspec
+import pytest
+
+from sandcell_orchestrator.registry import E2bSandboxRow, SessionRegistry
+from sandcell_protocol import EgressPolicy
+
+
+def new_row(namespace: str = "tenant-a", started_at_s: float = 1_700_000_000.0) -> E2bSandboxRow:
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return E2bSandboxRow(
+        sandbox_id="".join(secrets.choice(alphabet) for _ in range(20)),
+        namespace=namespace,
+        template="base",
+        session_id="rt_" + "0" * 64,
+        access_token="access-secret",
+        traffic_token="traffic-secret",
+        metadata={"k": "v"},
+        env={"SECRET_ENV": "hush"},
+        egress=EgressPolicy(mode="allow", allow=("pypi.org",)),
+        started_at_s=started_at_s,
+        end_at_s=started_at_s + 300,
+        auto_pause=False,
+        state="running",
+    )
+
+
+async def test_rows_are_added_once_and_found_by_id_and_namespace(
+    registry: SessionRegistry,
+) -> None:
+    """A second add of one id is refused; listings are per namespace, by start time."""
+    ns, other = f"ns-{secrets.token_hex(4)}", f"other {secrets.token_hex(4)}:x"
+    late, early, theirs = new_row(ns, 20.0), new_row(ns, 10.0), new_row(other, 5.0)
+    for row in (late, early, theirs):
+        assert await registry.add_e2b_sandbox(row)
+    assert not await registry.add_e2b_sandbox(msgspec.structs.replace(late, namespace=other))
+    assert await registry.e2b_sandbox(late.sandbox_id) == late
+    assert await registry.e2b_sandboxes(ns) == [early, late]
+    assert await registry.e2b_sandboxes(other) == [theirs]
+    everyone = [r.sandbox_id for r in await registry.e2b_sandboxes()]
+    assert [r for r in everyone if r in {late.sandbox_id, early.sandbox_id}] == [
+        early.sandbox_id,
+        late.sandbox_id,
+    ]
+    assert await registry.e2b_sandbox(new_row().sandbox_id) is None
+    assert await registry.e2b_sandboxes("nobody") == []
+
+
+async def test_updates_are_compare_and_set_on_the_revision(registry: SessionRegistry) -> None:
+    """Only the next revision of what is stored replaces it; another namespace never does."""
+    row = new_row(f"ns-{secrets.token_hex(4)}")
+    assert await registry.add_e2b_sandbox(row)
+    paused = msgspec.structs.replace(row, state="paused", revision=2)
+    assert await registry.update_e2b_sandbox(paused)
+    # A writer that read revision 1 too is refused: it would undo the pause unseen.
+    stale = msgspec.structs.replace(row, end_at_s=row.end_at_s + 60, revision=2)
+    assert not await registry.update_e2b_sandbox(stale)
+    skipping = msgspec.structs.replace(paused, revision=4)
+    assert not await registry.update_e2b_sandbox(skipping)
+    moved = msgspec.structs.replace(paused, namespace="thief", revision=3)
+    assert not await registry.update_e2b_sandbox(moved)
+    assert await registry.e2b_sandbox(row.sandbox_id) == paused
+
+
+async def test_removed_rows_are_gone_everywhere(registry: SessionRegistry) -> None:
+    """Remove answers whether there was a row; a removed row is in no listing."""
+    ns = f"ns-{secrets.token_hex(4)}"
+    row = new_row(ns)
+    assert await registry.add_e2b_sandbox(row)
+    assert await registry.remove_e2b_sandbox(row.sandbox_id)
+    assert not await registry.remove_e2b_sandbox(row.sandbox_id)
+    assert await registry.e2b_sandbox(row.sandbox_id) is None
+    assert await registry.e2b_sandboxes(ns) == []
+    assert row.sandbox_id not in {r.sandbox_id for r in await registry.e2b_sandboxes()}
+    assert not await registry.update_e2b_sandbox(msgspec.structs.replace(row, revision=2))
+
+
+@pytest.mark.parametrize("sandbox_id", ["", "UPPERCASE0123456789A", "a" * 21, "../" + "a" * 17])
+async def test_ids_of_another_shape_never_reach_a_key(
+    registry: SessionRegistry, sandbox_id: str
+) -> None:
+    """An id this service never hands out is a ValueError, before any storage key."""
+    with pytest.raises(ValueError, match="sandbox_id"):
+        await registry.e2b_sandbox(sandbox_id)
+    with pytest.raises(ValueError, match="sandbox_id"):
+        await registry.remove_e2b_sandbox(sandbox_id)
+
+
+def test_a_row_hides_its_secrets() -> None:
+    """Tokens and env are the sandbox's secrets: never in a repr (logs, tracebacks)."""
+    shown = repr(new_row())
+    for secret in ("access-secret", "traffic-secret", "hush"):
+        assert secret not in shown
