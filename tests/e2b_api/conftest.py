@@ -61,11 +61,17 @@ class E2bServe:
         return self.log_path.read_text(errors="replace")
 
 
-def start_serve(base: Path, *, env: Mapping[str, str] | None = None) -> E2bServe:
-    """``python -m sandcell_orchestrator serve`` on a free port; waits for ``/healthz``."""
+def start_serve(
+    base: Path, *, env: Mapping[str, str] | None = None, runtime_dir: Path | None = None
+) -> E2bServe:
+    """``python -m sandcell_orchestrator serve`` on a free port; waits for ``/healthz``.
+
+    ``runtime_dir`` (default: under ``base``) is where its local sandboxes live; workers
+    of one fleet on one host share it, so each reaches the others' sandboxes."""
     base.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    home, runtime_dir, log_path = base / "home", base / "sandboxes", base / "serve.log"
+    home, log_path = base / "home", base / "serve.log"
+    runtime_dir = base / "sandboxes" if runtime_dir is None else runtime_dir
     environ = clean_environ(
         SANDCELL_HOME=str(home),
         SANDCELL_LOCAL_RUNTIME_DIR=str(runtime_dir),

@@ -3,9 +3,10 @@
 One adapter (DESIGN rule 7): ``control.py`` (``/e2b``) and ``envd.py``
 (``/e2b/sandbox``, routed by ``E2b-Sandbox-Id``) translate E2B's wire onto
 ``E2bSandboxes`` (``sandboxes.py``), which holds sandboxes as ``SandboxManager``
-sessions; envd's RPCs are served from the generated Connect code the ``e2b``
-package ships. ``hosts.py`` maps E2B's production form (``api.{domain}``,
-``{port}-{id}.{domain}``, routed by ``Host``) onto the same prefixes.
+sessions, listed in the registry's E2B table (so any worker serves any sandbox);
+envd's RPCs are served from the generated Connect code the ``e2b`` package ships.
+``hosts.py`` maps E2B's production form (``api.{domain}``, ``{port}-{id}.{domain}``,
+routed by ``Host``) onto the same prefixes.
 
 Wiring into the serve app::
 
@@ -42,8 +43,9 @@ EXPIRY_INTERVAL_S = 0.5
 class E2bService:
     """The E2B surface's state: its sandbox table, made in the app's lifespan."""
 
-    def __init__(self, *, max_running_per_tenant: int = 32) -> None:
+    def __init__(self, *, max_running_per_tenant: int = 32, keep_at_exit: bool = False) -> None:
         self._max_running = max_running_per_tenant
+        self._keep_at_exit = keep_at_exit
         self._sandboxes: E2bSandboxes | None = None
 
     @property
@@ -54,8 +56,13 @@ class E2bService:
 
     @contextlib.asynccontextmanager
     async def running(self, services: Services) -> AsyncIterator[E2bSandboxes]:
-        """Serve sandboxes on ``services`` for the block; every sandbox is killed after."""
-        sandboxes = E2bSandboxes(services.manager, max_running_per_tenant=self._max_running)
+        """Serve sandboxes on ``services`` for the block; after it, every sandbox is killed
+        unless they outlive this worker (a distributed registry: other workers serve them)."""
+        sandboxes = E2bSandboxes(
+            services.manager,
+            max_running_per_tenant=self._max_running,
+            keep_at_exit=self._keep_at_exit,
+        )
         self._sandboxes = sandboxes
         try:
             async with anyio.create_task_group() as group:
@@ -93,7 +100,10 @@ def install_e2b_routes(
     ``{port}-{id}.{domain}`` are routed there by ``Host`` as well;
     ``SANDCELL_E2B_MAX_SANDBOXES`` caps each tenant's running sandboxes.
     """
-    service = E2bService(max_running_per_tenant=settings.serve.e2b_max_running)
+    service = E2bService(
+        max_running_per_tenant=settings.serve.e2b_max_running,
+        keep_at_exit=settings.distributed_registry,
+    )
     domain = settings.serve.e2b_domain
     control = ControlPlane(
         lambda: service.sandboxes, namespace_of_key=namespace_of_key, domain=domain

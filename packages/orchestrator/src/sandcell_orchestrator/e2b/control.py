@@ -118,9 +118,9 @@ class ControlPlane:
             key = credential if scheme.lower() == "bearer" else None
         return self._namespace_of_key(key)
 
-    def _one(self, request: Request) -> E2bSandbox:
+    async def _one(self, request: Request) -> E2bSandbox:
         owner = self._owner(request)
-        return self._sandboxes().get(str(request.path_params["sandbox_id"]), owner=owner)
+        return await self._sandboxes().get(str(request.path_params["sandbox_id"]), owner=owner)
 
     def _created(self, sandbox: E2bSandbox) -> SandboxCreated:
         return SandboxCreated(
@@ -189,7 +189,7 @@ class ControlPlane:
 
     async def list_v2(self, request: Request) -> Response:
         owner = self._owner(request)
-        items = self._sandboxes().owned_by(owner)
+        items = await self._sandboxes().owned_by(owner)
         states = request.query_params.get("state")
         if states:
             wanted = set(states.split(","))
@@ -209,11 +209,11 @@ class ControlPlane:
 
     async def list_v1(self, request: Request) -> Response:
         owner = self._owner(request)
-        items = [s for s in self._sandboxes().owned_by(owner) if s.state == "running"]
+        items = [s for s in await self._sandboxes().owned_by(owner) if s.state == "running"]
         return _json([self._listed(s) for s in items])
 
     async def detail(self, request: Request) -> Response:
-        sandbox = self._one(request)
+        sandbox = await self._one(request)
         listed = self._listed(sandbox)
         detail = SandboxDetail(
             **msgspec.structs.asdict(listed),
@@ -223,31 +223,31 @@ class ControlPlane:
         return _json(detail)
 
     async def kill(self, request: Request) -> Response:
-        await self._sandboxes().kill(self._one(request))
+        await self._sandboxes().kill(await self._one(request))
         return Response(status_code=204)
 
     async def set_timeout(self, request: Request) -> Response:
-        sandbox = self._one(request)
+        sandbox = await self._one(request)
         message = await _message(request, SetTimeout)
-        self._sandboxes().set_timeout(sandbox, message.timeout)
+        await self._sandboxes().set_timeout(sandbox, message.timeout)
         return Response(status_code=204)
 
     async def pause(self, request: Request) -> Response:
-        sandbox = self._one(request)
+        sandbox = await self._one(request)
         await _message(request, PauseSandbox, empty_ok=True)
         if not await self._sandboxes().pause(sandbox):
             raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is paused")
         return Response(status_code=204)
 
     async def connect(self, request: Request) -> Response:
-        sandbox = self._one(request)
+        sandbox = await self._one(request)
         message = await _message(request, ConnectSandbox, empty_ok=True)
         was_paused = sandbox.state == "paused"
         await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
         return _json(self._created(sandbox), 201 if was_paused else 200)
 
     async def resume(self, request: Request) -> Response:
-        sandbox = self._one(request)
+        sandbox = await self._one(request)
         message = await _message(request, ConnectSandbox, empty_ok=True)
         if sandbox.state != "paused":
             raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is running")

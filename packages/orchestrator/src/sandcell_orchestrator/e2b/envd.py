@@ -58,11 +58,17 @@ class EnvdApp:
             "/filesystem.Filesystem/": filesystem_app(self._sandbox_of),
         }
 
-    def _lookup(self, headers: Callable[[str], str | None]) -> E2bSandbox | None:
-        return self._sandboxes().for_envd(headers(SANDBOX_ID_HEADER), headers(ACCESS_TOKEN_HEADER))
+    async def _lookup(self, headers: Callable[[str], str | None]) -> E2bSandbox | None:
+        return await self._sandboxes().for_envd(
+            headers(SANDBOX_ID_HEADER), headers(ACCESS_TOKEN_HEADER)
+        )
 
     def _sandbox_of(self, ctx: RequestContext[object, object]) -> E2bSandbox:
-        found = self._lookup(ctx.request_headers.get)
+        # The request's own lookup (``__call__``) read the row and opened the handle.
+        headers = ctx.request_headers
+        found = self._sandboxes().known_for_envd(
+            headers.get(SANDBOX_ID_HEADER), headers.get(ACCESS_TOKEN_HEADER)
+        )
         if found is None:
             raise ConnectError(Code.UNAVAILABLE, "The sandbox was not found")
         return found
@@ -77,7 +83,7 @@ class EnvdApp:
         if port == str(INTERPRETER_PORT):
             await self._interpreter(request, path, scope, receive, send)
             return
-        sandbox = self._lookup(request.headers.get)
+        sandbox = await self._lookup(request.headers.get)
         if sandbox is None or port != str(ENVD_PORT):
             await sandbox_gone_response(sandbox_id)(scope, receive, send)
             return
@@ -99,7 +105,7 @@ class EnvdApp:
         self, request: Request, path: str, scope: Scope, receive: Receive, send: Send
     ) -> None:
         headers = request.headers
-        sandbox = self._sandboxes().for_envd(
+        sandbox = await self._sandboxes().for_envd(
             headers.get(SANDBOX_ID_HEADER),
             headers.get(ACCESS_TOKEN_HEADER),
             traffic_token=headers.get(TRAFFIC_TOKEN_HEADER),

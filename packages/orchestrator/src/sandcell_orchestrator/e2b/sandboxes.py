@@ -4,9 +4,19 @@ Each E2B sandbox is one manager session (``sandbox_session_key`` of a fresh
 uuid), acquired at create, suspended at pause (natively on Lambda MicroVMs,
 checkpoint-and-destroy elsewhere: the manager's one suspend policy), resumed at
 connect (the workspace restored before anything runs) and destroyed at kill or
-when its timeout passes (paused instead with ``autoPause``). The table of
-sandboxes, their envd access tokens and timeouts lives in this process, like the
-app instances: sandboxes do not survive it (``aclose`` destroys them).
+when its timeout passes (paused instead with ``autoPause``).
+
+The table of sandboxes (tenant, template, envd tokens, metadata, env, timeout,
+running or paused) is the registry's E2B table (``registry/e2b.py``), so with a
+shared registry every worker serves every sandbox: a worker that did not create
+one connects to it through its session record (``SandboxManager.connect``: its
+provider reaches it when the workers share the engine, the account, or, for the
+local provider, ``SANDCELL_LOCAL_RUNTIME_DIR``). What stays in this process is
+the handle to each sandbox it has reached, reopened when the row says the
+sandbox was resumed since. Create's ``Idempotency-Key`` is claimed in the
+registry too: a retry on any worker gets the first create's sandbox. With an
+embedded registry the sandboxes end with the process (``aclose`` kills them);
+with a distributed one they outlive it, for the other workers.
 
 Tenants are walls: every lookup by id is scoped by the caller's namespace, and
 another tenant's sandbox answers exactly as a missing one. The envd side finds a
@@ -16,25 +26,28 @@ sandbox by id and access token together (a wrong token reads as no sandbox).
 from __future__ import annotations
 
 import contextlib
-import hmac
+import hashlib
 import logging
 import re
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
+import msgspec
 
 from sandcell_protocol import EgressPolicy
 
-from ..errors import SandcellError
+from ..errors import SandboxNotFoundError, SandcellError
 from ..handle import SandboxHandle
 from ..providers.base import SandboxSpec
+from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
+from ..serve.idempotency import Claim
 from ..sessions.manager import SandboxManager, sandbox_session_key
 from .errors import E2bError
+from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
 
 __all__ = [
     "DEFAULT_TEMPLATES",
@@ -45,10 +58,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_SANDBOX_ID_RE = re.compile(r"[a-z0-9]{20}")
 _IDEMPOTENCY_KEY_RE = re.compile(r"[a-z0-9-]{1,255}")
 _OWNER_LABEL = "sandcell.e2b_sandbox"
 _RETRY_EXPIRY_S = 30.0
+_CHANGE_ATTEMPTS = 8
+# A create's claim on its Idempotency-Key: renewed while it runs (a dead worker's
+# claim lapses after this), then its sandbox id is kept for a day.
+_CREATE_CLAIM_TTL_MS = 30_000
+_CREATE_RESULT_TTL_MS = 24 * 3600 * 1000
+_CREATE_WAIT_S = 60.0
+_CREATE_POLL_S = 0.2
 
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -57,41 +76,9 @@ DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
 """E2B template names served by default, each a sandcell sandbox spec."""
 
 
-def check_sandbox_id(sandbox_id: str) -> str:
-    """``sandbox_id`` if it has the shape of the ids this service hands out, else a 404."""
-    if not _SANDBOX_ID_RE.fullmatch(sandbox_id):
-        raise E2bError(404, "not_found", f"sandbox {sandbox_id[:40]!r} not found")
-    return sandbox_id
-
-
 def _new_sandbox_id() -> str:
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
     return "".join(secrets.choice(alphabet) for _ in range(20))
-
-
-@dataclass(eq=False)
-class E2bSandbox:
-    """One E2B sandbox. ``handle``/``runner`` are set while it runs."""
-
-    sandbox_id: str
-    owner: str
-    template: str
-    session_id: str
-    spec: SandboxSpec
-    access_token: str = field(repr=False)
-    traffic_token: str = field(repr=False)
-    """What ``e2b-code-interpreter`` sends (``E2B-Traffic-Access-Token``) on the calls
-    that carry no envd access token (its context calls)."""
-    metadata: dict[str, str]
-    env: dict[str, str] = field(repr=False)
-    started_at_s: float
-    end_at_s: float
-    auto_pause: bool
-    state: str = "running"
-    handle: SandboxHandle | None = None
-    runner: SandboxRunnerClient | None = None
-    lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
-    gone: bool = False
 
 
 class E2bSandboxes:
@@ -105,6 +92,7 @@ class E2bSandboxes:
         default_timeout_s: int = 300,
         max_timeout_s: int = 86_400,
         max_running_per_tenant: int = 32,
+        keep_at_exit: bool = False,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = _new_sandbox_id,
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
@@ -114,40 +102,109 @@ class E2bSandboxes:
         self.default_timeout_s = default_timeout_s
         self.max_timeout_s = max_timeout_s
         self.max_running_per_tenant = max_running_per_tenant
+        self.keep_at_exit = keep_at_exit
         self._now = wall_clock
         self._new_id = new_id
         self._new_token = new_token
-        self._sandboxes: dict[str, E2bSandbox] = {}
-        self._idempotent: dict[tuple[str, str], str] = {}
+        # The sandboxes this worker has seen, with the handles it opened.
+        self._local: dict[str, E2bSandbox] = {}
+        # sandbox id -> wall-clock time before which the timeout sweep leaves it be.
+        self._retry_at: dict[str, float] = {}
 
     def __repr__(self) -> str:
-        return f"E2bSandboxes(sandboxes={len(self._sandboxes)})"
+        return f"E2bSandboxes(local={len(self._local)})"
+
+    @property
+    def registry(self) -> SessionRegistry:
+        return self.manager.registry
+
+    # -- views -------------------------------------------------------------------------
+
+    def _spec(self, row: E2bSandboxRow) -> SandboxSpec:
+        base = self.templates.get(row.template, SandboxSpec())
+        return SandboxSpec(
+            image=base.image,
+            template=base.template,
+            turn_timeout_s=base.turn_timeout_s,
+            env=base.env,
+            egress=row.egress if row.egress is not None else base.egress,
+            limits=base.limits,
+            labels={**base.labels, _OWNER_LABEL: row.sandbox_id},
+        )
+
+    async def _view(self, row: E2bSandboxRow) -> E2bSandbox:
+        """This worker's object for ``row``, brought up to date with it."""
+        found = self._local.get(row.sandbox_id)
+        if found is None or found.gone:
+            found = E2bSandbox(row=row, spec=self._spec(row))
+            self._local[row.sandbox_id] = found
+        elif row.revision >= found.row.revision:
+            found.row = row
+        stale = found.row.state != "running" or found.handle_resumes != found.row.resumes
+        if found.handle is not None and stale:
+            await self._close_handle(found)
+        return found
+
+    async def _forget(self, sandbox_id: str) -> None:
+        found = self._local.pop(sandbox_id, None)
+        self._retry_at.pop(sandbox_id, None)
+        if found is not None:
+            found.gone = True
+            await self._close_handle(found)
+
+    async def _attach(self, sandbox: E2bSandbox) -> E2bSandbox:
+        """Open a handle to a running sandbox this worker has none to (through its session
+        record); a sandbox its provider cannot reach from here stays without one."""
+        if sandbox.handle is not None or sandbox.state != "running":
+            return sandbox
+        async with sandbox.lock:
+            if sandbox.handle is not None or sandbox.gone or sandbox.state != "running":
+                return sandbox
+            try:
+                handle = await self.manager.connect(sandbox.session_id)
+            except SandboxNotFoundError as exc:
+                log.warning("e2b sandbox %s: not reachable here: %s", sandbox.sandbox_id, exc)
+                return sandbox
+            sandbox.handle = handle
+            sandbox.runner = SandboxRunnerClient.for_handle(handle)
+            sandbox.handle_resumes = sandbox.row.resumes
+        return sandbox
 
     # -- lookups ------------------------------------------------------------------------
 
-    def get(self, sandbox_id: str, *, owner: str) -> E2bSandbox:
+    async def get(self, sandbox_id: str, *, owner: str) -> E2bSandbox:
         """``owner``'s sandbox; a 404 for a missing one and another tenant's alike."""
-        found = self._sandboxes.get(check_sandbox_id(sandbox_id))
-        if found is None or found.owner != owner or found.gone:
+        row = await self.registry.e2b_sandbox(check_sandbox_id(sandbox_id))
+        if row is None:
+            await self._forget(sandbox_id)
+        if row is None or row.namespace != owner:
             raise E2bError(404, "not_found", f"sandbox {sandbox_id} not found")
-        return found
+        return await self._view(row)
 
-    def owned_by(self, owner: str) -> list[E2bSandbox]:
+    async def owned_by(self, owner: str) -> list[E2bSandbox]:
         """``owner``'s sandboxes, oldest first."""
-        return [s for s in self._sandboxes.values() if s.owner == owner and not s.gone]
+        return [await self._view(row) for row in await self.registry.e2b_sandboxes(owner)]
 
-    def for_envd(
+    async def for_envd(
         self, sandbox_id: str | None, token: str | None, *, traffic_token: str | None = None
     ) -> E2bSandbox | None:
-        """The sandbox named by a request to one of its ports, if ``token`` is its envd
-        access token (or, where allowed, ``traffic_token`` its traffic token)."""
-        found = self._sandboxes.get(sandbox_id or "")
-        access = found.access_token if found is not None else "x" * 43
-        traffic = found.traffic_token if found is not None else "y" * 43
-        ok = hmac.compare_digest(access.encode(), (token or "").encode())
-        if traffic_token is not None:
-            ok = hmac.compare_digest(traffic.encode(), traffic_token.encode()) or ok
-        if not ok or found is None or found.gone:
+        """The sandbox named by a request to one of its ports, with a handle when it runs,
+        if ``token`` is its envd access token (or, where allowed, ``traffic_token`` its
+        traffic token)."""
+        row = None
+        if sandbox_id is not None and valid_sandbox_id(sandbox_id):
+            row = await self.registry.e2b_sandbox(sandbox_id)
+            if row is None:
+                await self._forget(sandbox_id)
+        if not token_ok(row, token, traffic_token) or row is None:
+            return None
+        return await self._attach(await self._view(row))
+
+    def known_for_envd(self, sandbox_id: str | None, token: str | None) -> E2bSandbox | None:
+        """``for_envd`` from what this worker already read (the RPC handlers' synchronous
+        lookup, after the request's ``for_envd`` brought it up to date)."""
+        found = self._local.get(sandbox_id or "")
+        if found is None or found.gone or not token_ok(found.row, token, None):
             return None
         return found
 
@@ -172,36 +229,76 @@ class E2bSandboxes:
         egress: EgressPolicy | None = None,
     ) -> E2bSandbox:
         """Acquire a sandbox for ``owner`` from ``template`` (a retry with the same
-        ``idempotency_key`` answers the sandbox the first call made)."""
-        if idempotency_key is not None:
-            if not _IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
-                raise E2bError(400, "bad_request", "Idempotency-Key: 1-255 of [a-z0-9-]")
-            known = self._idempotent.get((owner, idempotency_key))
-            if known is not None and known in self._sandboxes:
-                return self.get(known, owner=owner)
+        ``idempotency_key``, on any worker, answers the sandbox the first call made)."""
+        if idempotency_key is not None and not _IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
+            raise E2bError(400, "bad_request", "Idempotency-Key: 1-255 of [a-z0-9-]")
         spec = self.templates.get(template)
         if spec is None:
             raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
         timeout = self._timeout(timeout_s)
-        self._check_room(owner)
-        # Once a sandbox is being made, it is made and registered even if the caller
-        # goes away: a half-made one would be nobody's to destroy.
-        with anyio.CancelScope(shield=True):
-            created = await self._create(
-                owner=owner,
-                template=template,
-                spec=spec,
-                timeout_s=timeout,
-                metadata=metadata,
-                env=env,
-                auto_pause=auto_pause,
-                idempotency_key=idempotency_key,
-                egress=egress,
-            )
-        return created  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
 
-    def _check_room(self, owner: str) -> None:
-        running = sum(s.state == "running" for s in self.owned_by(owner))
+        async def make() -> E2bSandbox:
+            await self._check_room(owner)
+            # Once a sandbox is being made, it is made and registered even if the caller
+            # goes away: a half-made one would be nobody's to destroy.
+            with anyio.CancelScope(shield=True):
+                made = await self._create(
+                    owner=owner,
+                    template=template,
+                    timeout_s=timeout,
+                    metadata=metadata,
+                    env=env,
+                    auto_pause=auto_pause,
+                    egress=egress,
+                )
+            return made  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
+
+        if idempotency_key is None:
+            return await make()
+        return await self._create_once(owner, idempotency_key, make)
+
+    async def _create_once(
+        self, owner: str, idempotency_key: str, make: Callable[[], Awaitable[E2bSandbox]]
+    ) -> E2bSandbox:
+        """``make()`` once per (tenant, key) across the fleet: a retry waits for a create
+        still running elsewhere, then answers its sandbox."""
+        stored = hashlib.sha256(f"e2b/create\0{owner}\0{idempotency_key}".encode()).hexdigest()
+        token = secrets.token_hex(16)
+        waited_until = time.monotonic() + _CREATE_WAIT_S
+        while True:
+            held = await self.registry.claim_idempotency(
+                stored, fingerprint="e2b-create", token=token, ttl_ms=_CREATE_CLAIM_TTL_MS
+            )
+            if held is None:
+                break
+            if held.done:
+                made_id = held.body.decode(errors="replace")
+                row = (
+                    await self.registry.e2b_sandbox(made_id) if valid_sandbox_id(made_id) else None
+                )
+                if row is not None and row.namespace == owner:
+                    return await self._view(row)
+                # The first create's sandbox was killed since: the key makes one more,
+                # once, keyed on from the one it replaces.
+                stored = hashlib.sha256(f"{stored}\0{made_id}".encode()).hexdigest()
+                continue
+            if time.monotonic() > waited_until:
+                raise E2bError(
+                    409, "idempotency_in_flight", "a create with this Idempotency-Key still runs"
+                )
+            await anyio.sleep(_CREATE_POLL_S)
+        claim = Claim(
+            self.registry,
+            stored,
+            token,
+            claim_ttl_ms=_CREATE_CLAIM_TTL_MS,
+            result_ttl_ms=_CREATE_RESULT_TTL_MS,
+        )
+        return await claim.kept(make(), stored=lambda made: (201, made.sandbox_id.encode()))
+
+    async def _check_room(self, owner: str) -> None:
+        rows = await self.registry.e2b_sandboxes(owner)
+        running = sum(row.state == "running" for row in rows)
         if running >= self.max_running_per_tenant:
             raise E2bError(
                 429,
@@ -215,69 +312,102 @@ class E2bSandboxes:
         *,
         owner: str,
         template: str,
-        spec: SandboxSpec,
         timeout_s: int,
         metadata: Mapping[str, str],
         env: Mapping[str, str],
         auto_pause: bool,
-        idempotency_key: str | None,
         egress: EgressPolicy | None = None,
     ) -> E2bSandbox:
-        sandbox_id = self._new_id()
-        session_id = sandbox_session_key(str(uuid.uuid4()))
-        spec = SandboxSpec(
-            image=spec.image,
-            template=spec.template,
-            turn_timeout_s=spec.turn_timeout_s,
-            env=spec.env,
-            egress=egress if egress is not None else spec.egress,
-            limits=spec.limits,
-            labels={**spec.labels, _OWNER_LABEL: sandbox_id},
-        )
-        handle = await self.manager.acquire(session_id, spec, owner=owner)
         now = self._now()
-        sandbox = E2bSandbox(
-            sandbox_id=sandbox_id,
-            owner=owner,
+        row = E2bSandboxRow(
+            sandbox_id=self._new_id(),
+            namespace=owner,
             template=template,
-            session_id=session_id,
-            spec=spec,
+            session_id=sandbox_session_key(str(uuid.uuid4())),
             access_token=self._new_token(),
             traffic_token=self._new_token(),
             metadata=dict(metadata),
             env=dict(env),
+            egress=egress,
             started_at_s=now,
             end_at_s=now + timeout_s,
             auto_pause=auto_pause,
-            handle=handle,
-            runner=SandboxRunnerClient.for_handle(handle),
+            state="running",
         )
-        self._sandboxes[sandbox_id] = sandbox
-        if idempotency_key is not None:
-            self._idempotent[(owner, idempotency_key)] = sandbox_id
-        log.info("e2b sandbox %s created from template %s", sandbox_id, template)
+        sandbox = E2bSandbox(row=row, spec=self._spec(row))
+        handle = await self.manager.acquire(row.session_id, sandbox.spec, owner=owner)
+        try:
+            added = await self.registry.add_e2b_sandbox(row)
+        except BaseException:
+            await self._discard(handle, row.session_id)
+            raise
+        if not added:
+            await self._discard(handle, row.session_id)
+            raise E2bError(409, "session_conflict", "sandbox id taken; create again")
+        sandbox.handle = handle
+        sandbox.runner = SandboxRunnerClient.for_handle(handle)
+        self._local[row.sandbox_id] = sandbox
+        log.info("e2b sandbox %s created from template %s", row.sandbox_id, template)
         return sandbox
+
+    # -- row changes ------------------------------------------------------------------------
+
+    async def _change(
+        self, sandbox: E2bSandbox, change: Callable[[E2bSandboxRow], E2bSandboxRow]
+    ) -> None:
+        """Apply ``change`` to the stored row by compare-and-set, re-reading it when
+        another worker changed it meanwhile; a 404 once it is gone."""
+        for _ in range(_CHANGE_ATTEMPTS):
+            current = sandbox.row
+            changed = msgspec.structs.replace(change(current), revision=current.revision + 1)
+            if await self.registry.update_e2b_sandbox(changed):
+                sandbox.row = changed
+                return
+            fresh = await self.registry.e2b_sandbox(sandbox.sandbox_id)
+            if fresh is None or fresh.namespace != sandbox.owner:
+                await self._forget(sandbox.sandbox_id)
+                raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
+            sandbox.row = fresh
+        raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} keeps changing")
+
+    async def _refresh(self, sandbox: E2bSandbox) -> None:
+        fresh = await self.registry.e2b_sandbox(sandbox.sandbox_id)
+        if fresh is None or fresh.namespace != sandbox.owner:
+            await self._forget(sandbox.sandbox_id)
+            raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
+        await self._view(fresh)
 
     # -- timeouts ---------------------------------------------------------------------------
 
-    def set_timeout(self, sandbox: E2bSandbox, timeout_s: int) -> None:
+    async def set_timeout(self, sandbox: E2bSandbox, timeout_s: int) -> None:
         """The sandbox now ends ``timeout_s`` seconds from now (shorter or longer)."""
-        sandbox.end_at_s = self._now() + self._timeout(timeout_s)
+        end = self._now() + self._timeout(timeout_s)
+        await self._change(sandbox, lambda row: msgspec.structs.replace(row, end_at_s=end))
 
     async def expire(self) -> int:
-        """Kill (or, with ``autoPause``, pause) running sandboxes past their end; how many."""
+        """Kill (or, with ``autoPause``, pause) running sandboxes past their end; how many.
+
+        Every worker sweeps every row; the actions are safe to race (a pause holds the
+        session, a kill removes the row first)."""
         now = self._now()
-        due = [s for s in self._sandboxes.values() if s.state == "running" and s.end_at_s <= now]
-        for sandbox in due:
+        due = [
+            row
+            for row in await self.registry.e2b_sandboxes()
+            if row.state == "running"
+            and row.end_at_s <= now
+            and self._retry_at.get(row.sandbox_id, 0) <= now
+        ]
+        for row in due:
+            sandbox = await self._view(row)
             try:
                 if sandbox.auto_pause:
                     await self.pause(sandbox)
                 else:
                     await self.kill(sandbox)
-            except SandcellError as exc:
+            except (SandcellError, E2bError) as exc:
                 # Tried again later, not on every sweep.
-                sandbox.end_at_s = self._now() + _RETRY_EXPIRY_S
-                log.warning("e2b sandbox %s: timeout action failed: %s", sandbox.sandbox_id, exc)
+                self._retry_at[row.sandbox_id] = self._now() + _RETRY_EXPIRY_S
+                log.warning("e2b sandbox %s: timeout action failed: %s", row.sandbox_id, exc)
         return len(due)
 
     # -- pause, connect, kill ------------------------------------------------------------
@@ -285,14 +415,13 @@ class E2bSandboxes:
     async def pause(self, sandbox: E2bSandbox) -> bool:
         """Suspend a running sandbox (its workspace is saved); False if already paused."""
         async with sandbox.lock:
-            if sandbox.gone:
-                raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
+            await self._refresh(sandbox)
             if sandbox.state == "paused":
                 return False
             # Suspended first: if that fails the sandbox runs on, reachable as before.
             await self.manager.suspend(sandbox.session_id)
             await self._close_handle(sandbox)
-            sandbox.state = "paused"
+            await self._change(sandbox, lambda row: msgspec.structs.replace(row, state="paused"))
         log.info("e2b sandbox %s paused", sandbox.sandbox_id)
         return True
 
@@ -300,19 +429,31 @@ class E2bSandboxes:
         """Resume a paused sandbox (workspace restored first); a running one's timeout is
         extended when ``timeout_s`` ends later than its current end."""
         async with sandbox.lock:
-            if sandbox.gone:
-                raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
+            await self._refresh(sandbox)
             end = self._now() + self._timeout(timeout_s)
             if sandbox.state == "paused":
-                self._check_room(sandbox.owner)
+                await self._check_room(sandbox.owner)
                 handle = await self.manager.resume(sandbox.session_id, sandbox.spec)
+                try:
+                    await self._change(
+                        sandbox,
+                        lambda row: msgspec.structs.replace(
+                            row, state="running", end_at_s=end, resumes=row.resumes + 1
+                        ),
+                    )
+                except BaseException:
+                    with contextlib.suppress(SandcellError):
+                        await handle.close()
+                    raise
                 sandbox.handle = handle
                 sandbox.runner = SandboxRunnerClient.for_handle(handle)
-                sandbox.state = "running"
-                sandbox.end_at_s = end
+                sandbox.handle_resumes = sandbox.row.resumes
                 log.info("e2b sandbox %s resumed", sandbox.sandbox_id)
             elif timeout_s is not None and end > sandbox.end_at_s:
-                sandbox.end_at_s = end
+                await self._change(
+                    sandbox,
+                    lambda row: msgspec.structs.replace(row, end_at_s=max(end, row.end_at_s)),
+                )
         return sandbox
 
     async def kill(self, sandbox: E2bSandbox) -> None:
@@ -321,17 +462,20 @@ class E2bSandboxes:
             async with sandbox.lock:
                 if sandbox.gone:
                     return
-                sandbox.gone = True
-                self._sandboxes.pop(sandbox.sandbox_id, None)
-                self._idempotent = {
-                    k: v for k, v in self._idempotent.items() if v != sandbox.sandbox_id
-                }
-                await self._close_handle(sandbox)
+                # The row first: from here on no worker finds the sandbox.
+                await self.registry.remove_e2b_sandbox(sandbox.sandbox_id)
+                await self._forget(sandbox.sandbox_id)
                 try:
                     await self.manager.destroy(sandbox.session_id)
                 except SandcellError as exc:
                     log.warning("e2b sandbox %s: destroy failed: %s", sandbox.sandbox_id, exc)
         log.info("e2b sandbox %s killed", sandbox.sandbox_id)
+
+    async def _discard(self, handle: SandboxHandle, session_id: str) -> None:
+        with contextlib.suppress(SandcellError):
+            await handle.close()
+        with contextlib.suppress(SandcellError):
+            await self.manager.destroy(session_id)
 
     async def _close_handle(self, sandbox: E2bSandbox) -> None:
         handle, sandbox.handle, sandbox.runner = sandbox.handle, None, None
@@ -340,6 +484,12 @@ class E2bSandboxes:
                 await handle.close()
 
     async def aclose(self) -> None:
-        """Kill every sandbox: none could be found again after this process."""
-        for sandbox in list(self._sandboxes.values()):
-            await self.kill(sandbox)
+        """Close this worker's handles; kill every sandbox unless they outlive it
+        (``keep_at_exit``: a shared registry, where other workers serve them)."""
+        if not self.keep_at_exit:
+            with contextlib.suppress(SandcellError):
+                for row in await self.registry.e2b_sandboxes():
+                    await self.kill(await self._view(row))
+        for sandbox in list(self._local.values()):
+            await self._close_handle(sandbox)
+        self._local.clear()

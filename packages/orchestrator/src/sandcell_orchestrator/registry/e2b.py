@@ -52,6 +52,8 @@ class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     end_at_s: float
     auto_pause: bool
     state: E2bSandboxState
+    resumes: int = 0
+    """How often it was resumed: a worker's handle from before a resume is stale."""
     revision: int = 1
 
     def __post_init__(self) -> None:
