@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 
+from sandcell_orchestrator.serve.librechat.limits import TenantLimiter
 from tests.librechat.conftest import KEY_A, Serve, running_serve
 from tests.orchestrator.conftest import redis_url, running_s3
 from tests.orchestrator.serve.fleet import fleet_env
@@ -53,26 +55,29 @@ def start_long(serve: Serve) -> tuple[threading.Thread, dict[str, httpx.Response
     return thread, results
 
 
-def until_limited(serve: Serve, long: threading.Thread) -> httpx.Response:
-    """The other worker's answer once the long run holds the tenant's one slot."""
-    deadline = time.monotonic() + 60
-    while True:
-        answer = exec_on(serve, SHORT)
-        if answer.status_code == 429 or time.monotonic() > deadline or not long.is_alive():
-            return answer
-        assert answer.status_code == 200, answer.text
-        time.sleep(0.2)  # the long run has not taken its slot yet
+def until_held(redis_url: str, long: threading.Thread) -> None:
+    """Wait until the long run holds the tenant's one slot (in Redis, where every worker
+    counts it): asking a worker before would race the long run for the slot."""
+    key = f"sandcell:slots:{TenantLimiter.scope('tenant-a')}"
+    client = redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 60
+        while client.zcard(key) == 0 and long.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def test_a_run_on_one_worker_fills_the_slot_on_the_other(
-    workers: tuple[Serve, Serve],
+    workers: tuple[Serve, Serve], redis_url: str
 ) -> None:
     """With MAX_CONCURRENT=1 a run in flight through worker one makes worker two answer
     429 rate_limited; once it ends, worker two runs again."""
     one, two = workers
     thread, results = start_long(one)
     try:
-        limited = until_limited(two, thread)
+        until_held(redis_url, thread)
+        limited = exec_on(two, SHORT)
         assert limited.status_code == 429, (limited.text, results)
         assert limited.json()["error"] == "rate_limited"
         assert limited.json()["retry_after_seconds"] >= 1
@@ -84,14 +89,15 @@ def test_a_run_on_one_worker_fills_the_slot_on_the_other(
     assert exec_on(two, SHORT).status_code == 200
 
 
-def test_a_crashed_workers_slot_lapses(workers: tuple[Serve, Serve]) -> None:
+def test_a_crashed_workers_slot_lapses(workers: tuple[Serve, Serve], redis_url: str) -> None:
     """Worker one SIGKILLed mid-run stops renewing its slot: worker two refuses while the
     slot lives and admits the tenant again within the slot's TTL after the crash."""
     one, two = workers
-    thread, _ = start_long(one)
+    thread, results = start_long(one)
     try:
-        limited = until_limited(two, thread)
-        assert limited.status_code == 429, limited.text
+        until_held(redis_url, thread)
+        limited = exec_on(two, SHORT)
+        assert limited.status_code == 429, (limited.text, results)
         os.killpg(one.process.pid, signal.SIGKILL)
         one.process.wait()
     finally:
