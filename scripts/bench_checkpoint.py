@@ -4,7 +4,9 @@
 One generated tree of >= 200 MiB (about a thousand small source files, large
 compressible CSV, incompressible random data) in a session workspace. In one run:
 checkpoint (gzip and zstd) and restore throughput in MB/s of workspace, against
-`tar cf` / `tar xf` of the same tree, plus the runner's peak RSS growth.
+`tar cf` of the same tree and `tar -x` of the same archive (decompressing it too)
+into the same kind of filesystem as the runner's workspace (an image of the
+runner's own pool, or a tmpfs), plus the runner's peak RSS growth and CPU-ms.
 
 The transfers are driven by curl, a client that is not itself the bottleneck on
 a 2-core machine (an httpx client in this process takes CPU the runner needs);
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -41,6 +44,7 @@ from tests.fixtures.runner_process import RunnerProcess, start_runner  # noqa: E
 
 from sandcell_protocol import headers as protocol_headers  # noqa: E402
 from sandcell_protocol import runtime_session_id  # noqa: E402
+from sandcell_runner.workspace.images import ImagePool  # noqa: E402
 
 SMALL = "--small" in sys.argv[1:]
 SMALL_COUNT = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 60
@@ -163,6 +167,39 @@ def restore(runner: RunnerProcess, session: str, archive: Path) -> float:
     return time.perf_counter() - started
 
 
+def _cpu_ms(pid: int) -> float:
+    """CPU time of a process and its reaped children so far, in ms."""
+    times = psutil.Process(pid).cpu_times()
+    return (times.user + times.system + times.children_user + times.children_system) * 1000
+
+
+@contextlib.contextmanager
+def same_kind_of_filesystem(runner: RunnerProcess, at: Path) -> Iterator[Path]:
+    """An empty directory on a filesystem like the runner's session workspace: an image
+    of the runner's own pool (loop-mounted ext4, made by the same code) or a tmpfs."""
+    workspace = next((runner.workspace_root / "session").glob("ws-*"))
+    fstype = subprocess.run(
+        ["findmnt", "-n", "-o", "FSTYPE", "--target", str(workspace)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if fstype == "ext4":
+        pool = ImagePool(at, size_bytes=2048 << 20, inodes=(2048 << 20) >> 14)
+        pool.prepare()
+        try:
+            yield pool.take(uid=0, gid=0)
+        finally:
+            pool.close()
+        return
+    at.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(at)], check=True)
+    try:
+        yield at
+    finally:
+        subprocess.run(["umount", str(at)], check=True)
+
+
 def _curl_headers(headers: dict[str, str]) -> list[str]:
     # Passed on the command line: fine for a benchmark's throwaway runner token.
     return [arg for name, value in headers.items() for arg in ("-H", f"{name}: {value}")]
@@ -273,20 +310,45 @@ def main() -> int:
                 archive = Path(scratch) / f"cp.{encoding}"
                 with RssSampler(source.process.pid) as rss:
                     seconds, compressed = checkpoint(source, session, encoding, archive)
+                same_fs = same_kind_of_filesystem(source, base / f"same-{encoding}")
+                with same_fs as into:
+                    # The baseline: GNU tar extracting the same archive (decompressing it
+                    # too) into the same kind of filesystem as the runner's workspace.
+                    flag = "--zstd" if encoding == "zstd" else "-z"
+                    tar_same = timed(
+                        lambda into=into, a=archive, f=flag: subprocess.run(
+                            ["tar", "-x", f, "-f", str(a), "-C", str(into)], check=True
+                        )
+                    )
+                cpu_before = _cpu_ms(target.process.pid)
                 restore_s = restore(target, session, archive)
-                results[encoding] = (seconds, compressed, restore_s, rss.peak - rss.baseline)
+                cpu = _cpu_ms(target.process.pid) - cpu_before
+                results[encoding] = (
+                    seconds,
+                    compressed,
+                    restore_s,
+                    rss.peak - rss.baseline,
+                    tar_same,
+                    cpu,
+                )
         finally:
             source.stop()
             target.stop()
     print(f"tree: {size / MB:.0f} MB ({size / 2**20:.0f} MiB), client {CLIENT}")
+    print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"tar cf  {size / MB / tar_c:8.1f} MB/s")
-    print(f"tar xf  {size / MB / tar_x:8.1f} MB/s (into tmpfs)")
-    for encoding, (seconds, compressed, restore_s, growth) in results.items():
+    print(f"tar xf  {size / MB / tar_x:8.1f} MB/s (the plain tar, into tmpfs)")
+    for encoding, (seconds, compressed, restore_s, growth, tar_same, cpu) in results.items():
         rate = size / MB / seconds
         print(
             f"{encoding:5} checkpoint {rate:7.1f} MB/s ({tar_c / seconds:.2f}x tar cf)"
-            f"  restore {size / MB / restore_s:7.1f} MB/s ({tar_x / restore_s:.2f}x tar xf)"
             f"  archive {compressed / MB:.0f} MB  runner RSS growth {growth / 2**20:.0f} MiB"
+        )
+        print(
+            f"      restore {size / MB / restore_s:7.1f} MB/s, {cpu:.0f} CPU-ms in the runner"
+            f" and its children ({tar_same / restore_s:.2f}x tar -x of the same archive into"
+            f" the same kind of filesystem, {size / MB / tar_same:.1f} MB/s;"
+            f" {tar_x / restore_s:.2f}x the plain tar into tmpfs)"
         )
     return 0
 

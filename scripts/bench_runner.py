@@ -18,6 +18,13 @@ the median with the range. Load comes from Debian's `wrk` (installed if
 missing): an httpx client saturates near 300-500 requests/s and would measure
 itself; its Lua hook dumps the whole latency histogram for pooling.
 
+Where cgroup v1's cpuacct controller is mounted, each side runs in a cpuacct group
+of its own (the raw side: this script's spawning threads, nsjail and the job; a
+runner: the runner, its spawn helper, nsjail and the job), and the CPU per
+execution of the whole tree is printed too: on a shared machine that is the
+steadier predictor of the 16-way ratio, which is CPU-bound here (kernel threads,
+such as a loop device's, are in neither).
+
 ``--b-env NAME=VALUE`` (repeatable) starts a second runner, B, with those variables
 added, and runs each of its load windows right after A's, so a configuration
 change is measured A/B in one run: B's rows and B/A ratios are printed too.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -156,7 +164,7 @@ class RawJail:
             self.run_once(config, argv)
         return [self.run_once(config, argv) for _ in range(count)]
 
-    def ceiling(self, argv: list[str], *, workers: int, seconds: float) -> float:
+    def ceiling(self, argv: list[str], *, workers: int, seconds: float) -> tuple[float, int]:
         configs = [self.config(i) for i in range(workers)]
         counts = [0] * workers
         deadline = time.monotonic() + seconds
@@ -172,7 +180,53 @@ class RawJail:
             thread.start()
         for thread in threads:
             thread.join()
-        return sum(counts) / (time.monotonic() - started)
+        return sum(counts) / (time.monotonic() - started), sum(counts)
+
+
+class CpuAccount:
+    """cpuacct groups, one per side, to read the CPU of a whole process tree."""
+
+    def __init__(self) -> None:
+        root = Path("/sys/fs/cgroup/cpuacct")
+        self.root = root if (root / "cgroup.procs").exists() and os.geteuid() == 0 else None
+        self.base = None if self.root is None else self.root / f"sandcell-bench-{os.getpid()}"
+        self.groups: list[Path] = []
+
+    def join(self, name: str, pids: list[int]) -> None:
+        if self.base is None:
+            return
+        group = self.base / name
+        group.mkdir(parents=True, exist_ok=True)
+        self.groups.append(group)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                (group / "cgroup.procs").write_text(str(pid))
+
+    def ms(self, name: str) -> float:
+        if self.base is None:
+            return float("nan")
+        return int((self.base / name / "cpuacct.usage").read_text()) / 1e6
+
+    def close(self) -> None:
+        if self.root is None or self.base is None:
+            return
+        with contextlib.suppress(OSError):
+            (self.root / "cgroup.procs").write_text(str(os.getpid()))
+        for group in [*self.groups, self.base]:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the runner's spawn helper)."""
+    found, frontier = [pid], [pid]
+    while frontier:
+        parent = frontier.pop()
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+            found += [int(c) for c in children]
+            frontier += [int(c) for c in children]
+    return found
 
 
 def wrk(
@@ -251,6 +305,9 @@ def main() -> int:
     # The runner process's own CPU (not its children's) per request: robust to a
     # loaded machine where wall-clock figures are mostly the neighbours' noise.
     cpu_ms: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)
+    # The whole tree's CPU per execution (cpuacct), per side and window kind.
+    tree_ms: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)
+    account = CpuAccount()
     with traversable_dir("bench-") as base:
         raw_dir = base / "raw"
         raw_dir.mkdir(mode=0o711)
@@ -263,10 +320,14 @@ def main() -> int:
             for runner in runners.values():
                 for body in bodies.values():  # pooled cgroups and spawner threads exist after this
                     wrk(binary, runner.url, runner.token, body, clients=16, seconds=1)
+            for side, runner in runners.items():
+                account.join(side, tree(runner.process.pid))
+            account.join("raw", [os.getpid()])
 
             def load(side: str, name: str, clients: int) -> list[float]:
                 runner = runners[side]
                 cpu_before = runner_cpu_s(runner.process.pid)
+                tree_before = account.ms(side)
                 figures, latencies = wrk(
                     binary,
                     runner.url,
@@ -278,22 +339,32 @@ def main() -> int:
                 rates[(side, name, clients)].append(figures["rps"])
                 cpu_s = runner_cpu_s(runner.process.pid) - cpu_before
                 cpu_ms[(side, name, clients)].append(cpu_s * 1000 / max(1, figures["requests"]))
+                tree_ms[(side, name, clients)].append(
+                    (account.ms(side) - tree_before) / max(1, figures["requests"])
+                )
                 errors[(side, name, clients)] += int(figures["errors"] + figures["non2xx"])
                 return latencies
 
             for _ in range(args.rounds):
                 for name, argv in argvs.items():
+                    before = account.ms("raw")
                     raw_latency[name].append(raw.latency(argv, count=args.count))
+                    spent_ms = account.ms("raw") - before
+                    tree_ms[("raw", name, 1)].append(spent_ms / (args.count + 5))
                     for side in sides:
                         runner_latency[(side, name)].append(load(side, name, 1))
                 for name, argv in argvs.items():
-                    ceilings[name].append(raw.ceiling(argv, workers=16, seconds=args.seconds))
+                    before = account.ms("raw")
+                    rate, done = raw.ceiling(argv, workers=16, seconds=args.seconds)
+                    ceilings[name].append(rate)
+                    tree_ms[("raw", name, 16)].append((account.ms("raw") - before) / max(1, done))
                     for clients in (4, 16):
                         for side in sides:
                             load(side, name, clients)
         finally:
             for runner in runners.values():
                 runner.stop()
+            account.close()
 
     def spread(values: list[float]) -> str:
         return f"{statistics.median(values):5.2f}x [{min(values):.2f}-{max(values):.2f}]"
@@ -331,6 +402,21 @@ def main() -> int:
                     f"  {spread(ratios)}  errors {errors[(side, name, clients)]}"
                     f"  runner CPU {statistics.median(cpu_ms[(side, name, clients)]):.2f} ms/req"
                 )
+    if account.base is not None:
+        print("(e) CPU per execution of the whole tree (cpuacct), median [range] of windows")
+        for name in argvs:
+            for clients in (1, 16):
+                raw_values = tree_ms[("raw", name, clients)]
+                raw_ms = statistics.median(raw_values)
+                print(f"  raw    {name:<6} {clients:>2}-way  {raw_ms:6.2f} ms")
+                for side in sides:
+                    values = tree_ms[(side, name, clients)]
+                    ratios = [v / r for v, r in zip(values, raw_values, strict=True)]
+                    median_ms = statistics.median(values)
+                    print(
+                        f"  {side}      {name:<6} {clients:>2} clients {median_ms:6.2f} ms"
+                        f"  vs raw {spread(ratios)}"
+                    )
     if b_env:
         print("B/A per round, median [range]")
         for name in argvs:
@@ -340,10 +426,12 @@ def main() -> int:
                 print(f"  {name:<6} 1 client {label}  {spread(ratios)}")
             for clients in (4, 16):
                 pairs = zip(rates[("A", name, clients)], rates[("B", name, clients)], strict=True)
-                print(f"  {name:<6} {clients:>2} clients rate  {spread([b / a for a, b in pairs])}")
+                # A window with no request done (a loaded machine) has no ratio.
+                rate_ratios = [b / a if a else float("nan") for a, b in pairs]
+                print(f"  {name:<6} {clients:>2} clients rate  {spread(rate_ratios)}")
             for clients in (1, 4, 16):
                 pairs = zip(cpu_ms[("A", name, clients)], cpu_ms[("B", name, clients)], strict=True)
-                ratios = [b / a for a, b in pairs]
+                ratios = [b / a if a else float("nan") for a, b in pairs]
                 print(f"  {name:<6} {clients:>2} clients runner CPU/req  {spread(ratios)}")
     return 0
 

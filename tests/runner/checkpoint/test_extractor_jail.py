@@ -24,16 +24,20 @@ def _status(pid: int) -> dict[str, str]:
 
 
 def _extractor(runner: RunnerProcess, *, deadline_s: float) -> psutil.Process:
+    """The extractor serving the restore: the one that has jailed itself (a started-ahead
+    spare, idle and unjailed, may sit next to it)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         for child in psutil.Process(runner.process.pid).children(recursive=True):
             try:
-                if "sandcell_runner.checkpoint.extractor" in " ".join(child.cmdline()):
+                if "sandcell_runner.checkpoint.extractor" not in " ".join(child.cmdline()):
+                    continue
+                if _status(child.pid).get("Seccomp") == "2":
                     return child
-            except psutil.Error:
+            except (psutil.Error, FileNotFoundError):
                 continue
         time.sleep(0.02)
-    raise AssertionError("no extractor process appeared")
+    raise AssertionError("no jailed extractor process appeared")
 
 
 def test_the_extractor_is_jailed_like_a_job() -> None:

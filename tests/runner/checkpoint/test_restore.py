@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from sandcell_runner.checkpoint.compression import Encoding
 from sandcell_runner.checkpoint.export import ArchiveLimits
+from sandcell_runner.checkpoint.extractor import parse_request
 from sandcell_runner.checkpoint.restore import restore_checkpoint
 from sandcell_runner.errors import ArchiveRejectedError
 from tests.runner.checkpoint import (
@@ -293,23 +294,26 @@ async def test_early_rejection_does_not_wait_for_the_rest_of_the_body(arena: Are
 
 
 def test_the_extractor_reads_only_the_runners_own_arguments() -> None:
-    from sandcell_runner.checkpoint.extractor import _parse_args
-
-    base = {"staging_fd": 5, "encoding": "zstd", "max_bytes": 100, "max_members": 9}
-    args = _parse_args([json.dumps({**base, "uid": 20001, "gid": 20001})])
-    assert (args.staging_fd, args.encoding, args.max_bytes, args.max_members) == (5, "zstd", 100, 9)
+    """The one message is strict JSON, and its descriptors must be exactly the ones it names."""
+    base = {"encoding": "zstd", "max_bytes": 100, "max_members": 9}
+    request = parse_request(json.dumps({**base, "uid": 20001, "gid": 20001}).encode(), [7, 8])
+    assert (request.stream_fd, request.staging_fd, request.cgroup_fds) == (7, 8, [])
+    args = request.args
+    assert (args.encoding, args.max_bytes, args.max_members) == ("zstd", 100, 9)
     assert (args.uid, args.gid) == (20001, 20001)
-    assert _parse_args([json.dumps(base)]).uid is None
-    missing = {k: v for k, v in base.items() if k != "staging_fd"}
-    for bad, why in [
-        ([json.dumps(base), "--uid=0"], "expects one argument"),
-        ([json.dumps({**base, "colour": "red"})], "unknown field `colour`"),
-        ([json.dumps(missing)], "missing required field `staging_fd`"),
-        ([json.dumps({**base, "encoding": "bz2"})], "encoding"),
-        ([json.dumps({**base, "max_bytes": "lots"})], "max_bytes"),
+    with_cgroups = parse_request(json.dumps({**base, "cgroups": 2}).encode(), [3, 4, 5, 6])
+    assert (with_cgroups.args.uid, with_cgroups.cgroup_fds) == (None, [5, 6])
+    missing = {k: v for k, v in base.items() if k != "max_bytes"}
+    for bad, fds, why in [
+        ({**base, "colour": "red"}, [3, 4], "unknown field `colour`"),
+        (missing, [3, 4], "missing required field `max_bytes`"),
+        ({**base, "encoding": "bz2"}, [3, 4], "encoding"),
+        ({**base, "max_bytes": "lots"}, [3, 4], "max_bytes"),
+        (base, [3], "expected 2 descriptors, got 1"),
+        ({**base, "cgroups": 1}, [3, 4], "expected 3 descriptors, got 2"),
     ]:
         with pytest.raises(SystemExit, match=why):
-            _parse_args(bad)
+            parse_request(json.dumps(bad).encode(), fds)
 
 
 def test_the_extractor_loads_only_what_an_extraction_needs() -> None:

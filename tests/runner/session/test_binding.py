@@ -109,6 +109,22 @@ def test_release_wipes_and_allows_rebind(session_runner: RunnerProcess) -> None:
         assert other.execute("import os; print(os.listdir())")["stdout"] == "[]\n"
 
 
+def test_release_right_after_a_restore_leaves_no_workspace(session_runner: RunnerProcess) -> None:
+    """The workspace a restore replaced is removed after the answer; a release that follows
+    at once still waits for that removal, so no file of the session's UID is left behind."""
+    with SessionClient(session_runner) as session:
+        session.execute("open('before.txt', 'w').write('x' * 100_000)")
+        archive = session.checkpoint()
+        replaced = session.workspace()
+        assert session.restore(archive).status_code == 200
+        restored = session.workspace()
+        assert restored != replaced
+        assert session.http.delete("/v1/session").status_code == 204
+        assert not replaced.exists()
+        assert not restored.exists()
+        assert list((session_runner.workspace_root / "session").glob("ws-*")) == []
+
+
 def test_failed_wipe_quarantines(session_runner: RunnerProcess) -> None:
     """If the wipe fails the runner keeps the UID, reports quarantined and refuses work."""
     with SessionClient(session_runner) as session:

@@ -1,14 +1,20 @@
 """The hardened extractor, run by ``restore.py`` as a child process.
 
-    python -I -X utf8 -m sandcell_runner.checkpoint.extractor '<ExtractorArgs as JSON>'
+    python -I -X utf8 -m sandcell_runner.checkpoint.extractor   (fd 0: a SOCK_SEQPACKET socket)
 
-It makes the directory open as ``staging_fd`` its working directory and, when
-it may (root), its root directory too; drops to the pinned UID (when given)
-before reading a byte of input; reads the compressed archive on stdin, extracts
-its ``workspace/`` members there, and writes one ``ChildResult`` JSON object on
-stdout. Everything it needs is imported before the chroot, and it imports as
-little as it can (no HTTP, anyio or subprocess): its start-up is on every
-restore's path.
+It is started ahead of the restore it serves (``extractor_process.py``): it
+imports everything, then waits on fd 0 for one message from the runner, an
+``ExtractorArgs`` as JSON carrying (SCM_RIGHTS) the read end of the archive's
+pipe, the staging directory and the restore cgroup's ``cgroup.procs`` files. It
+then joins the cgroup, makes the staging directory its working directory and,
+when it may (root), its root directory too; drops to the pinned UID (when
+given) before reading a byte of input; reads the compressed archive from the
+pipe, extracts its ``workspace/`` members there, writes one ``ChildResult`` JSON
+object on stdout and exits: one process per restore, so nothing one archive did
+to it can reach the next. The runner closing the socket first (shutdown, or
+the runner gone) ends it without a verdict. Everything it needs is imported
+before the chroot, and it imports as little as it can (no HTTP, anyio or
+subprocess): a restore that finds no spare waits for its start-up.
 
 Why not ``TarFile.extractall(filter="data")``: the data filter resolves names
 with ``os.path.realpath`` against the live tree, which was bypassed repeatedly in
@@ -44,6 +50,7 @@ import errno
 import hashlib
 import os
 import resource
+import socket
 import sys
 import tarfile
 from collections.abc import Sequence
@@ -67,7 +74,7 @@ from .archive_rules import (
 )
 from .compression import DecompressingReader, Encoding, RawSource
 
-__all__ = ["ChildResult", "ExtractorArgs", "extract", "main"]
+__all__ = ["ChildResult", "ExtractorArgs", "Request", "extract", "main", "parse_request"]
 
 
 class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -79,20 +86,19 @@ class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ExtractorArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """What the runner tells the extractor: its one argument, as JSON.
+    """What the runner tells the extractor: its one message, as JSON.
 
-    Decoded by msgspec, which the child imports anyway (argparse alone would add
-    ~8 ms to a start-up every restore waits for).
+    The descriptors travel with it, in this order: the archive's pipe, the
+    staging directory, then ``cgroups`` open ``cgroup.procs`` files to join first
+    (the runner's restore cgroup). Decoded by msgspec, which the child imports anyway.
     """
 
-    staging_fd: int
     encoding: Encoding
     max_bytes: int
     max_members: int
     uid: int | None = None
     gid: int | None = None
-    cgroup_fds: list[int] = []
-    """Open ``cgroup.procs`` files to join first (the runner's restore cgroup)."""
+    cgroups: int = 0
     confine: bool = False
     """Apply a job's jail (``confine.py``): namespaces, rlimits, seccomp (root only)."""
 
@@ -388,25 +394,66 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-def _parse_args(argv: Sequence[str] | None) -> ExtractorArgs:
-    items = sys.argv[1:] if argv is None else argv
-    if len(items) != 1:
-        raise SystemExit("extractor: expects one argument, its ExtractorArgs as JSON")
+MAX_REQUEST_BYTES = 4096
+"""An ``ExtractorArgs`` message is about 150 bytes."""
+MAX_REQUEST_FDS = 16
+
+
+class Request(NamedTuple):
+    """One restore, as received: its arguments and descriptors."""
+
+    args: ExtractorArgs
+    stream_fd: int
+    staging_fd: int
+    cgroup_fds: list[int]
+
+
+def parse_request(message: bytes, fds: Sequence[int]) -> Request:
+    """The runner's message and descriptors as a ``Request``; ``SystemExit`` if malformed."""
     try:
-        return msgspec.json.decode(items[0], type=ExtractorArgs)
+        args = msgspec.json.decode(message, type=ExtractorArgs)
     except msgspec.MsgspecError as exc:
         raise SystemExit(f"extractor: {exc}") from None
+    if len(fds) != 2 + args.cgroups:
+        raise SystemExit(f"extractor: expected {2 + args.cgroups} descriptors, got {len(fds)}")
+    return Request(args, fds[0], fds[1], list(fds[2:]))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _receive_request() -> Request | None:
+    """Wait on fd 0 for the runner's one message; None once the runner closed it unsent."""
+    control = socket.socket(fileno=0)
+    try:
+        message, fds, flags, _ = socket.recv_fds(control, MAX_REQUEST_BYTES, MAX_REQUEST_FDS)
+    finally:
+        control.close()
+    if not message and not fds:
+        return None
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        raise SystemExit("extractor: the request was truncated")
+    return parse_request(message, fds)
+
+
+def _prewarm() -> None:
+    """First-use costs paid while the spare waits rather than by the restore (~1 CPU-ms):
+    msgspec's type information for the messages, the decompressors' setup."""
+    for type_ in (CheckpointMeta, ExtractorArgs, ChildResult):
+        msgspec.json.Decoder(type_)
+    DecompressingReader.prewarm()
+
+
+def main() -> int:
     """Run one extraction; the verdict goes to stdout, exit 0 unless the child itself broke."""
-    args = _parse_args(argv)
-    for fd in args.cgroup_fds:
+    _prewarm()
+    request = _receive_request()
+    if request is None:
+        return 0  # a spare nobody needed
+    args = request.args
+    for fd in request.cgroup_fds:
         # First: everything from here on (memory, tasks, CPU) is the restore's.
         os.write(fd, b"0")
         os.close(fd)
     _raise_fd_limit()
-    os.fchdir(args.staging_fd)
+    os.fchdir(request.staging_fd)
     if os.geteuid() == 0:
         if args.confine:
             confine.isolate_namespaces()
@@ -422,8 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.umask(0o077)
     try:
         meta = extract(
-            lambda size: os.read(0, size),
-            args.staging_fd,
+            lambda size: os.read(request.stream_fd, size),
+            request.staging_fd,
             encoding=args.encoding,
             max_bytes=args.max_bytes,
             max_members=args.max_members,

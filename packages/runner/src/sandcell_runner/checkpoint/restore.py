@@ -3,26 +3,24 @@
 The extraction itself (decompression, tar parsing, file creation) happens in
 ``extractor.py``, a separate process that drops to the workspace's pinned UID
 before it reads a byte: a parser bug can then write only what that UID may,
-and nothing of it runs in the runner's address space. This side streams the
-request body into the child's stdin with backpressure, hashes what it sent,
-and turns the child's verdict into ``CheckpointMeta`` or ``ArchiveRejectedError``.
+and nothing of it runs in the runner's address space. This side takes a child
+(started ahead: ``extractor_process``), hands it the read end of a pipe with the
+staging directory, streams the request body into the pipe with backpressure,
+hashes what it sent, and turns the child's verdict into ``CheckpointMeta`` or
+``ArchiveRejectedError``.
 
 What a restore accepts at the tar level is stated in ``archive_rules``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
-import anyio.abc
 import anyio.to_thread
 import msgspec
 
@@ -34,6 +32,7 @@ from .archive_rules import MAX_META_BYTES
 from .compression import Encoding
 from .export import ArchiveLimits
 from .extractor import ChildResult, ExtractorArgs
+from .extractor_process import ExtractorProcess, ExtractorSource, stop_extractor
 
 __all__ = ["ChildResult", "restore_checkpoint"]
 
@@ -46,6 +45,7 @@ _STDERR_TAIL_BYTES = 4096
 # Pages are only taken as data arrives.
 _PIPE_BYTES_PRIVILEGED = 16 << 20
 _PIPE_BYTES = 1 << 20
+_READ_BYTES = 64 << 10
 _STAGING_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -59,6 +59,7 @@ async def restore_checkpoint(
     limits: ArchiveLimits,
     expected_sha256: str | None,
     cgroup_fds: Sequence[int] = (),
+    extractors: ExtractorSource | None = None,
 ) -> CheckpointMeta:
     """Extract a checkpoint archive into the empty directory ``staging``, as ``uid:gid``.
 
@@ -70,6 +71,8 @@ async def restore_checkpoint(
     the extractor. ``cgroup_fds``: open ``cgroup.procs`` files (the caller's to
     close) of the cgroup the extractor joins before anything else (a job's limits);
     as root it also gets a job's namespaces, rlimits and seccomp filter (``confine.py``).
+    ``extractors``: where the extractor child comes from (a started-ahead spare,
+    ``WarmExtractor``); by default one is started for this call.
     """
     privileged = os.geteuid() == 0
     if not privileged and uid != os.getuid():
@@ -82,28 +85,22 @@ async def restore_checkpoint(
     # this package need not be readable by the sandbox UID.
     drop = privileged and uid != os.geteuid()
     args = ExtractorArgs(
-        staging_fd=staging_fd,
         encoding=encoding,
         max_bytes=limits.max_bytes,
         max_members=limits.max_members,
         uid=uid if drop else None,
         gid=gid if drop else None,
-        cgroup_fds=list(cgroup_fds),
+        cgroups=len(cgroup_fds),
         confine=privileged and confine.supported(),
     )
-    argv = [
-        sys.executable,
-        "-I",  # no cwd, user site or PYTHON* variables on sys.path
-        "-X",
-        "utf8",
-        "-m",
-        "sandcell_runner.checkpoint.extractor",
-        msgspec.json.encode(args).decode(),
-    ]
+    source = extractors if extractors is not None else ExtractorSource()
     try:
-        result, digest = await _run_child(argv, chunks, (staging_fd, *cgroup_fds))
+        result, digest = await _run_child(
+            source, msgspec.json.encode(args), chunks, (staging_fd, *cgroup_fds)
+        )
     finally:
         os.close(staging_fd)
+        source.done()
     if not result.ok:
         raise ArchiveRejectedError(result.reason or "archive rejected")
     if expected_sha256 is not None and digest != expected_sha256.lower():
@@ -114,43 +111,51 @@ async def restore_checkpoint(
         raise ArchiveRejectedError(f"invalid checkpoint metadata: {exc}") from exc
 
 
+async def _handed(source: ExtractorSource, message: bytes, fds: Sequence[int]) -> ExtractorProcess:
+    """An extractor that holds the request; a second, fresh one if the first was gone."""
+    for attempt in range(2):
+        process = await source.take() if attempt == 0 else await ExtractorSource().take()
+        try:
+            process.hand(message, fds)
+        except OSError:
+            # A spare that died while idle (killed, OOM): no byte of the body is spent yet.
+            await anyio.to_thread.run_sync(stop_extractor, process)
+            if attempt:
+                raise ArchiveRejectedError("the extractor could not be started") from None
+            continue
+        except BaseException:
+            await anyio.to_thread.run_sync(stop_extractor, process)
+            raise
+        return process
+    raise AssertionError("unreachable")
+
+
 async def _run_child(
-    argv: list[str], chunks: AsyncIterator[bytes], pass_fds: Sequence[int]
+    source: ExtractorSource, message: bytes, chunks: AsyncIterator[bytes], fds: Sequence[int]
 ) -> tuple[ChildResult, str]:
     read_fd, write_fd = _archive_pipe()
     run = _ChildRun(write_fd)
     try:
-        process = await anyio.open_process(
-            argv,
-            stdin=read_fd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=tuple(pass_fds),
-            cwd="/",
-            env={},
-        )
+        process = await _handed(source, message, (read_fd, *fds))
     except BaseException:
         run.close_pipe()
         raise
     finally:
         os.close(read_fd)
     try:
-        assert process.stdout is not None
-        assert process.stderr is not None
         # The tasks never raise (task groups would wrap it in an ExceptionGroup):
         # they record a failure and kill the child, which ends the others.
         async with anyio.create_task_group() as tg:
             tg.start_soon(run.feed, process, chunks)
-            tg.start_soon(run.collect, process, process.stdout, run.stdout, _MAX_RESULT_BYTES)
-            tg.start_soon(run.collect, process, process.stderr, run.stderr, None)
+            tg.start_soon(run.collect, process, process.stdout_fd, run.stdout, _MAX_RESULT_BYTES)
+            tg.start_soon(run.collect, process, process.stderr_fd, run.stderr, None)
         returncode = await process.wait()
     finally:
         run.close_pipe()
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+        process.kill()
         with anyio.CancelScope(shield=True):
-            await process.aclose()
+            await process.wait()
+        process.close()
     if run.failure is not None:
         raise run.failure
     if returncode != 0:
@@ -211,7 +216,7 @@ class _ChildRun:
             os.close(self._pipe_fd)
             self._pipe_fd = None
 
-    async def feed(self, process: anyio.abc.Process, chunks: AsyncIterator[bytes]) -> None:
+    async def feed(self, process: ExtractorProcess, chunks: AsyncIterator[bytes]) -> None:
         """Copy the body into the child's stdin, waiting while the pipe is full; closes it."""
         assert self._pipe_fd is not None
         pipe_fd = self._pipe_fd
@@ -229,14 +234,17 @@ class _ChildRun:
             self.close_pipe()
 
     async def collect(
-        self,
-        process: anyio.abc.Process,
-        stream: anyio.abc.ByteReceiveStream,
-        into: bytearray,
-        cap: int | None,
+        self, process: ExtractorProcess, fd: int, into: bytearray, cap: int | None
     ) -> None:
-        """Read ``stream`` to its end: refuse to grow past ``cap``, or keep only a tail."""
-        async for data in stream:
+        """Read the pipe ``fd`` to its end: refuse to grow past ``cap``, or keep only a tail."""
+        while True:
+            try:
+                data = os.read(fd, _READ_BYTES)
+            except BlockingIOError:
+                await anyio.wait_readable(fd)
+                continue
+            if not data:
+                break
             into += data
             if cap is None:
                 del into[:-_STDERR_TAIL_BYTES]
@@ -246,9 +254,7 @@ class _ChildRun:
         if cap is not None:
             self.feed_scope.cancel()
 
-    def _fail(self, process: anyio.abc.Process, failure: ArchiveRejectedError) -> None:
+    def _fail(self, process: ExtractorProcess, failure: ArchiveRejectedError) -> None:
         if self.failure is None:
             self.failure = failure
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+        process.kill()

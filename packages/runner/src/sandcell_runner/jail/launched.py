@@ -11,13 +11,12 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .cgroups import JobCgroup
 from .outcome import decode_status, warnings_only
-from .spawner import wait_process
+from .spawner import SpawnedProcess
 
 StatusReader = Callable[[str, int], tuple[int | None, str | None, bool]]
 """(jail log, wait status) -> (exit code, signal name, whether the jail never said)."""
@@ -45,7 +44,7 @@ class LaunchedJob:
 
     def __init__(
         self,
-        process: subprocess.Popen[bytes],
+        process: SpawnedProcess,
         cgroup: JobCgroup | None,
         log_fd: int,
         *,
@@ -79,30 +78,25 @@ class LaunchedJob:
 
     def signal(self, signum: int) -> None:
         """Deliver ``signum``: nsjail forwards fatal signals to the job (unjailed: the group)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if self._status_of is not None:
-                os.kill(self.process.pid, signum)
-            else:
-                os.killpg(self.process.pid, signum)
+        self.process.send_signal(signum, group=self._status_of is None)
 
     def kill(self) -> None:
         """SIGKILL nsjail, the job, and everything left in the job's cgroup."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.send_signal(signal.SIGKILL, group=True)
         if self._cgroup is not None:
             self._cgroup.kill_all()
 
     async def wait(self) -> LaunchOutcome:
         """Wait for the end, then release the log pipe and the cgroup."""
         try:
-            status, _ = await wait_process(self.process)
+            status, _ = await self.process.wait()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2):
                     await self._log_eof.wait()
         except BaseException:
             self.kill()
             with contextlib.suppress(ChildProcessError):
-                await asyncio.shield(asyncio.to_thread(os.waitpid, self.process.pid, 0))
+                await asyncio.shield(self.process.wait())
             raise
         finally:
             self._loop.remove_reader(self._log_fd)

@@ -22,7 +22,6 @@ import dataclasses
 import fcntl
 import heapq
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -43,7 +42,7 @@ from .outcome import (
     launch_status,
     warnings_only,
 )
-from .spawner import Spawner, SpawnRequest, wait_process
+from .spawner import ProcessSpawner, SpawnRequest
 from .spec import JobLimits, JobSpec
 
 OutputCallback = Callable[[str, bytes], None]
@@ -147,7 +146,7 @@ class Jail:
         *,
         nsjail: Path | None,
         cgroups: CgroupManager,
-        spawner: Spawner,
+        spawner: ProcessSpawner,
         as_job_user: bool = True,
     ) -> None:
         self._nsjail = nsjail
@@ -292,8 +291,6 @@ class Jail:
         jail_log = _Capture("log", 256 * 1024, None)
         state = {"timed_out": False, "stdout_limited": False}
         close_after = [out_w, err_w, log_w]
-        # The runner's own high-water mark so far: nsjail's ru_maxrss is at least this.
-        runner_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.monotonic()
         try:
             stdin_fd = self._stdin_fd(spec)
@@ -319,8 +316,7 @@ class Jail:
                 os.close(fd)
 
         def kill() -> None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+            process.send_signal(signal.SIGKILL, group=True)
             if cgroup is not None:
                 cgroup.kill_all()
 
@@ -383,7 +379,7 @@ class Jail:
         loop.add_reader(log_r, reader, log_r, jail_log, False)
         timer = loop.call_later(spec.limits.timeout_ms / 1000, on_timeout)
         try:
-            status, rusage = await wait_process(process)
+            status, rusage = await process.wait()
             # Output written just before exit is still in the pipes; descendants are
             # dead with the pid namespace, so EOF follows promptly.
             with contextlib.suppress(TimeoutError):
@@ -392,8 +388,7 @@ class Jail:
         except BaseException:
             kill()
             with contextlib.suppress(ChildProcessError):
-                await asyncio.shield(asyncio.to_thread(os.waitpid, process.pid, 0))
-            process.returncode = -9
+                await asyncio.shield(process.wait())
             raise
         finally:
             timer.cancel()
@@ -427,7 +422,7 @@ class Jail:
             stderr_truncated=stderr.truncated,
             wall_ms=wall_ms,
             cpu_ms=cpu_ms,
-            max_rss_kib=job_peak_kib(stats, rusage, runner_peak_kib),
+            max_rss_kib=job_peak_kib(stats, rusage, process.floor_kib),
             cgroup=stats,
             jail_log=warnings_only(log_text),
             drain_cpu_ms=int(drain_cpu_s[0] * 1000),

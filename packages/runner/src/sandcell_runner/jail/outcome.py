@@ -79,19 +79,19 @@ def warnings_only(log_text: str) -> str:
 
 
 def job_peak_kib(
-    stats: JobCgroupStats | None, rusage: resource.struct_rusage | None, runner_peak_kib: int
+    stats: JobCgroupStats | None, rusage: resource.struct_rusage | None, floor_kib: int
 ) -> int | None:
     """The job's peak memory in KiB, for ``ExecuteResult.max_rss_kib``.
 
-    Not ``ru_maxrss`` as such: nsjail is vforked from the runner, and exec records
-    the borrowed address space's high-water mark (the runner's RSS) as nsjail's
-    own, so every job smaller than the runner would report the runner's size. The
-    job cgroup's peak is the figure (what the memory limit counts); without
-    cgroups, ``ru_maxrss`` only when it passes what the runner itself had reached.
+    Not ``ru_maxrss`` as such: nsjail is (v)forked from the process that spawns it
+    (the runner, or its spawn helper), and exec records that address space's
+    high-water mark as nsjail's own, so every job smaller than it would report its
+    size (``floor_kib``). The job cgroup's peak is the figure (what the memory
+    limit counts); without cgroups, ``ru_maxrss`` only when it passes the floor.
     """
     if stats is not None and stats.memory_peak_bytes is not None:
         return stats.memory_peak_bytes // 1024
-    if rusage is not None and rusage.ru_maxrss > runner_peak_kib:
+    if rusage is not None and rusage.ru_maxrss > floor_kib:
         return rusage.ru_maxrss
     return None
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .cgroups import V1_ALL, write_small
 
@@ -58,6 +59,66 @@ class SpawnRequest:
     """cgroup v1 ``tasks`` files for the fast path (None: join through ``cgroup_fds``)."""
     resident_key: str | None = None
     """A pooled cgroup's key: spawn from the worker thread that lives in it."""
+
+
+class SpawnedProcess(Protocol):
+    """A started process, whichever spawner started it."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def floor_kib(self) -> int:
+        """The ``ru_maxrss`` it reports before it has used anything (its parent's, copied)."""
+        ...
+
+    async def wait(self) -> tuple[int, resource.struct_rusage | None]:
+        """(wait status, rusage) once it has exited; any number of times."""
+        ...
+
+    def send_signal(self, signum: int, *, group: bool) -> None:
+        """Deliver ``signum`` to it (``group``: its process group), if it is still there."""
+        ...
+
+
+class ProcessSpawner(Protocol):
+    """What the jail starts processes with: ``Spawner`` here, or ``SpawnHelper``."""
+
+    @property
+    def fast(self) -> bool:
+        """Joins v1 job cgroups through ``tasks`` paths (else: ``cgroup.procs`` descriptors)."""
+        ...
+
+    async def spawn(self, request: SpawnRequest) -> SpawnedProcess: ...
+
+    def close(self) -> None: ...
+
+
+class PopenProcess:
+    """A child of the runner itself (``Spawner``), reaped with its rusage by ``wait_process``."""
+
+    def __init__(self, process: subprocess.Popen[bytes], floor_kib: int) -> None:
+        self.process = process
+        self.floor_kib = floor_kib
+        self._exit: tuple[int, resource.struct_rusage | None] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def wait(self) -> tuple[int, resource.struct_rusage | None]:
+        if self._exit is None:
+            self._exit = await wait_process(self.process)
+        return self._exit
+
+    def send_signal(self, signum: int, *, group: bool) -> None:
+        if self._exit is not None:
+            return  # reaped: the number may be someone else's now
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(self.process.pid, signum)
+            else:
+                os.kill(self.process.pid, signum)
 
 
 def _child_setup(cgroup_fds: Sequence[int]) -> Callable[[], None]:
@@ -246,9 +307,11 @@ class Spawner:
     def submit(self, request: SpawnRequest) -> Future[subprocess.Popen[bytes]]:
         return self._worker_for(request).submit(request)
 
-    async def spawn(self, request: SpawnRequest) -> subprocess.Popen[bytes]:
+    async def spawn(self, request: SpawnRequest) -> PopenProcess:
         """Fork and exec from a worker thread; returns the running process."""
-        return await asyncio.wrap_future(self.submit(request))
+        # A vforked child's ru_maxrss starts from the runner's own high-water mark.
+        floor_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return PopenProcess(await asyncio.wrap_future(self.submit(request)), floor_kib)
 
     def close(self) -> None:
         """Move resident workers out of their cgroups (so those can be removed)."""

@@ -54,6 +54,8 @@ class SessionState:
     primed: dict[str, PrimedInput] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     staging: set[Path] = field(default_factory=set)
+    retiring: dict[Path, asyncio.Task[None]] = field(default_factory=dict)
+    """Workspaces a restore replaced, still being removed."""
     netns: SessionNetns | None = None
     """The session's network namespace (None: each job gets a fresh one)."""
     contexts: dict[str, str] = field(default_factory=dict)
@@ -184,10 +186,21 @@ class SessionManager:
         return path
 
     async def swap_in(self, state: SessionState, staging: Path) -> None:
-        """Make a fully extracted staging directory the workspace (caller holds the lock)."""
+        """Make a fully extracted staging directory the workspace (caller holds the lock).
+
+        The old workspace is removed in the background: its unmounts wait for the
+        kernel (50-250 ms, a few CPU-ms), which the restore's answer need not. No
+        job sees it any more; ``release`` waits for the removal before the UID
+        that owns its files can go to another session.
+        """
         old = state.workspace
         state.workspace = staging
         state.staging.discard(staging)
+        task = asyncio.get_running_loop().create_task(self._retire(old))
+        state.retiring[old] = task
+        task.add_done_callback(lambda _: state.retiring.pop(old, None))
+
+    async def _retire(self, old: Path) -> None:
         try:
             await asyncio.to_thread(self._workspaces.remove_workspace, old)
         except OSError as exc:
@@ -218,6 +231,8 @@ class SessionManager:
             try:
                 for hook in self.release_hooks:
                     await hook(state)
+                if state.retiring:
+                    await asyncio.gather(*state.retiring.values())
                 for path in (state.workspace, *state.staging):
                     await asyncio.to_thread(self._workspaces.remove_workspace, path)
             except OSError as exc:
@@ -246,7 +261,7 @@ class SessionManager:
         """What the reaper must never touch."""
         if self.bound is None:
             return set()
-        return {self.bound.workspace, *self.bound.staging}
+        return {self.bound.workspace, *self.bound.staging, *self.bound.retiring}
 
 
 def _close_netns(state: SessionState) -> None:

@@ -1,0 +1,266 @@
+"""The runner's side of the resident spawn helper (``spawnd.py``): requests out, pids and exits in.
+
+Measured against the in-process spawner it replaces (``spawner.py``: a thread hop
+to a forking thread, ``vfork`` of ``setpriv --pdeathsig``, which execs nsjail), a
+job costs one ``sendmsg`` from the event loop and one message back, with no thread
+hop and no extra exec: see ``scripts/bench_runner.py --b-env
+SANDCELL_RUNNER_SPAWN_HELPER=0`` for the A/B and the README for the figures.
+
+Everything here runs on the event loop: the socket is read by ``add_reader``, and
+sends are small datagrams the helper drains at once.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import JailError
+from . import spawnd
+from .spawner import SpawnRequest
+
+log = logging.getLogger(__name__)
+
+_KILLED_STATUS = signal.SIGKILL
+"""The wait status of a process killed by SIGKILL (reported when the helper is lost)."""
+
+Exit = tuple[int, resource.struct_rusage | None]
+
+
+class HelperProcess:
+    """A process the helper started: its pid, its exit (status, rusage), and signals."""
+
+    def __init__(self, helper: SpawnHelper, pid: int, floor_kib: int) -> None:
+        self._helper = helper
+        self.pid = pid
+        self.floor_kib = floor_kib
+        """Its ``ru_maxrss`` starts from the helper's own peak (fork copies the helper)."""
+        self.returncode: int | None = None
+        self._exit: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
+
+    async def wait(self) -> Exit:
+        """(wait status, rusage) once it has exited; any number of times, cancel-safe."""
+        return await asyncio.shield(self._exit)
+
+    def send_signal(self, signum: int, *, group: bool) -> None:
+        """Signal it (``group``: its process group) while it is the helper's unreaped child."""
+        if not self._exit.done():
+            self._helper.signal(self.pid, signum, group=group)
+
+    def exited(self, status: int, usage: resource.struct_rusage | None) -> None:
+        if not self._exit.done():
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self._exit.set_result((status, usage))
+
+
+class SpawnHelper:
+    """Starts and talks to one helper process; restarts it when it was lost."""
+
+    fast = True
+    """Joins v1 job cgroups through their ``tasks`` paths (the child writes ``0``)."""
+
+    def __init__(self, *, python: str = sys.executable) -> None:
+        self._python = python
+        self._process: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._seq = 0
+        self._pending: dict[int, asyncio.Future[HelperProcess]] = {}
+        self._running: dict[int, HelperProcess] = {}
+        self._start()
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            argv = [self._python, "-I", "-S", str(Path(spawnd.__file__))]
+            argv += [str(theirs.fileno()), str(os.getpid())]
+            # Its own session (a signal to the runner's group is the runner's to
+            # handle); no environment of the runner's; only its end of the socket.
+            self._process = subprocess.Popen(
+                argv,
+                pass_fds=[theirs.fileno()],
+                env={},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.settimeout(30)
+        try:
+            ours.send(b'{"op":"ping"}')
+            answer = ours.recv(spawnd.MAX_MESSAGE_BYTES)
+        except OSError as exc:
+            ours.close()
+            raise JailError(f"spawn helper did not start: {exc}") from None
+        if json.loads(answer or b"{}").get("op") != "pong":
+            ours.close()
+            raise JailError("spawn helper did not start")
+        ours.setblocking(True)
+        self._sock = ours
+
+    def _attach(self) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        if self._sock is None:
+            log.warning("spawn helper was lost; starting a new one")
+            self._start()
+        assert self._sock is not None
+        if self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.fileno())
+            loop.add_reader(self._sock.fileno(), self._on_readable)
+            self._loop = loop
+        return self._sock
+
+    async def spawn(self, request: SpawnRequest) -> HelperProcess:
+        """Have the helper fork and exec ``request``; the running process."""
+        sock = self._attach()
+        fds = [request.stdin, request.stdout, request.stderr, *request.pass_fds]
+        targets = [0, 1, 2, *request.pass_fds]
+        join_fds = list(range(len(fds), len(fds) + len(request.cgroup_fds)))
+        fds += request.cgroup_fds
+        netns = None
+        if request.netns_fd is not None:
+            netns = len(fds)
+            fds.append(request.netns_fd)
+        self._seq += 1
+        seq = self._seq
+        message = {
+            "op": "spawn",
+            "seq": seq,
+            "argv": list(request.argv),
+            "env": dict(request.env),
+            "targets": targets,
+            "join_paths": [str(path) for path in request.cgroup_tasks or ()],
+            "join_fds": join_fds,
+            "netns": netns,
+            "cwd": request.cwd,
+            "uid": request.user,
+            "gid": request.group,
+            "setsid": request.new_session,
+        }
+        data = json.dumps(message, separators=(",", ":")).encode()
+        if len(data) > spawnd.MAX_MESSAGE_BYTES or len(fds) > spawnd.MAX_FDS:
+            raise JailError("job start request too large (environment or descriptors)")
+        future: asyncio.Future[HelperProcess] = asyncio.get_running_loop().create_future()
+        self._pending[seq] = future
+        try:
+            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as exc:
+            self._pending.pop(seq, None)
+            raise JailError(f"spawn helper unreachable: {exc}") from None
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The helper starts it anyway: kill it the moment its pid is known.
+            future.add_done_callback(_kill_when_started)
+            raise
+
+    def signal(self, pid: int, signum: int, *, group: bool) -> None:
+        if self._sock is None:
+            return
+        message = {"op": "signal", "pid": pid, "signum": signum, "group": group}
+        with contextlib.suppress(OSError):
+            self._sock.send(json.dumps(message, separators=(",", ":")).encode())
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        while sock is not None:
+            try:
+                data = sock.recv(spawnd.MAX_MESSAGE_BYTES, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._lost()
+                return
+            self._dispatch(json.loads(data))
+
+    def _dispatch(self, message: dict[str, object]) -> None:
+        op = message.get("op")
+        if op == "exit":
+            pid, status, usage = message["pid"], message["status"], message["rusage"]
+            assert isinstance(pid, int)
+            assert isinstance(status, int)
+            assert isinstance(usage, list)
+            process = self._running.pop(pid, None)
+            if process is not None:
+                process.exited(status, resource.struct_rusage(usage))
+            return
+        seq = message.get("seq")
+        future = self._pending.pop(seq, None) if isinstance(seq, int) else None
+        if future is None:
+            return
+        if op == "spawned":
+            pid, floor_kib = message["pid"], message["floor_kib"]
+            assert isinstance(pid, int)
+            assert isinstance(floor_kib, int)
+            process = HelperProcess(self, pid, floor_kib)
+            self._running[pid] = process
+            if not future.done():
+                future.set_result(process)
+        elif not future.done():
+            code = message.get("errno")
+            why = str(message.get("why", "unknown"))
+            error = OSError(code, why) if isinstance(code, int) and code else JailError(why)
+            future.set_exception(error)
+
+    def _lost(self) -> None:
+        """The helper is gone: its children are too (their death signal); say so to every waiter."""
+        if self._sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        self._loop = None
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)
+            self._process = None
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(JailError("spawn helper exited"))
+        running, self._running = self._running, {}
+        for process in running.values():
+            process.exited(_KILLED_STATUS, None)
+
+    def close(self) -> None:
+        """Stop the helper (at shutdown; its children, if any are left, die with it).
+
+        Safe from any thread: the socket is shut down, not closed, so the loop's
+        reader sees the end and cleans up on the loop's own thread.
+        """
+        if self._sock is None:
+            return
+        if self._loop is None or self._loop.is_closed():
+            self._lost()
+            return
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        if self._process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=5)
+
+
+def _kill_when_started(future: asyncio.Future[HelperProcess]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().send_signal(signal.SIGKILL, group=True)
+
+
+__all__ = ["HelperProcess", "SpawnHelper"]

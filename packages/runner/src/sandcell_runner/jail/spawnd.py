@@ -1,0 +1,308 @@
+"""The resident spawn helper: a small process that forks every jailed process for the runner.
+
+Run as ``python -I -S spawnd.py <socket fd> <runner pid>`` by ``spawn_helper.py``; it
+imports the standard library only (a few MiB of RSS, and nothing of the runner's).
+
+Why a process of its own. The job must exec as its UID with ``PR_SET_PDEATHSIG``
+set *after* the UID switch (a credential change clears it). From the runner, that
+took either a full ``fork()`` of the big runner (its cost grows with RSS) or a
+cheap ``vfork()`` of ``setpriv --pdeathsig``, an extra exec per job (~1.5 ms and
+~1.5 CPU-ms here). This helper forks itself instead: its address space is small,
+and the child does the UID switch, the death signal, the cgroup join and the
+namespace join in a few system calls before it execs nsjail directly.
+
+The runner hands it requests (JSON) and the job's descriptors (``SCM_RIGHTS``) over
+a ``SOCK_SEQPACKET`` socketpair; it answers each with the child's pid (or why it
+could not start), reaps its children and reports each exit with its rusage. It
+owns its children until they are reaped, so signals go through it too: a pid is
+only ever signalled while it is an unreaped child of this process, never after
+the number could have been reused.
+
+Lifetime: the helper has ``PR_SET_PDEATHSIG`` (SIGKILL) towards the runner and
+exits on the socket's EOF; its children have it towards the helper (which is
+single-threaded: the forking thread lives as long as the process). Kill the
+runner, however, and the helper dies, and with it every nsjail it started.
+
+Joining the cgroup costs nothing here: the child writes ``0`` to each v1 ``tasks``
+file, and a single thread moving itself skips the kernel's global threadgroup lock
+(measured here: 0.08 ms p90 against 9 ms for any write naming a pid). On v2 it
+writes ``0`` to ``cgroup.procs`` descriptors the runner passed.
+
+Nothing of the runner's environment reaches it (started with an empty one), and a
+child's environment is exactly the request's.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import fcntl
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+
+_PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
+MAX_FDS = 32
+"""Descriptors one request may carry (stdio, the configuration, the log, a namespace, cgroups)."""
+MAX_MESSAGE_BYTES = 256 * 1024
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _fail(errpipe: int, step: str, exc: BaseException) -> None:
+    code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+    try:
+        os.write(errpipe, f"{step}:{code}:{exc}"[:400].encode("utf-8", "replace"))
+    finally:
+        os._exit(127)
+
+
+class Job:
+    """A spawn request, checked before the fork (the child only acts on it)."""
+
+    __slots__ = (
+        "argv",
+        "cwd",
+        "env",
+        "gid",
+        "join_fds",
+        "join_paths",
+        "netns",
+        "seq",
+        "setsid",
+        "targets",
+        "uid",
+    )
+
+    def __init__(self, request: dict[str, object], fd_count: int) -> None:
+        self.seq = _int(request["seq"])
+        self.argv = [str(arg) for arg in _list(request["argv"])]
+        env = request["env"]
+        if not isinstance(env, dict) or not self.argv:
+            raise ValueError("bad request")
+        self.env = {str(key): str(value) for key, value in env.items()}
+        # The first descriptors go to these numbers in the child; the rest (cgroup
+        # files, a namespace) are used before exec and not inherited.
+        self.targets = [_int(fd) for fd in _list(request["targets"])]
+        if len(self.targets) > fd_count or min(self.targets, default=0) < 0:
+            raise ValueError("more targets than descriptors")
+        self.join_paths = [str(path) for path in _list(request.get("join_paths", []))]
+        self.join_fds = [_index(i, fd_count) for i in _list(request.get("join_fds", []))]
+        netns = request.get("netns")
+        self.netns = None if netns is None else _index(netns, fd_count)
+        cwd = request.get("cwd")
+        self.cwd = None if cwd is None else str(cwd)
+        uid, gid = request.get("uid"), request.get("gid")
+        self.uid = None if uid is None else _int(uid)
+        self.gid = self.uid if gid is None else _int(gid)
+        self.setsid = bool(request.get("setsid", True))
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError("not an integer")
+    return value
+
+
+def _list(value: object) -> list[object]:
+    if not isinstance(value, list):
+        raise TypeError("not a list")
+    return value
+
+
+def _index(value: object, count: int) -> int:
+    index = _int(value)
+    if not 0 <= index < count:
+        raise ValueError("descriptor index out of range")
+    return index
+
+
+def _check(result: int) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _child(job: Job, fds: list[int], errpipe: int, parent: int) -> None:
+    """In the forked child: set up, then exec. Never returns."""
+    step = "setup"
+    try:
+        # Python ignores these; an ignored disposition survives exec (as subprocess resets).
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(signum, signal.SIG_DFL)
+        if job.setsid:
+            step = "setsid"
+            os.setsid()
+        if job.netns is not None:
+            step = "setns"
+            _check(_libc.setns(fds[job.netns], _CLONE_NEWNET))
+        step = "cgroup"
+        for path in job.join_paths:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            os.write(fd, b"0")
+            os.close(fd)
+        for index in job.join_fds:
+            os.write(fds[index], b"0")
+        if job.cwd is not None:
+            step = "chdir"
+            os.chdir(job.cwd)
+        # Descriptors go to the numbers the runner gave them (its argv names them):
+        # everything first above every target, so no dup2 clobbers a source.
+        step = "fds"
+        base = max([*job.targets, *fds, errpipe, 2]) + 1
+        errpipe = fcntl.fcntl(errpipe, fcntl.F_DUPFD_CLOEXEC, base)
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for fd in fds[: len(job.targets)]]
+        for source, target in zip(high, job.targets, strict=True):
+            os.dup2(source, target, inheritable=True)
+        if job.uid is not None and job.gid is not None:
+            step = "setuid"
+            os.setgroups([])
+            os.setresgid(job.gid, job.gid, job.gid)
+            os.setresuid(job.uid, job.uid, job.uid)
+        # After the UID switch, which clears it; then make sure the helper did not
+        # die before it was set (the signal would never come).
+        step = "pdeathsig"
+        _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
+        if os.getppid() != parent:
+            os._exit(126)
+        step = "exec"
+        os.execve(job.argv[0], job.argv, job.env)  # noqa: S606 (argv is the runner's own)
+    except BaseException as exc:
+        _fail(errpipe, step, exc)
+
+
+class Helper:
+    """The helper's state: its socket, its unreaped children (pidfd -> pid)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.poller = select.poll()
+        self.poller.register(sock.fileno(), select.POLLIN)
+        self.children: dict[int, int] = {}
+        self.pids: set[int] = set()
+        self.pid = os.getpid()
+
+    def send(self, message: dict[str, object]) -> None:
+        self.sock.send(json.dumps(message, separators=(",", ":")).encode())
+
+    def serve(self) -> None:
+        while True:
+            for fd, _ in self.poller.poll():
+                if fd == self.sock.fileno():
+                    if not self.receive():
+                        return
+                else:
+                    self.reap(fd)
+
+    def receive(self) -> bool:
+        """One request; False at EOF (the runner is gone)."""
+        fd_bytes = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+        data, ancillary, _, _ = self.sock.recvmsg(
+            MAX_MESSAGE_BYTES, fd_bytes, socket.MSG_CMSG_CLOEXEC
+        )
+        fds: list[int] = []
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received = array.array("i")
+                received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+                fds += list(received)
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return False
+        try:
+            request = json.loads(data)
+            op = request.get("op") if isinstance(request, dict) else None
+            if op == "spawn":
+                self.spawn(request, fds)
+            elif op == "signal":
+                self.signal(request)
+            elif op == "ping":
+                self.send({"op": "pong"})
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def spawn(self, request: dict[str, object], fds: list[int]) -> None:
+        try:
+            job = Job(request, len(fds))
+        except (KeyError, TypeError, ValueError) as exc:
+            seq = request.get("seq")
+            self.send({"op": "failed", "seq": seq, "errno": 0, "why": f"bad request: {exc}"})
+            return
+        seq = job.seq
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            os.close(read_end)
+            os.close(write_end)
+            self.send({"op": "failed", "seq": seq, "errno": exc.errno, "why": f"fork: {exc}"})
+            return
+        if pid == 0:
+            os.close(read_end)
+            _child(job, fds, write_end, self.pid)
+        os.close(write_end)
+        try:
+            # EOF once the child has exec'd (the pipe is close-on-exec): a few hundred us.
+            error = b""
+            while chunk := os.read(read_end, 512):
+                error += chunk
+        finally:
+            os.close(read_end)
+        if error:
+            os.waitpid(pid, 0)
+            step, _, rest = error.decode("utf-8", "replace").partition(":")
+            code, _, why = rest.partition(":")
+            self.send(
+                {"op": "failed", "seq": seq, "errno": int(code or 0), "why": f"{step}: {why}"}
+            )
+            return
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = pid
+        self.pids.add(pid)
+        self.poller.register(pidfd, select.POLLIN)
+        # The child's ru_maxrss starts from this process's own high-water mark.
+        floor_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.send({"op": "spawned", "seq": seq, "pid": pid, "floor_kib": floor_kib})
+
+    def signal(self, request: dict[str, object]) -> None:
+        pid, signum = request["pid"], request["signum"]
+        if not isinstance(pid, int) or not isinstance(signum, int) or pid not in self.pids:
+            return  # reaped already (or never ours): its number may be someone else's now
+        try:
+            if request.get("group"):
+                os.killpg(pid, signum)
+            else:
+                os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap(self, pidfd: int) -> None:
+        pid = self.children.pop(pidfd)
+        self.poller.unregister(pidfd)
+        os.close(pidfd)
+        _, status, usage = os.wait4(pid, 0)
+        self.pids.discard(pid)
+        self.send({"op": "exit", "pid": pid, "status": status, "rusage": list(usage)})
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[1]))
+    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return 1
+    if os.getppid() != int(argv[2]):  # the runner died before the death signal was set
+        return 1
+    sock.setblocking(True)
+    Helper(sock).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
