@@ -1030,7 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
         # durable: false and must become durable at their session's next save.
         args.turns = min(args.turns, 150)
         args.faults = min(args.faults, len(kinds) * len(STAGES))
-        args.budget_s = min(args.budget_s, 420.0)
+        args.budget_s = min(args.budget_s, 900.0)
         args.s3_outage_s = min(args.s3_outage_s, 4.0)
         args.checkpoint_retry_s = min(args.checkpoint_retry_s, 2.0)
         args.s3_slow_s = min(args.s3_slow_s, 3.0)
