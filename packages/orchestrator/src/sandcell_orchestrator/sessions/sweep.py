@@ -152,7 +152,12 @@ class Sweeper:
                     continue
                 current = await manager.registry.current_generation(session_id)
                 pointer = await manager.registry.get(session_id)
-                keep = pointer.checkpoint_key if pointer is not None else None
+                if pointer is None:
+                    # The record went (a wiped Redis) after it was listed: a holder
+                    # that finds none restores the newest object below the counter it
+                    # just moved, so nothing here may go; that holder collects.
+                    continue
+                keep = pointer.checkpoint_key
                 deleted = await manager.persistence.collect(
                     session_id, stored, keep=keep, below_generation=current
                 )
