@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandcell_protocol import ProtocolError, validate_workspace_path
 from sandcell_protocol.contexts import (
     ContextCreate,
     ContextEndEvent,
@@ -35,10 +33,10 @@ from sandcell_protocol.contexts import (
 from sandcell_protocol.sandbox_messages import SANDBOX_HOME
 
 from ..config import MIB, RunnerSettings
+from ..env_vars import checked_env
 from ..errors import (
     BadRequestError,
     ContextLostError,
-    InvalidPathError,
     NotFoundError,
     SessionBusyError,
     SessionConflictError,
@@ -47,15 +45,13 @@ from ..errors import (
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits, JobSpec
 from ..languages import LanguageSpec
-from ..workspace import fsops
+from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState
 from .interpreter import EventCallback, Interpreter, InterpreterStartError, OutputCaps
 from .nodedriver import NODE_DRIVER
 
 log = logging.getLogger(__name__)
-
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,8 +158,8 @@ class ContextManager:
                 f"at most {self._settings.max_contexts} contexts per session "
                 "(SANDCELL_RUNNER_MAX_CONTEXTS); delete one first"
             )
-        env = _checked_env(request.env)
-        cwd = await self._checked_cwd(request.cwd, state.workspace)
+        env = checked_env(request.env)
+        cwd = await workspace_cwd(request.cwd, state.workspace)
         context = _Context(
             context_id=context_id,
             language=request.language,
@@ -312,7 +308,7 @@ class ContextManager:
         """Run one cell (the caller holds the session lock); ``on_event`` gets its events."""
         self.check_runnable(state.session_id, context_id)
         context = self._get(state.session_id, context_id)
-        env = _checked_env(request.env)
+        env = checked_env(request.env)
         if context.lock.locked():
             raise SessionBusyError(f"context {context_id!r} is running a cell; retry")
         async with context.lock:
@@ -387,34 +383,6 @@ class ContextManager:
                     await self._stop(context, lost_reason=f"stopped after {int(idle)} s idle")
                     stopped += 1
         return stopped
-
-    async def _checked_cwd(self, cwd: str | None, workspace: Path) -> str:
-        if cwd in (None, "", "."):
-            return ""
-        assert cwd is not None
-        try:
-            relative = validate_workspace_path(cwd)
-        except ProtocolError as exc:
-            raise InvalidPathError(f"invalid cwd: {exc}") from None
-
-        def check() -> None:
-            with fsops.open_dir(workspace, relative.split("/")):
-                pass
-
-        try:
-            await asyncio.to_thread(check)
-        except (FileNotFoundError, NotADirectoryError, fsops.UnsafePathError):
-            raise InvalidPathError(f"cwd {relative!r} is not a directory") from None
-        return relative
-
-
-def _checked_env(env: dict[str, str]) -> dict[str, str]:
-    for key, value in env.items():
-        if not _ENV_KEY_RE.fullmatch(key):
-            raise BadRequestError(f"env: invalid variable name {key[:64]!r}")
-        if "\x00" in value:
-            raise BadRequestError(f"env[{key}]: must not contain NUL")
-    return dict(env)
 
 
 __all__ = ["ContextManager"]
