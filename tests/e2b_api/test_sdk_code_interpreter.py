@@ -10,9 +10,10 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 
+import httpx
 import pytest
-from e2b.exceptions import SandboxException
-from e2b_code_interpreter import AsyncSandbox, Sandbox
+from e2b.exceptions import NotFoundException, SandboxException
+from e2b_code_interpreter import AsyncSandbox, Context, Sandbox
 
 from tests.e2b_api.conftest import E2bServe
 
@@ -81,6 +82,41 @@ def test_contexts_create_list_restart_remove(sbx: Sandbox) -> None:
     assert ctx.id not in {c.id for c in sbx.list_code_contexts()}
     with pytest.raises(SandboxException):
         sbx.run_code("1", language="ruby")
+
+
+def test_an_unknown_context_is_not_found_on_every_call(sbx: Sandbox, e2b_serve: E2bServe) -> None:
+    """As E2B's interpreter answers: a context id that names no context (never made,
+    removed, malformed, ``.`` or ``..``) is 404, the SDK's ``NotFoundException``, on
+    ``run_code``, ``restart_code_context`` and ``remove_code_context`` alike."""
+    removed = sbx.create_code_context()
+    sbx.remove_code_context(removed)
+    for context_id in ("never-made", removed.id, "bad id", "x" * 65, "-x", ".hidden"):
+        context = Context(context_id=context_id, language="python", cwd="/home/user")
+        with pytest.raises(NotFoundException):
+            sbx.run_code("1", context=context)
+        with pytest.raises(NotFoundException):
+            sbx.restart_code_context(context_id)
+        with pytest.raises(NotFoundException):
+            sbx.remove_code_context(context_id)
+    # "." and "..": the SDK's client would normalize them out of a path, another
+    # client percent-encodes them (and the server decodes them).
+    headers = {
+        "E2b-Sandbox-Id": sbx.sandbox_id,
+        "E2b-Sandbox-Port": "49999",
+        "E2B-Traffic-Access-Token": sbx.traffic_access_token or "",
+    }
+    with httpx.Client(base_url=f"{e2b_serve.url}/e2b/sandbox", headers=headers) as client:
+        for dots in (".", ".."):
+            segment = dots.replace(".", "%2E")
+            answers = [
+                client.post("/execute", json={"code": "1", "context_id": dots}),
+                client.post(f"/contexts/{segment}/restart"),
+                client.delete(f"/contexts/{segment}"),
+            ]
+            for answer in answers:
+                assert answer.status_code == 404, (dots, answer.request.url, answer.text)
+                assert answer.json()["error_code"] == "not_found"
+    assert sbx.run_code("6 * 7").text == "42"
 
 
 def test_files_written_by_code_are_files_of_the_sandbox(sbx: Sandbox) -> None:

@@ -112,10 +112,39 @@ def test_e2b_settings_as_policies(
 
 
 @pytest.mark.parametrize(
-    "network",
-    [{"allowOut": ["*"], "denyOut": [ALL_TRAFFIC]}, {"dnsServers": ["1.1.1.1"]}, {"what": 1}],
+    ("access", "network"),
+    [
+        (None, {"allowOut": ["*"], "denyOut": [ALL_TRAFFIC]}),
+        (None, {"dnsServers": ["1.1.1.1"]}),
+        (None, {"what": 1}),
+        # Internet on: allowOut only trims denyOut, and is still checked.
+        (True, {"allowOut": ["not a host!"]}),
+        (True, {"allowOut": [""], "denyOut": ["8.8.8.8"]}),
+        (None, {"allowOut": ["x" * 400], "denyOut": ["8.8.8.8"]}),
+        (True, {"allowOut": [f"10.0.{i // 256}.{i % 256}" for i in range(300)]}),
+        (True, {"allowOut": [7]}),
+    ],
 )
-def test_bad_e2b_settings_are_400(network: dict[str, object]) -> None:
+def test_bad_e2b_settings_are_400(access: bool | None, network: dict[str, object]) -> None:
     with pytest.raises(E2bError) as caught:
-        egress_policy(None, network)
-    assert caught.value.status == 400
+        egress_policy(access, network)
+    assert (caught.value.status, caught.value.code) == (400, "bad_request")
+
+
+def test_a_deny_rule_the_allow_list_names_differently_is_still_trimmed() -> None:
+    """allowOut wins over denyOut by the rules' meaning, not their spelling."""
+    policy = egress_policy(
+        True, {"denyOut": ["Example.COM.", "8.8.8.8"], "allowOut": ["example.com"]}
+    )
+    assert policy == EgressPolicy(mode="allow_all", deny=("8.8.8.8",))
+
+
+def test_garbage_in_allow_out_is_refused_through_the_sdk(
+    served: tuple[E2bServe, RemoteNetwork],
+) -> None:
+    """With internet on, an allowOut entry that is no rule is the SDK's 400, not a sandbox."""
+    service, _ = served
+    with pytest.raises((InvalidArgumentException, SandboxException), match=r"400.*not a domain"):
+        Sandbox.create(
+            allow_internet_access=True, network={"allow_out": ["bad host!"]}, **service.opts()
+        )

@@ -3,8 +3,11 @@ through the real client against a real serve."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,8 @@ from joserfc import jwt
 from joserfc.errors import SecurityWarning
 from joserfc.jwk import OKPKey
 
+from sandcell_orchestrator.serve.errors import MAX_BODY_BYTES
+from sandcell_orchestrator.serve.librechat.routes import BODY_KEY_MAX_BYTES
 from tests.librechat.conftest import ED_KEY, KEY_A, RSA_KEY, Driver, Serve, running_serve
 
 STRANGER = OKPKey.generate_key("Ed25519")
@@ -176,3 +181,51 @@ def test_a_continuation_token_is_bound_to_its_token_user(serve: Serve) -> None:
         done = alice.post("/exec/programmatic", json=body).json()
     assert done["status"] == "completed", done
     assert "found" in done["stdout"], done
+
+
+def _partial_exec(serve: Serve, headers: dict[str, str], body: bytes) -> tuple[int, str]:
+    """POST /exec sending ``headers`` and only ``body`` of what they announce, then the
+    answer's status and error code: an answer proves the service gave it without
+    waiting for the rest of the body."""
+    where = urllib.parse.urlsplit(serve.base)
+    assert where.hostname is not None
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    try:
+        conn.putrequest("POST", f"{where.path}/exec")
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())["error"]
+    finally:
+        conn.close()
+
+
+def test_an_exec_its_headers_do_not_authenticate_is_refused_before_its_body_is_parsed(
+    serve: Serve,
+) -> None:
+    """Without a key in the headers the body is read only for a legacy key, at most
+    BODY_KEY_MAX_BYTES of it: malformed JSON, an over-long declared or streamed body
+    and a missing key are all 401 unauthorized (never the 400 or 413 that would say
+    the body was parsed); a small body with the key authenticates."""
+    with httpx.Client(base_url=serve.base, timeout=120) as anonymous:
+        for content in (b"{not json", b"[1, 2]", b'{"lang": "py", "code": 1}'):
+            refused = anonymous.post("/exec", content=content)
+            assert refused.status_code == 401, (content, refused.text)
+            assert refused.json()["error"] == "unauthorized"
+        legacy = anonymous.post(
+            "/exec", json={"lang": "py", "code": "print(6 * 7)", "LIBRECHAT_CODE_API_KEY": KEY_A}
+        )
+        assert legacy.status_code == 200, legacy.text
+        assert legacy.json()["stdout"] == "42\n"
+        with serve.client() as keyed:
+            malformed = keyed.post("/exec", content=b"{not json")
+        assert malformed.status_code == 400, malformed.text
+
+    # A declared length past even MAX_BODY_BYTES: 401 before a byte of it is read.
+    declared = {"Content-Type": "application/json", "Content-Length": str(MAX_BODY_BYTES + 1)}
+    assert _partial_exec(serve, declared, b"") == (401, "unauthorized")
+    # A streamed (chunked) body is cut off past BODY_KEY_MAX_BYTES, its end never sent.
+    chunk = b'{"code": "' + b"x" * BODY_KEY_MAX_BYTES
+    chunked = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    assert _partial_exec(serve, {"Transfer-Encoding": "chunked"}, chunked) == (401, "unauthorized")

@@ -80,6 +80,40 @@ async def test_context_routes_create_restart_delete(service: Service) -> None:
     assert (missing.status_code, error_of(missing).error.code) == (404, ErrorCode.NOT_FOUND)
 
 
+async def test_dot_context_ids_are_refused_at_the_door(service: Service) -> None:
+    """``.`` and ``..`` (and any id not starting with a letter or digit) are 400 on every
+    route that takes a context id, before a runner is asked."""
+    await run(service, "1", runtime_session_hint="dots")
+    session_id = runtime_session_id("tenant-a", "alice", "dots")
+    base = f"/v1/sessions/{session_id}/contexts"
+    client = service.client
+    for dots in (".", "..", "-x"):
+        ran = await client.post(
+            "/v1/run",
+            json={
+                "user_id": "alice",
+                "code": "1",
+                "runtime_session_hint": "dots",
+                "context_id": dots,
+            },
+            headers=service.auth(),
+        )
+        created = await client.post(
+            base, json={"language": "python", "context_id": dots}, headers=service.auth()
+        )
+        answers = [ran, created]
+        # Percent-encoded, or the client would normalize them away; the server decodes them.
+        segment = dots.replace(".", "%2E")
+        for method, suffix in (("DELETE", ""), ("POST", "/restart"), ("POST", "/interrupt")):
+            path = f"{base}/{segment}{suffix}"
+            answers.append(await client.request(method, path, headers=service.auth()))
+        for answer in answers:
+            assert (answer.status_code, error_of(answer).error.code) == (
+                400,
+                ErrorCode.BAD_REQUEST,
+            ), (dots, answer.request.url, answer.text)
+
+
 async def test_a_lost_context_answers_context_lost(service: Service) -> None:
     crashed = await run(service, "import os\nos._exit(3)", runtime_session_hint="lost")
     assert crashed.status is cx.ContextStatus.CONTEXT_LOST

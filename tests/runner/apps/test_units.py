@@ -81,8 +81,10 @@ def test_path_helpers() -> None:
     assert am.process_path("web") == "/v1/session/processes/web"
     assert am.process_path("web", "logs") == "/v1/session/processes/web/logs"
     assert am.port_path(5173, "/src/main.ts") == "/v1/session/ports/5173/src/main.ts"
-    with pytest.raises(ValueError, match="tag"):
-        am.process_path("../x")
+    for bad in ("../x", ".", "..", "-x"):
+        with pytest.raises(ValueError, match="tag"):
+            am.process_path(bad)
+        assert not am.is_process_tag(bad)
     with pytest.raises(ValueError, match="port"):
         am.port_path(0)
 

@@ -289,6 +289,14 @@ def test_bad_requests_get_machine_readable_codes(client: ContextClient, ctx: str
     missing = client.run_raw("nope", "1")
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
     assert http.post("/v1/session/contexts/bad%20id/run", json={"code": "1"}).status_code == 400
+    for dots in (".", "..", ".hidden"):
+        # Percent-encoded, or the client would normalize them away; the server decodes them.
+        segment = dots.replace(".", "%2E")
+        for method, path in (("POST", f"/{segment}/run"), ("DELETE", f"/{segment}")):
+            refused = http.request(method, f"/v1/session/contexts{path}", json={"code": "1"})
+            assert (refused.status_code, refused.json()["error"]["code"]) == (400, "bad_request")
+        named = http.post("/v1/session/contexts", json={"language": "python", "context_id": dots})
+        assert (named.status_code, named.json()["error"]["code"]) == (400, "bad_request")
     escape = http.post("/v1/session/contexts", json={"language": "python", "cwd": "../x"})
     assert escape.json()["error"]["code"] == "invalid_path"
     taken = http.post("/v1/session/contexts", json={"language": "python", "context_id": ctx})

@@ -11,11 +11,21 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from .messages import Limits, Message, NonEmptyStr, NonNegativeInt, PositiveInt
+from .messages import (
+    SEGMENT_NAME_PATTERN,
+    SEGMENT_NAME_RULE,
+    Limits,
+    Message,
+    NonEmptyStr,
+    NonNegativeInt,
+    PositiveInt,
+)
 from .routes import SESSION_PORTS_PREFIX, SESSION_PROCESSES
 
-# "(?![\s\S])" rather than "$": see messages.py.
-PROCESS_TAG_PATTERN = r"^[A-Za-z0-9._-]{1,64}(?![\s\S])"
+# A path segment of the runner's routes: see messages.SEGMENT_NAME_PATTERN.
+PROCESS_TAG_PATTERN = SEGMENT_NAME_PATTERN
+PROCESS_TAG_RULE = SEGMENT_NAME_RULE
+"""``PROCESS_TAG_PATTERN`` as error messages show it."""
 ProcessTag = Annotated[str, msgspec.Meta(pattern=PROCESS_TAG_PATTERN)]
 
 FORWARDED_PREFIX_HEADER = "X-Forwarded-Prefix"
@@ -38,9 +48,14 @@ SESSION_PORTS = SESSION_PORTS_PREFIX + "{port:int}/{path:path}"
 _TAG_RE = re.compile(PROCESS_TAG_PATTERN)
 
 
+def is_process_tag(value: str) -> bool:
+    """Whether ``value`` is a valid process tag (``PROCESS_TAG_RULE``)."""
+    return bool(_TAG_RE.match(value))
+
+
 def process_path(tag: str, suffix: Literal["", "logs", "stdin"] = "") -> str:
     """``/v1/session/processes/{tag}[/logs|/stdin]`` for a valid tag."""
-    if not _TAG_RE.match(tag):
+    if not is_process_tag(tag):
         raise ValueError(f"invalid process tag {tag[:80]!r}")
     base = f"{SESSION_PROCESSES}/{tag}"
     return f"{base}/{suffix}" if suffix else base

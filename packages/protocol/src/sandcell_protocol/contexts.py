@@ -16,7 +16,16 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .errors import ProtocolError
-from .messages import ExecCall, Message, NonEmptyStr, NonNegativeInt, OutputFile, PositiveInt
+from .messages import (
+    SEGMENT_NAME_PATTERN,
+    SEGMENT_NAME_RULE,
+    ExecCall,
+    Message,
+    NonEmptyStr,
+    NonNegativeInt,
+    OutputFile,
+    PositiveInt,
+)
 
 SESSION_CONTEXTS = "/v1/session/contexts"
 SESSION_CONTEXT = SESSION_CONTEXTS + "/{context_id}"
@@ -24,8 +33,10 @@ SESSION_CONTEXT_RUN = SESSION_CONTEXT + "/run"
 SESSION_CONTEXT_RESTART = SESSION_CONTEXT + "/restart"
 SESSION_CONTEXT_INTERRUPT = SESSION_CONTEXT + "/interrupt"
 
-# "(?![\s\S])" rather than "$": see messages.py.
-CONTEXT_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}(?![\s\S])"
+# A path segment of the runner's and serve's routes: see messages.SEGMENT_NAME_PATTERN.
+CONTEXT_ID_PATTERN = SEGMENT_NAME_PATTERN
+CONTEXT_ID_RULE = SEGMENT_NAME_RULE
+"""``CONTEXT_ID_PATTERN`` as error messages show it."""
 ContextId = Annotated[str, msgspec.Meta(pattern=CONTEXT_ID_PATTERN)]
 _CONTEXT_ID_RE = re.compile(CONTEXT_ID_PATTERN)
 
@@ -46,7 +57,8 @@ MIME_TYPES: tuple[str, ...] = typing.get_args(MimeType)
 
 
 def is_context_id(value: str) -> bool:
-    """Whether ``value`` is a valid context id (``^[A-Za-z0-9._-]{1,64}$``)."""
+    """Whether ``value`` is a valid context id (``CONTEXT_ID_RULE``): the one check of an id
+    wherever one enters (runner, orchestrator, serve, the E2B interpreter)."""
     return bool(_CONTEXT_ID_RE.match(value))
 
 
@@ -255,6 +267,7 @@ CONTEXT_MESSAGES: tuple[type[Message], ...] = (
 
 __all__ = [
     "CONTEXT_ID_PATTERN",
+    "CONTEXT_ID_RULE",
     "CONTEXT_MESSAGES",
     "MIME_TYPES",
     "SESSION_CONTEXT",

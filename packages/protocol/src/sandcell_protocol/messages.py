@@ -22,6 +22,13 @@ Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 InputRefPart = Annotated[str, msgspec.Meta(pattern=INPUT_REF_PATTERN)]
 """A ``storage_session`` or ``object_id``; ``validate_input_ref`` checks the same rule."""
 SessionHint = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}(?![\s\S])")]
+SEGMENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?![\s\S])"
+"""A caller's name that becomes a path segment of a route (a context id, a process tag).
+It starts with a letter or a digit: "." and ".." would name another route once a client
+or a proxy normalizes the path, and a leading "-" or "." reads as an option or a hidden
+name wherever the name is shown."""
+SEGMENT_NAME_RULE = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""``SEGMENT_NAME_PATTERN`` as error messages show it."""
 
 
 class FileRef(Message, frozen=True):

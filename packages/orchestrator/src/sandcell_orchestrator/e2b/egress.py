@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandcell_protocol import EgressPolicy
+from sandcell_protocol.egress import parse_rule
 
 from .errors import E2bError
 
@@ -53,14 +54,18 @@ def egress_policy(
     if allow_internet_access is None and not allow_out and not deny_out:
         return None  # only inbound settings: egress stays sandcell's default
     try:
-        if allow_internet_access is False or ALL_TRAFFIC in deny_out:
-            if not allow_out:
-                return EgressPolicy(mode="deny_all")
-            return EgressPolicy(mode="allow", allow=tuple(allow_out))
-        deny = tuple(rule for rule in deny_out if rule not in allow_out)
-        return EgressPolicy(mode="allow_all", deny=deny)
+        # Every rule is checked whichever mode uses it: with internet on, allowOut only
+        # trims denyOut, yet a rule that is no rule is still the caller's mistake.
+        EgressPolicy(mode="allow", allow=tuple(allow_out), deny=tuple(deny_out))
     except ValueError as exc:
         raise E2bError(400, "bad_request", f"network: {exc}") from None
+    if allow_internet_access is False or ALL_TRAFFIC in deny_out:
+        if not allow_out:
+            return EgressPolicy(mode="deny_all")
+        return EgressPolicy(mode="allow", allow=tuple(allow_out))
+    allowed = {parse_rule(rule).text for rule in allow_out}
+    deny = tuple(rule for rule in deny_out if parse_rule(rule).text not in allowed)
+    return EgressPolicy(mode="allow_all", deny=deny)
 
 
 __all__ = ["ALL_TRAFFIC", "egress_policy"]

@@ -19,6 +19,7 @@ traceback}``, then ``number_of_executions``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -31,7 +32,7 @@ from sandcell_protocol import ProtocolError, decode, encode
 from sandcell_protocol import contexts as cx
 from sandcell_protocol import sandbox_messages as sm
 
-from ..errors import RunnerRequestError
+from ..errors import RunnerRequestError, SessionConflictError
 from ..runner.contexts import RunnerContexts
 from ..serve.errors import read_body
 from .errors import E2bError
@@ -124,18 +125,30 @@ async def _body(request: Request, kind: type[Any]) -> Any:
         raise E2bError(400, "bad_request", str(exc)) from None
 
 
+def _unknown(context_id: str) -> E2bError:
+    """The one answer for an id that names no context, as E2B's interpreter gives it
+    (404, the SDK's ``NotFoundException``): never made, removed, or no valid id at all."""
+    return E2bError(404, "not_found", f"Context {context_id[:64]!r} not found")
+
+
+def _known_shape(context_id: str) -> str:
+    """``context_id`` if it could name a context (``cx.is_context_id``); else ``_unknown``."""
+    if not cx.is_context_id(context_id):
+        raise _unknown(context_id)
+    return context_id
+
+
 def _context_missing(exc: RunnerRequestError, context_id: str) -> E2bError | None:
-    if exc.code == "not_found":
-        return E2bError(404, "not_found", f"context {context_id[:64]!r} not found")
-    if exc.code == "context_lost":
-        return E2bError(409, "context_lost", f"context {context_id[:64]!r} was lost; restart it")
-    return None
+    # A lost context is not this: it is ContextLostError, 409 context_lost (restart it).
+    return _unknown(context_id) if exc.code == "not_found" else None
 
 
 async def _default_context(contexts: _Contexts, language: str) -> str:
     context_id = f"default-{language}"
     if not any(info.context_id == context_id for info in await contexts.list()):
-        await contexts.create(cx.ContextCreate(language=language, context_id=context_id))
+        # A concurrent first run may make it between the list and the create: it is there.
+        with contextlib.suppress(SessionConflictError):
+            await contexts.create(cx.ContextCreate(language=language, context_id=context_id))
     return context_id
 
 
@@ -172,15 +185,13 @@ async def execute(request: Request, sandbox: E2bSandbox) -> Response:
     """``POST /execute``: run a cell, streamed as E2B's NDJSON lines."""
     body: _Execute = await _body(request, _Execute)
     contexts = _Contexts(sandbox)
-    if body.context_id is not None and body.language is not None:
+    # E2B's server reads an empty context_id (or language) as none given.
+    if body.context_id and body.language:
         raise E2bError(400, "bad_request", "give context_id or language, not both")
-    try:
-        if body.context_id is not None:
-            context_id = body.context_id
-        else:
-            context_id = await _default_context(contexts, _language(body.language))
-    except RunnerRequestError as exc:
-        raise _context_missing(exc, body.context_id or "") or exc from None
+    if body.context_id:
+        context_id = _known_shape(body.context_id)
+    else:
+        context_id = await _default_context(contexts, _language(body.language))
     run = cx.ContextRun(code=body.code, env={**sandbox.env, **(body.env_vars or {})})
     events = aiter(contexts.run(context_id, run))
     try:
@@ -218,10 +229,7 @@ async def list_contexts(_request: Request, sandbox: E2bSandbox) -> Response:
 
 
 def _context_id(request: Request) -> str:
-    context_id = request.path_params.get("context_id", "")
-    if not cx.is_context_id(context_id):
-        raise E2bError(404, "not_found", f"context {context_id[:64]!r} not found")
-    return str(context_id)
+    return _known_shape(str(request.path_params.get("context_id", "")))
 
 
 async def delete_context(request: Request, sandbox: E2bSandbox) -> Response:

@@ -125,7 +125,7 @@ class ContextRoutes:
     def _context_id(request: Request) -> str:
         context_id = str(request.path_params["context_id"])
         if not cx.is_context_id(context_id):
-            raise ProtocolError("context id: must match ^[A-Za-z0-9._-]{1,64}$")
+            raise ProtocolError(f"context id: must match {cx.CONTEXT_ID_RULE}")
         return context_id
 
     @staticmethod

@@ -170,20 +170,20 @@ def guarded(endpoint: Endpoint, *, extra: ExtraMapping | None = None) -> Endpoin
     return guarded
 
 
-async def read_body(request: Request) -> bytes:
-    """The whole request body; ``PayloadTooLargeError`` past ``MAX_BODY_BYTES``.
+async def read_body(request: Request, *, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """The whole request body; ``PayloadTooLargeError`` past ``max_bytes``.
 
     A declared length past the limit is refused before a byte is read; a body
     that lies about (or omits) its length is cut off as it streams.
     """
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+    if declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLargeError
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
+        if size > max_bytes:
             raise PayloadTooLargeError
         chunks.append(chunk)
     return b"".join(chunks)

@@ -9,7 +9,6 @@ in the same session. The preview of a session's ports is ``http/preview.py``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -24,7 +23,6 @@ from ..apps.runtime_errors import from_browser
 from ..errors import BadRequestError
 from .base import RouteGroup, json_response
 
-_TAG_RE = re.compile(am.PROCESS_TAG_PATTERN)
 _MAX_LOG_LINES = 10_000
 _MAX_STDIN_BYTES = 1024 * 1024
 
@@ -49,8 +47,8 @@ class AppRoutes(RouteGroup):
     @staticmethod
     def _tag(request: Request) -> str:
         tag = str(request.path_params["tag"])
-        if not _TAG_RE.match(tag):
-            raise BadRequestError("process tag must match ^[A-Za-z0-9._-]{1,64}$")
+        if not am.is_process_tag(tag):
+            raise BadRequestError(f"process tag must match {am.PROCESS_TAG_RULE}")
         return tag
 
     # -- processes ------------------------------------------------------------------

@@ -3,7 +3,9 @@
 - ``X-API-Key: <key>`` (what LibreChat sends), ``Authorization: Bearer <key>``, or,
   from legacy clients, the key copied into the exec body as
   ``LIBRECHAT_CODE_API_KEY``: all against ``SANDCELL_API_KEYS``; the key's
-  namespace is the tenant. The key is never logged, echoed or kept.
+  namespace is the tenant. The key is never logged, echoed or kept. Headers are
+  checked first; only a call they do not authenticate has its body read for a key,
+  and then at most ``BODY_KEY_MAX_BYTES`` of it (``routes.py``).
 - ``Authorization: Bearer <JWT>`` signed by LibreChat (``jwt.py``): the tenant is
   ``SANDCELL_LIBRECHAT_JWT_NAMESPACE`` and the token's user is the caller's user.
 """
@@ -30,7 +32,7 @@ class Caller:
 
 
 class LibreChatAuth:
-    """Resolves a request (and a legacy body key) to a ``Caller``, or ``UnauthorizedError``."""
+    """Resolves a request's headers (or a legacy body key) to a ``Caller``."""
 
     def __init__(self, keys: ApiKeys, verifier: JwtVerifier, *, jwt_namespace: str) -> None:
         self._keys = keys
@@ -40,12 +42,20 @@ class LibreChatAuth:
     def __repr__(self) -> str:
         return f"LibreChatAuth({self._keys!r}, {self._verifier!r})"
 
-    def caller(self, request: Request, *, body_key: str | None = None) -> Caller:
+    def caller(self, request: Request) -> Caller:
+        """The caller its headers name; ``UnauthorizedError`` otherwise."""
+        caller = self.header_caller(request)
+        if caller is None:
+            raise UnauthorizedError
+        return caller
+
+    def header_caller(self, request: Request) -> Caller | None:
+        """The caller its headers name, or ``None`` (a legacy body key may still name one)."""
         if self._keys.insecure:
             return Caller(namespace=self._keys.namespace_of_key(None))
         scheme, _, credential = request.headers.get("authorization", "").partition(" ")
         bearer = credential.strip() if scheme.lower() == "bearer" else ""
-        for key in (request.headers.get("x-api-key", ""), bearer, body_key or ""):
+        for key in (request.headers.get("x-api-key", ""), bearer):
             namespace = self._namespace(key)
             if namespace is not None:
                 return Caller(namespace=namespace)
@@ -53,7 +63,14 @@ class LibreChatAuth:
             user = self._verifier.user_of(bearer)
             if user is not None:
                 return Caller(namespace=self._jwt_namespace, token_user=user)
-        raise UnauthorizedError
+        return None
+
+    def body_key_caller(self, body_key: str | None) -> Caller:
+        """The caller a legacy body key names; ``UnauthorizedError`` otherwise."""
+        namespace = self._namespace(body_key or "")
+        if namespace is None:
+            raise UnauthorizedError
+        return Caller(namespace=namespace)
 
     def _namespace(self, key: str) -> str | None:
         if not key.strip():

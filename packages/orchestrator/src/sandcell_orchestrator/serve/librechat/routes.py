@@ -40,6 +40,7 @@ from sandcell_protocol import (
 from ...bootstrap import Services
 from ...errors import InputMissingError, SandboxTimeoutError
 from ...sessions.execution import ExecutionService, Identity
+from ..auth import UnauthorizedError
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of, read_body
 from ..idempotency import Idempotency, idempotency_key
 from .auth import Caller, LibreChatAuth
@@ -60,7 +61,7 @@ from .wire import (
     UploadedFile,
 )
 
-__all__ = ["LANGUAGES", "LibreChatApi"]
+__all__ = ["BODY_KEY_MAX_BYTES", "LANGUAGES", "LibreChatApi"]
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,20 @@ LANGUAGES = {
 one the runner lacks answers the same (its ``unsupported_language``)."""
 PROFILE_HEADER = "x-codeapi-expected-profile"
 MAX_BATCH_FILES = 200
+BODY_KEY_MAX_BYTES = 1 << 20
+"""The most of an exec body read from a caller its headers do not authenticate (a legacy
+client's key in the body): a stranger never costs a ``MAX_BODY_BYTES`` read and parse."""
 _DEFAULT_USER = "anonymous"
 _KINDS = frozenset({"user", "agent", "skill"})
+
+
+class _BodyKey(msgspec.Struct, frozen=True):
+    """The one field of an exec body read before its caller is known."""
+
+    LIBRECHAT_CODE_API_KEY: str | None = None
+
+    def __repr__(self) -> str:
+        return "_BodyKey(<hidden>)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +152,11 @@ class LibreChatApi:
     # -- exec ---------------------------------------------------------------------
 
     async def exec(self, request: Request) -> Response:
-        raw = await read_body(request)
+        caller, raw = await self._exec_caller(request)
         try:
             body = msgspec.json.decode(raw, type=ExecBody, strict=True)
         except msgspec.MsgspecError as exc:
             raise ProtocolError(f"exec body: {exc}") from None
-        caller = self.auth.caller(request, body_key=body.LIBRECHAT_CODE_API_KEY)
         language = LANGUAGES.get(body.lang)
         if language is None:
             return librechat_json(400, {"error": "bad_request", "message": "Unsupported language"})
@@ -194,6 +206,23 @@ class LibreChatApi:
             body=raw,
             answer=run_once,
         )
+
+    async def _exec_caller(self, request: Request) -> tuple[Caller, bytes]:
+        """The caller and the body: by the headers, else by a legacy body key.
+
+        A call its headers do not authenticate is a stranger until its key is found:
+        it gets at most ``BODY_KEY_MAX_BYTES`` read and only the key decoded, and
+        every failure (too long, not JSON, no key, a wrong one) is the same 401.
+        """
+        caller = self.auth.header_caller(request)
+        if caller is not None:
+            return caller, await read_body(request)
+        try:
+            raw = await read_body(request, max_bytes=BODY_KEY_MAX_BYTES)
+            key = msgspec.json.decode(raw, type=_BodyKey).LIBRECHAT_CODE_API_KEY
+        except (PayloadTooLargeError, msgspec.MsgspecError):
+            raise UnauthorizedError from None
+        return self.auth.body_key_caller(key), raw
 
     def user_of(self, caller: Caller, request: Request, named: str | None) -> str:
         """The run's user: the token's, else the one the call names, else a default."""
