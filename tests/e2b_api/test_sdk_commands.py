@@ -182,6 +182,17 @@ def test_unauthenticated_and_bad_requests(e2b_serve: E2bServe) -> None:
     )
     assert unknown.status_code == 400
     assert unknown.json()["error_code"] == "bad_request"
+    # Kept for later commands, so checked here: a bad name is this call's 400.
+    for env in ({"A\x00": "b"}, {"": "b"}, {"1A": "b"}, {"A": "b\x00"}):
+        refused = httpx.post(
+            f"{base}/v2/sandboxes", json={"templateID": "base", "envVars": env}, headers=headers
+        )
+        assert (refused.status_code, refused.json()["error_code"]) == (400, "bad_request"), env
+    # autoResume is not served: only its neutral value, and only its own shape.
+    for resume in ({"enabled": True}, {"x": 1}, "yes"):
+        body = {"templateID": "base", "autoResume": resume}
+        refused = httpx.post(f"{base}/v2/sandboxes", json=body, headers=headers)
+        assert (refused.status_code, refused.json()["error_code"]) == (400, "bad_request"), resume
 
 
 def test_malformed_envd_bodies_are_4xx(e2b_serve: E2bServe, sbx: Sandbox) -> None:
@@ -205,6 +216,10 @@ def test_malformed_envd_bodies_are_4xx(e2b_serve: E2bServe, sbx: Sandbox) -> Non
             )
             assert broken.status_code == 400, broken.text
             assert broken.json()["error_code"] == "bad_request"
+    with httpx.Client(base_url=envd, headers=headers, timeout=60) as client:
+        for port in ("49983", "49999"):
+            lost = client.get("/no/such/route", headers={"E2b-Sandbox-Port": port})
+            assert (lost.status_code, lost.json()["error_code"]) == (404, "not_found"), port
     assert sbx.commands.run("echo still fine").stdout == "still fine\n"
 
 

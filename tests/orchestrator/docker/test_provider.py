@@ -55,7 +55,8 @@ async def test_container_shape(engine: Engine, provider: DockerProvider, spec: S
         assert host["PidsLimit"] == 512
         assert host["NanoCpus"] == 1_000_000_000
         assert host["Privileged"] is False
-        assert host["CapAdd"] == ["SYS_ADMIN"] or host["CapAdd"] == ["CAP_SYS_ADMIN"]
+        # SYS_ADMIN for nsjail, NET_ADMIN for the runner's egress links; nothing else.
+        assert {cap.removeprefix("CAP_") for cap in host["CapAdd"]} == {"SYS_ADMIN", "NET_ADMIN"}
         ulimits = {u["Name"].removeprefix("RLIMIT_").lower(): u for u in host["Ulimits"]}
         assert ulimits["nofile"]["Hard"] == provider._settings.nofile
         assert ulimits["nproc"]["Hard"] == provider._settings.nproc
@@ -116,8 +117,10 @@ async def test_other_privilege_modes_run_jailed_jobs(
         health = await handle.runner.health()
         if privileges == "no-caps":
             assert any("cgroups unavailable" in warning for warning in health.warnings)
+            assert health.egress == "none"
         else:
             assert _weakened(health.warnings) == []
+            assert health.egress == "nftables"
         result = await handle.runner.execute(ExecuteRequest(language="bash", code="id -u"))
         assert result.status is RunStatus.OK, result.stderr
         assert int(result.stdout) >= 1000

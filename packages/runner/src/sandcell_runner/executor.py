@@ -11,7 +11,6 @@ import base64
 import binascii
 import hashlib
 import logging
-import re
 from dataclasses import dataclass
 from functools import partial
 
@@ -26,6 +25,7 @@ from sandcell_protocol import (
 )
 
 from .config import MIB, RunnerSettings
+from .env_vars import checked_env
 from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
 from .jail.nsjail import Jail, OutputCallback
 from .jail.outcome import JobOutcome
@@ -36,8 +36,6 @@ from .workspace import fsops
 from .workspace.manager import JobWorkspace, WorkspaceManager
 
 log = logging.getLogger(__name__)
-
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +112,7 @@ class Executor:
             if ref.name in names:
                 raise BadRequestError(f"files[{ref.name}]: also given as an inline file")
         _refuse_file_under_file(names | {ref.name for ref in refs})
-        env = {}
-        for key, value in request.env.items():
-            if not _ENV_KEY_RE.fullmatch(key):
-                raise BadRequestError(f"env: invalid variable name {key[:64]!r}")
-            if "\x00" in value:
-                raise BadRequestError(f"env[{key}]: must not contain NUL")
-            env[key] = value
+        env = checked_env(request.env)
         for index, arg in enumerate(request.args):
             if "\x00" in arg:
                 raise BadRequestError(f"args[{index}]: must not contain NUL")

@@ -28,6 +28,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import ProtocolError, decode, encode
+from sandcell_protocol.env_vars import validate_env
 
 from ..serve.errors import read_body
 from .egress import egress_policy
@@ -157,16 +158,22 @@ class ControlPlane:
             "mcp": new.mcp,
             "iam": new.iam,
             "volumeMounts": new.volumeMounts,
+            "autoResume": new.autoResume is not None and new.autoResume.enabled,
         }
         for name, value in unsupported.items():
             if value:
                 raise E2bError(400, "bad_request", f"{name}: not supported by sandcell")
+        try:
+            # Kept for every later command: a bad name is this call's 400, not theirs.
+            env = validate_env(new.envVars, field="envVars")
+        except ProtocolError as exc:
+            raise E2bError(400, "bad_request", str(exc)) from None
         sandbox = await self._sandboxes().create(
             owner=owner,
             template=new.templateID,
             timeout_s=new.timeout,
             metadata=new.metadata,
-            env=new.envVars,
+            env=env,
             auto_pause=bool(new.autoPause),
             idempotency_key=request.headers.get("idempotency-key"),
             egress=egress_policy(new.allow_internet_access, new.network),

@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .envd_http import read_file, write_files
-from .errors import e2b_error_response, sandbox_gone_response
+from .errors import E2bError, e2b_error_response, sandbox_gone_response
 from .filesystem import filesystem_app
 from .interpreter import INTERPRETER_PORT, interpreter_route
 from .process import process_app
@@ -93,7 +93,7 @@ class EnvdApp:
                 return
         handler = _HTTP_ROUTES.get((request.method, path))
         if handler is None:
-            await Response(status_code=404)(scope, receive, send)
+            await _no_route(request.method, path)(scope, receive, send)
             return
         try:
             response = await handler(request, sandbox)
@@ -115,7 +115,7 @@ class EnvdApp:
             return
         found = interpreter_route(request.method, path)
         if found is None:
-            await Response(status_code=404)(scope, receive, send)
+            await _no_route(request.method, path)(scope, receive, send)
             return
         handler, params = found
         scope["path_params"] = params
@@ -124,6 +124,11 @@ class EnvdApp:
         except Exception as exc:
             response = e2b_error_response(exc)
         await response(scope, receive, send)
+
+
+def _no_route(method: str, path: str) -> Response:
+    """A route envd (or the interpreter) does not serve: 404 with a code, as every error."""
+    return e2b_error_response(E2bError(404, "not_found", f"no route {method} {path[:100]}"))
 
 
 async def _health(_request: Request, sandbox: E2bSandbox) -> Response:

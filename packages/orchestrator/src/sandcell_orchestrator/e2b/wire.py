@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 __all__ = [
+    "AutoResume",
     "ConnectSandbox",
     "ErrorBody",
     "ListedSandbox",
@@ -33,6 +34,12 @@ class _Request(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     pass
 
 
+class AutoResume(_Request, frozen=True, kw_only=True):
+    """``autoResume``: wake a paused sandbox on traffic (not served: only ``false``)."""
+
+    enabled: bool = False
+
+
 class NewSandbox(_Request, frozen=True, kw_only=True):
     """``POST /v2/sandboxes``."""
 
@@ -40,7 +47,7 @@ class NewSandbox(_Request, frozen=True, kw_only=True):
     timeout: TimeoutSeconds | None = None
     autoPause: bool | None = None
     autoPauseMemory: bool | None = None
-    autoResume: Any = None
+    autoResume: AutoResume | None = None
     allow_internet_access: bool | None = None
     network: dict[str, Any] | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)

@@ -80,8 +80,12 @@ def privileges(mode: Privileges, traits: EngineTraits) -> dict[str, Any]:
     if traits.selinux:
         security_opt.append("label=disable")
     if mode == "cap-sys-admin":
-        # mount (tmpfs workspace quotas, cgroup remount) and namespace creation.
-        config["CapAdd"] = ["SYS_ADMIN"]
+        # SYS_ADMIN: mount (tmpfs workspace quotas, cgroup remount) and namespace
+        # creation. NET_ADMIN: the runner's egress links (a veth pair and an
+        # nftables table per sandbox, in the container's own network namespace).
+        # Jobs get neither: nsjail runs them in user namespaces of their own with
+        # every capability dropped.
+        config["CapAdd"] = ["SYS_ADMIN", "NET_ADMIN"]
     else:
         # No added capability: the default seccomp profile then refuses the
         # namespace flags nsjail needs, so it goes; nsjail's own filter still applies.

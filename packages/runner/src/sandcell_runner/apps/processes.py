@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from sandcell_protocol import ProtocolError, validate_workspace_path
 from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
 
 from ..config import MIB, RunnerSettings
+from ..env_vars import checked_env
 from ..errors import BadRequestError, InvalidPathError, NotFoundError, SessionConflictError
 from ..jail.fdio import write_all
 from ..jail.launched import LaunchedJob, LaunchOutcome
@@ -41,7 +41,6 @@ from .tracescan import TraceScanner
 
 log = logging.getLogger(__name__)
 
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 NOTE = "[sandcell] "
 
 
@@ -348,12 +347,7 @@ class ProcessManager:
         }
         if "\x00" in request.command:
             raise BadRequestError("command must not contain NUL")
-        for key, value in request.env.items():
-            if not _ENV_KEY_RE.fullmatch(key):
-                raise BadRequestError(f"env: invalid variable name {key[:64]!r}")
-            if "\x00" in value:
-                raise BadRequestError(f"env[{key}]: must not contain NUL")
-            env[key] = value
+        env.update(checked_env(request.env))
         return env
 
     async def _cwd(self, cwd: str | None, workspace: Path) -> str:

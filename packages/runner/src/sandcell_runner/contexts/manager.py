@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from sandcell_protocol.contexts import (
 from sandcell_protocol.sandbox_messages import SANDBOX_HOME
 
 from ..config import MIB, RunnerSettings
+from ..env_vars import checked_env
 from ..errors import (
     BadRequestError,
     ContextLostError,
@@ -54,8 +54,6 @@ from .interpreter import EventCallback, Interpreter, InterpreterStartError, Outp
 from .nodedriver import NODE_DRIVER
 
 log = logging.getLogger(__name__)
-
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +160,7 @@ class ContextManager:
                 f"at most {self._settings.max_contexts} contexts per session "
                 "(SANDCELL_RUNNER_MAX_CONTEXTS); delete one first"
             )
-        env = _checked_env(request.env)
+        env = checked_env(request.env)
         cwd = await self._checked_cwd(request.cwd, state.workspace)
         context = _Context(
             context_id=context_id,
@@ -312,7 +310,7 @@ class ContextManager:
         """Run one cell (the caller holds the session lock); ``on_event`` gets its events."""
         self.check_runnable(state.session_id, context_id)
         context = self._get(state.session_id, context_id)
-        env = _checked_env(request.env)
+        env = checked_env(request.env)
         if context.lock.locked():
             raise SessionBusyError(f"context {context_id!r} is running a cell; retry")
         async with context.lock:
@@ -406,15 +404,6 @@ class ContextManager:
         except (FileNotFoundError, NotADirectoryError, fsops.UnsafePathError):
             raise InvalidPathError(f"cwd {relative!r} is not a directory") from None
         return relative
-
-
-def _checked_env(env: dict[str, str]) -> dict[str, str]:
-    for key, value in env.items():
-        if not _ENV_KEY_RE.fullmatch(key):
-            raise BadRequestError(f"env: invalid variable name {key[:64]!r}")
-        if "\x00" in value:
-            raise BadRequestError(f"env[{key}]: must not contain NUL")
-    return dict(env)
 
 
 __all__ = ["ContextManager"]

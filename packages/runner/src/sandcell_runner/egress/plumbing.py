@@ -36,6 +36,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +72,47 @@ class Link:
     table: str
 
 
-def tools_missing() -> str | None:
-    """Why this runner cannot plumb links (None when it can)."""
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+
+
+def effective_capabilities(status: Path = Path("/proc/self/status")) -> int:
+    """This process's effective capability set (``CapEff``), as a bit mask."""
+    for line in status.read_text(encoding="ascii", errors="replace").splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def tools_missing(*, status: Path = Path("/proc/self/status")) -> str | None:
+    """Why this runner cannot plumb links (None when it can).
+
+    Root alone is not enough: a container's root holds only the capabilities its
+    engine granted, so the check reads them (and asks nftables once) rather than
+    letting ``/health`` claim a mechanism whose first link would fail.
+    """
     if os.geteuid() != 0:
         return "egress needs a root runner (veth pairs and nftables)"
+    capabilities = effective_capabilities(status)
+    for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN")):
+        if not capabilities & (1 << bit):
+            return f"egress needs {name} (veth pairs, nftables and namespaces)"
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
             return f"egress needs the {tool!r} tool (iproute2, nftables)"
+    try:
+        _run(["nft", "list", "tables"])
+    except PlumbingError as exc:
+        return f"egress needs nftables in this kernel: {exc}"
     return None
 
 
-def _run(argv: Sequence[str], *, netns_fd: int | None = None, stdin: str | None = None) -> None:
+def _run(
+    argv: Sequence[str],
+    *,
+    netns_fd: int | None = None,
+    stdin: str | None = None,
+    extra_fds: Sequence[int] = (),
+) -> None:
     preexec: Callable[[], None] | None = None
     if netns_fd is not None:
         fd = netns_fd
@@ -99,7 +130,7 @@ def _run(argv: Sequence[str], *, netns_fd: int | None = None, stdin: str | None 
             check=True,
             capture_output=True,
             timeout=30,
-            pass_fds=(netns_fd,) if netns_fd is not None else (),
+            pass_fds=(*((netns_fd,) if netns_fd is not None else ()), *extra_fds),
             preexec_fn=preexec,
         )
     except subprocess.CalledProcessError as exc:
@@ -151,34 +182,42 @@ def attach(
     """Give the namespace behind ``netns_fd`` a link to the runner; see the module docstring."""
     slots = subnet.num_addresses // 4
     start = choose(slots)
-    for attempt in range(64):
-        index = (start + attempt) % slots
-        host_if, jail_if = f"{_IF_PREFIX}{index:04x}h", f"{_IF_PREFIX}{index:04x}j"
-        try:
-            # Made inside the namespace, the host end moved out to the runner's.
-            _run(
-                [
-                    "ip",
-                    "link",
-                    "add",
-                    jail_if,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    host_if,
-                    "netns",
-                    str(os.getpid()),
-                ],
-                netns_fd=netns_fd,
-            )
-        except PlumbingError as exc:
-            if "File exists" in str(exc):
-                continue
-            raise
-        break
-    else:
-        raise PlumbingError("no free egress link in SANDCELL_RUNNER_EGRESS_SUBNET")
+    # The runner's own namespace, named to ``ip`` by a descriptor it inherits: not by
+    # pid, since ``/proc/<runner>/ns`` is closed to a child without CAP_SYS_PTRACE (a
+    # container's root) while the runner is not dumpable.
+    own_netns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for attempt in range(64):
+            index = (start + attempt) % slots
+            host_if, jail_if = f"{_IF_PREFIX}{index:04x}h", f"{_IF_PREFIX}{index:04x}j"
+            try:
+                # Made inside the namespace, the host end moved out to the runner's.
+                _run(
+                    [
+                        "ip",
+                        "link",
+                        "add",
+                        jail_if,
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        host_if,
+                        "netns",
+                        f"/proc/self/fd/{own_netns}",
+                    ],
+                    netns_fd=netns_fd,
+                    extra_fds=(own_netns,),
+                )
+            except PlumbingError as exc:
+                if "File exists" in str(exc):
+                    continue
+                raise
+            break
+        else:
+            raise PlumbingError("no free egress link in SANDCELL_RUNNER_EGRESS_SUBNET")
+    finally:
+        os.close(own_netns)
     gateway, jail_address = _link_net(subnet, index)
     link = Link(
         index=index,
@@ -249,6 +288,7 @@ __all__ = [
     "PlumbingError",
     "attach",
     "detach",
+    "effective_capabilities",
     "parse_subnet",
     "reap_leftovers",
     "tools_missing",

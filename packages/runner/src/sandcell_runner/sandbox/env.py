@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
+from ..env_vars import checked_env
 from ..errors import BadRequestError
 
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _MAX_VARS = 1024
 
 
@@ -28,12 +27,7 @@ def process_env(envs: Mapping[str, str], *, home: str) -> dict[str, str]:
         "TERM": "xterm-256color",
         "PYTHONUNBUFFERED": "1",
     }
-    for key, value in envs.items():
-        if not _ENV_KEY_RE.fullmatch(key):
-            raise BadRequestError(f"envs: invalid variable name {key[:64]!r}")
-        if "\x00" in value:
-            raise BadRequestError(f"envs[{key}]: must not contain NUL")
-        env[key] = value
+    env.update(checked_env(envs, field="envs"))
     return env
 
 

@@ -1,0 +1,39 @@
+"""Whether a runner can plumb egress links is read from what it holds, not assumed from root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandcell_runner.egress.plumbing import effective_capabilities, tools_missing
+
+# What a container's root holds under the engine's defaults plus SYS_ADMIN (podman):
+# no CAP_NET_ADMIN (bit 12).
+_SYS_ADMIN_ONLY = 0x00000000A82425FB | (1 << 21)
+
+
+def _status(tmp_path: Path, cap_eff: int) -> Path:
+    path = tmp_path / "status"
+    path.write_text(f"Name:\tpython\nCapInh:\t0000000000000000\nCapEff:\t{cap_eff:016x}\n")
+    return path
+
+
+def test_a_missing_net_admin_is_named(tmp_path: Path) -> None:
+    """Root in a container without CAP_NET_ADMIN: the reason says which capability."""
+    status = _status(tmp_path, _SYS_ADMIN_ONLY & ~(1 << 12))
+    assert effective_capabilities(status) & (1 << 21)
+    reason = tools_missing(status=status)
+    assert reason is not None
+    assert "CAP_NET_ADMIN" in reason
+
+
+def test_a_missing_sys_admin_is_named(tmp_path: Path) -> None:
+    status = _status(tmp_path, (1 << 12))
+    reason = tools_missing(status=status)
+    assert reason is not None
+    assert "CAP_SYS_ADMIN" in reason
+
+
+def test_this_runner_can(tmp_path: Path) -> None:
+    """The tests' runner (root on this host, ip and nft installed) has what it needs."""
+    assert tools_missing() is None
+    assert effective_capabilities() & (1 << 12)
