@@ -35,12 +35,14 @@ def test_all_is_pinned() -> None:
         "SessionRegistry",
         "SessionState",
         "SessionStore",
+        "SlotCounter",
         "SqliteRegistry",
         "hold_session",
         "lock_ttl_ms",
         "validate_e2b_sandbox_id",
         "validate_idempotency_key",
         "validate_session_id",
+        "validate_slot_scope",
     ]
     for name in registry_module.__all__:
         assert getattr(registry_module, name) is not None
@@ -114,6 +116,7 @@ def test_every_backend_is_a_session_registry(tmp_path: Path) -> None:
         SessionIndex,
         SessionRegistry,
         SessionStore,
+        SlotCounter,
         SqliteRegistry,
     )
 
@@ -124,6 +127,12 @@ def test_every_backend_is_a_session_registry(tmp_path: Path) -> None:
         RedisRegistry(client),
     ]
     for backend in backends:
-        for protocol in (SessionStore, SessionIndex, IdempotencyStore, E2bSandboxTable):
+        for protocol in (
+            SessionStore,
+            SessionIndex,
+            IdempotencyStore,
+            E2bSandboxTable,
+            SlotCounter,
+        ):
             assert isinstance(backend, protocol), (backend, protocol)
         assert isinstance(backend, SessionRegistry)

@@ -30,6 +30,7 @@ each backend implements it in a module of its own beside the backend's core:
     index.py        SessionIndex: whose each session is
     idempotency.py  IdempotencyStore: keyed requests and their answers
     e2b.py          E2bSandboxTable: the fleet's E2B sandboxes
+    slots.py        SlotCounter: fleet-wide counted, expiring slots
 
 ``SessionRegistry`` is all of them: what every backend is.
 """
@@ -50,6 +51,7 @@ from .e2b import E2bSandboxRow, E2bSandboxState, E2bSandboxTable, validate_e2b_s
 from .idempotency import IdempotencyEntry, IdempotencyStore, validate_idempotency_key
 from .index import SessionIndex, SessionOwner
 from .lease import hold_session
+from .slots import SlotCounter, validate_slot_scope
 from .ttl import lock_ttl_ms
 
 if TYPE_CHECKING:
@@ -73,17 +75,21 @@ __all__ = [
     "SessionRegistry",
     "SessionState",
     "SessionStore",
+    "SlotCounter",
     "SqliteRegistry",
     "hold_session",
     "lock_ttl_ms",
     "validate_e2b_sandbox_id",
     "validate_idempotency_key",
     "validate_session_id",
+    "validate_slot_scope",
 ]
 
 
 @runtime_checkable
-class SessionRegistry(SessionStore, SessionIndex, IdempotencyStore, E2bSandboxTable, Protocol):
+class SessionRegistry(
+    SessionStore, SessionIndex, IdempotencyStore, E2bSandboxTable, SlotCounter, Protocol
+):
     """Everything a registry backend holds (each part is documented where it is defined).
 
     Errors: a backend failure raises ``RegistryError``; a refused write raises

@@ -31,6 +31,7 @@ from .core import (
 from .e2b import E2bSandboxRow, validate_e2b_sandbox_id
 from .idempotency import IdempotencyEntry, validate_idempotency_key
 from .index import SessionOwner
+from .slots import validate_slot_scope
 
 __all__ = ["InProcessRegistry"]
 
@@ -51,6 +52,8 @@ class InProcessRegistry:
         self._idempotency: dict[str, tuple[str, IdempotencyEntry, float]] = {}
         self._owners: dict[str, SessionOwner] = {}
         self._e2b: dict[str, E2bSandboxRow] = {}
+        # slot scope -> token -> expires at, by ``clock``
+        self._slots: dict[str, dict[str, float]] = {}
         self._corrupt = _CorruptRecordLog(logger)
 
     def __repr__(self) -> str:
@@ -282,6 +285,43 @@ class InProcessRegistry:
         validate_e2b_sandbox_id(sandbox_id)
         await anyio.lowlevel.checkpoint()
         return self._e2b.pop(sandbox_id, None) is not None
+
+    def _live_slots(self, scope: str) -> dict[str, float]:
+        validate_slot_scope(scope)
+        now = self._clock()
+        held = {t: at for t, at in self._slots.get(scope, {}).items() if at > now}
+        self._slots[scope] = held
+        return held
+
+    async def acquire_slot(self, scope: str, *, token: str, limit: int, ttl_ms: int) -> bool:
+        """Take a slot if fewer than ``limit`` are held."""
+        check_ttl(ttl_ms)
+        await anyio.lowlevel.checkpoint()
+        held = self._live_slots(scope)
+        if len(held) >= limit:
+            return False
+        held[token] = self._clock() + ttl_ms / 1000
+        return True
+
+    async def renew_slot(self, scope: str, *, token: str, ttl_ms: int) -> bool:
+        """Extend ``token``'s live slot."""
+        check_ttl(ttl_ms)
+        await anyio.lowlevel.checkpoint()
+        held = self._live_slots(scope)
+        if token not in held:
+            return False
+        held[token] = self._clock() + ttl_ms / 1000
+        return True
+
+    async def release_slot(self, scope: str, *, token: str) -> None:
+        """Give ``token``'s slot back."""
+        await anyio.lowlevel.checkpoint()
+        self._live_slots(scope).pop(token, None)
+
+    async def slots_held(self, scope: str) -> int:
+        """Live slots of ``scope``."""
+        await anyio.lowlevel.checkpoint()
+        return len(self._live_slots(scope))
 
     async def close(self) -> None:
         """Nothing to release; present for the protocol."""

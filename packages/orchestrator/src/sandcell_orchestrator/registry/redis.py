@@ -14,7 +14,8 @@ runtime session id (``rt_`` + 64 hex digits, validated before it reaches a key):
 and, in the feature modules beside this one: the session index
 (``redis_index``: ``owners``, ``ns:<sha256>``), idempotency keys
 (``redis_idempotency``: ``idem:<key>``) and the E2B sandbox table
-(``redis_e2b``: ``e2b:<id>``, ``e2b_all``, ``e2b_ns:<sha256>``).
+(``redis_e2b``: ``e2b:<id>``, ``e2b_all``, ``e2b_ns:<sha256>``) and fleet-wide
+slots (``redis_slots``: ``slots:<scope>``).
 
 Locks are taken with ``SET NX PX``; renew, release, and every write go through
 the Lua scripts below, so "is the lock still mine, is my generation current"
@@ -45,6 +46,7 @@ from .redis_db import DEFAULT_PREFIX, RedisDatabase, map_redis_errors, text
 from .redis_e2b import RedisE2bTable
 from .redis_idempotency import RedisIdempotency
 from .redis_index import RedisSessionIndex
+from .redis_slots import RedisSlots
 
 __all__ = ["DEFAULT_PREFIX", "RedisRegistry"]
 
@@ -121,7 +123,7 @@ return {1, current}
 """
 
 
-class RedisRegistry(RedisSessionIndex, RedisIdempotency, RedisE2bTable, RedisDatabase):
+class RedisRegistry(RedisSessionIndex, RedisIdempotency, RedisE2bTable, RedisSlots, RedisDatabase):
     """A ``SessionRegistry`` in Redis, through a redis-py asyncio client.
 
     Pass a client to share a connection pool (the caller closes it), or use

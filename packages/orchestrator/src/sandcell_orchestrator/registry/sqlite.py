@@ -6,7 +6,7 @@ keep two of them out of one session. This one keeps the same semantics as
 generations, fenced writes) in ``$SANDCELL_HOME/registry.sqlite3``, which every
 process on the machine opens. This module holds the core tables; the others
 live with their feature (``sqlite_index``, ``sqlite_idempotency``,
-``sqlite_e2b``), on the plumbing of ``sqlite_db`` (transactions, threads,
+``sqlite_e2b``, ``sqlite_slots``), on the plumbing of ``sqlite_db`` (transactions, threads,
 monotonic expiry):
 
     locks(session_id, token, expires_at, boot_id)   one row per held lock
@@ -39,13 +39,16 @@ from .sqlite_db import SqliteDatabase
 from .sqlite_e2b import SqliteE2bTable
 from .sqlite_idempotency import SqliteIdempotency
 from .sqlite_index import SqliteSessionIndex
+from .sqlite_slots import SqliteSlots
 
 __all__ = ["SqliteRegistry"]
 
 logger = logging.getLogger(__name__)
 
 
-class SqliteRegistry(SqliteSessionIndex, SqliteIdempotency, SqliteE2bTable, SqliteDatabase):
+class SqliteRegistry(
+    SqliteSessionIndex, SqliteIdempotency, SqliteE2bTable, SqliteSlots, SqliteDatabase
+):
     """A ``SessionRegistry`` in a SQLite file shared by every process on this machine."""
 
     SCHEMA: ClassVar[str] = """

@@ -13,23 +13,27 @@ restore and no session meets another's extractor. A spare imports at nice 19
 (a runner's start-up and first job need the CPU more) and is put back to 0
 when a restore takes it.
 
-Children are started with ``subprocess.Popen`` in a worker thread (vfork+exec):
-forking the runner from the event loop (uvloop's spawn) costs the loop 2-3 ms.
-They need no ``PR_SET_PDEATHSIG``: a spare whose runner is gone reads the end of
-its socket and exits, and one mid-restore reads the end of its archive.
+Children are started with ``subprocess.Popen`` in a thread of the event loop's
+default executor: forking the runner from the event loop (uvloop's spawn) costs
+the loop 2-3 ms. They get ``PR_SET_PDEATHSIG`` (SIGKILL), which follows the
+forking *thread*: the default executor's threads live as long as the loop
+(anyio's expire after idle, which would kill a long restore). A spare still
+importing at nice 19 would otherwise outlive a killed runner until it reached
+its socket and read its end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -109,6 +113,21 @@ class ExtractorProcess:
             os.close(fd)
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_runner(runner_pid: int) -> Callable[[], None]:
+    def setup() -> None:
+        # In the forked child, before exec: a raw syscall, nothing that allocates much.
+        if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != runner_pid:  # the runner died between fork and prctl
+            os._exit(126)
+
+    return setup
+
+
 def start_extractor(*, background: bool = False) -> ExtractorProcess:
     """Start one extractor child (blocking: call it from a worker thread).
 
@@ -127,6 +146,7 @@ def start_extractor(*, background: bool = False) -> ExtractorProcess:
             cwd="/",
             env={},
             close_fds=True,
+            preexec_fn=_die_with_runner(os.getpid()),
         )
     except BaseException:
         ours.close()
@@ -157,7 +177,8 @@ class ExtractorSource:
 
     async def take(self) -> ExtractorProcess:
         """An extractor nobody else holds, not yet handed a request."""
-        return await anyio.to_thread.run_sync(start_extractor)
+        # asyncio's executor, not anyio's: its threads outlive the child (PDEATHSIG).
+        return await asyncio.to_thread(start_extractor)
 
     def done(self) -> None:
         """A restore that took one is over (a pool starts the next spare)."""

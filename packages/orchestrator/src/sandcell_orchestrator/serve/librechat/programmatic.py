@@ -306,7 +306,7 @@ class Programmatic:
         if request_id:
             self._in_flight[_scope(caller, request_id)] = run
         try:
-            with api.limiter.slot(caller.namespace):
+            async with api.limiter.slot(caller.namespace):
                 result = await api.execution.run_code(
                     ExecuteRequest(
                         language="python", code=cell, timeout_ms=run.timeout_ms, files=files

@@ -118,7 +118,11 @@ class LibreChatApi:
         self.auth = auth
         self._services = services
         self._new_id = new_id
-        self.limiter = TenantLimiter(settings.max_concurrent)
+        self.limiter = TenantLimiter(
+            settings.max_concurrent,
+            registry=lambda: self._services().registry,
+            ttl_s=settings.slot_ttl_s,
+        )
         self.idempotency = Idempotency(lambda: self._services().registry)
         self._execution: ExecutionService | None = None
         self._files: LibreChatFiles | None = None
@@ -178,7 +182,7 @@ class LibreChatApi:
         )
 
         async def run_once() -> Response:
-            with self.limiter.slot(caller.namespace):
+            async with self.limiter.slot(caller.namespace):
                 try:
                     result = await self.execution.execute(
                         run, Identity(namespace=caller.namespace, user_id=user), hint=hint

@@ -6,7 +6,11 @@ variable                                    meaning                             
 SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS          comma-separated files, each a PEM public key none (no
                                             (Ed25519 or RSA) or a JWK / JWK Set (JSON)   JWTs)
 SANDCELL_LIBRECHAT_JWT_NAMESPACE            the tenant namespace of JWT callers          librechat
-SANDCELL_LIBRECHAT_MAX_CONCURRENT           runs at once per tenant; more answer 429     8
+SANDCELL_LIBRECHAT_MAX_CONCURRENT           runs at once per tenant, across every worker 8
+                                            on one registry; more answer 429
+SANDCELL_LIBRECHAT_SLOT_TTL_S               how long a crashed worker's runs still count 30
+                                            against the limit (slots are renewed every
+                                            third of it while a run lasts)
 SANDCELL_LIBRECHAT_DEFAULT_TIMEOUT_S        a run's limit when the call names none       60
 SANDCELL_LIBRECHAT_MAX_TIMEOUT_S            the cap on a call's ``timeout``              280
 SANDCELL_LIBRECHAT_MAX_UPLOAD_BYTES         the largest upload body                      150 MiB
@@ -41,6 +45,7 @@ class LibreChatSettings:
     """The configured key files' texts (public keys: not secret, but long)."""
     jwt_namespace: str = "librechat"
     max_concurrent: int = 8
+    slot_ttl_s: float = 30.0
     default_timeout_s: float = 60.0
     max_timeout_s: float = 280.0
     max_upload_bytes: int = 150 << 20
@@ -71,6 +76,7 @@ class LibreChatSettings:
             jwt_public_keys=tuple(texts),
             jwt_namespace=namespace,
             max_concurrent=read.integer("SANDCELL_LIBRECHAT_MAX_CONCURRENT", 8, minimum=1),
+            slot_ttl_s=read.number("SANDCELL_LIBRECHAT_SLOT_TTL_S", 30.0),
             default_timeout_s=default_timeout_s,
             max_timeout_s=max_timeout_s,
             max_upload_bytes=read.integer(
