@@ -21,18 +21,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandcell_protocol import ProtocolError, validate_workspace_path
 from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
 
 from ..config import MIB, RunnerSettings
 from ..env_vars import checked_env
-from ..errors import BadRequestError, InvalidPathError, NotFoundError, SessionConflictError
+from ..errors import BadRequestError, NotFoundError, SessionConflictError
 from ..jail.fdio import write_all
 from ..jail.launched import LaunchedJob, LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.outcome import signal_name
 from ..jail.spec import JobLimits, JobSpec
-from ..workspace import fsops
+from ..jail.stopping import end_within
+from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from .logbuffer import LineBuffer
 from .procinit import INIT_SOURCE, parse_report
@@ -145,7 +145,7 @@ class ProcessManager:
             raise BadRequestError(f"at most {self._max_running} processes may run at once")
         workspace_inside, _ = self._jail.inside_paths(target.workspace, target.workspace)
         env = self._env(request, home=workspace_inside)
-        relative = await self._cwd(request.cwd, target.workspace)
+        relative = await workspace_cwd(request.cwd, target.workspace)
         cwd_inside = f"{workspace_inside}/{relative}" if relative else workspace_inside
         job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
         proc = _Process(
@@ -296,18 +296,16 @@ class ProcessManager:
     async def _stop(self, proc: _Process) -> None:
         if proc.done.is_set() or proc.job is None:
             return
+        job = proc.job
         if proc.sent is None:
             proc.sent = signal.SIGTERM
-            proc.job.signal(signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.grace_s):
-                await proc.done.wait()
-            return
-        proc.sent = signal.SIGKILL
-        proc.job.kill()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10):
-                await proc.done.wait()
+            job.signal(signal.SIGTERM)
+
+        def kill() -> None:
+            proc.sent = signal.SIGKILL
+            job.kill()
+
+        await end_within(proc.done, grace_s=self.grace_s, kill=kill)
 
     async def write_stdin(self, tag: str, data: bytes, *, close: bool = False) -> None:
         """Write to the process's stdin (then close it, when asked); 400 if it has ended."""
@@ -349,25 +347,6 @@ class ProcessManager:
             raise BadRequestError("command must not contain NUL")
         env.update(checked_env(request.env))
         return env
-
-    async def _cwd(self, cwd: str | None, workspace: Path) -> str:
-        if cwd in (None, "", "."):
-            return ""
-        assert cwd is not None
-        try:
-            relative = validate_workspace_path(cwd)
-        except ProtocolError as exc:
-            raise InvalidPathError(f"invalid cwd: {exc}") from None
-
-        def check() -> None:
-            with fsops.open_dir(workspace, relative.split("/")):
-                pass
-
-        try:
-            await asyncio.to_thread(check)
-        except (FileNotFoundError, NotADirectoryError, fsops.UnsafePathError):
-            raise InvalidPathError(f"cwd {relative!r} is not a directory") from None
-        return relative
 
     def _limits(self, request: ProcessStart) -> JobLimits:
         conf = self._settings.limits

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandcell_protocol import ProtocolError, validate_workspace_path
 from sandcell_protocol.contexts import (
     ContextCreate,
     ContextEndEvent,
@@ -38,7 +37,6 @@ from ..env_vars import checked_env
 from ..errors import (
     BadRequestError,
     ContextLostError,
-    InvalidPathError,
     NotFoundError,
     SessionBusyError,
     SessionConflictError,
@@ -47,7 +45,7 @@ from ..errors import (
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits, JobSpec
 from ..languages import LanguageSpec
-from ..workspace import fsops
+from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState
 from .interpreter import EventCallback, Interpreter, InterpreterStartError, OutputCaps
@@ -161,7 +159,7 @@ class ContextManager:
                 "(SANDCELL_RUNNER_MAX_CONTEXTS); delete one first"
             )
         env = checked_env(request.env)
-        cwd = await self._checked_cwd(request.cwd, state.workspace)
+        cwd = await workspace_cwd(request.cwd, state.workspace)
         context = _Context(
             context_id=context_id,
             language=request.language,
@@ -385,25 +383,6 @@ class ContextManager:
                     await self._stop(context, lost_reason=f"stopped after {int(idle)} s idle")
                     stopped += 1
         return stopped
-
-    async def _checked_cwd(self, cwd: str | None, workspace: Path) -> str:
-        if cwd in (None, "", "."):
-            return ""
-        assert cwd is not None
-        try:
-            relative = validate_workspace_path(cwd)
-        except ProtocolError as exc:
-            raise InvalidPathError(f"invalid cwd: {exc}") from None
-
-        def check() -> None:
-            with fsops.open_dir(workspace, relative.split("/")):
-                pass
-
-        try:
-            await asyncio.to_thread(check)
-        except (FileNotFoundError, NotADirectoryError, fsops.UnsafePathError):
-            raise InvalidPathError(f"cwd {relative!r} is not a directory") from None
-        return relative
 
 
 __all__ = ["ContextManager"]

@@ -38,7 +38,8 @@ from ..jail.fdio import write_all
 from ..jail.launched import LaunchedJob, LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits, JobSpec
-from ..workspace import fsops
+from ..jail.stopping import end_within
+from ..workspace.cwd import require_dir
 from ..workspace.manager import WorkspaceManager
 from .env import process_env
 from .events import SIGNALS, Subscriber, ended, read_report
@@ -212,16 +213,7 @@ class SandboxProcesses:
             raise InvalidPathError(f"invalid cwd: {exc}") from None
         if not relative:
             return ""
-
-        def check() -> None:
-            with fsops.open_dir(workspace, relative.split("/")):
-                pass
-
-        try:
-            await asyncio.to_thread(check)
-        except (FileNotFoundError, NotADirectoryError, fsops.UnsafePathError):
-            raise InvalidPathError(f"cwd {cwd[:200]!r} is not a directory") from None
-        return relative
+        return await require_dir(workspace, relative, shown=cwd[:200])
 
     async def _launch(
         self,
@@ -407,17 +399,15 @@ class SandboxProcesses:
     async def _stop(self, proc: _Process) -> None:
         if proc.done.is_set() or proc.job is None:
             return
+        job = proc.job
         proc.sent = "SIGTERM"
         self._control(proc, f"s {int(signal.SIGTERM)}\n")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_STOP_GRACE_S):
-                await proc.done.wait()
-            return
-        proc.sent = "SIGKILL"
-        proc.job.kill()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(10):
-                await proc.done.wait()
+
+        def kill() -> None:
+            proc.sent = "SIGKILL"
+            job.kill()
+
+        await end_within(proc.done, grace_s=_STOP_GRACE_S, kill=kill)
 
     async def stop_all(self) -> None:
         """Stop every running process (release, shutdown); waits for them to end."""
