@@ -5,7 +5,8 @@
   the same runner (a turn that changes nothing; and the checkpoint's share of one
   that changes a file)
 - cold session to first result (launch + execute, no restore): p50 / p95
-- acquire from the warm pool (SANDCELL_LOCAL_POOL_SIZE)
+- acquire from the warm pool (SANDCELL_LOCAL_POOL_SIZE), and a cold session to first
+  result whose sandbox comes from it
 - restore of a 200 MiB workspace on top of a turn
 - per-turn checkpoint time and bytes
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -105,6 +107,15 @@ async def main(turns: int) -> None:
                 acquire.append((time.perf_counter() - started) * 1000)
                 await handle2.close()
                 await pooled.destroy(handle2.sandbox_id)
+
+            # Cold session to first result when its sandbox comes from the warm pool
+            # (the pool refilled, untimed, before each).
+            from_pool = ExecutionService(provider=pooled, registry=InProcessRegistry(), store=store)
+            cold_pooled = []
+            for i in range(8):
+                await pooled.start_pool()
+                cold_pooled.append(await timed(from_pool.execute(NOOP, WHO, hint=f"pooled-{i}")))
+            await from_pool.aclose(destroy_sandboxes=True)
             await pooled.close()
         finally:
             await service.aclose(destroy_sandboxes=True)
@@ -130,6 +141,11 @@ async def main(turns: int) -> None:
         f" (the whole turn {restore_turn:.0f} ms)"
     )
     print(f"acquire from the warm pool: p50 {statistics.median(acquire):.1f} ms")
+    print(
+        f"cold session to first result from the warm pool: p50 {statistics.median(cold_pooled):.0f}"
+        f" ms, p95 {pct(cold_pooled, 95):.0f} ms"
+    )
+    print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

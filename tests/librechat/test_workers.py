@@ -93,3 +93,31 @@ def test_files_and_sessions_cross_workers(workers: tuple[Serve, Serve], driver: 
     )
     assert read["ok"], read
     assert read["content"].startswith("stdout:\nacross workers"), read
+
+
+def test_a_continuation_on_the_other_worker_is_a_clear_400(workers: tuple[Serve, Serve]) -> None:
+    """A paused programmatic run is held by the worker that answered its round: its
+    continuation on the other worker is 400 invalid_continuation (never a 5xx), and the
+    run is still there for the worker that holds it."""
+    one, two = workers
+    with one.client() as a, two.client() as b:
+        first = a.post(
+            "/exec/programmatic",
+            json={
+                "code": "print(await get_weather(city='Oslo'))",
+                "tools": [{"name": "get_weather"}],
+            },
+        )
+        assert first.status_code == 200, first.text
+        paused = first.json()
+        assert paused["status"] == "tool_call_required", paused
+        (call,) = paused["tool_calls"]
+        answer = {"call_id": call["id"], "result": '{"temp_c": 3}', "is_error": False}
+        body = {"continuation_token": paused["continuation_token"], "tool_results": [answer]}
+        elsewhere = b.post("/exec/programmatic", json=body)
+        assert elsewhere.status_code == 400, elsewhere.text
+        assert elsewhere.json()["error"] == "invalid_continuation"
+        finished = a.post("/exec/programmatic", json=body)
+        assert finished.status_code == 200, finished.text
+        assert finished.json()["status"] == "completed", finished.text
+        assert finished.json()["stdout"] == "{'temp_c': 3}\n"

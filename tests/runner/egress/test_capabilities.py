@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from sandcell_runner.egress.plumbing import effective_capabilities, tools_missing
+import pytest
+
+from sandcell_runner.egress.manager import EgressManager
+from sandcell_runner.egress.plumbing import tools_missing
+from sandcell_runner.egress.settings import EgressSettings
+from sandcell_runner.jail.capabilities import effective_capabilities
 
 # What a container's root holds under the engine's defaults plus SYS_ADMIN (podman):
 # no CAP_NET_ADMIN (bit 12).
@@ -37,3 +43,17 @@ def test_this_runner_can(tmp_path: Path) -> None:
     """The tests' runner (root on this host, ip and nft installed) has what it needs."""
     assert tools_missing() is None
     assert effective_capabilities() & (1 << 12)
+
+
+def test_a_runner_that_cannot_says_why_in_its_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``/health`` says only ``none``; the start-up log carries the reason."""
+    manager = EgressManager(
+        EgressSettings(), unavailable="egress needs CAP_NET_ADMIN (test)", state_dir=tmp_path
+    )
+    with caplog.at_level(logging.INFO, logger="sandcell_runner.egress.manager"):
+        manager.start()
+    assert manager.mechanism == "none"
+    assert "egress needs CAP_NET_ADMIN (test)" in caplog.text
+    manager.close()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import os
 import signal
 import time
 
 import httpx
 import psutil
+import pytest
 
+from sandcell_runner.jail.spawn_helper import SpawnHelper
+from sandcell_runner.jail.spawner import SpawnRequest
 from tests.runner.conftest import StartRunner
 from tests.runner.helpers import execute
 
@@ -77,3 +81,37 @@ def test_a_lost_helper_ends_its_jobs_and_is_replaced(runner_factory: StartRunner
     assert again["stdout"] == "again\n"
     (replacement,) = _helpers(runner.process.pid)
     assert replacement.pid != helper.pid
+
+
+async def test_helper_reports_exits_and_refusals() -> None:
+    """Straight to the helper: a process's exit status and rusage come back, descriptors
+    land at the numbers asked for, and an exec that fails is raised as its OSError."""
+    helper = SpawnHelper()
+    try:
+        read_end, write_end = os.pipe()
+        with open(os.devnull, "rb") as null:
+            # The job sees the descriptor at the runner's number (nsjail's argv names it),
+            # whatever number it arrived at in the helper.
+            request = SpawnRequest(
+                argv=["/bin/bash", "-c", f"echo out >&{write_end}; exit 3"],
+                stdin=null.fileno(),
+                stdout=null.fileno(),
+                stderr=null.fileno(),
+                env={"PATH": "/usr/bin:/bin"},
+                pass_fds=[write_end],
+            )
+            try:
+                process = await helper.spawn(request)
+            finally:
+                os.close(write_end)
+            status, usage = await process.wait()
+            assert os.waitstatus_to_exitcode(status) == 3
+            assert usage is not None
+            assert usage.ru_maxrss > 0
+            assert os.read(read_end, 100) == b"out\n"
+            os.close(read_end)
+            missing = dataclasses.replace(request, argv=["/nonexistent/binary"], pass_fds=[])
+            with pytest.raises(FileNotFoundError):
+                await helper.spawn(missing)
+    finally:
+        helper.close()

@@ -6,7 +6,8 @@ auth, bearer token, protocol check on first contact, error maps, redaction).
 The higher layers (``SandboxHandle``, ``SandboxManager``, ``ExecutionService``)
 are built on it. What the routes move has its own modules: ``transfers``
 (``CheckpointStream``, ``InputPayload``, file routes), ``apps`` (process and
-port routes, ``WebSocketUpgrade``) and ``errors`` (the error maps).
+port routes, ``WebSocketUpgrade``; their methods are ``app_routes.AppRoutes``, a base
+class) and ``errors`` (the error maps).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import (
     AsyncIterable,
     AsyncIterator,
     Callable,
-    Mapping,
     Sequence,
 )
 
@@ -27,7 +27,6 @@ import anyio.to_thread
 import httpx
 
 from sandcell_protocol import (
-    AnalysisResult,
     EgressPolicy,
     EgressStatus,
     ExecuteRequest,
@@ -39,14 +38,9 @@ from sandcell_protocol import (
     InputProbe,
     InputProbeResult,
     InputUploadResult,
-    LogLines,
-    ProcessInfo,
-    ProcessList,
-    ProcessStart,
     ProtocolError,
     RestoreResult,
     ResultEvent,
-    RuntimeErrors,
     StreamEvent,
     decode_event,
     encode,
@@ -56,16 +50,8 @@ from sandcell_protocol import (
 )
 
 from ..errors import RunnerRequestError, SandboxTimeoutError, SandboxUnavailableError
-from .apps import (
-    ANALYSIS_TIMEOUT_S,
-    PORT_READ_TIMEOUT_S,
-    WebSocketUpgrade,
-    no_plain_upgrade,
-    port_route,
-    tag_route,
-    upgrade_headers,
-    ws_url,
-)
+from .app_routes import AppRoutes
+from .apps import WebSocketUpgrade
 from .connection import RunnerConnection, new_request_id
 from .contexts import RunnerContexts
 from .errors import refused_before_sending
@@ -93,7 +79,7 @@ EXECUTE_MARGIN_S = 10.0
 """Read-timeout slack past a job's own deadline: the runner still reaps and collects."""
 
 
-class RunnerClient:
+class RunnerClient(AppRoutes):
     """An HTTP client of one runner. Use as ``async with`` or call ``close()``."""
 
     def __init__(
@@ -396,130 +382,6 @@ class RunnerClient:
     async def delete_file(self, path: str, *, session_id: str) -> None:
         """``DELETE /v1/session/files/{path}``; ``not_found`` if absent."""
         await self._conn.request("DELETE", file_route(path), session_id=session_id)
-
-    # -- processes ------------------------------------------------------------
-
-    async def start_process(self, start: ProcessStart, *, session_id: str) -> ProcessInfo:
-        """``POST /v1/session/processes``: start a tagged background process."""
-        response = await self._conn.request(
-            "POST", routes.SESSION_PROCESSES, session_id=session_id, message=start
-        )
-        return self._conn.decode(response, ProcessInfo)
-
-    async def processes(self, *, session_id: str) -> list[ProcessInfo]:
-        """``GET /v1/session/processes``: the session's processes, running or exited."""
-        response = await self._conn.request("GET", routes.SESSION_PROCESSES, session_id=session_id)
-        return self._conn.decode(response, ProcessList).processes
-
-    async def stop_process(self, tag: str, *, session_id: str) -> None:
-        """``DELETE /v1/session/processes/{tag}``: TERM, then KILL after the runner's grace."""
-        await self._conn.request("DELETE", tag_route(tag), session_id=session_id)
-
-    async def process_logs(
-        self,
-        tag: str,
-        *,
-        session_id: str,
-        lines: int | None = None,
-        filter: str | None = None,
-    ) -> LogLines:
-        """``GET …/processes/{tag}/logs``: the last ``lines`` lines matching ``filter``."""
-        params: dict[str, str] = {}
-        if lines is not None:
-            params["lines"] = str(lines)
-        if filter is not None:
-            params["filter"] = filter
-        response = await self._conn.request(
-            "GET", tag_route(tag, "logs"), session_id=session_id, params=params
-        )
-        return self._conn.decode(response, LogLines)
-
-    # -- diagnostics ----------------------------------------------------------
-
-    async def runtime_errors(self, *, session_id: str, since: float | None = None) -> RuntimeErrors:
-        """``GET /v1/session/runtime-errors``: deduplicated errors (last seen after ``since``)."""
-        params = {"since": repr(since)} if since is not None else None
-        response = await self._conn.request(
-            "GET", routes.SESSION_RUNTIME_ERRORS, session_id=session_id, params=params
-        )
-        return self._conn.decode(response, RuntimeErrors)
-
-    async def clear_runtime_errors(self, *, session_id: str) -> None:
-        """``DELETE /v1/session/runtime-errors``."""
-        await self._conn.request("DELETE", routes.SESSION_RUNTIME_ERRORS, session_id=session_id)
-
-    async def analysis(self, *, session_id: str) -> AnalysisResult:
-        """``GET /v1/session/analysis``: the project's checkers, run in the jail."""
-        response = await self._conn.request(
-            "GET", routes.SESSION_ANALYSIS, session_id=session_id, read_timeout_s=ANALYSIS_TIMEOUT_S
-        )
-        return self._conn.decode(response, AnalysisResult)
-
-    # -- ports ----------------------------------------------------------------
-
-    async def port_request(
-        self,
-        method: str,
-        port: int,
-        raw_path: str,
-        *,
-        session_id: str,
-        query: str,
-        request_headers: Mapping[str, str],
-        content: AsyncIterable[bytes] | bytes | None = None,
-        read_timeout_s: float = PORT_READ_TIMEOUT_S,
-    ) -> httpx.Response:
-        """Proxy one request to ``port``: a streaming response with the app's status.
-
-        ``raw_path`` (still percent-encoded, no leading slash) and ``query`` are
-        sent as they are. Transport failures map as on every route; the caller
-        closes the response.
-        """
-        return await self._conn.request(
-            method,
-            port_route(port, raw_path, query),
-            session_id=session_id,
-            extra_headers=request_headers,
-            read_timeout_s=read_timeout_s,
-            content=content,
-            stream=True,
-            any_status=True,
-        )
-
-    async def websocket_upgrade(
-        self,
-        port: int,
-        raw_path: str,
-        *,
-        session_id: str,
-        query: str,
-        extra_headers: Mapping[str, str] | None = None,
-    ) -> WebSocketUpgrade:
-        """The URL and headers of a WebSocket upgrade to ``raw_path`` on ``port``.
-
-        The headers are this client's (token, session, protocol, request id), the
-        injected auth's (run on the equivalent ``GET``, through ``HeaderGuard``)
-        and ``extra_headers``. ``RunnerRequestError`` if a transport was injected:
-        the upgrade would bypass it.
-        """
-        if self._conn.transport_injected:
-            raise no_plain_upgrade(self.base_url)
-        await self._conn.ensure_compatible()
-        request = self._conn.build_request(
-            "GET",
-            port_route(port, raw_path, query),
-            session_id=session_id,
-            extra_headers=extra_headers,
-        )
-        auth = self._conn.http.auth
-        if auth is not None:
-            flow = auth.async_auth_flow(request)
-            try:
-                request = await anext(flow)
-            finally:
-                await flow.aclose()
-        self._conn.redact.learn(request.headers)
-        return WebSocketUpgrade(url=ws_url(request.url), headers=upgrade_headers(request))
 
 
 def _decode_event(line: str) -> StreamEvent:

@@ -118,6 +118,8 @@ class EgressManager:
     def start(self) -> None:
         """Reap a dead runner's tables; link the shared namespace if the policy needs it."""
         if self.mechanism == "none":
+            # /health says only "none"; the operator's log says why.
+            log.info("egress: none (only deny_all can be set): %s", self.unavailable)
             return
         reaped = reap_leftovers()
         if reaped:

@@ -184,6 +184,8 @@ class Helper:
         self.poller = select.poll()
         self.poller.register(sock.fileno(), select.POLLIN)
         self.children: dict[int, int] = {}
+        self.starting: dict[int, tuple[int, int, bytearray]] = {}
+        """Start pipes of children not yet exec'd: read end -> (seq, pid, error so far)."""
         self.pids: set[int] = set()
         self.pid = os.getpid()
 
@@ -196,6 +198,8 @@ class Helper:
                 if fd == self.sock.fileno():
                     if not self.receive():
                         return
+                elif fd in self.starting:
+                    self.started(fd)
                 else:
                     self.reap(fd)
 
@@ -249,15 +253,24 @@ class Helper:
             os.close(read_end)
             _child(job, fds, write_end, self.pid)
         os.close(write_end)
-        try:
-            # EOF once the child has exec'd (the pipe is close-on-exec): a few hundred us.
-            error = b""
-            while chunk := os.read(read_end, 512):
-                error += chunk
-        finally:
-            os.close(read_end)
+        # EOF on the pipe once the child has exec'd (it is close-on-exec). Waited for
+        # in the poll loop, not here: a child the scheduler is slow to run (a loaded
+        # machine) must not hold up the requests behind it.
+        self.starting[read_end] = (seq, pid, bytearray())
+        self.poller.register(read_end, select.POLLIN)
+
+    def started(self, read_end: int) -> None:
+        """The start pipe of a child is readable: its failure, or (EOF alone) its exec."""
+        seq, pid, error = self.starting[read_end]
+        chunk = os.read(read_end, 512)
+        if chunk:
+            error += chunk
+            return
+        del self.starting[read_end]
+        self.poller.unregister(read_end)
+        os.close(read_end)
         if error:
-            os.waitpid(pid, 0)
+            os.waitpid(pid, 0)  # it exits right after saying why
             step, _, rest = error.decode("utf-8", "replace").partition(":")
             code, _, why = rest.partition(":")
             self.send(

@@ -19,6 +19,9 @@ A continuation token is random, single-use, bound to its tenant, and expires
 (``TOKEN_TTL_S``); a paused run is kept by this process, so a continuation must
 come back to the worker that answered the last round (a load balancer's
 affinity). At most ``MAX_ROUND_TRIPS`` rounds.
+
+``programmatic_runtime.py`` holds what runs in the interpreter (``RUNTIME``) and
+tools' names there; ``programmatic_wire.py`` the request shapes.
 """
 
 from __future__ import annotations
@@ -26,9 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import keyword
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable
@@ -54,8 +55,9 @@ from ..errors import JSON_MEDIA_TYPE, read_body
 from .auth import Caller
 from .errors import librechat_json
 from .ids import new_nanoid
+from .programmatic_runtime import RUNTIME, python_name
+from .programmatic_wire import CancelBody, ProgrammaticBody, ToolResult
 from .routes import LibreChatApi, ResolvedInput
-from .wire import InFile, NonNegativeInt
 
 __all__ = ["MAX_ROUND_TRIPS", "RUNTIME", "TOKEN_TTL_S", "Programmatic", "python_name"]
 
@@ -65,141 +67,6 @@ MAX_ROUND_TRIPS = 20
 TOKEN_TTL_S = 600.0
 REQUEST_ID_HEADER = "x-librechat-code-request-id"
 _QUIET_S = 0.05
-# The hard keywords only, as the client's list has them (``match`` stays ``match``:
-# a soft keyword is a valid name); a parity test compares with the client.
-_PY_KEYWORDS = frozenset(keyword.kwlist)
-
-# Runs inside the context's interpreter (standard library only). The code becomes
-# the body of an async function whose globals hold the tools; a tool call records
-# {id, name, input} and awaits a future that the next round resolves.
-RUNTIME = r"""
-import asyncio as _sc_asyncio, itertools as _sc_it, json as _sc_json, sys as _sc_sys
-import threading as _sc_threading, time as _sc_time, traceback as _sc_tb
-
-class _SandcellAnswer:
-    def __init__(self, value):
-        self._value = _sc_json.dumps(value, default=str)
-    def _repr_json_(self):
-        return self._value
-    def __repr__(self):
-        return "<sandcell programmatic round>"
-
-def _sandcell_decode(value):
-    if isinstance(value, str) and value.strip()[:1] in ("{", "["):
-        try:
-            return _sc_json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-class _SandcellProgrammatic:
-    def __init__(self, code, tools):
-        self.loop = _sc_asyncio.new_event_loop()
-        self.lock = _sc_threading.Lock()
-        self.pending = {}
-        self.new = []
-        self.ids = _sc_it.count(1)
-        self.last_call = 0.0
-        space = {"__name__": "__main__", "asyncio": _sc_asyncio}
-        for python, original in tools.items():
-            space[python] = self._tool(original)
-        body = "\n".join(("    " + line) if line.strip() else "" for line in code.split("\n"))
-        source = "async def __sandcell_main__():\n" + body + "\n    pass\n"
-        exec(compile(source, "<code>", "exec"), space)
-        _sc_threading.Thread(target=self.loop.run_forever, name="sandcell-ptc", daemon=True).start()
-        self.task = _sc_asyncio.run_coroutine_threadsafe(space["__sandcell_main__"](), self.loop)
-
-    def _tool(self, name):
-        async def tool(*args, **kwargs):
-            if args:
-                raise TypeError(name + "() takes keyword arguments only")
-            future = self.loop.create_future()
-            with self.lock:
-                call_id = "call_%d" % next(self.ids)
-                self.pending[call_id] = future
-                self.new.append({"id": call_id, "name": name, "input": kwargs})
-                self.last_call = _sc_time.monotonic()
-            return await future
-        tool.__name__ = name
-        return tool
-
-    def resume(self, results):
-        for item in results:
-            future = self.pending.pop(item.get("call_id"), None)
-            if future is None:
-                continue
-            if item.get("is_error"):
-                error = RuntimeError(item.get("error_message") or "the tool failed")
-                self.loop.call_soon_threadsafe(future.set_exception, error)
-            else:
-                value = _sandcell_decode(item.get("result"))
-                self.loop.call_soon_threadsafe(future.set_result, value)
-
-    def wait(self, quiet_s):
-        while True:
-            if self.task.done():
-                self.loop.call_soon_threadsafe(self.loop.stop)
-                error = self.task.exception()
-                if error is None:
-                    return _SandcellAnswer({"state": "done"})
-                text = "".join(_sc_tb.format_exception(type(error), error, error.__traceback__))
-                _sc_sys.stderr.write(text)
-                message = type(error).__name__ + ": " + str(error)
-                return _SandcellAnswer({"state": "error", "error": message})
-            with self.lock:
-                if self.new and _sc_time.monotonic() - self.last_call >= quiet_s:
-                    calls, self.new = self.new, []
-                    return _SandcellAnswer({"state": "calls", "calls": calls})
-            _sc_time.sleep(0.01)
-"""
-
-
-def python_name(name: str) -> str:
-    """A tool's name as the code calls it, as ``@librechat/agents`` normalizes it:
-    hyphens and spaces to ``_``, other characters dropped, a leading digit prefixed
-    with ``_``, a keyword suffixed with ``_tool``."""
-    normalized = re.sub(r"[^a-zA-Z0-9_]", "", re.sub(r"[-\s]", "_", name))
-    if re.match(r"[0-9]", normalized):
-        normalized = "_" + normalized
-    if normalized in _PY_KEYWORDS:
-        normalized += "_tool"
-    return normalized
-
-
-class ToolDef(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    description: str | None = None
-    parameters: Any = None
-
-
-class ToolResult(msgspec.Struct, frozen=True, kw_only=True):
-    call_id: str
-    result: Any = None
-    is_error: bool = False
-    error_message: str | None = None
-
-
-class ProgrammaticBody(msgspec.Struct, frozen=True, kw_only=True):
-    """A first round (``code``, ``tools``) or a continuation (``continuation_token``).
-
-    Not ``forbid_unknown_fields``, for the reason ``wire.ExecBody`` gives."""
-
-    code: str | None = None
-    tools: list[ToolDef] | None = None
-    session_id: str | None = None
-    timeout: NonNegativeInt | None = None
-    files: list[InFile] | None = None
-    runtime_session_hint: str | None = None
-    continuation_token: str | None = None
-    tool_results: list[ToolResult] | None = None
-
-    def __repr__(self) -> str:
-        continuing = self.continuation_token is not None
-        return f"ProgrammaticBody(tools={len(self.tools or [])}, continuing={continuing})"
-
-
-class CancelBody(msgspec.Struct, frozen=True, kw_only=True):
-    request_id: str
 
 
 @dataclass

@@ -10,7 +10,8 @@
 
 No lifecycle, lock or storage logic lives here: runs go through the process's
 ``SandboxManager`` (one ``ExecutionService`` over it), files through its
-``InputStore`` (``files.py``), each scoped to the caller's namespace.
+``InputStore`` (``files.py``), each scoped to the caller's namespace. The file
+routes' methods are ``file_routes.FileRoutes``, a base class of ``LibreChatApi``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -41,24 +41,21 @@ from ...bootstrap import Services
 from ...errors import InputMissingError, SandboxTimeoutError
 from ...sessions.execution import ExecutionService, Identity
 from ..auth import UnauthorizedError
-from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of, read_body
+from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, read_body
 from ..idempotency import Idempotency, idempotency_key
 from .auth import Caller, LibreChatAuth
-from .errors import ExecutionTimeoutError, FileNotVisibleError, librechat_json
-from .files import FileMeta, LibreChatFiles, Viewer, visible
+from .errors import ExecutionTimeoutError, librechat_json
+from .file_routes import FileRoutes
+from .files import LibreChatFiles, Viewer, visible
 from .ids import new_nanoid, require_nanoid
 from .limits import TenantLimiter
 from .settings import LibreChatSettings
 from .wire import (
     ExecAnswer,
     ExecBody,
-    FileEntry,
     InFile,
     ModifiedFrom,
-    ObjectInfo,
     OutFile,
-    UploadAnswer,
-    UploadedFile,
 )
 
 __all__ = ["BODY_KEY_MAX_BYTES", "LANGUAGES", "LibreChatApi"]
@@ -77,12 +74,10 @@ LANGUAGES = {
 """LibreChat's ``lang`` -> the runner's language. Others answer 400 ``Unsupported language``;
 one the runner lacks answers the same (its ``unsupported_language``)."""
 PROFILE_HEADER = "x-codeapi-expected-profile"
-MAX_BATCH_FILES = 200
 BODY_KEY_MAX_BYTES = 1 << 20
 """The most of an exec body read from a caller its headers do not authenticate (a legacy
 client's key in the body): a stranger never costs a ``MAX_BODY_BYTES`` read and parse."""
 _DEFAULT_USER = "anonymous"
-_KINDS = frozenset({"user", "agent", "skill"})
 
 
 class _BodyKey(msgspec.Struct, frozen=True):
@@ -103,7 +98,7 @@ class ResolvedInput:
     read_only: bool
 
 
-class LibreChatApi:
+class LibreChatApi(FileRoutes):
     """State of the API: built once by ``install_librechat``; services resolved lazily."""
 
     def __init__(
@@ -229,8 +224,14 @@ class LibreChatApi:
         return self.auth.body_key_caller(key), raw
 
     def user_of(self, caller: Caller, request: Request, named: str | None) -> str:
-        """The run's user: the token's, else the one the call names, else a default."""
-        return caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
+        """The run's user: the token's, else the one the call names, else a default.
+
+        Checked whether or not the call names a runtime session: the user is kept
+        with the run's output files either way."""
+        user = caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
+        if "\x00" in user:
+            raise ProtocolError("user_id: must not contain NUL")
+        return user
 
     def timeout_s(self, timeout_ms: int | None) -> float:
         """The call's ``timeout`` (ms) capped, or the default."""
@@ -358,142 +359,5 @@ class LibreChatApi:
             }
         return files, delivery
 
-    # -- files --------------------------------------------------------------------
-
-    async def upload(self, request: Request) -> Response:
-        return await self._upload(request, batch=False)
-
-    async def upload_batch(self, request: Request) -> Response:
-        return await self._upload(request, batch=True)
-
-    async def _upload(self, request: Request, *, batch: bool) -> Response:
-        caller = self.auth.caller(request)
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.settings.max_upload_bytes:
-            raise PayloadTooLargeError
-        limit = MAX_BATCH_FILES if batch else 1
-        async with form_of(request, max_files=limit, max_fields=16) as form:
-            parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
-            if not parts:
-                raise ProtocolError("upload: no file part")
-            kind = _text(form.get("kind"))
-            if kind is not None and kind not in _KINDS:
-                raise ProtocolError("upload: kind must be user, agent or skill")
-            resource_id = _text(form.get("id"))
-            version = _text(form.get("version"))
-            if version is not None and not version.isdigit():
-                raise ProtocolError("upload: version must be a whole number")
-            read_only = (_text(form.get("read_only")) or "").lower() in ("true", "1")
-            user = caller.token_user or request.headers.get("user-id") or None
-            storage_session_id = self._new_id()
-            uploaded: list[UploadedFile] = []
-            total = 0
-            for part in parts:
-                data = await part.read()
-                total += len(data)
-                if total > self.settings.max_upload_bytes:
-                    raise PayloadTooLargeError
-                filename = part.filename or "file"
-                file_id = self._new_id()
-                await self.files.put(
-                    caller.namespace,
-                    storage_session_id,
-                    file_id,
-                    data,
-                    filename=filename,
-                    user_id=user,
-                    kind=kind or "user",
-                    resource_id=resource_id,
-                    version=int(version) if version is not None else None,
-                    read_only=read_only,
-                )
-                uploaded.append(
-                    UploadedFile(
-                        fileId=file_id, filename=filename, status="success" if batch else None
-                    )
-                )
-        # Clients that send no kind are the legacy contract: it named the storage
-        # session ``session_id``.
-        legacy = kind is None
-        answer = UploadAnswer(
-            message="success",
-            files=uploaded,
-            storage_session_id=None if legacy else storage_session_id,
-            session_id=storage_session_id if legacy else None,
-            succeeded=len(uploaded) if batch else None,
-            failed=0 if batch else None,
-        )
-        return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
-
-    async def _visible_meta(self, request: Request, caller: Caller) -> tuple[str, str, FileMeta]:
-        session_id = require_nanoid("session_id", request.path_params["session_id"])
-        file_id = require_nanoid("fileId", request.path_params["file_id"])
-        meta = await self.files.meta(caller.namespace, session_id, file_id)
-        if meta is None or not visible(meta, _viewer(request, caller)):
-            raise FileNotVisibleError
-        return session_id, file_id, meta
-
-    async def download(self, request: Request) -> Response:
-        caller = self.auth.caller(request)
-        session_id, file_id, meta = await self._visible_meta(request, caller)
-        data = await self.files.read(caller.namespace, session_id, file_id)
-        if data is None:
-            raise FileNotVisibleError
-        quoted = meta.filename.rsplit("/", 1)[-1].replace('"', "")
-        return Response(
-            data,
-            media_type="application/octet-stream",
-            headers={"Content-Disposition": f'attachment; filename="{quoted}"'},
-        )
-
-    async def object_info(self, request: Request) -> Response:
-        caller = self.auth.caller(request)
-        _, _, meta = await self._visible_meta(request, caller)
-        info = ObjectInfo(lastModified=meta.modified_at, size=meta.size, etag=meta.sha256)
-        return Response(msgspec.json.encode(info), media_type=JSON_MEDIA_TYPE)
-
-    async def list_files(self, request: Request) -> Response:
-        caller = self.auth.caller(request)
-        session_id = require_nanoid("session_id", request.path_params["session_id"])
-        full = request.query_params.get("detail", "summary") == "full"
-        viewer = _viewer(request, caller)
-        entries = [
-            FileEntry(
-                name=f"{session_id}/{file_id}",
-                id=file_id,
-                storage_session_id=session_id,
-                metadata={"original-filename": meta.filename},
-                size=meta.size if full else None,
-                lastModified=meta.modified_at if full else None,
-                etag=meta.sha256 if full else None,
-            )
-            for file_id, meta in await self.files.list(caller.namespace, session_id)
-            if visible(meta, viewer)
-        ]
-        return Response(msgspec.json.encode(entries), media_type=JSON_MEDIA_TYPE)
-
-    async def delete_file(self, request: Request) -> Response:
-        caller = self.auth.caller(request)
-        try:
-            session_id, file_id, _ = await self._visible_meta(request, caller)
-        except FileNotVisibleError:
-            # Gone, never there, or not the caller's: all look alike, and all are done.
-            return Response(status_code=204)
-        await self.files.delete(caller.namespace, session_id, file_id)
-        return Response(status_code=204)
-
     async def health(self, _request: Request) -> Response:
         return librechat_json(200, {"status": "ok"})
-
-
-def _viewer(request: Request, caller: Caller) -> Viewer:
-    kind = request.query_params.get("kind") or None
-    resource = request.query_params.get("id") or None
-    user = caller.token_user
-    if user is None:
-        user = resource if kind == "user" else request.headers.get("user-id") or None
-    return Viewer(user_id=user, kind=kind, resource_id=resource)
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) and value != "" else None

@@ -1,0 +1,180 @@
+"""The file routes of ``/librechat/v1``: upload, download, object info, listing, delete.
+
+``FileRoutes`` is a base class of ``LibreChatApi`` (``routes.py``), which gives it
+its ``auth``, ``settings``, ``files`` (the ``InputStore`` behind ``files.py``) and
+id generator; every lookup is scoped to the caller's namespace, and a file that is
+absent, another tenant's or another user's answers alike (``FileNotVisibleError``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sandcell_protocol import ProtocolError
+
+from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of
+from .auth import Caller, LibreChatAuth
+from .errors import FileNotVisibleError
+from .files import FileMeta, LibreChatFiles, Viewer, visible
+from .ids import require_nanoid
+from .settings import LibreChatSettings
+from .wire import FileEntry, ObjectInfo, UploadAnswer, UploadedFile
+
+__all__ = ["MAX_BATCH_FILES", "FileRoutes"]
+
+MAX_BATCH_FILES = 200
+_KINDS = frozenset({"user", "agent", "skill"})
+
+
+class FileRoutes:
+    """The file routes; ``LibreChatApi`` provides what they use."""
+
+    settings: LibreChatSettings
+    auth: LibreChatAuth
+
+    @property
+    def files(self) -> LibreChatFiles:
+        """Where files are kept (``LibreChatApi`` gives it)."""
+        raise NotImplementedError
+
+    def new_id(self) -> str:
+        """A fresh nanoid (``LibreChatApi`` gives it)."""
+        raise NotImplementedError
+
+    async def upload(self, request: Request) -> Response:
+        return await self._upload(request, batch=False)
+
+    async def upload_batch(self, request: Request) -> Response:
+        return await self._upload(request, batch=True)
+
+    async def _upload(self, request: Request, *, batch: bool) -> Response:
+        caller = self.auth.caller(request)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.settings.max_upload_bytes:
+            raise PayloadTooLargeError
+        limit = MAX_BATCH_FILES if batch else 1
+        async with form_of(request, max_files=limit, max_fields=16) as form:
+            parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
+            if not parts:
+                raise ProtocolError("upload: no file part")
+            kind = _text(form.get("kind"))
+            if kind is not None and kind not in _KINDS:
+                raise ProtocolError("upload: kind must be user, agent or skill")
+            resource_id = _text(form.get("id"))
+            version = _text(form.get("version"))
+            if version is not None and not version.isdigit():
+                raise ProtocolError("upload: version must be a whole number")
+            read_only = (_text(form.get("read_only")) or "").lower() in ("true", "1")
+            user = caller.token_user or request.headers.get("user-id") or None
+            storage_session_id = self.new_id()
+            uploaded: list[UploadedFile] = []
+            total = 0
+            for part in parts:
+                data = await part.read()
+                total += len(data)
+                if total > self.settings.max_upload_bytes:
+                    raise PayloadTooLargeError
+                filename = part.filename or "file"
+                file_id = self.new_id()
+                await self.files.put(
+                    caller.namespace,
+                    storage_session_id,
+                    file_id,
+                    data,
+                    filename=filename,
+                    user_id=user,
+                    kind=kind or "user",
+                    resource_id=resource_id,
+                    version=int(version) if version is not None else None,
+                    read_only=read_only,
+                )
+                uploaded.append(
+                    UploadedFile(
+                        fileId=file_id, filename=filename, status="success" if batch else None
+                    )
+                )
+        # Clients that send no kind are the legacy contract: it named the storage
+        # session ``session_id``.
+        legacy = kind is None
+        answer = UploadAnswer(
+            message="success",
+            files=uploaded,
+            storage_session_id=None if legacy else storage_session_id,
+            session_id=storage_session_id if legacy else None,
+            succeeded=len(uploaded) if batch else None,
+            failed=0 if batch else None,
+        )
+        return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
+
+    async def _visible_meta(self, request: Request, caller: Caller) -> tuple[str, str, FileMeta]:
+        session_id = require_nanoid("session_id", request.path_params["session_id"])
+        file_id = require_nanoid("fileId", request.path_params["file_id"])
+        meta = await self.files.meta(caller.namespace, session_id, file_id)
+        if meta is None or not visible(meta, _viewer(request, caller)):
+            raise FileNotVisibleError
+        return session_id, file_id, meta
+
+    async def download(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        session_id, file_id, meta = await self._visible_meta(request, caller)
+        data = await self.files.read(caller.namespace, session_id, file_id)
+        if data is None:
+            raise FileNotVisibleError
+        quoted = meta.filename.rsplit("/", 1)[-1].replace('"', "")
+        return Response(
+            data,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{quoted}"'},
+        )
+
+    async def object_info(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        _, _, meta = await self._visible_meta(request, caller)
+        info = ObjectInfo(lastModified=meta.modified_at, size=meta.size, etag=meta.sha256)
+        return Response(msgspec.json.encode(info), media_type=JSON_MEDIA_TYPE)
+
+    async def list_files(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        session_id = require_nanoid("session_id", request.path_params["session_id"])
+        full = request.query_params.get("detail", "summary") == "full"
+        viewer = _viewer(request, caller)
+        entries = [
+            FileEntry(
+                name=f"{session_id}/{file_id}",
+                id=file_id,
+                storage_session_id=session_id,
+                metadata={"original-filename": meta.filename},
+                size=meta.size if full else None,
+                lastModified=meta.modified_at if full else None,
+                etag=meta.sha256 if full else None,
+            )
+            for file_id, meta in await self.files.list(caller.namespace, session_id)
+            if visible(meta, viewer)
+        ]
+        return Response(msgspec.json.encode(entries), media_type=JSON_MEDIA_TYPE)
+
+    async def delete_file(self, request: Request) -> Response:
+        caller = self.auth.caller(request)
+        try:
+            session_id, file_id, _ = await self._visible_meta(request, caller)
+        except FileNotVisibleError:
+            # Gone, never there, or not the caller's: all look alike, and all are done.
+            return Response(status_code=204)
+        await self.files.delete(caller.namespace, session_id, file_id)
+        return Response(status_code=204)
+
+
+def _viewer(request: Request, caller: Caller) -> Viewer:
+    kind = request.query_params.get("kind") or None
+    resource = request.query_params.get("id") or None
+    user = caller.token_user
+    if user is None:
+        user = resource if kind == "user" else request.headers.get("user-id") or None
+    return Viewer(user_id=user, kind=kind, resource_id=resource)
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value != "" else None
