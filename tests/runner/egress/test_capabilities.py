@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from sandcell_runner.egress.manager import EgressManager
-from sandcell_runner.egress.plumbing import effective_capabilities, tools_missing
+from sandcell_runner.egress.plumbing import tools_missing
 from sandcell_runner.egress.settings import EgressSettings
+from sandcell_runner.jail.capabilities import effective_capabilities
 
 # What a container's root holds under the engine's defaults plus SYS_ADMIN (podman):
 # no CAP_NET_ADMIN (bit 12).

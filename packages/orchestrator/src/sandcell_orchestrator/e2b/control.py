@@ -27,12 +27,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sandcell_protocol import ProtocolError, decode, encode
+from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol.env_vars import validate_env
 
-from ..serve.errors import read_body
 from .egress import egress_policy
-from .errors import E2bError, e2b_error_response
+from .errors import E2bError, e2b_error_response, read_message
 from .sandboxes import E2bSandbox, E2bSandboxes
 from .wire import (
     ConnectSandbox,
@@ -61,16 +60,6 @@ def _iso(epoch_s: float) -> str:
 
 def _json(value: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(encode(value), status_code=status, media_type=_JSON, headers=headers)
-
-
-async def _message(request: Request, kind: type[T], *, empty_ok: bool = False) -> T:
-    body = await read_body(request)
-    if empty_ok and not body.strip():
-        body = b"{}"
-    try:
-        return decode(body, kind)
-    except ProtocolError as exc:
-        raise E2bError(400, "bad_request", str(exc)) from None
 
 
 class ControlPlane:
@@ -153,7 +142,7 @@ class ControlPlane:
 
     async def create(self, request: Request) -> Response:
         owner = self._owner(request)
-        new = await _message(request, NewSandbox)
+        new = await read_message(request, NewSandbox)
         unsupported = {
             "mcp": new.mcp,
             "iam": new.iam,
@@ -235,27 +224,27 @@ class ControlPlane:
 
     async def set_timeout(self, request: Request) -> Response:
         sandbox = await self._one(request)
-        message = await _message(request, SetTimeout)
+        message = await read_message(request, SetTimeout)
         await self._sandboxes().set_timeout(sandbox, message.timeout)
         return Response(status_code=204)
 
     async def pause(self, request: Request) -> Response:
         sandbox = await self._one(request)
-        await _message(request, PauseSandbox, empty_ok=True)
+        await read_message(request, PauseSandbox, empty_ok=True)
         if not await self._sandboxes().pause(sandbox):
             raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is paused")
         return Response(status_code=204)
 
     async def connect(self, request: Request) -> Response:
         sandbox = await self._one(request)
-        message = await _message(request, ConnectSandbox, empty_ok=True)
+        message = await read_message(request, ConnectSandbox, empty_ok=True)
         was_paused = sandbox.state == "paused"
         await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
         return _json(self._created(sandbox), 201 if was_paused else 200)
 
     async def resume(self, request: Request) -> Response:
         sandbox = await self._one(request)
-        message = await _message(request, ConnectSandbox, empty_ok=True)
+        message = await read_message(request, ConnectSandbox, empty_ok=True)
         if sandbox.state != "paused":
             raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is running")
         await self._sandboxes().connect(sandbox, timeout_s=message.timeout)

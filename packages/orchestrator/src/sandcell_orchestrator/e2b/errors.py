@@ -8,19 +8,29 @@ E2B's envd would have caused (``NOT_FOUND`` → ``NotFoundException``, …).
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from starlette.requests import Request
 from starlette.responses import Response
 
-from sandcell_protocol import encode
+from sandcell_protocol import ProtocolError, decode, encode
 
 from ..errors import RunnerRequestError, SandboxUnavailableError
-from ..serve.errors import map_error
+from ..serve.errors import map_error, read_body
 from .wire import ErrorBody
 
-__all__ = ["E2bError", "connect_error", "e2b_error_response", "sandbox_gone_response"]
+__all__ = [
+    "E2bError",
+    "connect_error",
+    "e2b_error_response",
+    "read_message",
+    "sandbox_gone_response",
+]
 
 JSON = "application/json"
+T = TypeVar("T")
 
 
 class E2bError(Exception):
@@ -30,6 +40,19 @@ class E2bError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+async def read_message(request: Request, kind: type[T], *, empty_ok: bool = False) -> T:
+    """The body decoded as ``kind`` (an empty one as ``{}`` when ``empty_ok``); a body
+    that is not one is ``E2bError`` 400 ``bad_request``: every E2B route reads its
+    JSON this way."""
+    body = await read_body(request)
+    if empty_ok and not body.strip():
+        body = b"{}"
+    try:
+        return decode(body, kind)
+    except ProtocolError as exc:
+        raise E2bError(400, "bad_request", str(exc)) from None
 
 
 def e2b_error_response(exc: BaseException) -> Response:

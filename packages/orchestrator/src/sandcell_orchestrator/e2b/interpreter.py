@@ -22,20 +22,18 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from sandcell_protocol import ProtocolError, decode, encode
+from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol import contexts as cx
 from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import RunnerRequestError, SessionConflictError
 from ..runner.contexts import RunnerContexts
-from ..serve.errors import read_body
-from .errors import E2bError
+from .errors import E2bError, read_message
 from .sandboxes import E2bSandbox
 
 __all__ = ["INTERPRETER_PORT", "interpreter_route"]
@@ -117,14 +115,6 @@ def _json(value: object, status: int = 200) -> Response:
     return Response(encode(value), status_code=status, media_type="application/json")
 
 
-async def _body(request: Request, kind: type[Any]) -> Any:
-    raw = await read_body(request)
-    try:
-        return decode(raw or b"{}", kind)
-    except ProtocolError as exc:
-        raise E2bError(400, "bad_request", str(exc)) from None
-
-
 def _unknown(context_id: str) -> E2bError:
     """The one answer for an id that names no context, as E2B's interpreter gives it
     (404, the SDK's ``NotFoundException``): never made, removed, or no valid id at all."""
@@ -183,7 +173,7 @@ def _translate(event: cx.ContextEvent) -> bytes:
 
 async def execute(request: Request, sandbox: E2bSandbox) -> Response:
     """``POST /execute``: run a cell, streamed as E2B's NDJSON lines."""
-    body: _Execute = await _body(request, _Execute)
+    body = await read_message(request, _Execute, empty_ok=True)
     contexts = _Contexts(sandbox)
     # E2B's server reads an empty context_id (or language) as none given.
     if body.context_id and body.language:
@@ -212,7 +202,7 @@ async def execute(request: Request, sandbox: E2bSandbox) -> Response:
 
 async def create_context(request: Request, sandbox: E2bSandbox) -> Response:
     """``POST /contexts``: a new interpreter (``cwd`` a path under ``/home/user``)."""
-    body: _NewContext = await _body(request, _NewContext)
+    body = await read_message(request, _NewContext, empty_ok=True)
     cwd = None
     if body.cwd:
         try:

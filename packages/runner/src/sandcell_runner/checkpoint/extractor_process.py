@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -36,6 +37,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 import anyio
+
+from ..jail.capabilities import CAP_SYS_NICE, holds
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ class ExtractorProcess:
 
     def set_nice(self, nice: int) -> None:
         """The child's nice value, where the runner may set it (raising it back needs root)."""
-        if os.geteuid() == 0:
+        if _may_renice():
             with contextlib.suppress(ProcessLookupError):
                 os.setpriority(os.PRIO_PROCESS, self.popen.pid, nice)
 
@@ -163,6 +166,16 @@ def start_extractor(*, background: bool = False) -> ExtractorProcess:
     if background:
         process.set_nice(_SPARE_NICE)
     return process
+
+
+@functools.cache
+def _may_renice() -> bool:
+    """Whether a spare lowered to nice 19 can be raised back when a restore takes it.
+
+    That takes CAP_SYS_NICE, which a container's root lacks unless granted; without
+    it the spare keeps the runner's priority rather than holding a restore at 19.
+    """
+    return os.geteuid() == 0 and holds(CAP_SYS_NICE)
 
 
 def stop_extractor(process: ExtractorProcess) -> None:

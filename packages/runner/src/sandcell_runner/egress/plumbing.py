@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from ..jail.capabilities import CAP_NET_ADMIN, CAP_SYS_ADMIN, effective_capabilities
+
 log = logging.getLogger(__name__)
 
 _CLONE_NEWNET = 0x40000000
@@ -72,17 +74,6 @@ class Link:
     table: str
 
 
-_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
-
-
-def effective_capabilities(status: Path = Path("/proc/self/status")) -> int:
-    """This process's effective capability set (``CapEff``), as a bit mask."""
-    for line in status.read_text(encoding="ascii", errors="replace").splitlines():
-        if line.startswith("CapEff:"):
-            return int(line.split()[1], 16)
-    return 0
-
-
 def tools_missing(*, status: Path = Path("/proc/self/status")) -> str | None:
     """Why this runner cannot plumb links (None when it can).
 
@@ -93,7 +84,7 @@ def tools_missing(*, status: Path = Path("/proc/self/status")) -> str | None:
     if os.geteuid() != 0:
         return "egress needs a root runner (veth pairs and nftables)"
     capabilities = effective_capabilities(status)
-    for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN")):
+    for bit, name in ((CAP_NET_ADMIN, "CAP_NET_ADMIN"), (CAP_SYS_ADMIN, "CAP_SYS_ADMIN")):
         if not capabilities & (1 << bit):
             return f"egress needs {name} (veth pairs, nftables and namespaces)"
     for tool in ("ip", "nft"):
@@ -288,7 +279,6 @@ __all__ = [
     "PlumbingError",
     "attach",
     "detach",
-    "effective_capabilities",
     "parse_subnet",
     "reap_leftovers",
     "tools_missing",
