@@ -229,3 +229,13 @@ def test_an_exec_its_headers_do_not_authenticate_is_refused_before_its_body_is_p
     chunk = b'{"code": "' + b"x" * BODY_KEY_MAX_BYTES
     chunked = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
     assert _partial_exec(serve, {"Transfer-Encoding": "chunked"}, chunked) == (401, "unauthorized")
+
+
+def test_a_user_id_with_nul_is_400_with_or_without_a_session(serve: Serve) -> None:
+    """The user is kept with the run's outputs even without a runtime session: a NUL in
+    it is a 400 either way (it was a 200 without a hint)."""
+    with serve.client() as client:
+        for extra in ({}, {"runtime_session_hint": "nul-user"}):
+            body = {"lang": "py", "code": "print(1)", "user_id": "a\x00b", **extra}
+            refused = client.post("/exec", json=body)
+            assert (refused.status_code, refused.json()["error"]) == (400, "bad_request"), extra

@@ -33,6 +33,10 @@ from typing import Protocol
 from .cgroups import V1_ALL, write_small
 
 _PR_SET_PDEATHSIG = 1
+_SELF = b"0"
+"""Written to a v1 ``tasks`` file: move the calling thread. Naming the thread by its
+id instead takes the kernel's global threadgroup lock (~9 ms p90 here under fork
+load, against 0.08 ms for ``0``)."""
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -162,18 +166,17 @@ class _Worker:
 
     def _loop(self) -> None:
         home = _ThreadHome()
-        tid = str(threading.get_native_id()).encode()
         if self._resident is not None:
             try:
                 for path in self._resident:
-                    write_small(path, tid)
+                    write_small(path, _SELF)
             except OSError:
-                home.restore(tid)
+                home.restore()
                 self._resident = None
         while True:
             request, future = self._requests.get()
             if request is None or future is None:
-                home.restore(tid)
+                home.restore()
                 return
             if not future.set_running_or_notify_cancel():
                 continue
@@ -241,14 +244,13 @@ class Spawner:
         setpriv: str,
         resident: Sequence[Path] | None,
     ) -> subprocess.Popen[bytes]:
-        tid = str(threading.get_native_id()).encode()
         moved = request.cgroup_tasks is not None and list(request.cgroup_tasks) != (
             list(resident) if resident is not None else None
         )
         try:
             if moved:
                 for path in request.cgroup_tasks or ():
-                    write_small(path, tid)
+                    write_small(path, _SELF)
             if request.netns_fd is not None and _libc.setns(request.netns_fd, _CLONE_NEWNET) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"setns into the session namespace: {os.strerror(err)}")
@@ -274,9 +276,9 @@ class Spawner:
             if moved:
                 if resident is not None:
                     for path in resident:
-                        write_small(path, tid)
+                        write_small(path, _SELF)
                 else:
-                    home.restore(tid)
+                    home.restore()
 
     def _spawn_forked(self, request: SpawnRequest, home: _ThreadHome) -> subprocess.Popen[bytes]:
         # The child drops to ``user`` before ``preexec_fn`` runs, and joining a
@@ -339,11 +341,11 @@ class _ThreadHome:
                     if tasks.exists():
                         self.tasks.append(tasks)
 
-    def restore(self, tid: bytes) -> None:
+    def restore(self) -> None:
         """Step back into the thread's original cgroups (its namespace is restored apart)."""
         for path in self.tasks:
             with contextlib.suppress(OSError):
-                write_small(path, tid)
+                write_small(path, _SELF)
 
     def restore_netns(self) -> None:
         if _libc.setns(self.netns, _CLONE_NEWNET) != 0:

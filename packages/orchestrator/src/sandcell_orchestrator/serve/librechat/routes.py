@@ -224,8 +224,14 @@ class LibreChatApi(FileRoutes):
         return self.auth.body_key_caller(key), raw
 
     def user_of(self, caller: Caller, request: Request, named: str | None) -> str:
-        """The run's user: the token's, else the one the call names, else a default."""
-        return caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
+        """The run's user: the token's, else the one the call names, else a default.
+
+        Checked whether or not the call names a runtime session: the user is kept
+        with the run's output files either way."""
+        user = caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
+        if "\x00" in user:
+            raise ProtocolError("user_id: must not contain NUL")
+        return user
 
     def timeout_s(self, timeout_ms: int | None) -> float:
         """The call's ``timeout`` (ms) capped, or the default."""
