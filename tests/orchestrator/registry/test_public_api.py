@@ -38,7 +38,6 @@ def test_all_is_pinned() -> None:
         "SlotCounter",
         "SqliteRegistry",
         "hold_session",
-        "lock_ttl_ms",
         "validate_e2b_sandbox_id",
         "validate_idempotency_key",
         "validate_session_id",

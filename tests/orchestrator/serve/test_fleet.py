@@ -162,6 +162,47 @@ async def test_a_retry_in_flight_is_409_and_an_error_is_not_kept(
     ) == ("1\n")
 
 
+async def read_all(
+    client: httpx.AsyncClient, body: bytes, sent: dict[str, str], *, timeout_s: float
+) -> None:
+    """POST to /v1/exec and read the whole answer, within ``timeout_s`` per read."""
+    async with client.stream(
+        "POST", "/v1/exec", content=body, headers=sent, timeout=timeout_s
+    ) as response:
+        async for _ in response.aiter_raw():
+            pass
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_keyed_turn_outlives_its_caller(
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient], stream: bool
+) -> None:
+    """A keyed caller that gives up mid-turn (its read timed out) does not cancel the
+    turn: it runs to its end, the retry through the other worker gets its answer, and
+    the job ran once (a cancelled turn would keep its write and the retry run it again)."""
+    one, two = clients
+    hint, key = f"h-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    slow = call(
+        hint,
+        "import time\nopen('runs', 'a').write('x\\n')\nprint('wrote', flush=True)\n"
+        "time.sleep(3)\nprint(len(open('runs').read().splitlines()))",
+    )
+    more = {"Accept": "application/x-ndjson"} if stream else {}
+    with pytest.raises(httpx.ReadTimeout):
+        await read_all(one, slow, headers(key, **more), timeout_s=1.0)
+    while True:
+        retry = await two.post("/v1/exec", content=slow, headers=headers(key))
+        if retry.status_code != 409:
+            break
+        assert code_of(retry) == ErrorCode.IDEMPOTENCY_IN_FLIGHT
+        await asyncio.sleep(0.2)
+    assert stdout_of(retry) == "wrote\n1\n"
+    assert retry.headers["idempotent-replayed"] == "true"
+    assert stdout_of(await one.post("/v1/exec", content=call(hint), headers=headers(None))) == (
+        "2\n"
+    )
+
+
 @pytest.mark.parametrize("key", ["", "a b", "x" * 256, "é"])
 async def test_a_malformed_key_is_400(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient], key: str
@@ -257,3 +298,38 @@ async def test_a_turn_recovers_from_the_checkpoint_when_the_runner_is_gone(
     psutil.wait_procs(killed, timeout=10)
     assert stdout_of(await two.post("/v1/exec", content=call(hint), headers=headers(None))) == "3\n"
     assert stdout_of(await one.post("/v1/exec", content=call(hint), headers=headers(None))) == "4\n"
+
+
+async def test_a_killed_workers_lock_lasts_its_ttl_not_its_turn(redis_url: str) -> None:
+    """Worker 1 is SIGKILLed while it holds a session for a long turn (the execute budget
+    is the default 300 s): the lock it leaves behind expires within SANDCELL_LOCK_TTL_S
+    (default 15 s), not the turn's budgets, and worker 2 then serves the session."""
+    with running_s3() as s3:
+        env = fleet_env(redis_url, s3, prefix="lock")
+        with running_serve("lock-w1-", **env) as one, running_serve("lock-w2-", **env) as two:
+            hint = f"h-{uuid.uuid4().hex[:8]}"
+            async with (
+                httpx.AsyncClient(base_url=one.url, timeout=120) as first,
+                httpx.AsyncClient(base_url=two.url, timeout=120) as second,
+            ):
+                answer = await first.post("/v1/exec", content=call(hint), headers=headers(None))
+                assert stdout_of(answer) == "1\n"
+                slow = call(hint, "import time; time.sleep(120)")
+                stuck = asyncio.ensure_future(
+                    first.post("/v1/exec", content=slow, headers=headers(None))
+                )
+                lock = f"sandcell:lock:{session_of(hint)}"
+                async with redis.asyncio.Redis.from_url(redis_url) as db:
+                    while not await db.exists(lock):
+                        await asyncio.sleep(0.05)
+                    one.process.send_signal(signal.SIGKILL)
+                    one.process.wait()
+                    with contextlib.suppress(httpx.HTTPError):
+                        await stuck
+                    left_ms = await db.pttl(lock)
+                    assert 0 < left_ms <= 15_000, left_ms
+                    while await db.exists(lock):
+                        await asyncio.sleep(0.2)
+                answer = await second.post("/v1/exec", content=call(hint), headers=headers(None))
+                # The killed turn never checkpointed: the session is as turn 1 left it.
+                assert stdout_of(answer) == "2\n"

@@ -8,11 +8,13 @@ import json
 import logging
 import os
 import signal
+from collections.abc import AsyncIterable
 from pathlib import Path
 
 import pytest
 
 from sandcell_orchestrator.errors import (
+    CheckpointError,
     LockLostError,
     SandboxUnavailableError,
     SessionBusyError,
@@ -21,7 +23,7 @@ from sandcell_orchestrator.errors import (
 from sandcell_orchestrator.providers.local import LocalProvider
 from sandcell_orchestrator.registry import InProcessRegistry, SessionRegistry
 from sandcell_orchestrator.sessions.execution import ExecutionService, Identity
-from sandcell_orchestrator.snapshots import S3SnapshotStore, SnapshotStore
+from sandcell_orchestrator.snapshots import S3SnapshotStore, SnapshotInfo, SnapshotStore
 from sandcell_orchestrator.testing import GatedProvider, LosingRenewRegistry, SilentRenewRegistry
 from sandcell_protocol import (
     ExecuteRequest,
@@ -180,9 +182,10 @@ async def test_s3_down_during_checkpoint_returns_result(
             provider=local_provider,
             registry=InProcessRegistry(),
             store=store,
-            checkpoint_retry_s=0.5,
+            checkpoint_retry_s=3,
         )
-        await service.execute(py("open('v','w').write('1')"), ALICE, hint="s")
+        first = await service.execute(py("open('v','w').write('1')"), ALICE, hint="s")
+        assert first.durable is True
         session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "s")
         before = await current_key(service, session_id)
         s3_server.stop()
@@ -191,6 +194,11 @@ async def test_s3_down_during_checkpoint_returns_result(
                 py("open('v','w').write('2'); print('ran')"), ALICE, hint="s"
             )
             assert result.stdout == "ran\n"
+            # The answer tells the truth: this turn is not in any checkpoint yet.
+            assert result.durable is False
+            record = await service.manager.record(session_id)
+            assert record is not None
+            assert record.unsaved
             failed = service.metrics.value("sandcell_checkpoints_total", outcome="failed")
             assert failed >= 2  # the first attempt and at least one retry
             assert service.metrics.value("sandcell_checkpoint_retries_total") == failed - 1
@@ -213,9 +221,15 @@ async def test_checkpoint_retried_through_a_short_s3_outage(
         session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "t")
         before = await current_key(service, session_id)
         s3_server.stop()
-        loop = asyncio.get_running_loop()
-        # S3 comes back 1 s into the turn, well inside the default 10 s retry budget.
-        restart = loop.call_later(1.0, s3_server.start)
+
+        async def back_after_a_failure() -> None:
+            # S3 comes back once a checkpoint attempt failed: well inside the default
+            # 10 s retry budget.
+            while not service.metrics.value("sandcell_checkpoints_total", outcome="failed"):
+                await asyncio.sleep(0.05)
+            s3_server.start()
+
+        restart = asyncio.ensure_future(back_after_a_failure())
         try:
             await service.execute(py("open('v','w').write('2')"), ALICE, hint="t")
         finally:
@@ -236,36 +250,93 @@ async def test_checkpoint_retried_through_a_short_s3_outage(
 async def test_turn_after_a_failed_checkpoint_saves_even_if_unchanged(
     local_provider: LocalProvider, s3_server: S3Server, runtime_dir: Path
 ) -> None:
+    """The unsaved mark is in the record: the next turn saves on whichever worker takes
+    it (here a second service on the same registry, reusing the warm sandbox), and
+    answers durable, even though that turn changes nothing."""
+    registry = InProcessRegistry()
     async with S3SnapshotStore(s3_server.settings("cp-unsaved")) as store:
         service = ExecutionService(
-            provider=local_provider,
-            registry=InProcessRegistry(),
-            store=store,
-            checkpoint_retry_s=0,
+            provider=local_provider, registry=registry, store=store, checkpoint_retry_s=0
         )
+        other = ExecutionService(provider=local_provider, registry=registry, store=store)
         await service.execute(py("open('v','w').write('1')"), ALICE, hint="u")
         session_id = runtime_session_id(ALICE.namespace, ALICE.user_id, "u")
         before = await current_key(service, session_id)
         s3_server.stop()
         try:
-            await service.execute(py("open('v','w').write('2')"), ALICE, hint="u")
+            unsaved = await service.execute(py("open('v','w').write('2')"), ALICE, hint="u")
         finally:
             s3_server.start()
+        assert unsaved.durable is False
         assert await current_key(service, session_id) == before
         # This turn changes nothing, but the sandbox holds the unsaved turn: it saves.
-        read = await service.execute(py("print(open('v').read())"), ALICE, hint="u")
+        read = await other.execute(py("print(open('v').read())"), ALICE, hint="u")
         assert read.stdout == "2\n"
+        assert read.durable is True
         assert await current_key(service, session_id) != before
-        assert service.metrics.value("sandcell_checkpoints_total", outcome="unchanged") == 0
-        # Saved, the flag is gone: the next unchanged turn skips the checkpoint.
-        await service.execute(py("print(open('v').read())"), ALICE, hint="u")
+        assert other.metrics.value("sandcell_checkpoints_total", outcome="unchanged") == 0
+        record = await registry.get(session_id)
+        assert record is not None
+        assert not record.unsaved
+        # Saved, the mark is gone: the next unchanged turn skips the checkpoint.
+        again = await service.execute(py("print(open('v').read())"), ALICE, hint="u")
+        assert again.durable is True
         assert service.metrics.value("sandcell_checkpoints_total", outcome="unchanged") == 1
         (pid,) = runner_pids(runtime_dir)
         os.killpg(pid, signal.SIGKILL)
         await asyncio.sleep(0.2)
         again = await service.execute(py("print(open('v').read())"), ALICE, hint="u")
         assert again.stdout == "2\n"
+        await other.aclose(destroy_sandboxes=False)
         await service.aclose(destroy_sandboxes=True)
+
+
+class RunnerKillingStore:
+    """A snapshot store whose next ``put`` finds the session's runner killed (as by a
+    SIGKILL between execute and checkpoint) and fails."""
+
+    def __init__(self, inner: SnapshotStore, runtime_dir: Path) -> None:
+        self._inner = inner
+        self._runtime_dir = runtime_dir
+        self.kill_next = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def put(self, key: str, stream: AsyncIterable[bytes], *, max_bytes: int) -> SnapshotInfo:
+        if not self.kill_next:
+            return await self._inner.put(key, stream, max_bytes=max_bytes)
+        self.kill_next = False
+        victims = runner_pids(self._runtime_dir)
+        for pid in victims:
+            os.killpg(pid, signal.SIGKILL)
+        while any(pid in runner_pids(self._runtime_dir) for pid in victims):
+            await asyncio.sleep(0.05)
+        raise CheckpointError(f"snapshot put of {key!r} failed: the stream broke")
+
+
+async def test_a_dead_runners_checkpoint_is_not_retried(
+    local_provider: LocalProvider, dir_store: SnapshotStore, runtime_dir: Path
+) -> None:
+    """The runner dies before its checkpoint is saved: the turn answers at once, not
+    durable, without spending the retry budget on a runner that is gone; the next turn
+    restores the last checkpoint (the answer had said the turn was not saved)."""
+    store = RunnerKillingStore(dir_store, runtime_dir)
+    service = ExecutionService(
+        provider=local_provider,
+        registry=InProcessRegistry(),
+        store=store,  # type: ignore[arg-type]
+        checkpoint_retry_s=60,
+    )
+    await service.execute(py("open('v','w').write('1')"), ALICE, hint="k")
+    store.kill_next = True
+    lost = await service.execute(py("open('v','w').write('2')"), ALICE, hint="k")
+    assert lost.durable is False
+    assert service.metrics.value("sandcell_checkpoint_retries_total") == 0
+    again = await service.execute(py("print(open('v').read())"), ALICE, hint="k")
+    assert again.stdout == "1\n"
+    assert again.durable is True
+    await service.aclose(destroy_sandboxes=True)
 
 
 async def test_s3_down_during_restore_is_retryable_and_turn_does_not_run(

@@ -60,12 +60,16 @@ INSECURE_NO_AUTH_ENV = "SANDCELL_SERVE_INSECURE_NO_AUTH"
 
 @dataclass(frozen=True, slots=True)
 class Budgets:
-    """Time budgets of one turn; the session lock's TTL is derived from them."""
+    """Time budgets of one turn, and the TTL of the session lock that guards it."""
 
     launch_s: float = 30.0
     health_s: float = 15.0
     execute_s: float = 300.0
     checkpoint_s: float = 120.0
+    lock_ttl_s: float = 15.0
+    """``SANDCELL_LOCK_TTL_S``: the session lock's TTL. Its holder renews it every third
+    of that while the turn runs, so it need not cover the turn: it is how long a
+    holder that died (a killed worker) keeps its session from everybody else."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +221,7 @@ class OrchestratorSettings:
                 health_s=read.number("SANDCELL_HEALTH_TIMEOUT_S", 15.0),
                 execute_s=read.number("SANDCELL_EXECUTE_TIMEOUT_S", 300.0),
                 checkpoint_s=read.number("SANDCELL_CHECKPOINT_TIMEOUT_S", 120.0),
+                lock_ttl_s=read.number("SANDCELL_LOCK_TTL_S", 15.0, minimum=1),
             ),
             checkpoint_max_bytes=checkpoint_max_bytes,
             checkpoint_grace_s=read.number("SANDCELL_CHECKPOINT_GRACE_S", 600.0, minimum=0),

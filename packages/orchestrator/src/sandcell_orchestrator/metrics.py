@@ -135,6 +135,7 @@ METRIC_HELP = {
     "sandcell_fallbacks_total": "Turns run statelessly or recycled, by reason.",
     "sandcell_idle_suspends_total": "Sandboxes suspended by the idle sweeper.",
     "sandcell_checkpoints_collected_total": "Superseded checkpoint objects deleted.",
+    "sandcell_remains_removed_total": "Dead sandboxes no record named, removed by the sweeper.",
     "sandcell_interrupted_turns_total": "Session turns interrupted (cancelled, client gone).",
     "sandcell_egress_allowed_total": "Sandbox connections the egress gateway allowed.",
     "sandcell_egress_refused_total": "Sandbox connections and lookups the egress policy refused.",

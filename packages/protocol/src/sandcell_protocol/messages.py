@@ -133,6 +133,13 @@ class ExecuteResult(Message, frozen=True):
     runner_cpu_ms: NonNegativeInt = 0
     """CPU time the runner itself spent on this turn outside the jail: draining the
     job's output streams and scanning its output files. Not part of ``cpu_ms``."""
+    durable: bool | None = None
+    """Set by the orchestrator on a session turn: True when the turn's workspace is in
+    a checkpoint (saved by this turn, or unchanged since the last one); False when its
+    checkpoint failed (the store was down past the retry budget, or the sandbox went
+    away): the turn lives only in its warm sandbox, and becomes durable when a later
+    turn of the session saves, unless that sandbox is lost first. None: not a session
+    turn (a stateless run, or the runner's own answer)."""
 
 
 class StdoutEvent(Message, frozen=True, tag_field="type", tag="stdout"):

@@ -107,6 +107,17 @@ class NativeSuspend(Protocol):
         ...
 
 
+@runtime_checkable
+class Remains(Protocol):
+    """The optional capability of listing sandboxes whose runner is gone, so the sweeper
+    can remove the ones no record points at (a worker that died between launching a
+    sandbox and recording it, a record lost with a wiped Redis)."""
+
+    async def dead_sandboxes(self) -> dict[str, float]:
+        """Sandboxes of this backend whose runner is gone: id -> seconds since created."""
+        ...
+
+
 def native_suspend(provider: SandboxProvider) -> NativeSuspend | None:
     """The provider's native suspend, if it declares and implements one."""
     if provider.capabilities.pause_resume and isinstance(provider, NativeSuspend):

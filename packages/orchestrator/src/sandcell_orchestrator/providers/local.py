@@ -28,6 +28,7 @@ import secrets
 import signal
 import subprocess
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,6 +224,24 @@ class LocalProvider:
             await self.destroy(runner.sandbox_id)
 
     # -- state ----------------------------------------------------------------
+
+    async def dead_sandboxes(self) -> dict[str, float]:
+        """Roots under the runtime directory whose runner is gone (``Remains``), by age."""
+        return await asyncio.to_thread(self._dead)
+
+    def _dead(self) -> dict[str, float]:
+        now = time.time()
+        found = {}
+        with contextlib.suppress(OSError):
+            for entry in self._settings.runtime_dir.iterdir():
+                if self._root(entry.name) is None:
+                    continue
+                runner = self._read_state(entry.name)
+                if runner is not None and _alive(runner):
+                    continue
+                with contextlib.suppress(OSError):
+                    found[entry.name] = max(0.0, now - entry.stat().st_mtime)
+        return found
 
     def _root(self, sandbox_id: str) -> Path | None:
         if not sandbox_id.startswith("local-") or not sandbox_id[6:].isalnum():

@@ -52,7 +52,6 @@ from .idempotency import IdempotencyEntry, IdempotencyStore, validate_idempotenc
 from .index import SessionIndex, SessionOwner
 from .lease import hold_session
 from .slots import SlotCounter, validate_slot_scope
-from .ttl import lock_ttl_ms
 
 if TYPE_CHECKING:
     from .memory import InProcessRegistry
@@ -78,7 +77,6 @@ __all__ = [
     "SlotCounter",
     "SqliteRegistry",
     "hold_session",
-    "lock_ttl_ms",
     "validate_e2b_sandbox_id",
     "validate_idempotency_key",
     "validate_session_id",

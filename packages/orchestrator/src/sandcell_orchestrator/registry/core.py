@@ -74,6 +74,15 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     state: SessionState
     created_at_s: float
     updated_at_s: float
+    unsaved: bool = False
+    """The live sandbox holds acknowledged work no checkpoint has (its checkpoint failed
+    past the retry budget): whichever worker takes the next turn on it saves it, even
+    if that turn changes nothing. Cleared by a checkpoint and by a new sandbox."""
+    turn_open: bool = False
+    """A turn is running in the live sandbox: set before its job starts, cleared when the
+    turn commits (or ends unchanged, or unsaved). A holder that finds it set took the
+    session from one that died or was fenced mid-turn, so the live sandbox may hold an
+    uncommitted job's writes: it is replaced from the checkpoint, never reused."""
 
     def __post_init__(self) -> None:
         validate_session_id(self.session_id)

@@ -203,9 +203,12 @@ class _Service:
             )
             return claim.kept(work, stored=lambda result: (200, encode(result)))
 
+        # A keyed turn runs to its end even if its caller leaves: the retry gets its
+        # answer (a cancelled one would keep the job's writes and run it again).
+        detached = key is not None
         if wants_stream(request):
-            return await stream_turn(request, turn)
-        result = await run_until_disconnect(request, turn(None))
+            return await stream_turn(request, turn, detached=detached)
+        result = await run_until_disconnect(request, turn(None), detached=detached)
         if result is None:  # the caller left: the turn was cancelled, nobody reads this
             return Response(status_code=499)
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)

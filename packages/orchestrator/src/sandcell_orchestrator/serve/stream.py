@@ -10,6 +10,10 @@ output began ends the stream with one ``ErrorBody`` line instead of the result.
 Either way the turn is tied to its caller: when the client disconnects, the turn
 is cancelled (the job is stopped and the session keeps the state of its last
 completed turn; see ``ExecutionService``), the same rule as a CLI's Ctrl-C.
+A turn called with an ``Idempotency-Key`` (``detached``) is not: its client has
+said it will retry, so the turn runs to its end and its answer is kept for the
+retry. Cancelling it instead would keep what its job wrote (the interrupted-turn
+rule) while the retry ran the job again: the turn applied twice.
 """
 
 from __future__ import annotations
@@ -66,9 +70,11 @@ class _Turn(Generic[T]):
     def cancel(self) -> None:
         self._scope.cancel()
 
-    async def finish(self) -> None:
-        """Cancel the turn if it still runs and wait for its cleanup, whatever happens here."""
-        self.cancel()
+    async def finish(self, *, detached: bool = False) -> None:
+        """Cancel the turn if it still runs (``detached``: let it end on its own) and wait
+        for its cleanup, whatever happens here."""
+        if not detached:
+            self.cancel()
         with anyio.CancelScope(shield=True):
             await asyncio.wait({self.task})
         if not self.task.cancelled():
@@ -80,15 +86,21 @@ def wants_stream(request: Request) -> bool:
     return routes.NDJSON in request.headers.get("accept", "")
 
 
-async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
+async def run_until_disconnect(
+    request: Request, work: Awaitable[T], *, detached: bool = False
+) -> T | None:
     """Await ``work``; ``None`` once it was cancelled because the client went away.
 
+    ``detached``: a client that goes away does not cancel it (a keyed call).
     The body has been read, so the next ASGI message is ``http.disconnect``.
     """
     turn = _Turn(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({turn.task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {turn.task} if detached else {turn.task, watcher},
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     finally:
         watcher.cancel()
         if not turn.task.done():
@@ -100,26 +112,38 @@ async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T | None
 
 
 async def stream_turn(
-    request: Request, turn: Callable[[OnOutput], Awaitable[ExecuteResult]]
+    request: Request,
+    turn: Callable[[OnOutput], Awaitable[ExecuteResult]],
+    *,
+    detached: bool = False,
 ) -> Response:
-    """Run ``turn(on_output)``, answered as NDJSON once it has output (or has ended)."""
+    """Run ``turn(on_output)``, answered as NDJSON once it has output (or has ended).
+
+    ``detached``: a client that goes away does not cancel the turn (a keyed call).
+    """
     queue: asyncio.Queue[_Item] = asyncio.Queue()
     running = _Turn(turn(queue.put_nowait))
     running.task.add_done_callback(lambda _: queue.put_nowait(None))
     # Starlette notices a gone client only when a write fails (ASGI 2.4), and a
     # quiet job writes nothing: watch for the disconnect ourselves.
     watcher = asyncio.ensure_future(_disconnected(request))
-    watcher.add_done_callback(lambda done: None if done.cancelled() else running.cancel())
+    if not detached:
+        watcher.add_done_callback(lambda done: None if done.cancelled() else running.cancel())
     try:
         first = await queue.get()
     except BaseException:
         watcher.cancel()
-        await running.finish()
+        await running.finish(detached=detached)
         raise
     if first is None and running.task.exception() is not None:
         watcher.cancel()
+        if isinstance(running.task.exception(), ClientGoneError):
+            # Gone before any output: nobody reads an answer (not a server error).
+            return Response(status_code=499)
         running.task.result()  # refused before any output: the usual status and ErrorBody
-    return StreamingResponse(_lines(first, queue, running, watcher), media_type=routes.NDJSON)
+    return StreamingResponse(
+        _lines(first, queue, running, watcher, detached=detached), media_type=routes.NDJSON
+    )
 
 
 async def _lines(
@@ -127,6 +151,8 @@ async def _lines(
     queue: asyncio.Queue[_Item],
     running: _Turn[ExecuteResult],
     watcher: asyncio.Future[None],
+    *,
+    detached: bool,
 ) -> AsyncIterator[bytes]:
     # A disconnect cancels the turn (the watcher) or this generator (a failed
     # write): either way the finally waits for the turn's cleanup.
@@ -145,7 +171,7 @@ async def _lines(
         yield encode_event(ResultEvent(result=result))
     finally:
         watcher.cancel()
-        await running.finish()
+        await running.finish(detached=detached)
 
 
 async def _disconnected(request: Request) -> None:

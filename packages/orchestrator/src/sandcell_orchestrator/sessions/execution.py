@@ -20,12 +20,15 @@ the turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+import msgspec
 
 from sandcell_protocol import EgressPolicy, ExecuteRequest, ExecuteResult, runtime_session_id
 from sandcell_protocol.contexts import ContextEvent, ContextRun, ContextRunResult
@@ -37,6 +40,7 @@ from ..errors import (
     SandboxError,
     SandboxTimeoutError,
     SandboxUnavailableError,
+    SandcellError,
     SessionBusyError,
     SessionConflictError,
     SessionRequiredError,
@@ -208,9 +212,12 @@ class ExecutionService:
             self.metrics.inc("sandcell_executions_total", status=str(result.status))
             return result
 
-        return await self._session_turn(
+        result, durable = await self._session_turn(
             session_id, request, run, changed=lambda result: result.workspace_changed, egress=egress
         )
+        # The answer tells the truth about durability: a client (or the chaos check)
+        # counts a turn as committed only once one of its answers says it was saved.
+        return msgspec.structs.replace(result, durable=durable)
 
     async def run_code(
         self,
@@ -256,7 +263,7 @@ class ExecutionService:
         # No /health round trip before a cell (it cost as much as the cell): if the warm
         # sandbox died, its interpreters died with it, and the run's own failure says
         # so (retryable; the next run restores the files and answers context_lost).
-        return await self._session_turn(
+        result, _ = await self._session_turn(
             session_id,
             request,
             in_context,
@@ -264,6 +271,7 @@ class ExecutionService:
             egress=egress,
             verify=False,
         )
+        return result
 
     async def _session_turn(
         self,
@@ -274,9 +282,10 @@ class ExecutionService:
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None = None,
         verify: bool = True,
-    ) -> _T:
+    ) -> tuple[_T, bool]:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
-        checkpoint unless ``changed`` says the workspace is as it was, touch."""
+        checkpoint unless ``changed`` says the workspace is as it was, touch. With
+        ``work``'s result: whether the turn is durable (in a checkpoint)."""
         with self.metrics.timer("sandcell_turn_duration_seconds"):
             return await self._held_turn(
                 session_id, request, work, changed=changed, egress=egress, verify=verify
@@ -291,12 +300,13 @@ class ExecutionService:
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None,
         verify: bool,
-    ) -> _T:
+    ) -> tuple[_T, bool]:
         manager = self.manager
         spec = self._spec_for(egress)
         async with manager.hold(session_id, wait_ms=self.session_wait_ms) as hold:
             attached = await manager.attach(hold, spec, verify=verify)
             try:
+                await manager.open_turn(hold)
                 if egress is not None and not attached.launched:
                     # A sandbox launched for this turn got it already; a kept one now.
                     await manager.apply_egress(attached.handle, egress)
@@ -316,6 +326,12 @@ class ExecutionService:
                 # run: the sandbox may be dirty, so it is recycled, never reused.
                 await manager.recycle(hold, attached)
                 raise
+            except SandcellError:
+                # Refused before or by the runner (a bad input, a missing file): the
+                # job did not run, so the sandbox holds nothing uncommitted.
+                with contextlib.suppress(SandcellError):
+                    await manager.close_turn(hold)
+                raise
             # A fresh sandbox that restored nothing and received no inputs holds only
             # what the job made: if it changed nothing, there is nothing to save.
             pristine = (
@@ -324,30 +340,35 @@ class ExecutionService:
                 and not request.files
                 and not request.inline_files
             )
-            # A sandbox whose last checkpoint failed holds an unsaved turn: save it
-            # now even if this turn changed nothing.
-            unsaved = attached.handle.sandbox_id in manager.sandboxes.unsaved
+            # A sandbox whose last checkpoint failed (on any worker: the mark is in
+            # the record) holds an unsaved turn: save it now even if this turn
+            # changed nothing.
+            unsaved = hold.record is not None and hold.record.unsaved
+            durable = True
             if (
                 changed(result) is False
                 and (hold.checkpoint_key is not None or pristine)
                 and not unsaved
             ):
                 self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
+                await manager.close_turn(hold)
             else:
-                await self._checkpoint_retrying(hold, attached)
+                durable = await self._checkpoint_retrying(hold, attached)
             await manager.touch(session_id)
             if not self.keep_warm:
                 await manager.park(hold, attached)
-        return result
+        return result, durable
 
-    async def _checkpoint_retrying(self, hold: Hold, attached: Attached) -> None:
-        """Checkpoint, retrying store and transport failures for ``checkpoint_retry_s``.
+    async def _checkpoint_retrying(self, hold: Hold, attached: Attached) -> bool:
+        """Checkpoint, retrying store and transport failures for ``checkpoint_retry_s``;
+        whether it was saved.
 
         A turn acknowledged on a failed checkpoint lives only in its warm sandbox,
         so a short outage (S3 restarting) is waited out under the session lock,
         which is renewed meanwhile. Past the budget the previous checkpoint is kept
-        (rule 6) and the sandbox is marked unsaved. A lost lock or a fenced write is
-        never retried: another holder owns the session.
+        (rule 6) and the record marks the sandbox unsaved. A runner that no longer
+        answers is not retried (what it held is gone), nor is a lost lock or a
+        fenced write: another holder owns the session.
         """
         deadline = time.monotonic() + self.checkpoint_retry_s
         delay = 0.2
@@ -358,25 +379,43 @@ class ExecutionService:
                 raise
             except (CheckpointError, SandboxError, TimeoutError) as exc:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self._checkpoint_failed(hold, exc)
-                    return
+                if remaining <= 0 or not await self._runner_answers(attached):
+                    await self._checkpoint_failed(hold, exc)
+                    return False
                 self.metrics.inc("sandcell_checkpoint_retries_total")
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
             except (SessionBusyError, SessionConflictError) as exc:
-                self._checkpoint_failed(hold, exc)
-                return
+                await self._checkpoint_failed(hold, exc)
+                return False
             else:
-                return
+                return True
 
-    @staticmethod
-    def _checkpoint_failed(hold: Hold, exc: Exception) -> None:
+    async def _runner_answers(self, attached: Attached) -> bool:
+        """Whether the sandbox's runner still answers ``/health`` (a retry can save it)."""
+        try:
+            async with asyncio.timeout(self.manager.budgets.health_s):
+                await attached.handle.runner.health()
+        except (SandboxError, TimeoutError):
+            return False
+        return True
+
+    async def _checkpoint_failed(self, hold: Hold, exc: Exception) -> None:
         log.warning(
             "session %s: checkpoint failed (%s); keeping the previous one",
             hold.session_id[:11],
             type(exc).__name__,
         )
+        try:
+            await self.manager.close_turn(hold, unsaved=True)
+        except SandcellError as mark_exc:
+            # Lost lock or registry down: the next holder cannot know; the answer
+            # still says the turn is not durable.
+            log.warning(
+                "session %s: could not mark it unsaved (%s)",
+                hold.session_id[:11],
+                type(mark_exc).__name__,
+            )
 
     async def _keep_interrupted(self, hold: Hold, attached: Attached) -> None:
         """Checkpoint an interrupted turn's workspace; recycle the sandbox if that fails.

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -54,7 +54,6 @@ from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
 from ..registry import Lease, SessionRecord, SessionRegistry
 from ..registry.lease import hold_session
-from ..registry.ttl import lock_ttl_ms
 from ..snapshots import SnapshotInfo, SnapshotNotFoundError, SnapshotStore
 from .persistence import Persistence, PersistentWorkspace
 from .sandboxes import Attached, Hold, Sandboxes, labelled, rebind, sandbox_session_key
@@ -63,6 +62,9 @@ from .sweep import Sweeper
 __all__ = ["Attached", "Hold", "SandboxManager", "rebind", "sandbox_session_key"]
 
 log = logging.getLogger(__name__)
+
+_NO_RECORD_GAP = 1 << 20
+"""How far a hold that finds no record moves the generation past the newest object."""
 
 
 class SandboxManager:
@@ -87,7 +89,8 @@ class SandboxManager:
         self.persistence = Persistence(
             store, max_bytes=checkpoint_max_bytes, grace_s=checkpoint_grace_s, wall_clock=wall_clock
         )
-        self.lock_ttl_ms = lock_ttl_ms(**dataclasses.asdict(self.budgets))
+        # Not the turn's length: the holder renews the lock while the turn runs.
+        self.lock_ttl_ms = math.ceil(self.budgets.lock_ttl_s * 1000)
         self.sandboxes = Sandboxes(provider, budgets=self.budgets, metrics=self.metrics)
         self.sweeper = Sweeper(self)
         self._now = wall_clock
@@ -133,8 +136,11 @@ class SandboxManager:
                 f"cannot list the session's checkpoints ({type(exc).__name__}); retry"
             ) from exc
         latest = Persistence.latest(stored)
+        # A gap past the newest object: a holder from before the registry forgot the
+        # session (a wiped Redis) may still be mid-turn a few generations past it, and
+        # must never share a generation, and so a checkpoint key, with this hold.
         generation = await self.registry.next_generation(
-            session_id, above=latest.generation if latest else 0
+            session_id, above=(latest.generation if latest else 0) + _NO_RECORD_GAP
         )
         key = latest.key if latest else None
         return Hold(session_id, lease, generation, None, key, stored=stored)
@@ -150,7 +156,17 @@ class SandboxManager:
         """
         record = hold.record
         if record is not None and record.provider == self.provider.name:
-            if record.state == "active":
+            if record.state == "active" and record.turn_open:
+                # The last holder never closed its turn (killed, paused past its lock):
+                # its job may have written to the live sandbox without committing.
+                log.warning(
+                    "session %s: the last turn did not close; replacing its sandbox",
+                    hold.session_id[:11],
+                )
+                self.metrics.inc("sandcell_fallbacks_total", reason="recycled")
+                await self.sandboxes.forget(hold.session_id)
+                await self.sandboxes.shielded(self.provider.destroy(record.sandbox_id))
+            elif record.state == "active":
                 handle = await self.sandboxes.reuse(hold.session_id, record, verify=verify)
                 if handle is not None:
                     return Attached(handle)
@@ -185,6 +201,9 @@ class SandboxManager:
                 sandbox_id=handle.sandbox_id,
                 endpoint=handle.endpoint,
                 checkpoint_key=hold.checkpoint_key,
+                # A new sandbox holds nothing unsaved: whatever was is lost with the old one.
+                unsaved=False,
+                turn_open=False,
             )
         except BaseException:
             # Fenced (or the registry failed): never leave an orphan behind.
@@ -221,6 +240,12 @@ class SandboxManager:
             raise SandboxUnavailableError(
                 f"restore failed ({type(exc).__name__}); the turn did not run, retry"
             ) from exc
+        except BaseException:
+            # Cancelled, or the lock lost, mid-restore: the recorded sandbox holds a
+            # partial (or empty) workspace, so it must go before anybody reuses it.
+            self.metrics.inc("sandcell_restores_total", outcome="failed")
+            await self._drop(hold, handle)
+            raise
         self.metrics.inc("sandcell_restores_total", outcome="ok")
 
     async def _drop(self, hold: Hold, handle: SandboxHandle) -> None:
@@ -252,13 +277,10 @@ class SandboxManager:
                         generation=hold.generation,
                         workspace=workspace,
                     )
-                await self._write(hold, checkpoint_key=info.key)
+                await self._write(hold, checkpoint_key=info.key, unsaved=False, turn_open=False)
         except Exception:
-            # The sandbox now holds work no checkpoint has: its next turn must save.
-            self.sandboxes.unsaved.add(attached.handle.sandbox_id)
             self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
             raise
-        self.sandboxes.unsaved.discard(attached.handle.sandbox_id)
         hold.checkpoint_key = info.key
         self.metrics.inc("sandcell_checkpoints_total", outcome="ok")
         self.metrics.inc("sandcell_checkpoint_bytes_total", info.size)
@@ -268,6 +290,20 @@ class SandboxManager:
                 hold.session_id, hold.stored, keep=info.key, below_generation=hold.generation
             )
         return info
+
+    async def open_turn(self, hold: Hold) -> None:
+        """Record that a turn's job is about to run in the held sandbox (``turn_open``):
+        until the turn closes, no later holder reuses that sandbox."""
+        if hold.record is not None and not hold.record.turn_open:
+            await self._write(hold, turn_open=True)
+
+    async def close_turn(self, hold: Hold, *, unsaved: bool = False) -> None:
+        """Record that the held turn ended with nothing uncommitted in its sandbox, or
+        (``unsaved``) with acknowledged work no checkpoint has, which whichever worker
+        takes the next turn saves (the record is the one place every worker reads)."""
+        record = hold.record
+        if record is not None and (record.turn_open or record.unsaved != unsaved):
+            await self._write(hold, turn_open=False, unsaved=unsaved or record.unsaved)
 
     async def recycle(self, hold: Hold, attached: Attached) -> None:
         """Destroy a sandbox that may be dirty (a job may still run in it); never reuse it."""
@@ -426,6 +462,11 @@ class SandboxManager:
                 handle = rebind(await self.provider.connect(record.sandbox_id), session_id)
             except SandboxNotFoundError:
                 handle = None  # died on its own: the last checkpoint is the restore point
+            if handle is not None and record.turn_open:
+                # A turn that never closed may have left uncommitted writes: the last
+                # checkpoint is the restore point, not this sandbox's workspace.
+                await handle.close()
+                handle = None
             if handle is not None:
                 try:
                     if self.sandboxes.native is not None:

@@ -100,8 +100,6 @@ class Sandboxes:
         self._cleanups: set[asyncio.Task[None]] = set()
         self.launched: set[str] = set()
         """Ids of the sandboxes this process launched and has not destroyed."""
-        self.unsaved: set[str] = set()
-        """Ids of live sandboxes whose last checkpoint failed: their next turn saves."""
         self.egress = EgressTracker(metrics)
 
     async def launch(self, spec: SandboxSpec) -> SandboxHandle:
@@ -132,7 +130,6 @@ class Sandboxes:
         await self.shielded(self.destroy_quietly(handle))
 
     async def destroy_quietly(self, handle: SandboxHandle) -> None:
-        self.unsaved.discard(handle.sandbox_id)
         with contextlib.suppress(Exception):
             await handle.close()
         try:
@@ -153,9 +150,10 @@ class Sandboxes:
         """
         handle = self._handles.get(session_id)
         if handle is not None and handle.sandbox_id != record.sandbox_id:
-            # Another worker relaunched the session: our client points at a dead sandbox.
+            # Another worker relaunched the session: our sandbox is no longer the
+            # session's (dead, or alive behind a record that was lost): remove it.
             del self._handles[session_id]
-            await handle.close()
+            await self.destroy_quietly(handle)
             handle = None
         if handle is None:
             try:

@@ -6,6 +6,9 @@
                     row marked suspended (the next turn restores)
     collection      superseded checkpoint objects deleted (a stale holder's upload,
                     the objects a newer checkpoint replaced)
+    remains         sandboxes whose runner is gone and that no record points at
+                    (a worker killed between launch and record write, a wiped
+                    Redis): removed, where the provider can list them (``Remains``)
 
 Lost-row checks and collections each visit a bounded share of the rows per round,
 round robin: each visit is a provider call or a store listing, and thousands of
@@ -25,6 +28,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..errors import SandboxError, SandboxNotFoundError, SandcellError, SessionBusyError
+from ..providers.base import Remains
 from ..registry import SessionRecord
 
 if TYPE_CHECKING:
@@ -74,7 +78,32 @@ class Sweeper:
             records = await manager.registry.list_records()  # the rows just suspended
         await self._forget_lost(records)
         await self._collect(records)
+        await self._remove_remains(records)
         return count
+
+    async def _remove_remains(self, records: list[SessionRecord]) -> None:
+        manager = self._manager
+        provider = manager.provider
+        if not isinstance(provider, Remains):
+            return
+        try:
+            dead = await provider.dead_sandboxes()
+        except SandcellError as exc:
+            log.info("remains not listed: %s", type(exc).__name__)
+            return
+        # Rows that point at a dead sandbox are the lost-row check's; a sandbox younger
+        # than a launch may still be starting (its runner not up yet).
+        referenced = {r.sandbox_id for r in records if r.provider == provider.name}
+        starting_s = manager.budgets.launch_s + manager.budgets.health_s
+        for sandbox_id, age_s in dead.items():
+            if sandbox_id in referenced or age_s <= starting_s:
+                continue
+            try:
+                await provider.destroy(sandbox_id)
+            except SandboxError as exc:
+                log.info("remains of %s not removed: %s", sandbox_id, type(exc).__name__)
+                continue
+            manager.metrics.inc("sandcell_remains_removed_total")
 
     async def _forget_lost(self, records: list[SessionRecord]) -> None:
         manager = self._manager
@@ -123,7 +152,12 @@ class Sweeper:
                     continue
                 current = await manager.registry.current_generation(session_id)
                 pointer = await manager.registry.get(session_id)
-                keep = pointer.checkpoint_key if pointer is not None else None
+                if pointer is None:
+                    # The record went (a wiped Redis) after it was listed: a holder
+                    # that finds none restores the newest object below the counter it
+                    # just moved, so nothing here may go; that holder collects.
+                    continue
+                keep = pointer.checkpoint_key
                 deleted = await manager.persistence.collect(
                     session_id, stored, keep=keep, below_generation=current
                 )
