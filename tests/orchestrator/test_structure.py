@@ -23,7 +23,15 @@ NAME = "sandcell_orchestrator"
 VENDOR_HOMES = {
     "boto3": {"providers/lambda_client.py"},
     "botocore": {"providers/lambda_client.py"},
-    "redis": {"registry/redis.py", "providers/ratelimit_redis.py"},
+    # The Redis registry: its core and one module per feature table beside it.
+    "redis": {
+        "registry/redis.py",
+        "registry/redis_db.py",
+        "registry/redis_e2b.py",
+        "registry/redis_idempotency.py",
+        "registry/redis_slots.py",
+        "providers/ratelimit_redis.py",
+    },
     "minio": {"snapshots/s3.py"},
     "joserfc": {"serve/librechat/jwt.py"},
     "urllib3": {"snapshots/s3.py"},
