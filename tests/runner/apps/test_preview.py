@@ -37,6 +37,12 @@ def test_html_gets_the_reporter_script(app: AppClient) -> None:
     assert body.endswith("<body>hi</body></html>")
     assert int(response.headers["content-length"]) == len(response.content)
     assert response.headers.get_list("server") == ["uvicorn"]
+    # The app sent Last-Modified (http.server, one-second resolution): a page with the
+    # script in it carries no validator, so a reload is never answered 304 with the
+    # old page after a write within the same second.
+    assert app.preview(APP_PORT, "server_app.py").headers.get("last-modified")
+    assert "last-modified" not in response.headers
+    assert "etag" not in response.headers
 
 
 def test_the_live_reload_channel_counts_file_writes(app: AppClient) -> None:

@@ -54,6 +54,7 @@ RUNNER_ONLY = frozenset(
 )
 # uvicorn always sends its own; a second copy from upstream would duplicate them.
 _SERVER_SETS = frozenset({b"date", b"server"})
+_NOT_FOR_REWRITTEN = frozenset({b"content-length", b"etag", b"last-modified"})
 MAX_INJECT_BYTES = 8 * 1024 * 1024
 _TIMEOUTS = {"connect": 5.0, "read": 300.0, "write": 60.0, "pool": 10.0}
 
@@ -206,7 +207,11 @@ class PreviewUpstream:
                 return _streamed(response, kept, head=b"".join(chunks), rest=stream)
         await response.aclose()
         html = inject(b"".join(chunks), reporter_tag(prefix, files_version=files_version))
-        headers = [(k, v) for k, v in kept if k not in (b"content-length", b"etag")]
+        # No validators on a page we rewrote: its body is not the upstream's, and a
+        # reload after a file write must not be answered 304 by a server whose
+        # Last-Modified has one-second resolution (http.server's), which kept the
+        # old page in the tab when the write came within the second.
+        headers = [(k, v) for k, v in kept if k not in _NOT_FOR_REWRITTEN]
         headers.append((b"content-length", str(len(html)).encode()))
         answer = Response(html, status_code=response.status)
         answer.raw_headers = headers
