@@ -3,12 +3,15 @@
 Orchestrator A is a ``sandcell exec`` process whose S3 traffic goes through a
 proxy owned by this test. A runs a turn and starts committing its checkpoint;
 the proxy holds that request and the test SIGSTOPs A until its lock has expired
-in Redis. Orchestrator B (another ``sandcell exec``) then takes the session,
-reuses A's live sandbox (the local provider's runtime directory is shared) and
-commits a turn of its own. A is SIGCONTed and its held upload goes through.
-A's runner dies with A (its parent-death signal), so the next turn (C) starts a
-new sandbox and restores from what the registry points at: it must see B's
-state, and the registry must never point at the object A wrote.
+in Redis. Orchestrator B (another ``sandcell exec``) then takes the session.
+The record says A's turn is still open (A never committed it, and its job may
+have written to the live sandbox), so B does not reuse A's live sandbox (the
+local provider's runtime directory is shared): it replaces it from the last
+committed checkpoint (none yet) and commits a turn of its own. A is SIGCONTed
+and its held upload goes through, but A's turn is never acknowledged. The next
+turn (C) restores from what the registry points at: it must see B's state and
+nothing of A's unacknowledged turn, and the registry must never point at the
+object A wrote.
 
 Only the CLI, Redis and S3 are touched, so the same test runs against any
 version of the orchestrator.
@@ -168,8 +171,8 @@ async def _until(condition: Callable[[], Awaitable[bool]]) -> None:
 async def test_a_paused_holder_never_overwrites_a_newer_turn(
     cli: Cli, s3_server: S3Server, redis_url: str, proxy: HoldingProxy
 ) -> None:
-    """A's upload lands after B's turn, yet the next turn sees B's state, and the
-    registry never points at A's object."""
+    """A's upload lands after B's turn, yet the next turn sees B's state (without
+    A's unacknowledged write), and the registry never points at A's object."""
     hint = f"split-{uuid.uuid4().hex[:12]}"
     session_id = runtime_session_id("cli", pwd.getpwuid(os.getuid()).pw_name, hint)
     prefix = f"split-{uuid.uuid4().hex}"
@@ -194,6 +197,7 @@ async def test_a_paused_holder_never_overwrites_a_newer_turn(
         stopped = True
         record = await registry.get(session_id)
         assert record is not None
+        assert record.turn_open  # A's job ran, its commit is held
         runner = json.loads((cli.runtime_dir / record.sandbox_id / "sandbox.json").read_text())
 
         async def lock_expired() -> bool:
@@ -205,7 +209,9 @@ async def test_a_paused_holder_never_overwrites_a_newer_turn(
         assert code == 0, err
         after_b = await registry.get(session_id)
         assert after_b is not None
-        assert after_b.sandbox_id == record.sandbox_id  # B reused A's live sandbox
+        # B replaced A's live sandbox: A's uncommitted write must not become B's state.
+        assert after_b.sandbox_id != record.sandbox_id
+        assert not after_b.turn_open
 
         os.kill(first.pid, signal.SIGCONT)
         stopped = False
@@ -230,7 +236,7 @@ async def test_a_paused_holder_never_overwrites_a_newer_turn(
 
         third = await _exec(cli, direct, "--session", hint, "print(open('f').read())")
         code, out, err = await _finish(third)
-        assert (code, out) == (0, "AB\n"), err
+        assert (code, out) == (0, "B\n"), err
         final = await registry.get(session_id)
         assert final is not None
         assert final.checkpoint_key != stale_key

@@ -16,6 +16,7 @@ from sandcell_orchestrator.registry import InProcessRegistry, Lease, SessionReco
 from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
 from sandcell_orchestrator.sessions.persistence import PersistentWorkspace
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore, SnapshotStore
+from sandcell_protocol import checkpoint_key, runtime_session_id
 from tests.fixtures.paths import traversable_dir
 from tests.orchestrator.sessions.conftest import runner_pids
 
@@ -152,3 +153,46 @@ async def test_live_checkpoint_then_replace_a_lost_sandbox(
     await replaced.close()
     await manager.destroy(session_id)
     assert not await store.exists(ref.key)
+
+
+async def _one_byte() -> AsyncIterator[bytes]:
+    yield b"x"
+
+
+async def test_a_hold_after_a_registry_wipe_never_takes_a_pre_wipe_generation(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    """The registry forgot the session (a wiped Redis) while a holder from before is
+    mid-turn at a generation past the newest object: the new hold is far past both,
+    so the two never write one checkpoint key; it still restores the newest object."""
+    provider, store, _ = env
+    session_id = runtime_session_id("tenant-a", "alice", "wiped")
+    await store.put(checkpoint_key(session_id, 5), _one_byte(), max_bytes=8)
+    before = InProcessRegistry()
+    pre_wipe = await before.next_generation(session_id, above=5)
+    stale_keys = {checkpoint_key(session_id, pre_wipe + n) for n in range(1000)}
+    manager = SandboxManager(provider, InProcessRegistry(), store)
+    async with manager.hold(session_id) as hold:
+        assert hold.record is None
+        assert hold.checkpoint_key == checkpoint_key(session_id, 5)
+        assert checkpoint_key(session_id, hold.generation) not in stale_keys
+        assert hold.generation > pre_wipe
+
+
+async def test_a_hold_with_a_kept_counter_and_no_record_takes_the_next_generation(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    """No record but the counter kept (a new or deleted session, a lost record): the
+    counter already fences, so the hold takes exactly the next generation."""
+    provider, store, _ = env
+    session_id = runtime_session_id("tenant-a", "alice", "kept")
+    registry = InProcessRegistry()
+    assert await registry.next_generation(session_id, above=40) == 41
+    manager = SandboxManager(provider, registry, store)
+    async with manager.hold(session_id) as hold:
+        assert hold.record is None
+        assert hold.generation == 42
+    await store.put(checkpoint_key(session_id, 50), _one_byte(), max_bytes=8)
+    async with manager.hold(session_id) as hold:
+        assert hold.generation == 51
+        assert hold.checkpoint_key == checkpoint_key(session_id, 50)

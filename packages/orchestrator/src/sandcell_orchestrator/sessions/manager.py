@@ -64,7 +64,8 @@ __all__ = ["Attached", "Hold", "SandboxManager", "rebind", "sandbox_session_key"
 log = logging.getLogger(__name__)
 
 _NO_RECORD_GAP = 1 << 20
-"""How far a hold that finds no record moves the generation past the newest object."""
+"""How far a hold that finds neither a record nor a generation counter (the registry
+forgot the session) moves the generation past the newest object."""
 
 
 class SandboxManager:
@@ -136,12 +137,15 @@ class SandboxManager:
                 f"cannot list the session's checkpoints ({type(exc).__name__}); retry"
             ) from exc
         latest = Persistence.latest(stored)
-        # A gap past the newest object: a holder from before the registry forgot the
-        # session (a wiped Redis) may still be mid-turn a few generations past it, and
-        # must never share a generation, and so a checkpoint key, with this hold.
-        generation = await self.registry.next_generation(
-            session_id, above=(latest.generation if latest else 0) + _NO_RECORD_GAP
-        )
+        floor = latest.generation if latest else 0
+        if await self.registry.current_generation(session_id) == 0:
+            # The registry forgot the session (a wiped Redis, a new in-process
+            # registry): a holder from before may still be mid-turn a few generations
+            # past the newest object, and must never share a generation, and so a
+            # checkpoint key, with this hold. A kept counter (a new or deleted
+            # session, a lost record) already fences: the next one is never reused.
+            floor += _NO_RECORD_GAP
+        generation = await self.registry.next_generation(session_id, above=floor)
         key = latest.key if latest else None
         return Hold(session_id, lease, generation, None, key, stored=stored)
 
