@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import zstandard
 
 from sandcell_protocol import PROTOCOL_VERSION, CheckpointMeta, encode
@@ -26,6 +27,7 @@ from tests.fixtures.paths import traversable_dir
 UID = 1500
 GID = 1500
 META = CheckpointMeta(session_id="rt_" + "ab" * 32, protocol=PROTOCOL_VERSION)
+EXTRACTOR_MODULE = "sandcell_runner.checkpoint.extractor"
 
 Snapshot = dict[str, tuple[object, ...]]
 
@@ -181,3 +183,22 @@ def reset_staging(staging: Path) -> None:
     shutil.rmtree(staging)
     staging.mkdir(mode=0o700)
     os.chown(staging, UID, GID)
+
+
+def own_extractors() -> list[psutil.Process]:
+    """The extractor children of this test process, and only those.
+
+    A restore (or a pool) here starts its extractor with ``Popen`` and the
+    extractor never forks, so each one is a direct child of this process until
+    it is reaped. Not ``children(recursive=True)``: runners that session-scoped
+    fixtures started are children too, and their spare extractors (same
+    command line) are grandchildren that have nothing to do with the test.
+    """
+    found: list[psutil.Process] = []
+    for child in psutil.Process().children():
+        try:
+            if EXTRACTOR_MODULE in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue  # exited (or a zombie, whose command line is gone) since listed
+    return found

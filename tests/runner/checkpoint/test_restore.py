@@ -32,6 +32,7 @@ from tests.runner.checkpoint import (
     compress,
     make_arena,
     member,
+    own_extractors,
     restore_bytes,
 )
 
@@ -226,10 +227,7 @@ async def test_cancelling_a_restore_kills_the_extractor(arena: Arena) -> None:
         )
 
     assert scope.cancelled_caught
-    children = psutil.Process().children(recursive=True)
-    assert not [
-        c for c in children if "sandcell_runner.checkpoint.extractor" in " ".join(c.cmdline())
-    ]
+    assert own_extractors() == []
 
 
 async def test_extractor_is_chrooted_into_staging_as_the_pinned_uid(arena: Arena) -> None:
@@ -242,10 +240,8 @@ async def test_extractor_is_chrooted_into_staging_as_the_pinned_uid(arena: Arena
         with anyio.fail_after(10):
             while not seen:
                 await anyio.sleep(0.05)
-                for child in psutil.Process().children(recursive=True):
+                for child in own_extractors():
                     try:
-                        if "sandcell_runner.checkpoint.extractor" not in " ".join(child.cmdline()):
-                            continue
                         if child.uids().effective != UID:
                             continue  # still importing, before the privilege drop
                         seen["root"] = os.readlink(f"/proc/{child.pid}/root")

@@ -23,10 +23,9 @@ from tests.runner.checkpoint import (
     chunked,
     compress,
     member,
+    own_extractors,
     reset_staging,
 )
-
-MODULE = "sandcell_runner.checkpoint.extractor"
 
 
 class RecordingWarm(WarmExtractor):
@@ -44,9 +43,9 @@ class RecordingWarm(WarmExtractor):
 
 def extractor_pids() -> set[int]:
     pids = set()
-    for child in psutil.Process().children(recursive=True):
+    for child in own_extractors():
         try:
-            if MODULE in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+            if child.status() != psutil.STATUS_ZOMBIE:
                 pids.add(child.pid)
         except psutil.Error:
             continue
@@ -104,6 +103,8 @@ async def test_each_restore_has_its_own_child_and_a_hostile_one_leaves_nothing(
         assert warm.served[1] in after
         assert sorted(os.listdir(arena.staging)) == ["notes.txt"]
         assert (arena.staging / "notes.txt").read_bytes() == b"mine\n"
+        # The replacement spare is up, so the check after ``aclose`` sees whether it was stopped.
+        assert len(await settled_pids(1)) == 1
     finally:
         await warm.aclose()
     assert await settled_pids(0) == set()
@@ -119,6 +120,8 @@ async def test_a_spare_that_died_is_replaced_for_the_restore(arena: Arena) -> No
         assert await settled_pids(0) == set()  # dead (a zombie until the pool looks)
         await restore(warm, arena, compress(archive(member("workspace/a.txt", b"a")), "zstd"))
         assert (arena.staging / "a.txt").read_bytes() == b"a"
+        # The replacement spare is up, so the check after ``aclose`` sees whether it was stopped.
+        assert len(await settled_pids(1)) == 1
     finally:
         await warm.aclose()
     assert await settled_pids(0) == set()
@@ -150,6 +153,8 @@ async def test_cancelling_a_restore_kills_its_child_and_a_new_spare_follows(aren
         reset_staging(arena.staging)
         await restore(warm, arena, compress(archive(member("workspace/b.txt", b"b")), "zstd"))
         assert (arena.staging / "b.txt").read_bytes() == b"b"
+        # The replacement spare is up, so the check after ``aclose`` sees whether it was stopped.
+        assert len(await settled_pids(1)) == 1
     finally:
         await warm.aclose()
     assert await settled_pids(0) == set()
