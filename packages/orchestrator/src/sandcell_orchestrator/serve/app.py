@@ -214,13 +214,10 @@ class _Service:
         return Response(encode(result), media_type=JSON_MEDIA_TYPE)
 
     async def set_egress(self, request: Request) -> Response:
-        namespace = self.keys.namespace(request)
-        session_id = request.path_params["session_id"]
-        if not is_runtime_session_id(session_id):
-            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
-        policy = decode(await read_body(request), EgressPolicy)
-        if await self.owner_of(session_id) != namespace:
+        session_id = await self.owned_session(request)
+        if session_id is None:
             return error_response(404, ErrorCode.NOT_FOUND, "no such session")
+        policy = decode(await read_body(request), EgressPolicy)
         try:
             status = await self.services.manager.set_egress(session_id, policy)
         except SandboxNotFoundError:
@@ -229,11 +226,8 @@ class _Service:
 
     async def egress_status(self, request: Request) -> Response:
         """The session's egress: policy, counters and its latest refused connections."""
-        namespace = self.keys.namespace(request)
-        session_id = request.path_params["session_id"]
-        if not is_runtime_session_id(session_id):
-            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
-        if await self.owner_of(session_id) != namespace:
+        session_id = await self.owned_session(request)
+        if session_id is None:
             return error_response(404, ErrorCode.NOT_FOUND, "no such session")
         try:
             status = await self.services.manager.egress_status(session_id)
@@ -264,11 +258,8 @@ class _Service:
         return Response(encode(SessionList(sessions=sessions)), media_type=JSON_MEDIA_TYPE)
 
     async def destroy_session(self, request: Request) -> Response:
-        namespace = self.keys.namespace(request)
-        session_id = request.path_params["session_id"]
-        if not is_runtime_session_id(session_id):
-            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
-        if await self.owner_of(session_id) != namespace:
+        session_id = await self.owned_session(request)
+        if session_id is None:
             # Another tenant's session and an unknown one look alike.
             return error_response(404, ErrorCode.NOT_FOUND, "no such session")
         await self.execution.destroy_session(session_id)
@@ -286,6 +277,16 @@ class _Service:
     async def owner_of(self, session_id: str) -> str | None:
         owner = await self.services.registry.session_owner(session_id)
         return owner.namespace if owner is not None else None
+
+    async def owned_session(self, request: Request) -> str | None:
+        """The path's session id if the caller's tenant owns it, else None: another
+        tenant's session answers like a missing one. Authenticates first; a malformed
+        id is a 400."""
+        namespace = self.keys.namespace(request)
+        session_id = str(request.path_params["session_id"])
+        if not is_runtime_session_id(session_id):
+            raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
+        return session_id if await self.owner_of(session_id) == namespace else None
 
     async def healthz(self, _request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON_MEDIA_TYPE)
