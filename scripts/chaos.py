@@ -231,6 +231,20 @@ class LatencyProxy:
                     self._open.discard(sock)
 
 
+def _alive(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def _describe(process: psutil.Process) -> str:
+    """A leftover, for the report: what it runs and who its parent is."""
+    with contextlib.suppress(psutil.Error):
+        argv = " ".join(process.cmdline())[-120:]
+        return f"pid {process.pid} ppid {process.ppid()} {process.status()}: {argv}"
+    return f"pid {process.pid} (gone)"
+
+
 @dataclass
 class Worker:
     index: int
@@ -411,6 +425,14 @@ class Chaos:
         """Lines in flight when Redis was wiped: their idempotent answers are gone."""
         self._epoch = 0
         """Bumped by every fault: a turn that saw it change ran under a fault."""
+        self._closing = False
+        """Set once the faulted part is over: no strike fires after it (under the mutex)."""
+        self._timers: list[threading.Timer] = []
+        self._threads: list[threading.Thread] = []
+        """Every strike timer and fault thread started, joined before the end's checks (a
+        worker or Redis restarted during them would outlive the run, its runners too)."""
+        self._active = 0
+        """Fault threads running; ``_fault_free`` is set when it is 0."""
 
     # -- set-up -------------------------------------------------------------------
 
@@ -488,8 +510,29 @@ class Chaos:
 
     # -- the end --------------------------------------------------------------------
 
+    def quiesce(self, *, cancel: bool) -> None:
+        """No strike from now on: wait for (or cancel) the pending strike timers, then
+        for every fault thread, so nothing restarts a worker or Redis after this."""
+        with self._mutex:
+            self._closing = True
+            timers = list(self._timers)
+        for timer in timers:
+            if cancel:
+                timer.cancel()
+            timer.join()
+        while True:
+            with self._mutex:
+                threads = [t for t in self._threads if t.is_alive()]
+            if not threads:
+                break
+            for thread in threads:
+                thread.join(timeout=180)
+                if thread.is_alive():
+                    self.report.problems.append(f"fault thread {thread.name} did not end")
+                    return
+
     def close(self) -> None:
-        self._fault_free.wait(timeout=120)
+        self.quiesce(cancel=True)
         for worker in self.workers:
             self._resume(worker)
         self._check_objects()
@@ -552,7 +595,11 @@ class Chaos:
                         )
 
     def _check_leftovers(self) -> None:
-        runners = [p for p in self._runners() if p.is_running()]
+        # A runner whose worker just stopped gets SIGTERM (PR_SET_PDEATHSIG) and drains
+        # and unmounts first: leftovers are the processes still there after a while.
+        ending = self._runners()
+        _, runners = psutil.wait_procs(ending, timeout=self.args.leftover_wait_s)
+        runners = [p for p in runners if _alive(p)]
         runtime = self.base / "sandboxes"
         roots = list(runtime.iterdir()) if runtime.exists() else []
         mounts = [
@@ -570,7 +617,7 @@ class Chaos:
             "containers": len(containers),
         }
         for what, found in (
-            ("runner", runners),
+            ("runner", [_describe(p) for p in runners]),
             ("root", roots),
             ("mount", mounts),
             ("cgroup", cgroups),
@@ -631,10 +678,15 @@ class Chaos:
         return None
 
     def _runners(self, sandbox_id: str | None = "") -> list[psutil.Process]:
-        """Runner and jail processes (of one sandbox, or of all), never a worker itself."""
+        """Runner and jail processes (of one sandbox, or of all) of this run: those that
+        name its base directory in their command line or environment, never a live
+        worker, this process or an ancestor (pytest), or redis-server (``--dir``)."""
         if sandbox_id is None:
             return []
         mine = {w.process.pid for w in self.workers if w.process is not None}
+        mine |= {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+        if self.redis.process is not None:
+            mine.add(self.redis.process.pid)
         marker = str(self.base / "sandboxes" / sandbox_id) if sandbox_id else str(self.base)
         found = []
         for process in psutil.process_iter():
@@ -670,7 +722,7 @@ class Chaos:
         (the slow parts go to a thread of their own, which clears ``_fault_free``)."""
         kind = strike.kind
         with self._mutex:
-            if line in self._fired:
+            if line in self._fired or self._closing:
                 return
             self._fired.add(line)
             self._epoch += 1
@@ -710,17 +762,35 @@ class Chaos:
             self._background(restart)
 
     def _background(self, work: Any, *args: Any) -> None:
-        self._fault_free.clear()
-
         def run() -> None:
             try:
                 work(*args)
             except Exception as exc:  # reported, and the run goes on
                 self.report.problems.append(f"fault step failed: {type(exc).__name__}: {exc}")
             finally:
-                self._fault_free.set()
+                with self._mutex:
+                    self._active -= 1
+                    if self._active == 0:
+                        self._fault_free.set()
 
-        threading.Thread(target=run, daemon=True).start()
+        thread = threading.Thread(target=run, name=f"fault-{len(self._threads)}", daemon=True)
+        with self._mutex:
+            # Registered before it starts: quiesce() joins every one, even one started by
+            # a strike that passed its closing check just before.
+            self._active += 1
+            self._fault_free.clear()
+            self._threads.append(thread)
+        thread.start()
+
+    def _later(self, delay_s: float, *args: Any) -> None:
+        """``_strike(*args)`` in ``delay_s``, unless the run is closing by then."""
+        timer = threading.Timer(delay_s, self._strike, args)
+        timer.daemon = True
+        with self._mutex:
+            if self._closing:
+                return
+            self._timers.append(timer)
+        timer.start()
 
     def _wipe_redis(self) -> None:
         with self._mutex:
@@ -841,10 +911,7 @@ class Chaos:
         fire_at: dict[str, float] = {}
         if strike is not None:
             if strike.stage == "launch":
-                timer = threading.Timer(
-                    self.rng.uniform(0.0, 0.05), self._strike, (strike, worker, session, line)
-                )
-                timer.start()
+                self._later(self.rng.uniform(0.0, 0.05), strike, worker, session, line)
             else:
                 fire_at = {strike.stage: 0.0}
         try:
@@ -876,9 +943,7 @@ class Chaos:
                                 0.0 if "checkpoint" in fire_at else self.rng.uniform(0.05, 0.25)
                             )
                             fire_at.clear()
-                            threading.Timer(
-                                delay_s, self._strike, (strike, worker, session, line)
-                            ).start()
+                            self._later(delay_s, strike, worker, session, line)
         except httpx.HTTPError as exc:
             self._count(type(exc).__name__)
             return 0.2
@@ -983,7 +1048,8 @@ class Chaos:
             thread.start()
         for thread in threads:
             thread.join()
-        self._fault_free.wait(timeout=180)
+        # The last strikes fire (their timers are short) and are waited out; none after.
+        self.quiesce(cancel=False)
         for worker in self.workers:
             self._resume(worker)
         # A last turn per session reads everything committed back.
@@ -1022,6 +1088,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-execute-s", type=float, default=3.0)
     parser.add_argument("--grace-s", type=float, default=5.0)
     parser.add_argument("--sweep-s", type=float, default=2.0)
+    parser.add_argument(
+        "--leftover-wait-s",
+        type=float,
+        default=15.0,
+        help="how long runners of stopped workers may take to end before they count as left",
+    )
     parser.add_argument("--request-timeout-s", type=float, default=20.0)
     parser.add_argument("--turn-deadline-s", type=float, default=120.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")

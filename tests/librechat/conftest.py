@@ -213,7 +213,8 @@ def node_driver(serve: Serve) -> Iterator[Driver]:
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     """The one serve of this folder's tests (but the two-worker one): API keys for
     tenants a and b, LibreChat tokens from ``ED_KEY``/``RSA_KEY`` for tenant a, and one
-    run at a time per tenant (so the rate limit is reachable; the tests run one by one)."""
+    run at a time per tenant (so the rate limit is reachable; the tests run one by one),
+    and 8 MiB of one run's outputs kept (so the cap is reachable)."""
     keys = tmp_path_factory.mktemp("jwt-keys")
     ed, rsa = keys / "ed25519.pem", keys / "rsa.jwk.json"
     ed.write_bytes(ED_KEY.as_pem(private=False))
@@ -223,6 +224,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
         SANDCELL_LIBRECHAT_JWT_PUBLIC_KEYS=f"{ed},{rsa}",
         SANDCELL_LIBRECHAT_JWT_NAMESPACE="tenant-a",
         SANDCELL_LIBRECHAT_MAX_CONCURRENT="1",
+        SANDCELL_LIBRECHAT_MAX_OUTPUT_BYTES=str(8 << 20),
     ) as running:
         yield running
 

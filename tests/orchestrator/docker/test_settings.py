@@ -20,6 +20,25 @@ def test_defaults_from_an_empty_environment() -> None:
     assert settings.network is None
     assert settings.privileges == "cap-sys-admin"
     assert settings.runner_env == {}
+    assert settings.scope is None  # a registry of one process: no remains removed
+
+
+def test_the_scope_is_named_or_one_per_shared_registry() -> None:
+    """Workers on one registry share a scope whatever credentials they use; another
+    registry (or another database in it) is another deployment."""
+    named = DockerSettings.from_env(
+        {"SANDCELL_DOCKER_SCOPE": "prod-eu", "SANDCELL_REGISTRY_URL": "redis://r:6379/0"}
+    )
+    assert named.scope == "prod-eu"
+    a = DockerSettings.from_env({"SANDCELL_REGISTRY_URL": "redis://:pw-one@redis.internal:6379/0"})
+    b = DockerSettings.from_env({"SANDCELL_REGISTRY_URL": "redis://:pw-two@redis.internal:6379/0"})
+    other_db = DockerSettings.from_env({"SANDCELL_REGISTRY_URL": "redis://redis.internal:6379/1"})
+    assert a.scope is not None
+    assert a.scope == b.scope
+    assert "pw-one" not in a.scope
+    assert a.scope.startswith("reg-")
+    assert other_db.scope not in (None, a.scope)
+    assert DockerSettings.from_env({"SANDCELL_REGISTRY_URL": "memory://"}).scope is None
 
 
 def test_every_variable_is_read() -> None:
@@ -60,6 +79,8 @@ def test_every_variable_is_read() -> None:
         ("SANDCELL_DOCKER_CPUS", "-1"),
         ("SANDCELL_DOCKER_PRIVILEGES", "root"),
         ("SANDCELL_DOCKER_ALLOW_PRODUCTION", "maybe"),
+        ("SANDCELL_DOCKER_SCOPE", "two words"),
+        ("SANDCELL_DOCKER_SCOPE", "x" * 65),
     ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str) -> None:

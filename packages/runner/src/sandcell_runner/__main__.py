@@ -66,7 +66,7 @@ def _serve(*, undumpable: bool) -> int:
         port=settings.port,
         # uvloop (when installed): 3-15% less runner CPU per request (bench_runner
         # A/B). Its child spawning is a fork (~2.5 ms at the runner's RSS): jobs never
-        # use it (the spawner's threads vfork), the restore extractor and the apps'
+        # use it (the spawn helper forks them), the restore extractor and the apps'
         # log filters do. httptools parses faster than h11.
         loop=settings.event_loop,
         http="httptools",

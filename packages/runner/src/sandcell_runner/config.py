@@ -82,9 +82,6 @@ class RunnerSettings:
     log_level: str = "info"
     event_loop: EventLoop = "asyncio"
     """uvicorn's loop: uvloop when it is installed (the default), else asyncio's own."""
-    spawn_helper: bool = True
-    """Jobs are forked by the resident spawn helper (``jail/spawnd.py``); False: by the
-    runner's own spawner threads through ``setpriv`` (kept for A/B measurement)."""
     max_contexts: int = 8
     """Code contexts (live interpreters) one session may hold."""
     context_idle_s: int = 1800
@@ -243,7 +240,6 @@ class RunnerSettings:
             reap_interval_s=reader.integer("SANDCELL_RUNNER_REAP_INTERVAL_S", 300),
             log_level=env.get("SANDCELL_RUNNER_LOG_LEVEL", "info").lower(),
             event_loop=_event_loop(env.get("SANDCELL_RUNNER_EVENT_LOOP", "").strip().lower()),
-            spawn_helper=reader.flag("SANDCELL_RUNNER_SPAWN_HELPER", default=True),
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
             context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
             context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),

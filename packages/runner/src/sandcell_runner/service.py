@@ -28,7 +28,7 @@ from .config import MIB, RunnerSettings
 from .contexts.interpreter import EventCallback
 from .contexts.manager import ContextManager
 from .egress.manager import EgressManager, unavailable_reason
-from .errors import BusyError, JailError
+from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
@@ -38,7 +38,6 @@ from .jail.host_limits import apply_host_limits, required_limits
 from .jail.netns import SessionNetns
 from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
 from .jail.spawn_helper import SpawnHelper
-from .jail.spawner import ProcessSpawner, Spawner
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
 from .outputs import OutputCollector
@@ -94,7 +93,8 @@ class RunnerService:
             reaped = self._cgroups.reap_leftovers()
             if reaped:
                 log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
-        self._spawner = self._make_spawner(settings)
+        # The one forker of jailed processes (jail/spawner.py says why there is no other).
+        self._spawner = SpawnHelper()
         nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
         job_user_refused = None
         if nsjail is not None:
@@ -197,16 +197,6 @@ class RunnerService:
         self._active_jobs: set[Path] = set()
         self._cleanups: set[asyncio.Task[None]] = set()
         self._collect_warnings()
-
-    @staticmethod
-    def _make_spawner(settings: RunnerSettings) -> ProcessSpawner:
-        """The resident spawn helper, or (turned off, or it cannot start) the threads."""
-        if settings.spawn_helper:
-            try:
-                return SpawnHelper()
-            except (OSError, JailError) as exc:
-                log.warning("spawn helper unavailable (%s); spawning from threads", exc)
-        return Spawner()
 
     def _session_netns(self) -> SessionNetns | None:
         """A bound session's namespace, linked for egress when the policy lets anything out."""

@@ -109,12 +109,14 @@ class NativeSuspend(Protocol):
 
 @runtime_checkable
 class Remains(Protocol):
-    """The optional capability of listing sandboxes whose runner is gone, so the sweeper
-    can remove the ones no record points at (a worker that died between launching a
-    sandbox and recording it, a record lost with a wiped Redis)."""
+    """The optional capability of listing sandboxes that serve no one any more, so the
+    sweeper can remove the ones no record points at (a worker that died between
+    launching a sandbox and recording it, a record lost with a wiped Redis)."""
 
     async def dead_sandboxes(self) -> dict[str, float]:
-        """Sandboxes of this backend whose runner is gone: id -> seconds since created."""
+        """This deployment's sandboxes whose runner is gone, or that only a record could
+        still claim (Docker: a session's running container): id -> seconds since
+        created. The sweeper removes those no record names, once past a launch."""
         ...
 
 

@@ -7,7 +7,9 @@ runner's ``/health``; a container that never gets healthy is removed, not
 orphaned. ``destroy`` = force-remove (a missing container is fine).
 ``pause_resume`` is False: the manager suspends a session by checkpointing its
 runner into the snapshot store and destroying the container, and resumes it in a
-new container it restores into.
+new container it restores into. ``dead_sandboxes`` (``Remains``) lists the
+containers of this deployment (its ``sandcell.scope`` label) that no longer serve
+a session, for the sweeper to remove the ones no record names.
 
 Isolation is runc's, so ``SANDCELL_ENV=production`` needs an explicit
 ``SANDCELL_DOCKER_ALLOW_PRODUCTION=1``. Privileges, and why: images/README.md.
@@ -29,6 +31,7 @@ import contextlib
 import logging
 import re
 import secrets
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +47,7 @@ from ..errors import (
 from ..handle import SandboxHandle
 from ..runner.client import RunnerClient
 from .base import (
+    SESSION_LABEL,
     SandboxCapabilities,
     SandboxSpec,
     sandbox_session_id,
@@ -52,6 +56,7 @@ from .docker_api import EngineAPIError, EngineClient
 from .docker_containers import (
     RUNNER_PORT,
     SANDBOX_LABEL,
+    SCOPE_LABEL,
     UUID_LABEL,
     EngineTraits,
     RunnerContainer,
@@ -145,6 +150,42 @@ class DockerProvider:
         """Close the engine client; containers and handles live on. Idempotent."""
         await self._engine.close()
 
+    # -- Remains ----------------------------------------------------------------
+
+    async def dead_sandboxes(self) -> dict[str, float]:
+        """This deployment's containers that serve no one (``Remains``): id -> age in s.
+
+        Of the containers labelled with this provider's scope: the stopped ones (their
+        runner is gone), and the running ones of a session (a runner no record may
+        name: its worker was killed between launch and record write, or the record
+        went with a wiped Redis). The sweeper keeps those a record names and those
+        still young enough to be starting. A running container of no session (a
+        stateless run) is left alone: it lives only as long as its one job. Another
+        deployment's containers, and any without a scope, are never listed.
+        """
+        scope = self._settings.scope
+        if scope is None:
+            return {}
+        with _engine_errors():
+            listed = await self._engine.list_containers({SANDBOX_LABEL: "1", SCOPE_LABEL: scope})
+        now = time.time()
+        found: dict[str, float] = {}
+        for item in listed:
+            container_id = str(item.get("Id", ""))
+            labels = item.get("Labels") or {}
+            if not _CONTAINER_ID.fullmatch(container_id) or labels.get(SCOPE_LABEL) != scope:
+                continue
+            running = str(item.get("State", "")).lower() == "running"
+            if running and SESSION_LABEL not in labels:
+                continue
+            try:
+                created = float(item.get("Created", now))
+            except (TypeError, ValueError):
+                created = now  # unknown age: young, so kept this round
+            # Whole seconds: the age reads up to 1 s short, never long.
+            found[container_id] = max(0.0, now - created - 1.0)
+        return found
+
     # -- creating -------------------------------------------------------------
 
     def _container_body(
@@ -166,6 +207,9 @@ class DockerProvider:
         sandbox_uuid = spec.labels.get(UUID_LABEL) or uuid.uuid4().hex
         labels = {key: value for key, value in spec.labels.items() if key.startswith("sandcell.")}
         labels.update({SANDBOX_LABEL: "1", UUID_LABEL: sandbox_uuid})
+        labels.pop(SCOPE_LABEL, None)  # the deployment's, never a spec's
+        if self._settings.scope is not None:
+            labels[SCOPE_LABEL] = self._settings.scope
         port = f"{RUNNER_PORT}/tcp"
         body: dict[str, Any] = {
             "Image": image,

@@ -1,7 +1,7 @@
 """A thin async client of the Docker Engine API: the few calls the Docker provider makes.
 
 Why not docker-py: it is synchronous (every call would need a worker thread to stay
-off the event loop) and drags in ``requests``; the surface we use is six container
+off the event loop) and drags in ``requests``; the surface we use is seven container
 calls plus ping/version/info, each a single JSON request. httpx already speaks HTTP
 over a unix socket (``AsyncHTTPTransport(uds=...)``) and is what the rest of the
 orchestrator uses, so the transport stays injectable for tests.
@@ -19,6 +19,7 @@ put into a message or a log line.
 from __future__ import annotations
 
 import contextlib
+import json as json_module
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -184,6 +185,25 @@ class EngineClient:
                 return None
             raise
         return self._json(response, "inspect container")
+
+    async def list_containers(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """``GET /containers/json?all=true``: every container (running or not) carrying
+        all ``labels``, as the engine summarises them (``Id``, ``State``, ``Created``
+        in epoch seconds, ``Labels``)."""
+        filters = {"label": [f"{key}={value}" for key, value in labels.items()]}
+        response = await self._call(
+            "GET",
+            "/containers/json",
+            operation="list containers",
+            params={"all": "true", "filters": json_module.dumps(filters)},
+        )
+        try:
+            listed = response.json()
+        except ValueError:
+            raise SandboxUnavailableError("list containers: the engine answered non-JSON") from None
+        if not isinstance(listed, list):
+            raise SandboxUnavailableError("list containers: the engine answered a non-list")
+        return [item for item in listed if isinstance(item, dict)]
 
     async def remove_container(self, container_id: str) -> bool:
         """``DELETE /containers/{id}?force=true&v=true``; False when it was already gone.

@@ -18,6 +18,7 @@ from .docker_settings import Privileges
 __all__ = [
     "RUNNER_PORT",
     "SANDBOX_LABEL",
+    "SCOPE_LABEL",
     "UUID_LABEL",
     "EngineTraits",
     "RunnerContainer",
@@ -30,6 +31,9 @@ __all__ = [
 RUNNER_PORT = 8080
 SANDBOX_LABEL = "sandcell.sandbox"
 UUID_LABEL = "sandcell.uuid"
+SCOPE_LABEL = "sandcell.scope"
+"""The deployment a container belongs to (``DockerSettings.scope``): what its sweeper
+may remove."""
 
 # Docker's default masked paths outside /proc (the /proc ones must go: see ``privileges``).
 _MASKED_OUTSIDE_PROC = ("/sys/firmware", "/sys/devices/virtual/powercap")

@@ -11,9 +11,12 @@ may set them).
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 from ..env import EnvReader
 from ..errors import ConfigError
@@ -25,6 +28,7 @@ __all__ = [
     "RESERVED_ENV",
     "DockerSettings",
     "Privileges",
+    "default_scope",
 ]
 
 DEFAULT_IMAGE = "localhost/sandcell-runner:runner-latest"
@@ -33,6 +37,7 @@ DEFAULT_DOCKER_HOST = "unix:///var/run/docker.sock"
 
 Privileges = Literal["cap-sys-admin", "no-caps", "privileged"]
 _PRIVILEGES: tuple[Privileges, ...] = ("cap-sys-admin", "no-caps", "privileged")
+_SCOPE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 # Variables the provider owns; neither the environment nor a spec may set them.
 RESERVED_ENV = frozenset(
@@ -71,6 +76,10 @@ class DockerSettings:
     ready_timeout_s: float = 30.0
     api_timeout_s: float = 30.0
     runner_env: Mapping[str, str] = field(default_factory=dict)
+    scope: str | None = None
+    """The deployment this worker's containers belong to (their ``sandcell.scope``
+    label): the sweeper removes only its own scope's containers that no record names
+    (``DockerProvider.dead_sandboxes``). None: it removes none."""
 
     def __post_init__(self) -> None:
         parse_docker_host(self.docker_host)
@@ -89,6 +98,10 @@ class DockerSettings:
         reserved = sorted(RESERVED_ENV.intersection(self.runner_env))
         if reserved:
             raise ConfigError(f"{reserved[0]}: set by the docker provider itself")
+        if self.scope is not None and not _SCOPE_RE.fullmatch(self.scope):
+            raise ConfigError(
+                "SANDCELL_DOCKER_SCOPE: 1-64 characters of letters, digits, '.', '_' and '-'"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DockerSettings:
@@ -117,4 +130,24 @@ class DockerSettings:
             ready_timeout_s=read.number("SANDCELL_DOCKER_READY_TIMEOUT_S", 30.0),
             api_timeout_s=read.number("SANDCELL_DOCKER_API_TIMEOUT_S", 30.0),
             runner_env=passthrough,
+            scope=read.text("SANDCELL_DOCKER_SCOPE") or default_scope(env),
         )
+
+
+def default_scope(env: Mapping[str, str]) -> str | None:
+    """The scope of a deployment that named none: one per shared registry.
+
+    Workers of one deployment share ``SANDCELL_REGISTRY_URL`` (docs/deployment.md), so
+    a hash of where it points (credentials left out) names the deployment; two
+    deployments on one engine have two registries. None for a registry of one process
+    (unset: a SQLite file per home; ``memory://``): nothing tells two such processes
+    apart, so neither removes containers it did not record.
+    """
+    url = (env.get("SANDCELL_REGISTRY_URL") or "").strip()
+    if not url or url == "memory://":
+        return None
+    parts = urlsplit(url)
+    # Not ``parts.port``: it raises on a malformed port, which the registry reports.
+    host = parts.netloc.rpartition("@")[2]
+    where = f"{parts.scheme}://{host}{parts.path}"
+    return "reg-" + hashlib.sha256(where.encode()).hexdigest()[:16]

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -53,7 +54,8 @@ from ..snapshots import SnapshotStore
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import Attached, Hold, SandboxManager
-from .output import OnOutput, run_job
+from .output import Collect, OnOutput, run_job
+from .sandboxes import rebind
 
 __all__ = ["ExecutionService", "Identity"]
 
@@ -132,11 +134,14 @@ class ExecutionService:
         hint: str | None = None,
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
+        collect: Collect | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
 
         ``on_output`` receives the job's stdout/stderr chunks as they are produced
         (the result still carries all of it, as the runner captured it).
+        ``collect`` is called with the sandbox and the output files after the job,
+        while the sandbox still holds them (see ``output.Collect``).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects. ``egress`` replaces the
@@ -144,15 +149,15 @@ class ExecutionService:
         """
         request = scope_inputs(request, identity.namespace)
         if self.mode == "stateless":
-            return await self._stateless(request, on_output, egress)
+            return await self._stateless(request, on_output, egress, collect)
         if hint is None:
             if self.mode == "strict":
                 raise SessionRequiredError("strict runtime-session mode needs a session hint")
             self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
-            return await self._stateless(request, on_output, egress)
+            return await self._stateless(request, on_output, egress, collect)
         session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
         return await self.execute_in_session(
-            request, session_id, on_output=on_output, egress=egress
+            request, session_id, on_output=on_output, egress=egress, collect=collect
         )
 
     def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
@@ -163,23 +168,33 @@ class ExecutionService:
         request: ExecuteRequest,
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
+        collect: Collect | None = None,
     ) -> ExecuteResult:
         with self.metrics.timer("sandcell_turn_duration_seconds"):
-            return await self._stateless_turn(request, on_output, egress)
+            return await self._stateless_turn(request, on_output, egress, collect)
 
     async def _stateless_turn(
-        self, request: ExecuteRequest, on_output: OnOutput | None, egress: EgressPolicy | None
+        self,
+        request: ExecuteRequest,
+        on_output: OnOutput | None,
+        egress: EgressPolicy | None,
+        collect: Collect | None,
     ) -> ExecuteResult:
         handle = await self.manager.launch(self._spec_for(egress))
+        # A job's own workspace is gone when it ends; one that ``collect`` reads runs in
+        # a throwaway runtime session instead, whose workspace lasts until the discard.
+        job = handle if collect is None else rebind(handle, "rt_" + secrets.token_hex(32))
         try:
-            await deliver_inputs(handle, request, session_id=None, source=self.inputs)
+            await deliver_inputs(job, request, session_id=job.session_id, source=self.inputs)
             result = await run_job(
-                handle,
+                job,
                 request,
-                session_id=None,
+                session_id=job.session_id,
                 timeout_s=self._turn_timeout(request),
                 on_output=on_output,
             )
+            if collect is not None:
+                await collect(job, result.files)
             await self.manager.count_egress(handle)
         finally:
             await self.manager.discard(handle)
@@ -195,6 +210,7 @@ class ExecutionService:
         *,
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
+        collect: Collect | None = None,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
@@ -209,6 +225,8 @@ class ExecutionService:
                 timeout_s=self._turn_timeout(request),
                 on_output=on_output,
             )
+            if collect is not None:
+                await collect(handle, result.files)
             self.metrics.inc("sandcell_executions_total", status=str(result.status))
             return result
 
@@ -228,6 +246,7 @@ class ExecutionService:
         context_id: str | None = None,
         on_event: Callable[[ContextEvent], None] | None = None,
         egress: EgressPolicy | None = None,
+        collect: Collect | None = None,
     ) -> ContextRunResult:
         """Run ``request.code`` in a code context of the session ``hint`` names.
 
@@ -236,8 +255,9 @@ class ExecutionService:
         the context (``context_id``; None: the language's default context, created
         on first use), and the workspace checkpointed when the cell changed it.
         ``on_event`` gets the run's events as they happen; ``egress`` is the
-        sandbox's egress policy from this turn on, as for ``execute``. Contexts
-        keep state, so a hint is required in every mode.
+        sandbox's egress policy from this turn on, and ``collect`` reads the cell's
+        output files, as for ``execute``. Contexts keep state, so a hint is required
+        in every mode.
         """
         if hint is None:
             raise SessionRequiredError("code contexts live in a runtime session: give a hint")
@@ -257,6 +277,8 @@ class ExecutionService:
                 timeout_s=self._turn_timeout(request),
                 on_event=on_event,
             )
+            if collect is not None:
+                await collect(handle, result.files)
             self.metrics.inc("sandcell_context_runs_total", status=str(result.status))
             return result
 

@@ -10,17 +10,28 @@ execute), so the session logic around it does not care which was used.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-from sandcell_protocol import ExecuteRequest, ExecuteResult, ResultEvent, StderrEvent, StdoutEvent
+from sandcell_protocol import (
+    ExecuteRequest,
+    ExecuteResult,
+    OutputFile,
+    ResultEvent,
+    StderrEvent,
+    StdoutEvent,
+)
 
 from ..errors import SandboxUnavailableError
 from ..handle import SandboxHandle
 
-__all__ = ["OnOutput", "run_job"]
+__all__ = ["Collect", "OnOutput", "run_job"]
 
 OnOutput = Callable[[StdoutEvent | StderrEvent], None]
 """Receives each output chunk as the job produces it (called on the event loop)."""
+Collect = Callable[[SandboxHandle, list[OutputFile]], Awaitable[None]]
+"""Called with the sandbox (bound to a session, so its files can be read) and the
+turn's output files after the job and before the sandbox is released or discarded:
+a surface reads there what the runner did not inline (``content_b64`` None)."""
 
 
 async def run_job(

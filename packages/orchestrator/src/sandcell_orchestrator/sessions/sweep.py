@@ -6,9 +6,10 @@
                     row marked suspended (the next turn restores)
     collection      superseded checkpoint objects deleted (a stale holder's upload,
                     the objects a newer checkpoint replaced)
-    remains         sandboxes whose runner is gone and that no record points at
-                    (a worker killed between launch and record write, a wiped
-                    Redis): removed, where the provider can list them (``Remains``)
+    remains         sandboxes whose runner is gone (or, on Docker, a session's
+                    container) that no record points at (a worker killed between
+                    launch and record write, a wiped Redis): removed, where the
+                    provider can list them (``Remains``)
 
 Lost-row checks and collections each visit a bounded share of the rows per round,
 round robin: each visit is a provider call or a store listing, and thousands of
@@ -93,10 +94,15 @@ class Sweeper:
             return
         # Rows that point at a dead sandbox are the lost-row check's; a sandbox younger
         # than a launch may still be starting (its runner not up yet).
-        referenced = {r.sandbox_id for r in records if r.provider == provider.name}
         starting_s = manager.budgets.launch_s + manager.budgets.health_s
-        for sandbox_id, age_s in dead.items():
-            if sandbox_id in referenced or age_s <= starting_s:
+        candidates = {s: age_s for s, age_s in dead.items() if age_s > starting_s}
+        if candidates:
+            # The rows as they are now, not at the round's start: a sandbox launched
+            # since may have been recorded meanwhile (the idle suspends take a while).
+            records = await manager.registry.list_records()
+        referenced = {r.sandbox_id for r in records if r.provider == provider.name}
+        for sandbox_id in candidates:
+            if sandbox_id in referenced:
                 continue
             try:
                 await provider.destroy(sandbox_id)

@@ -22,7 +22,6 @@ import dataclasses
 import fcntl
 import heapq
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -90,16 +89,22 @@ def probe_job_user_nsjail(nsjail: Path, uid: int) -> str | None:
 
     It cannot when job UIDs may not execute the binary (it lies under a 0700
     home), or when unprivileged user namespaces are off (a sysctl, or a container
-    engine's seccomp profile that allows them only with CAP_SYS_ADMIN).
+    engine's seccomp profile that allows them only with CAP_SYS_ADMIN). Run once
+    at start-up, before the event loop, so plain ``subprocess`` switches the UID.
     """
-    setpriv = shutil.which("setpriv", path="/usr/bin:/bin")
-    if setpriv is None:
-        return "setpriv (util-linux) not found"
-    argv = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    argv += [str(nsjail), "-Mo", "--quiet", "--disable_proc", "-u", str(uid), "-g", str(uid)]
+    argv = [str(nsjail), "-Mo", "--quiet", "--disable_proc", "-u", str(uid), "-g", str(uid)]
     argv += ["--chroot", "/", "--", "/bin/true"]
     try:
-        probe = subprocess.run(argv, capture_output=True, timeout=10, check=False, env={})
+        probe = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=10,
+            check=False,
+            env={},
+            user=uid,
+            group=uid,
+            extra_groups=[],
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"probe failed: {exc}"
     if probe.returncode != 0:
@@ -186,7 +191,7 @@ class Jail:
         spec = self._with_netns(spec)
         self._counter += 1
         if not self._cgroups.available:
-            return await self._run_in(spec, None, None, on_output)
+            return await self._run_in(spec, None, on_output)
         slot = heapq.heappop(self._idle_slots) if self._idle_slots else self._new_slot()
         key, memory, pids = f"s{slot}", spec.limits.memory_bytes, spec.limits.pids
         settled = False
@@ -200,7 +205,7 @@ class Jail:
                     self._cgroups.acquire, key, memory_bytes=memory, pids=pids
                 )
             try:
-                return await self._run_in(spec, cgroup, key, on_output)
+                return await self._run_in(spec, cgroup, on_output)
             finally:
                 # Nothing may outlive the job into the slot's next job. Usually nothing
                 # is left (the pid namespace died with nsjail): one read says so.
@@ -227,7 +232,6 @@ class Jail:
         stderr: int,
         log_fd: int,
         cgroup: JobCgroup | None,
-        resident_key: str | None,
         close_after: list[int],
     ) -> SpawnRequest:
         """How to start ``spec``: nsjail with its configuration on a pipe (or, unjailed,
@@ -255,8 +259,8 @@ class Jail:
         as_job_user = self._as_job_user or (self._nsjail is None and os.geteuid() == 0)
         tasks = cgroup.thread_join_paths() if cgroup is not None else None
         cgroup_fds: list[int] = []
-        if cgroup is not None and (tasks is None or not self._spawner.fast):
-            # Only the forking path joins through cgroup.procs; the fast one writes tasks.
+        if cgroup is not None and tasks is None:
+            # v2 has no tasks files: the child writes 0 to cgroup.procs descriptors.
             cgroup_fds = cgroup.open_procs_fds()
             close_after += cgroup_fds
         return SpawnRequest(
@@ -269,7 +273,6 @@ class Jail:
             pass_fds=pass_fds,
             cgroup_fds=cgroup_fds,
             cgroup_tasks=tasks,
-            resident_key=resident_key if cgroup is not None else None,
             user=spec.uid if as_job_user else None,
             group=spec.gid if as_job_user else None,
             netns_fd=spec.netns_fd,
@@ -279,7 +282,6 @@ class Jail:
         self,
         spec: JobSpec,
         cgroup: JobCgroup | None,
-        slot_key: str | None,
         on_output: OutputCallback | None,
     ) -> JobOutcome:
         loop = asyncio.get_running_loop()
@@ -302,7 +304,6 @@ class Jail:
                 stderr=err_w,
                 log_fd=log_w,
                 cgroup=cgroup,
-                resident_key=slot_key,
                 close_after=close_after,
             )
             process = await self._spawner.spawn(request)
@@ -459,7 +460,6 @@ class Jail:
                 stderr=output_fd,
                 log_fd=log_w,
                 cgroup=cgroup,
-                resident_key=None,
                 close_after=close_after,
             )
             process = await self._spawner.spawn(request)

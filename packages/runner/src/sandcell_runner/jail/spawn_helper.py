@@ -1,10 +1,8 @@
 """The runner's side of the resident spawn helper (``spawnd.py``): requests out, pids and exits in.
 
-Measured against the in-process spawner it replaces (``spawner.py``: a thread hop
-to a forking thread, ``vfork`` of ``setpriv --pdeathsig``, which execs nsjail), a
-job costs one ``sendmsg`` from the event loop and one message back, with no thread
-hop and no extra exec: see ``scripts/bench_runner.py --b-env
-SANDCELL_RUNNER_SPAWN_HELPER=0`` for the A/B and the README for the figures.
+A job costs one ``sendmsg`` from the event loop and one message back, with no
+thread hop and no extra exec (the in-process spawner it replaced, and the A/B that
+retired it, are described in ``spawner.py``).
 
 Everything here runs on the event loop: the socket is read by ``add_reader``, and
 sends are small datagrams the helper drains at once.
@@ -65,9 +63,6 @@ class HelperProcess:
 
 class SpawnHelper:
     """Starts and talks to one helper process; restarts it when it was lost."""
-
-    fast = True
-    """Joins v1 job cgroups through their ``tasks`` paths (the child writes ``0``)."""
 
     def __init__(self, *, python: str = sys.executable) -> None:
         self._python = python

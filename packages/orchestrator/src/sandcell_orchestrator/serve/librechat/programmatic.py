@@ -55,6 +55,7 @@ from ..errors import JSON_MEDIA_TYPE, read_body
 from .auth import Caller
 from .errors import librechat_json
 from .ids import new_nanoid
+from .outputs import KeptOutputs
 from .programmatic_runtime import RUNTIME, python_name
 from .programmatic_wire import CancelBody, ProgrammaticBody, ToolResult
 from .routes import LibreChatApi, ResolvedInput
@@ -80,6 +81,8 @@ class _Run:
     context_id: str
     timeout_ms: int
     inputs: list[ResolvedInput]
+    kept: KeptOutputs
+    """The outputs over the inline cap, read in each round (the byte cap is per run)."""
     expires_at: float
     rounds: int = 0
     stdout: list[str] = field(default_factory=list)
@@ -152,6 +155,7 @@ class Programmatic:
             context_id=f"ptc-{new_nanoid()}",
             timeout_ms=max(1, round(api.timeout_s(body.timeout) * 1000)),
             inputs=inputs,
+            kept=api.kept_outputs(inputs),
             expires_at=self._clock() + TOKEN_TTL_S,
         )
         cell = (
@@ -181,6 +185,7 @@ class Programmatic:
                     Identity(namespace=run.namespace, user_id=run.user),
                     hint=run.hint,
                     context_id=run.context_id,
+                    collect=run.kept.collect,
                 )
         except BaseException:
             await self._finish(run)
@@ -209,7 +214,7 @@ class Programmatic:
         if state.get("state") == "done":
             session_id = api.new_id()
             files, delivery = await api.keep_outputs(
-                caller, run.user, session_id, list(run.outputs.values()), run.inputs
+                caller, run.user, session_id, list(run.outputs.values()), run.inputs, run.kept
             )
             answer: dict[str, Any] = {
                 "status": "completed",

@@ -49,6 +49,7 @@ from .file_routes import FileRoutes
 from .files import LibreChatFiles, Viewer, visible
 from .ids import new_nanoid, require_nanoid
 from .limits import TenantLimiter
+from .outputs import LIMIT_CODE, READ_FAILED_CODE, KeptOutputs, Refusal
 from .settings import LibreChatSettings
 from .wire import (
     ExecAnswer,
@@ -177,16 +178,20 @@ class LibreChatApi(FileRoutes):
         )
 
         async def run_once() -> Response:
+            kept = self.kept_outputs(inputs)
             async with self.limiter.slot(caller.namespace):
                 try:
                     result = await self.execution.execute(
-                        run, Identity(namespace=caller.namespace, user_id=user), hint=hint
+                        run,
+                        Identity(namespace=caller.namespace, user_id=user),
+                        hint=hint,
+                        collect=kept.collect,
                     )
                 except SandboxTimeoutError as exc:
                     raise ExecutionTimeoutError(str(exc)) from None
             if result.status == RunStatus.TIMEOUT:
                 raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
-            answer = await self._answer(caller, user, result, inputs)
+            answer = await self._answer(caller, user, result, inputs, kept)
             if hint is not None:
                 answer = msgspec.structs.replace(
                     answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)
@@ -277,11 +282,18 @@ class LibreChatApi(FileRoutes):
         return ResolvedInput(wire=item, storage=storage, read_only=meta.read_only)
 
     async def _answer(
-        self, caller: Caller, user: str, result: ExecuteResult, inputs: list[ResolvedInput]
+        self,
+        caller: Caller,
+        user: str,
+        result: ExecuteResult,
+        inputs: list[ResolvedInput],
+        kept: KeptOutputs,
     ) -> ExecAnswer:
         """Keep the run's output files under a new ``session_id`` and describe them."""
         session_id = self._new_id()
-        files, delivery = await self.keep_outputs(caller, user, session_id, result.files, inputs)
+        files, delivery = await self.keep_outputs(
+            caller, user, session_id, result.files, inputs, kept
+        )
         return ExecAnswer(
             session_id=session_id,
             stdout=result.stdout,
@@ -294,6 +306,14 @@ class LibreChatApi(FileRoutes):
             artifact_delivery=delivery,
         )
 
+    def kept_outputs(self, inputs: list[ResolvedInput]) -> KeptOutputs:
+        """A run's collector of outputs (``outputs.KeptOutputs``), within the byte cap."""
+        return KeptOutputs(
+            max_bytes=self.settings.max_output_bytes,
+            skip=frozenset(item.wire.name for item in inputs if item.read_only),
+            metrics=self._services().manager.metrics,
+        )
+
     async def keep_outputs(
         self,
         caller: Caller,
@@ -301,12 +321,15 @@ class LibreChatApi(FileRoutes):
         session_id: str,
         outputs: list[OutputFile],
         inputs: list[ResolvedInput],
+        kept: KeptOutputs,
     ) -> tuple[list[OutFile], dict[str, object] | None]:
         """Store ``outputs`` under ``session_id``: the answer's ``files`` and, when some
-        could not be kept (over the runner's inline cap), its ``artifact_delivery``."""
+        could not be kept (over the run's byte cap, or unreadable), its
+        ``artifact_delivery``. ``kept`` holds what was read from the sandbox."""
         by_name = {item.wire.name: item for item in inputs}
         files: list[OutFile] = []
-        attempted = undelivered = 0
+        attempted = 0
+        errors: list[dict[str, str]] = []
         for output in outputs:
             if output.symlink_target is not None:
                 continue
@@ -323,17 +346,16 @@ class LibreChatApi(FileRoutes):
                 )
                 continue
             attempted += 1
-            if output.content_b64 is None and output.size > 0:
-                undelivered += 1  # over the runner's inline cap
+            data = self._bytes_of(output, kept)
+            if data is None:
+                refusal = kept.refusal(output) or Refusal(READ_FAILED_CODE, "it was not read")
+                errors.append(
+                    {"name": output.name, "code": refusal.code, "message": refusal.message}
+                )
                 continue
             file_id = self._new_id()
             await self.files.put(
-                caller.namespace,
-                session_id,
-                file_id,
-                base64.b64decode(output.content_b64 or ""),
-                filename=output.name,
-                user_id=user,
+                caller.namespace, session_id, file_id, data, filename=output.name, user_id=user
             )
             files.append(
                 OutFile(
@@ -349,15 +371,28 @@ class LibreChatApi(FileRoutes):
                 )
             )
         delivery: dict[str, object] | None = None
-        if undelivered:
+        if errors:
+            codes = {item["code"] for item in errors}
             delivery = {
-                "code": "artifact_delivery_failed",
-                "status": "failed" if undelivered == attempted else "partial",
+                "code": LIMIT_CODE if codes == {LIMIT_CODE} else READ_FAILED_CODE,
+                "status": "failed" if len(errors) == attempted else "partial",
                 "attempted": attempted,
-                "delivered": attempted - undelivered,
-                "failed": undelivered,
+                "delivered": attempted - len(errors),
+                "failed": len(errors),
+                "errors": errors,
             }
         return files, delivery
+
+    @staticmethod
+    def _bytes_of(output: OutputFile, kept: KeptOutputs) -> bytes | None:
+        """The output's bytes as kept: inline, read from the sandbox, or None (refused)."""
+        if kept.refusal(output) is not None:
+            return None
+        if output.content_b64 is not None:
+            return base64.b64decode(output.content_b64)
+        if output.size == 0:
+            return b""
+        return kept.bytes_of(output)
 
     async def health(self, _request: Request) -> Response:
         return librechat_json(200, {"status": "ok"})

@@ -14,6 +14,9 @@ SANDCELL_LIBRECHAT_SLOT_TTL_S               how long a crashed worker's runs sti
 SANDCELL_LIBRECHAT_DEFAULT_TIMEOUT_S        a run's limit when the call names none       60
 SANDCELL_LIBRECHAT_MAX_TIMEOUT_S            the cap on a call's ``timeout``              280
 SANDCELL_LIBRECHAT_MAX_UPLOAD_BYTES         the largest upload body                      150 MiB
+SANDCELL_LIBRECHAT_MAX_OUTPUT_BYTES         the most of one run's output files kept      64 MiB
+                                            (inline ones included); the rest is named
+                                            in ``artifact_delivery``
 =========================================== ============================================ ========
 
 API keys are the service's (``SANDCELL_API_KEYS``). The timeout cap stays under the
@@ -49,6 +52,7 @@ class LibreChatSettings:
     default_timeout_s: float = 60.0
     max_timeout_s: float = 280.0
     max_upload_bytes: int = 150 << 20
+    max_output_bytes: int = 64 << 20
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LibreChatSettings:
@@ -81,5 +85,8 @@ class LibreChatSettings:
             max_timeout_s=max_timeout_s,
             max_upload_bytes=read.integer(
                 "SANDCELL_LIBRECHAT_MAX_UPLOAD_BYTES", 150 << 20, minimum=1
+            ),
+            max_output_bytes=read.integer(
+                "SANDCELL_LIBRECHAT_MAX_OUTPUT_BYTES", 64 << 20, minimum=0
             ),
         )
