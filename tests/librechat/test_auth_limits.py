@@ -231,11 +231,19 @@ def test_an_exec_its_headers_do_not_authenticate_is_refused_before_its_body_is_p
     assert _partial_exec(serve, {"Transfer-Encoding": "chunked"}, chunked) == (401, "unauthorized")
 
 
-def test_a_user_id_with_nul_is_400_with_or_without_a_session(serve: Serve) -> None:
-    """The user is kept with the run's outputs even without a runtime session: a NUL in
-    it is a 400 either way (it was a 200 without a hint)."""
+def test_a_bad_user_id_is_400_with_or_without_a_session(serve: Serve) -> None:
+    """The user is kept with the run's outputs even without a runtime session: one the
+    protocol's user-id rule refuses (a NUL, a control character, over 128 characters) is
+    a 400 either way (a NUL was a 200 without a hint; any length was accepted), and so
+    is an upload's ``User-Id``."""
     with serve.client() as client:
-        for extra in ({}, {"runtime_session_hint": "nul-user"}):
-            body = {"lang": "py", "code": "print(1)", "user_id": "a\x00b", **extra}
-            refused = client.post("/exec", json=body)
-            assert (refused.status_code, refused.json()["error"]) == (400, "bad_request"), extra
+        for user in ("a\x00b", "a\nb", "u" * 129, "u" * 100_000):
+            for extra in ({}, {"runtime_session_hint": "nul-user"}):
+                body = {"lang": "py", "code": "print(1)", "user_id": user, **extra}
+                refused = client.post("/exec", json=body)
+                assert (refused.status_code, refused.json()["error"]) == (400, "bad_request")
+                assert "user_id" in refused.json()["message"]
+                assert len(refused.content) < 1000
+    upload = serve.upload([("x.txt", b"x")], user="u" * 129)
+    assert (upload.status_code, upload.json()["error"]) == (400, "bad_request")
+    assert "User-Id" in upload.json()["message"]

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sandcell_protocol import (
+    ExecCall,
     FileRef,
     ProtocolError,
     checkpoint_key,
@@ -25,6 +26,7 @@ from sandcell_protocol import (
     scoped_storage_session,
     unescape_name,
     validate_input_ref,
+    validate_user_id,
     validate_workspace_path,
 )
 from tests.golden import load_golden
@@ -129,6 +131,26 @@ def test_input_cache_key_rejects_empty_and_nul(args: tuple[str, str], field: str
 def test_runtime_session_id_rejects(args: tuple[str, str, str]) -> None:
     with pytest.raises(ProtocolError):
         runtime_session_id(*args)
+
+
+@pytest.mark.parametrize("user_id", GOLDEN["user_id_accepted"])
+def test_user_id_accepted_golden(user_id: str) -> None:
+    """One rule, three checks: the function, the derivation and ``ExecCall``'s field."""
+    assert validate_user_id(user_id) == user_id
+    assert is_runtime_session_id(runtime_session_id("n", user_id, "h"))
+    call = {"language": "python", "code": "1", "user_id": user_id}
+    assert decode(json.dumps(call).encode(), ExecCall).user_id == user_id
+
+
+@pytest.mark.parametrize("user_id", GOLDEN["user_id_rejected"])
+def test_user_id_rejected_golden(user_id: str) -> None:
+    with pytest.raises(ProtocolError, match="user_id"):
+        validate_user_id(user_id)
+    with pytest.raises(ProtocolError, match="user_id"):
+        runtime_session_id("n", user_id, "h")
+    call = {"language": "python", "code": "1", "user_id": user_id}
+    with pytest.raises(ProtocolError, match="user_id"):
+        decode(json.dumps(call).encode(), ExecCall)
 
 
 @pytest.mark.parametrize(

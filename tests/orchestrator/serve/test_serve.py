@@ -162,6 +162,30 @@ async def test_bad_body_is_bad_request(service: Service, content: bytes) -> None
     assert (body.error.code, body.error.retryable) == (ErrorCode.BAD_REQUEST, False)
 
 
+async def test_user_id_follows_the_protocols_one_rule(service: Service) -> None:
+    """``user_id`` is 1 to 128 characters without control characters (as a hint is at most
+    128): a longer one, or a control character, is 400 ``bad_request`` naming the field on
+    /v1/exec and /v1/run, with or without a session; 128 characters run."""
+    bad_users = ["u" * 129, "u" * 100_000, "a\nb", "a\x7fb", "a\x85b", ""]
+    for user in bad_users:
+        for route, extra in (
+            ("/v1/exec", {}),
+            ("/v1/exec", {"runtime_session_hint": "long-user"}),
+            ("/v1/run", {"runtime_session_hint": "long-user"}),
+        ):
+            payload = {"language": "python", "code": "print(1)", "user_id": user, **extra}
+            response = await service.client.post(route, json=payload, headers=service.auth())
+            assert response.status_code == 400, (route, user[:10], response.text)
+            error = error_of(response).error
+            assert (error.code, error.retryable) == (ErrorCode.BAD_REQUEST, False)
+            assert "user_id" in error.message
+            assert len(response.content) < 1000  # the rule, not the value, is echoed
+    ok = await service.exec(code="print(6*7)", user_id="é" * 128, runtime_session_hint="u128")
+    result = decode(ok.content, ExecuteResult)
+    assert result.stdout == "42\n"
+    assert result.session_id == runtime_session_id("tenant-a", "é" * 128, "u128")
+
+
 async def test_unsupported_language_is_the_runners_code(service: Service) -> None:
     response = await service.exec(language="cobol", code="x", runtime_session_hint="lang")
     assert response.status_code == 400

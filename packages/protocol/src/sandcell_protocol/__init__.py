@@ -32,6 +32,8 @@ from .app_messages import (
 )
 from .codec import decode, decode_event, encode, encode_event, error_body
 from .derivations import (
+    USER_ID_PATTERN,
+    USER_ID_RULE,
     checkpoint_key,
     checkpoint_prefix,
     input_cache_key,
@@ -41,6 +43,7 @@ from .derivations import (
     parse_checkpoint_key,
     runtime_session_id,
     validate_hint,
+    validate_user_id,
     validate_workspace_path,
 )
 from .egress import EgressEvent, EgressPolicy, EgressStatus
@@ -103,6 +106,8 @@ __all__ = [
     "MAX_INPUT_REF_CHARS",
     "MAX_STORAGE_SESSION_CHARS",
     "PROTOCOL_VERSION",
+    "USER_ID_PATTERN",
+    "USER_ID_RULE",
     "AddressRules",
     "AnalysisResult",
     "CheckpointMeta",
@@ -185,5 +190,6 @@ __all__ = [
     "unescape_name",
     "validate_hint",
     "validate_input_ref",
+    "validate_user_id",
     "validate_workspace_path",
 ]

@@ -9,6 +9,15 @@ import re
 from .errors import ProtocolError
 
 _HINT_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+MAX_USER_ID_CHARS = 128
+"""As a session hint: a user id is half of what a runtime session id is derived from."""
+USER_ID_PATTERN = rf"^[^\x00-\x1f\x7f-\x9f]{{1,{MAX_USER_ID_CHARS}}}(?![\s\S])"
+"""A caller's user id (``/v1/exec``'s ``user_id``, LibreChat's user): 1 to 128 characters,
+none of them a control character. It is derived into runtime session ids, kept in the
+session index and beside output files, and shown in listings and logs."""
+USER_ID_RULE = f"1 to {MAX_USER_ID_CHARS} characters, no control characters"
+"""``USER_ID_PATTERN`` as error messages say it."""
+_USER_ID_RE = re.compile(USER_ID_PATTERN)
 _RUNTIME_SESSION_RE = re.compile(r"^rt_[0-9a-f]{64}$")
 _CACHE_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -49,9 +58,18 @@ def validate_hint(hint: str) -> str:
     return hint
 
 
+def validate_user_id(user_id: str, *, field: str = "user_id") -> str:
+    """Return ``user_id`` if it is a valid user id (``USER_ID_PATTERN``), else
+    ``ProtocolError`` naming ``field``."""
+    if not isinstance(user_id, str) or not _USER_ID_RE.match(user_id):
+        raise ProtocolError(f"{field}: must be {USER_ID_RULE}")
+    return user_id
+
+
 def runtime_session_id(namespace: str, user_id: str, hint: str) -> str:
     """Tenant-scoped session id: the same hint from two tenants never collides."""
     validate_hint(hint)
+    validate_user_id(user_id)
     joined = (
         _require_part("namespace", namespace)
         + b"\x00"

@@ -12,6 +12,7 @@ from .base import Message as Message
 from .base import NonEmptyStr as NonEmptyStr
 from .base import NonNegativeInt as NonNegativeInt
 from .base import PositiveInt as PositiveInt
+from .derivations import USER_ID_PATTERN
 from .egress import EgressMechanism, EgressPolicy
 from .errors import ErrorCode
 from .input_refs import INPUT_REF_PATTERN
@@ -22,6 +23,8 @@ Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?![\s\S])")]
 InputRefPart = Annotated[str, msgspec.Meta(pattern=INPUT_REF_PATTERN)]
 """A ``storage_session`` or ``object_id``; ``validate_input_ref`` checks the same rule."""
 SessionHint = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}(?![\s\S])")]
+UserId = Annotated[str, msgspec.Meta(pattern=USER_ID_PATTERN)]
+"""A caller's user id; ``derivations.validate_user_id`` checks the same rule."""
 SEGMENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(?![\s\S])"
 """A caller's name that becomes a path segment of a route (a context id, a process tag).
 It starts with a letter or a digit: "." and ".." would name another route once a client
@@ -316,7 +319,7 @@ class ErrorBody(Message, frozen=True):
 class ExecCall(ExecuteRequest, frozen=True, kw_only=True):
     """``POST /v1/exec`` of the orchestrator's service: a request plus who and which session."""
 
-    user_id: NonEmptyStr
+    user_id: UserId
     runtime_session_hint: SessionHint | None = None
     egress: EgressPolicy | None = None
     """The sandbox's egress policy from this turn on (None: leave it as it is)."""

@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sandcell_protocol import ProtocolError
+from sandcell_protocol import ProtocolError, validate_user_id
 
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of
 from .auth import Caller, LibreChatAuth
@@ -69,6 +69,8 @@ class FileRoutes:
                 raise ProtocolError("upload: version must be a whole number")
             read_only = (_text(form.get("read_only")) or "").lower() in ("true", "1")
             user = caller.token_user or request.headers.get("user-id") or None
+            if user is not None:
+                validate_user_id(user, field="User-Id")
             storage_session_id = self.new_id()
             uploaded: list[UploadedFile] = []
             total = 0

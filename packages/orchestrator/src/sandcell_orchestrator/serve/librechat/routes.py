@@ -34,6 +34,7 @@ from sandcell_protocol import (
     RunStatus,
     runtime_session_id,
     validate_hint,
+    validate_user_id,
     validate_workspace_path,
 )
 
@@ -234,9 +235,7 @@ class LibreChatApi(FileRoutes):
         Checked whether or not the call names a runtime session: the user is kept
         with the run's output files either way."""
         user = caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
-        if "\x00" in user:
-            raise ProtocolError("user_id: must not contain NUL")
-        return user
+        return validate_user_id(user)
 
     def timeout_s(self, timeout_ms: int | None) -> float:
         """The call's ``timeout`` (ms) capped, or the default."""
