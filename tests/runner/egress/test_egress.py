@@ -340,7 +340,11 @@ gw = open("/etc/resolv.conf").read().split()[1]
 socks, reset = [], 0
 for _ in range(300):
     try:
-        socks.append(socket.create_connection((gw, 3128), timeout=60))
+        s = socket.create_connection((gw, 3128), timeout=60)
+        # A request begun and never finished (the proxy's listener hands a connection
+        # to the gateway only once it has sent something: TCP_DEFER_ACCEPT).
+        s.send(b"C")
+        socks.append(s)
     except ConnectionResetError:  # the reset came before connect() looked at the socket
         reset += 1
 # Wait for the resets (a loaded machine is slow to send them), then a little longer for

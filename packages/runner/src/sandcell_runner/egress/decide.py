@@ -35,6 +35,7 @@ from sandcell_protocol.egress import (
     EgressTransport,
 )
 
+_MAX_ANSWERS = 4096
 _MEMORY_S = 300.0
 """How long an address handed out by the DNS resolver stays tied to its name."""
 
@@ -64,7 +65,13 @@ class Upstream:
     """The resolver the gateway asks (never the sandbox's own answers)."""
 
     def __init__(
-        self, nameserver: str, port: int, *, lifetime_s: float = 5.0, ipv6: bool = True
+        self,
+        nameserver: str,
+        port: int,
+        *,
+        lifetime_s: float = 5.0,
+        ipv6: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ipv6 = ipv6
         """False: AAAA is never asked (this host cannot reach IPv6 anyway)."""
@@ -73,22 +80,50 @@ class Upstream:
         self._resolver.port = port
         self._resolver.lifetime = lifetime_s
         self._resolver.cache = dns.resolver.Cache()
+        self._clock = clock
+        self._answers: dict[tuple[str, str], tuple[float, list[IPAddress]]] = {}
+        """Addresses by (name, type) until their TTL ends, an empty list for an answer
+        without any (NODATA). dnspython's cache keeps them too, but reaching it costs a
+        query's parsing and set-up (and a task each for A and AAAA) on every connection:
+        this is a dictionary lookup. NXDOMAIN stays with dnspython's cache."""
+
+    def _cached(self, name: str, rdtype: str) -> list[IPAddress] | None:
+        entry = self._answers.get((name, rdtype))
+        if entry is None or entry[0] <= self._clock():
+            return None
+        return entry[1]
 
     async def _query(self, name: str, rdtype: str) -> list[IPAddress]:
+        cached = self._cached(name, rdtype)
+        if cached is not None:
+            return cached
         try:
-            answer = await self._resolver.resolve(name, rdtype, search=False)
+            answer = await self._resolver.resolve(
+                name, rdtype, search=False, raise_on_no_answer=False
+            )
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer, dns.resolver.NoNameservers):
             return []
         except (dns.exception.Timeout, dns.exception.DNSException):
             return []
-        return [ipaddress.ip_address(rr.address) for rr in answer]
+        found: list[IPAddress] = [ipaddress.ip_address(rr.address) for rr in answer.rrset or ()]
+        if len(self._answers) >= _MAX_ANSWERS:
+            now = self._clock()
+            self._answers = {k: v for k, v in self._answers.items() if v[0] > now}
+            if len(self._answers) >= _MAX_ANSWERS:
+                self._answers.clear()
+        ttl_s = max(0.0, answer.expiration - time.time())
+        self._answers[(name, rdtype)] = (self._clock() + ttl_s, found)
+        return found
 
     async def resolve(self, name: str, *, ipv6: bool = True) -> list[IPAddress]:
         """Every A (and AAAA) address of ``name``; empty when it does not resolve."""
         if not (ipv6 and self._ipv6):
             return await self._query(name, "A")
-        v4, v6 = await asyncio.gather(self._query(name, "A"), self._query(name, "AAAA"))
-        return [*v4, *v6]
+        v4, v6 = self._cached(name, "A"), self._cached(name, "AAAA")
+        if v4 is not None and v6 is not None:
+            return [*v4, *v6]
+        found_v4, found_v6 = await asyncio.gather(self._query(name, "A"), self._query(name, "AAAA"))
+        return [*found_v4, *found_v6]
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,10 +60,20 @@ class _Control(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _encoder = msgspec.json.Encoder()
 
 
+_DEFER_ACCEPT_S = 5
+_FLUSH_DELAY_S = 0.005
+"""How long events wait to be written together (the ack barrier writes them at once)."""
+
+
 class _Output:
-    """The stdout lines to the runner. Events are buffered and written once the loop is
-    idle (off the connection's path); an ack writes everything before it first, so the
-    runner has counted every event decided before the ack."""
+    """The stdout lines to the runner. Events are buffered and written together a few
+    milliseconds later; an ack writes everything before it first, so the runner has
+    counted every event decided before the ack.
+
+    Not ``call_soon``: that wrote each event within its own connection's set-up (the
+    next loop turn, while the upstream connect is pending), and a write that wakes the
+    runner can cost the gateway its CPU on a busy host: profiled under load, that
+    flush was among the largest items on the ``CONNECT`` path's wall time."""
 
     def __init__(self) -> None:
         self._pending: list[bytes] = []
@@ -73,7 +83,7 @@ class _Output:
         self._pending.append(_encoder.encode({"event": event}) + b"\n")
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            asyncio.get_running_loop().call_later(_FLUSH_DELAY_S, self.flush)
 
     def ack(self, seq: int) -> None:
         self._pending.append(_encoder.encode({"ack": seq}) + b"\n")
@@ -115,6 +125,15 @@ async def run(config: GatewayConfig) -> None:
         policy=config.policy,
     )
     proxy = Proxy(decider)
+    proxy_listener = _inherited(config.proxy_fd, socket.SOCK_STREAM)
+    # A proxy's client speaks first (its request line), so the kernel hands a
+    # connection over only once its first bytes are in (or after _DEFER_ACCEPT_S):
+    # accepting and reading it is one wake-up of the gateway, not two. Waking the
+    # gateway at the handshake, as before, took the CPU from the client in the middle
+    # of its connect: measured under load, the client's TCP connect to the proxy went
+    # from 0.6-0.9 ms to 0.15 ms (a direct one: 0.15 ms). Not on the transparent port,
+    # where a server may speak first.
+    proxy_listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, _DEFER_ACCEPT_S)
     dns = await dns_server.serve(
         decider,
         udp=_inherited(config.dns_udp_fd, socket.SOCK_DGRAM),
@@ -123,7 +142,7 @@ async def run(config: GatewayConfig) -> None:
     servers = [
         asyncio.ensure_future(
             serve(
-                _inherited(config.proxy_fd, socket.SOCK_STREAM),
+                proxy_listener,
                 proxy.handle_proxy,
                 limit=proxy.limit,
             )

@@ -51,6 +51,7 @@ _PIPE_BYTES = 1 << 20
 _HEAD_TIMEOUT_S = 30.0
 _SNIFF_TIMEOUT_S = 1.0
 _CONNECT_TIMEOUT_S = 10.0
+_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 _HOP_BY_HOP = {"proxy-connection", "proxy-authorization", "connection", "keep-alive"}
 
 Handler = Callable[[socket.socket], Awaitable[None]]
@@ -76,30 +77,67 @@ def _reset(sock: socket.socket) -> None:
     sock.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket, finished: Callable[[], None]) -> None:
-    """Move bytes ``src`` -> ``dst`` in the kernel (splice through a pipe) until EOF."""
-    pipe_r, pipe_w = os.pipe()
+class _Pipes(threading.local):
+    """Each relay thread's splice pipe, kept for its next connection while empty (four
+    system calls less per direction of every connection)."""
+
+    pipe: tuple[int, int] | None = None
+
+    def take(self) -> tuple[int, int]:
+        pipe, self.pipe = self.pipe, None
+        if pipe is None:
+            pipe = os.pipe()
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(pipe[1], _F_SETPIPE_SZ, _PIPE_BYTES)
+        return pipe
+
+
+_PIPES = _Pipes()
+
+
+def _pump(
+    src: socket.socket, dst: socket.socket, finished: Callable[[], None], prelude: bytes
+) -> None:
+    """Send ``prelude`` to ``dst``, then move bytes ``src`` -> ``dst`` in the kernel
+    (splice through a pipe) until EOF."""
+    pipe_r, pipe_w = pipe = _PIPES.take()
     try:
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(pipe_w, _F_SETPIPE_SZ, _PIPE_BYTES)
+        if prelude:
+            dst.sendall(prelude)
         while moved := os.splice(src.fileno(), pipe_w, _PIPE_BYTES):
             while moved > 0:
                 moved -= os.splice(pipe_r, dst.fileno(), moved)
         dst.shutdown(socket.SHUT_WR)
+        _PIPES.pipe = pipe  # empty: every byte spliced in was spliced out
     except OSError:
-        # A reset or a closed peer: end both directions.
+        # A reset or a closed peer: end both directions. The pipe may hold bytes.
         for sock in (src, dst):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-    finally:
         os.close(pipe_r)
         os.close(pipe_w)
+    finally:
         finished()
 
 
-def relay(client: socket.socket, upstream: socket.socket, *, done: Callable[[], None]) -> None:
+def relay(
+    client: socket.socket,
+    upstream: socket.socket,
+    *,
+    done: Callable[[], None],
+    to_upstream: bytes = b"",
+    to_client: bytes = b"",
+) -> None:
     """Relay both directions on two threads (the GIL is released in ``splice``); both
-    sockets are closed, and ``done`` called, when both directions have ended."""
+    sockets are closed, and ``done`` called, when both directions have ended.
+
+    ``to_upstream`` (bytes the gateway already read from the client) goes first, sent by
+    the thread of that direction; ``to_client`` (the proxy's ``200``) is sent here.
+    The client-to-upstream thread starts before that answer goes out, so it already
+    waits in ``splice`` when the answered client sends its first bytes (a TLS hello):
+    answering first and starting it then put a thread's start on every connection's
+    set-up path. The other direction starts only after the answer (a server that
+    speaks first must not get its bytes to the client before it)."""
     for sock in (client, upstream):
         sock.setblocking(True)
     left = [2]
@@ -114,8 +152,17 @@ def relay(client: socket.socket, upstream: socket.socket, *, done: Callable[[], 
             upstream.close()
             done()
 
-    for src, dst in ((client, upstream), (upstream, client)):
-        _RELAYS.submit(_pump, src, dst, finished)
+    _RELAYS.submit(_pump, client, upstream, finished, to_upstream)
+    try:
+        if to_client:
+            client.sendall(to_client)  # a few bytes to a fresh socket: does not block
+    except OSError:
+        for sock in (client, upstream):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        finished()
+        return
+    _RELAYS.submit(_pump, upstream, client, finished, b"")
 
 
 async def _connect(addresses: list[IPAddress], port: int) -> socket.socket | None:
@@ -195,21 +242,16 @@ class Proxy:
         self.limit = asyncio.Semaphore(max_connections)
         """Held by each relayed connection until both its directions end."""
 
-    async def _relay(self, client: socket.socket, upstream: socket.socket, first: bytes) -> None:
+    async def _relay(
+        self, client: socket.socket, upstream: socket.socket, first: bytes, reply: bytes = b""
+    ) -> None:
         loop = asyncio.get_running_loop()
-        if first:
-            try:
-                await loop.sock_sendall(upstream, first)
-            except OSError:
-                client.close()
-                upstream.close()
-                return
         await self.limit.acquire()
 
         def done() -> None:
             loop.call_soon_threadsafe(self.limit.release)
 
-        relay(client, upstream, done=done)
+        relay(client, upstream, done=done, to_upstream=first, to_client=reply)
 
     async def _answer(self, sock: socket.socket, data: bytes) -> None:
         with contextlib.suppress(OSError):
@@ -252,18 +294,10 @@ class Proxy:
             await self._answer(sock, _refusal(502, "connect_failed"))
             return
         if head.method == "CONNECT":
-            try:
-                await asyncio.get_running_loop().sock_sendall(
-                    sock, b"HTTP/1.1 200 Connection established\r\n\r\n"
-                )
-            except OSError:
-                sock.close()
-                upstream.close()
-                return
-            first = rest
+            first, reply = rest, _ESTABLISHED
         else:
-            first = _origin_request(head, path) + rest
-        await self._relay(sock, upstream, first)
+            first, reply = _origin_request(head, path) + rest, b""
+        await self._relay(sock, upstream, first, reply)
 
     async def handle_transparent(self, sock: socket.socket) -> None:
         """One redirected TCP connection of the sandbox."""
