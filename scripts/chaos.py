@@ -320,7 +320,6 @@ class Report:
     lost: int = 0
     duplicated: int = 0
     duplicated_after_wipe: int = 0
-    duplicated_in_answer_window: int = 0
     empty: int = 0
     from_nowhere: int = 0
     unsaved_acknowledged: int = 0
@@ -363,7 +362,6 @@ class Report:
             "lost_turns": sorted(self.lost_turns),
             "duplicated": self.duplicated,
             "duplicated_after_redis_wipe": self.duplicated_after_wipe,
-            "duplicated_in_answer_window": self.duplicated_in_answer_window,
             "empty_workspace": self.empty,
             "from_nowhere": self.from_nowhere,
             "unsaved_acknowledged": self.unsaved_acknowledged,
@@ -420,8 +418,6 @@ class Chaos:
         self._roots: set[str] = set()
         self._in_flight: set[str] = set()
         self._wiped: set[str] = set()
-        # Turns whose own worker was killed, stopped or restarted while it held them.
-        self._worker_struck: set[str] = set()
         """Lines in flight when Redis was wiped: their idempotent answers are gone."""
         self._epoch = 0
         """Bumped by every fault: a turn that saw it change ran under a fault."""
@@ -726,8 +722,6 @@ class Chaos:
                 return
             self._fired.add(line)
             self._epoch += 1
-            if kind in ("kill_worker", "stop_worker", "restart_worker"):
-                self._worker_struck.add(line)
         self._remember_roots()
         self.report.faults[kind] += 1
         self.report.stages[strike.stage] += 1
@@ -984,15 +978,6 @@ class Chaos:
         forgotten = [e for e in duplicated if e in self._wiped]
         duplicated = [e for e in duplicated if e not in self._wiped]
         report.duplicated_after_wipe += len(forgotten)
-        # Not exactly-once yet (docs/deployment.md): a worker that dies or is stopped
-        # between a turn's record write and storing its answer leaves a committed turn
-        # that the retry runs again. Counted apart, only for a turn whose own worker was
-        # struck; any other duplicate still fails the run.
-        window = [e for e in duplicated if e in self._worker_struck]
-        duplicated = [e for e in duplicated if e not in self._worker_struck]
-        report.duplicated_in_answer_window += len(window)
-        if window:
-            report.timeline.append(f"{line}: applied twice in the answer window: {window}")
         if duplicated:
             report.duplicated += len(duplicated)
             report.problems.append(f"{line}: applied twice: {duplicated}")

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Callable
 
 import anyio
 import pytest
 
-from sandcell_orchestrator.registry import IdempotencyEntry, SessionRegistry
+from sandcell_orchestrator.errors import LockLostError
+from sandcell_orchestrator.registry import (
+    FencedError,
+    IdempotencyEntry,
+    IdempotentAnswer,
+    Lease,
+    SessionRecord,
+    SessionRegistry,
+)
+
+MakeRecord = Callable[..., SessionRecord]
 
 LONG_TTL_MS = 10_000
 
@@ -117,3 +128,103 @@ async def test_keys_must_be_hashes(registry: SessionRegistry, key: str) -> None:
     """Nothing unhashed becomes a storage key."""
     with pytest.raises(ValueError, match="idempotency key"):
         await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
+
+
+# -- the answer stored by the record write that commits its turn ----------------------
+
+
+def _answer(key: str, token: str, body: bytes) -> IdempotentAnswer:
+    return IdempotentAnswer(key=key, token=token, status=200, body=body, ttl_ms=LONG_TTL_MS)
+
+
+async def _held(registry: SessionRegistry, sid: str) -> tuple[Lease, int]:
+    lease = await registry.acquire_lock(sid, ttl_ms=LONG_TTL_MS)
+    assert lease is not None
+    return lease, await registry.next_generation(sid)
+
+
+async def test_a_committing_write_stores_its_turns_answer(
+    registry: SessionRegistry, sid: str, make_record: MakeRecord
+) -> None:
+    """``put(..., answer=)`` writes the record and the claim's answer together: a retry
+    that comes after it (its worker died before answering) gets that answer."""
+    key = new_key()
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    lease, generation = await _held(registry, sid)
+    record = make_record(sid, generation=generation)
+    await registry.put(lease, record, answer=_answer(key, "a", b'{"durable":true}\x00'))
+    assert await registry.get(sid) == record
+    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    assert seen == IdempotencyEntry(
+        fingerprint="f", done=True, status=200, body=b'{"durable":true}\x00'
+    )
+
+
+async def test_a_fenced_write_stores_neither_record_nor_answer(
+    registry: SessionRegistry, sid: str, make_record: MakeRecord
+) -> None:
+    """A superseded holder's commit is refused whole: the key stays pending (its retry
+    runs again, on the newer holder's state), the record stays the newer one's."""
+    key = new_key()
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    lease, stale = await _held(registry, sid)
+    current = await registry.next_generation(sid)
+    await registry.put(lease, make_record(sid, generation=current))
+    with pytest.raises(FencedError):
+        await registry.put(
+            lease,
+            make_record(sid, generation=stale, state="suspended"),
+            answer=_answer(key, "a", b"x"),
+        )
+    assert (await registry.get(sid)) == make_record(sid, generation=current)
+    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    assert seen == IdempotencyEntry(fingerprint="f", done=False, status=0, body=b"")
+    # Nor a write without the lock.
+    assert await registry.release(lease)
+    with pytest.raises(LockLostError):
+        await registry.put(
+            lease, make_record(sid, generation=current), answer=_answer(key, "a", b"x")
+        )
+    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    assert seen is not None
+    assert not seen.done
+
+
+async def test_a_committing_write_leaves_another_claims_key_alone(
+    registry: SessionRegistry, sid: str, make_record: MakeRecord
+) -> None:
+    """An answer whose claim is gone (expired, taken by a retry) is not stored; the record
+    is: the write commits the turn either way, and the key is the new claimant's."""
+    key = new_key()
+    assert (
+        await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+    lease, generation = await _held(registry, sid)
+    record = make_record(sid, generation=generation)
+    await registry.put(lease, record, answer=_answer(key, "a", b"first"))
+    assert await registry.get(sid) == record
+    seen = await registry.claim_idempotency(key, fingerprint="f", token="c", ttl_ms=LONG_TTL_MS)
+    assert seen == IdempotencyEntry(fingerprint="f", done=False, status=0, body=b"")
+    # A key nobody claimed gets no entry either.
+    unclaimed = new_key()
+    await registry.put(lease, record, answer=_answer(unclaimed, "a", b"x"))
+    assert (
+        await registry.claim_idempotency(unclaimed, fingerprint="f", token="d", ttl_ms=LONG_TTL_MS)
+        is None
+    )
+
+
+def test_an_answers_repr_hides_its_token_and_body() -> None:
+    """The claim token is a secret and the body a tenant's output: neither in a repr."""
+    answer = _answer(new_key(), "claim-token-secret", b"tenant output")
+    assert "claim-token-secret" not in repr(answer)
+    assert "tenant output" not in repr(answer)
+    with pytest.raises(ValueError):
+        IdempotentAnswer(key="not-hex", token="a", status=200, body=b"", ttl_ms=1)

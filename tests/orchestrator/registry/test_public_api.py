@@ -26,6 +26,7 @@ def test_all_is_pinned() -> None:
         "FencedError",
         "IdempotencyEntry",
         "IdempotencyStore",
+        "IdempotentAnswer",
         "InProcessRegistry",
         "Lease",
         "RedisRegistry",

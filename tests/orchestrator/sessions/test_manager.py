@@ -12,7 +12,7 @@ import pytest
 from sandcell_orchestrator.errors import CheckpointError, RegistryError, SandboxNotFoundError
 from sandcell_orchestrator.providers.base import NativeSuspend, SandboxProvider, SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
-from sandcell_orchestrator.registry import InProcessRegistry, Lease, SessionRecord
+from sandcell_orchestrator.registry import IdempotentAnswer, InProcessRegistry, Lease, SessionRecord
 from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
 from sandcell_orchestrator.sessions.persistence import PersistentWorkspace
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore, SnapshotStore
@@ -76,7 +76,9 @@ async def test_acquire_suspend_resume_destroy(
 
 
 class _BrokenRegistry(InProcessRegistry):
-    async def put(self, lease: Lease, record: SessionRecord) -> None:
+    async def put(
+        self, lease: Lease, record: SessionRecord, *, answer: IdempotentAnswer | None = None
+    ) -> None:
         raise RegistryError("registry down")
 
 

@@ -48,7 +48,12 @@ from .core import (
     validate_session_id,
 )
 from .e2b import E2bSandboxRow, E2bSandboxState, E2bSandboxTable, validate_e2b_sandbox_id
-from .idempotency import IdempotencyEntry, IdempotencyStore, validate_idempotency_key
+from .idempotency import (
+    IdempotencyEntry,
+    IdempotencyStore,
+    IdempotentAnswer,
+    validate_idempotency_key,
+)
 from .index import SessionIndex, SessionOwner
 from .lease import hold_session
 from .slots import SlotCounter, validate_slot_scope
@@ -64,6 +69,7 @@ __all__ = [
     "E2bSandboxTable",
     "FencedError",
     "IdempotencyEntry",
+    "IdempotentAnswer",
     "IdempotencyStore",
     "InProcessRegistry",
     "Lease",

@@ -17,6 +17,7 @@ import msgspec
 from sandcell_protocol import is_runtime_session_id
 
 from ..errors import LockLostError
+from .idempotency import IdempotentAnswer
 
 __all__ = [
     "FencedError",
@@ -166,10 +167,15 @@ class SessionStore(Protocol):
         """The session's record; ``None`` if missing or corrupt (logged once, id only)."""
         ...
 
-    async def put(self, lease: Lease, record: SessionRecord) -> None:
+    async def put(
+        self, lease: Lease, record: SessionRecord, *, answer: IdempotentAnswer | None = None
+    ) -> None:
         """Store ``record`` if ``lease`` holds the lock and its generation is current.
 
-        ``record.session_id`` must be ``lease.session_id`` (``ValueError``).
+        ``record.session_id`` must be ``lease.session_id`` (``ValueError``). With
+        ``answer``, the same atomic write also stores it as its key's answer (if its
+        token still holds the claim): the write that commits a turn carries the
+        turn's answer, so no crash can leave one without the other.
         """
         ...
 

@@ -7,11 +7,17 @@ registry backend implements (``sqlite_idempotency``, ``redis_idempotency``,
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import msgspec
 
-__all__ = ["IdempotencyEntry", "IdempotencyStore", "validate_idempotency_key"]
+__all__ = [
+    "IdempotencyEntry",
+    "IdempotencyStore",
+    "IdempotentAnswer",
+    "validate_idempotency_key",
+]
 
 
 class IdempotencyEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -25,6 +31,26 @@ class IdempotencyEntry(msgspec.Struct, frozen=True, kw_only=True):
     done: bool
     status: int
     body: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IdempotentAnswer:
+    """A claimed key's answer, stored by the fenced record write that commits its turn
+    (``SessionStore.put``): a committed turn always has its answer, so a retry never
+    runs it again. Stored only if ``token`` still holds the claim on ``key``; kept
+    ``ttl_ms``. The token is the claim's secret and the body a tenant's output:
+    ``repr`` shows neither."""
+
+    key: str
+    token: str = field(repr=False)
+    status: int
+    body: bytes = field(repr=False)
+    ttl_ms: int
+
+    def __post_init__(self) -> None:
+        validate_idempotency_key(self.key)
+        if self.ttl_ms <= 0:
+            raise ValueError("ttl_ms: must be > 0")
 
 
 def validate_idempotency_key(key: str) -> str:

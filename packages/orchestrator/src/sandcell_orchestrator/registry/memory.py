@@ -29,7 +29,7 @@ from .core import (
     validate_session_id,
 )
 from .e2b import E2bSandboxRow, validate_e2b_sandbox_id
-from .idempotency import IdempotencyEntry, validate_idempotency_key
+from .idempotency import IdempotencyEntry, IdempotentAnswer, validate_idempotency_key
 from .index import SessionOwner
 from .slots import validate_slot_scope
 
@@ -132,12 +132,17 @@ class InProcessRegistry:
         raw = self._records.get(session_id)
         return None if raw is None else self._corrupt.decode(session_id, raw)
 
-    async def put(self, lease: Lease, record: SessionRecord) -> None:
-        """Store ``record``, fenced by ``lease`` and ``record.generation``."""
+    async def put(
+        self, lease: Lease, record: SessionRecord, *, answer: IdempotentAnswer | None = None
+    ) -> None:
+        """Store ``record``, fenced by ``lease`` and ``record.generation``; with ``answer``
+        stored in the same step (no await between them)."""
         raw = record.to_json()
         await anyio.lowlevel.checkpoint()
         self._check_writer(lease, record.session_id, record.generation)
         self._records[record.session_id] = raw
+        if answer is not None:
+            self._finish(answer.key, answer.token, answer.status, answer.body, answer.ttl_ms)
         self._corrupt.repaired(record.session_id)
 
     async def delete(self, lease: Lease, session_id: str, *, generation: int) -> None:
@@ -229,6 +234,9 @@ class InProcessRegistry:
         """Store the answer of ``token``'s claim."""
         check_ttl(ttl_ms)
         await anyio.lowlevel.checkpoint()
+        return self._finish(key, token, status, body, ttl_ms)
+
+    def _finish(self, key: str, token: str, status: int, body: bytes, ttl_ms: int) -> bool:
         held = self._idempotent(key)
         if held is None or held[0] != token:
             return False

@@ -42,6 +42,7 @@ from .core import (
     check_ttl,
     validate_session_id,
 )
+from .idempotency import IdempotentAnswer
 from .redis_db import DEFAULT_PREFIX, RedisDatabase, map_redis_errors, text
 from .redis_e2b import RedisE2bTable
 from .redis_idempotency import RedisIdempotency
@@ -88,9 +89,13 @@ redis.call('set', KEYS[1], current)
 return current
 """
 
-# KEYS[1] lock key, KEYS[2] generation key, KEYS[3] record key, KEYS[4] sessions set
-# ARGV[1] token, ARGV[2] the record's generation, ARGV[3] record JSON, ARGV[4] session id
+# KEYS[1] lock key, KEYS[2] generation key, KEYS[3] record key, KEYS[4] sessions set,
+# optionally KEYS[5] an idempotency key whose answer this write stores (the turn's)
+# ARGV[1] token, ARGV[2] the record's generation, ARGV[3] record JSON, ARGV[4] session id;
+# with KEYS[5]: ARGV[5] its claim token, ARGV[6] status, ARGV[7] body, ARGV[8] ttl in ms
 # Returns {1, current}: written; {0, 0}: lock not ours; {-1, current}: stale generation.
+# The answer is stored (as FINISH_IDEMPOTENCY_LUA would) only if the claim is still the
+# caller's; one script, so the record and its turn's answer are written together or not.
 PUT_LUA = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then
     return {0, 0}
@@ -101,6 +106,10 @@ if tonumber(ARGV[2]) < current then
 end
 redis.call('set', KEYS[3], ARGV[3])
 redis.call('sadd', KEYS[4], ARGV[4])
+if KEYS[5] and redis.call('hget', KEYS[5], 'token') == ARGV[5] then
+    redis.call('hset', KEYS[5], 'done', '1', 'status', ARGV[6], 'body', ARGV[7])
+    redis.call('pexpire', KEYS[5], ARGV[8])
+end
 return {1, current}
 """
 
@@ -234,21 +243,27 @@ class RedisRegistry(RedisSessionIndex, RedisIdempotency, RedisE2bTable, RedisSlo
             raw = await self._client.get(self._key("record", session_id))
         return None if raw is None else self._corrupt.decode(session_id, raw)
 
-    async def put(self, lease: Lease, record: SessionRecord) -> None:
-        """Store ``record``, fenced by ``lease`` and ``record.generation`` (``PUT_LUA``)."""
+    async def put(
+        self, lease: Lease, record: SessionRecord, *, answer: IdempotentAnswer | None = None
+    ) -> None:
+        """Store ``record``, fenced by ``lease`` and ``record.generation``, and ``answer``
+        with it (``PUT_LUA``)."""
         session_id = record.session_id
         if lease.session_id != session_id:
             raise ValueError("the lease is for another session")
+        keys = [
+            self._key("lock", session_id),
+            self._key("gen", session_id),
+            self._key("record", session_id),
+            self._sessions_key,
+        ]
+        args: list[str | int | bytes] = [lease.token, record.generation, record.to_json()]
+        args.append(session_id)
+        if answer is not None:
+            keys.append(self._idem_key(answer.key))
+            args += [answer.token, answer.status, bytes(answer.body), answer.ttl_ms]
         with map_redis_errors("put"):
-            result = await self._put(
-                keys=[
-                    self._key("lock", session_id),
-                    self._key("gen", session_id),
-                    self._key("record", session_id),
-                    self._sessions_key,
-                ],
-                args=[lease.token, record.generation, record.to_json(), session_id],
-            )
+            result = await self._put(keys=keys, args=args)
         _raise_if_refused(result, session_id=session_id, generation=record.generation)
         self._corrupt.repaired(session_id)
 

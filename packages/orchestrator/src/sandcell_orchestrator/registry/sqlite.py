@@ -35,6 +35,7 @@ from .core import (
     check_ttl,
     validate_session_id,
 )
+from .idempotency import IdempotentAnswer
 from .sqlite_db import SqliteDatabase
 from .sqlite_e2b import SqliteE2bTable
 from .sqlite_idempotency import SqliteIdempotency
@@ -203,14 +204,19 @@ CREATE TABLE IF NOT EXISTS last_seen (
         raw = await self._run("get", work)
         return None if raw is None else self._corrupt.decode(session_id, raw)
 
-    async def put(self, lease: Lease, record: SessionRecord) -> None:
-        """Store ``record``, fenced by ``lease`` and ``record.generation``."""
+    async def put(
+        self, lease: Lease, record: SessionRecord, *, answer: IdempotentAnswer | None = None
+    ) -> None:
+        """Store ``record``, fenced by ``lease`` and ``record.generation``; with ``answer``
+        stored in the same transaction."""
         raw = record.to_json()
 
         def work() -> None:
             with self._transaction(write=True) as db:
                 self._check_writer(db, lease, record.session_id, record.generation)
                 db.execute("INSERT OR REPLACE INTO records VALUES (?, ?)", (record.session_id, raw))
+                if answer is not None:
+                    self._finish_in(db, answer)
 
         await self._run("put", work)
         self._corrupt.repaired(record.session_id)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from .core import check_ttl
-from .idempotency import IdempotencyEntry, validate_idempotency_key
+from .idempotency import IdempotencyEntry, IdempotentAnswer, validate_idempotency_key
 from .sqlite_db import SqliteDatabase
 
 __all__ = ["SqliteIdempotency"]
@@ -105,6 +105,17 @@ CREATE TABLE IF NOT EXISTS idempotency (
         args = (status, bytes(body), self._expiry(ttl_ms))
         work = self._update_own(key, token, pending_only=False, sql=sql, args=args)
         return await self._run("finish_idempotency", work)
+
+    def _finish_in(self, db: sqlite3.Connection, answer: IdempotentAnswer) -> bool:
+        """Store ``answer`` inside the caller's write transaction (the record's)."""
+        held = self._idempotent(db, answer.key)
+        if held is None or held[0] != answer.token:
+            return False
+        db.execute(
+            "UPDATE idempotency SET done = 1, status = ?, body = ?, expires_at = ? WHERE key = ?",
+            (answer.status, bytes(answer.body), self._expiry(answer.ttl_ms), answer.key),
+        )
+        return True
 
     async def drop_idempotency(self, key: str, *, token: str) -> bool:
         """Forget ``token``'s pending claim."""

@@ -197,11 +197,20 @@ class _Service:
         if isinstance(claim, Replay):
             return replayed(_replay_exec(claim, stream=wants_stream(request)))
 
+        def stored(result: ExecuteResult) -> tuple[int, bytes]:
+            return 200, encode(result)
+
         def turn(on_output: OnOutput | None) -> Awaitable[ExecuteResult]:
+            # The answer goes with the fenced record write that commits the turn.
             work = self.execution.execute(
-                run, identity, hint=hint, on_output=on_output, egress=call.egress
+                run,
+                identity,
+                hint=hint,
+                on_output=on_output,
+                egress=call.egress,
+                answer=claim.answering(stored),
             )
-            return claim.kept(work, stored=lambda result: (200, encode(result)))
+            return claim.kept(work, stored=stored)
 
         # A keyed turn runs to its end even if its caller leaves: the retry gets its
         # answer (a cancelled one would keep the job's writes and run it again).

@@ -40,7 +40,7 @@ from starlette.responses import Response
 from sandcell_protocol import ErrorCode, ProtocolError, encode, error_body
 
 from ..errors import RegistryError
-from ..registry import SessionRegistry
+from ..registry import IdempotentAnswer, SessionRegistry
 from .errors import JSON_MEDIA_TYPE
 
 __all__ = [
@@ -124,10 +124,38 @@ class Claim:
         self._claim_ttl_ms = claim_ttl_ms
         self._result_ttl_ms = result_ttl_ms
 
+    def answering(
+        self, stored: Callable[[T], tuple[int, bytes]]
+    ) -> Callable[[T], IdempotentAnswer] | None:
+        """What a session turn's committing write stores as this key's answer, for its
+        result (``stored(result)``: status, body); None without a key.
+
+        With it the record write that commits a turn also stores its answer (one
+        atomic write), so a worker dying right after that write leaves a committed
+        turn whose retry gets the answer instead of running it again.
+        """
+        if self._registry is None:
+            return None
+
+        def answer(result: T) -> IdempotentAnswer:
+            status, body = stored(result)
+            return IdempotentAnswer(
+                key=self._key,
+                token=self._token,
+                status=status,
+                body=body,
+                ttl_ms=self._result_ttl_ms,
+            )
+
+        return answer
+
     async def kept(self, work: Awaitable[T], *, stored: Callable[[T], tuple[int, bytes]]) -> T:
         """Await ``work``; store ``stored(result)`` (status, body) as the key's answer.
 
         If ``work`` raises (or is cancelled) the claim is dropped: a retry runs again.
+        The answer is stored here even if ``work``'s commit stored it already
+        (``answering``): the same bytes again, and the one store for work that
+        commits nothing (a stateless run) or whose commit could not be written.
         """
         registry = self._registry
         if registry is None:

@@ -49,7 +49,7 @@ from ..errors import (
 from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
-from ..registry import SessionRecord, SessionRegistry
+from ..registry import IdempotentAnswer, SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
@@ -135,6 +135,7 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
+        answer: Callable[[ExecuteResult], IdempotentAnswer] | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
 
@@ -142,6 +143,11 @@ class ExecutionService:
         (the result still carries all of it, as the runner captured it).
         ``collect`` is called with the sandbox and the output files after the job,
         while the sandbox still holds them (see ``output.Collect``).
+
+        ``answer`` (a keyed request's: its idempotent answer for a result) makes a
+        session turn exactly-once: the fenced record write that commits the turn
+        stores that answer too, and an interrupted turn keeps none of its writes
+        (the retry runs it again on the last commit).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects. ``egress`` replaces the
@@ -157,7 +163,12 @@ class ExecutionService:
             return await self._stateless(request, on_output, egress, collect)
         session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
         return await self.execute_in_session(
-            request, session_id, on_output=on_output, egress=egress, collect=collect
+            request,
+            session_id,
+            on_output=on_output,
+            egress=egress,
+            collect=collect,
+            answer=answer,
         )
 
     def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
@@ -211,10 +222,12 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
+        answer: Callable[[ExecuteResult], IdempotentAnswer] | None = None,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
         ``request``'s input refs must already be scoped (``execute`` does it).
+        ``answer`` as for ``execute``.
         """
 
         async def run(handle: SandboxHandle) -> ExecuteResult:
@@ -230,8 +243,17 @@ class ExecutionService:
             self.metrics.inc("sandcell_executions_total", status=str(result.status))
             return result
 
+        def answered(result: ExecuteResult, durable: bool) -> IdempotentAnswer:
+            assert answer is not None
+            return answer(msgspec.structs.replace(result, durable=durable))
+
         result, durable = await self._session_turn(
-            session_id, request, run, changed=lambda result: result.workspace_changed, egress=egress
+            session_id,
+            request,
+            run,
+            changed=lambda result: result.workspace_changed,
+            egress=egress,
+            answer=answered if answer is not None else None,
         )
         # The answer tells the truth about durability: a client (or the chaos check)
         # counts a turn as committed only once one of its answers says it was saved.
@@ -304,13 +326,21 @@ class ExecutionService:
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None = None,
         verify: bool = True,
+        answer: Callable[[_T, bool], IdempotentAnswer] | None = None,
     ) -> tuple[_T, bool]:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch. With
-        ``work``'s result: whether the turn is durable (in a checkpoint)."""
+        ``work``'s result: whether the turn is durable (in a checkpoint). ``answer``:
+        the turn's idempotent answer for (result, durable), stored by its commit."""
         with self.metrics.timer("sandcell_turn_duration_seconds"):
             return await self._held_turn(
-                session_id, request, work, changed=changed, egress=egress, verify=verify
+                session_id,
+                request,
+                work,
+                changed=changed,
+                egress=egress,
+                verify=verify,
+                answer=answer,
             )
 
     async def _held_turn(
@@ -322,6 +352,7 @@ class ExecutionService:
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None,
         verify: bool,
+        answer: Callable[[_T, bool], IdempotentAnswer] | None,
     ) -> tuple[_T, bool]:
         manager = self.manager
         spec = self._spec_for(egress)
@@ -340,8 +371,13 @@ class ExecutionService:
             except asyncio.CancelledError:
                 # Interrupted (Ctrl-C, SIGTERM, a client that left, a lost lock): the
                 # job stopped when its stream closed. The rule for an interrupted turn
-                # is a timeout's: the session keeps what the job wrote until then.
-                await manager.sandboxes.shielded(self._keep_interrupted(hold, attached))
+                # is a timeout's: the session keeps what the job wrote until then. Not
+                # for a keyed turn: its client retries it, and the retry must not find
+                # half of it applied (exactly once), so it goes back to the last commit.
+                if answer is None:
+                    await manager.sandboxes.shielded(self._keep_interrupted(hold, attached))
+                else:
+                    await manager.sandboxes.shielded(manager.recycle(hold, attached))
                 raise
             except (LockLostError, SandboxUnavailableError, SandboxTimeoutError):
                 # Lost the lock, unreachable, or timed out while the job may still
@@ -366,6 +402,10 @@ class ExecutionService:
             # the record) holds an unsaved turn: save it now even if this turn
             # changed nothing.
             unsaved = hold.record is not None and hold.record.unsaved
+
+            def answer_of(durable: bool) -> IdempotentAnswer | None:
+                return None if answer is None else answer(result, durable)
+
             durable = True
             if (
                 changed(result) is False
@@ -373,17 +413,23 @@ class ExecutionService:
                 and not unsaved
             ):
                 self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
-                await manager.close_turn(hold)
+                await manager.close_turn(hold, answer=answer_of(True))
             else:
-                durable = await self._checkpoint_retrying(hold, attached)
+                durable = await self._checkpoint_retrying(hold, attached, answer_of)
             await manager.touch(session_id)
             if not self.keep_warm:
                 await manager.park(hold, attached)
         return result, durable
 
-    async def _checkpoint_retrying(self, hold: Hold, attached: Attached) -> bool:
+    async def _checkpoint_retrying(
+        self,
+        hold: Hold,
+        attached: Attached,
+        answer_of: Callable[[bool], IdempotentAnswer | None],
+    ) -> bool:
         """Checkpoint, retrying store and transport failures for ``checkpoint_retry_s``;
-        whether it was saved.
+        whether it was saved. The write that commits the turn (saved, or marked
+        unsaved) stores ``answer_of(durable)`` with it.
 
         A turn acknowledged on a failed checkpoint lives only in its warm sandbox,
         so a short outage (S3 restarting) is waited out under the session lock,
@@ -396,19 +442,19 @@ class ExecutionService:
         delay = 0.2
         while True:
             try:
-                await self.manager.checkpoint(hold, attached)
+                await self.manager.checkpoint(hold, attached, answer=answer_of(True))
             except LockLostError:
                 raise
             except (CheckpointError, SandboxError, TimeoutError) as exc:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not await self._runner_answers(attached):
-                    await self._checkpoint_failed(hold, exc)
+                    await self._checkpoint_failed(hold, exc, answer_of(False))
                     return False
                 self.metrics.inc("sandcell_checkpoint_retries_total")
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, 2.0)
             except (SessionBusyError, SessionConflictError) as exc:
-                await self._checkpoint_failed(hold, exc)
+                await self._checkpoint_failed(hold, exc, answer_of(False))
                 return False
             else:
                 return True
@@ -422,14 +468,16 @@ class ExecutionService:
             return False
         return True
 
-    async def _checkpoint_failed(self, hold: Hold, exc: Exception) -> None:
+    async def _checkpoint_failed(
+        self, hold: Hold, exc: Exception, answer: IdempotentAnswer | None
+    ) -> None:
         log.warning(
             "session %s: checkpoint failed (%s); keeping the previous one",
             hold.session_id[:11],
             type(exc).__name__,
         )
         try:
-            await self.manager.close_turn(hold, unsaved=True)
+            await self.manager.close_turn(hold, unsaved=True, answer=answer)
         except SandcellError as mark_exc:
             # Lost lock or registry down: the next holder cannot know; the answer
             # still says the turn is not durable.

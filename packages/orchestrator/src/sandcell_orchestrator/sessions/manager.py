@@ -52,7 +52,7 @@ from ..errors import (
 from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
-from ..registry import Lease, SessionRecord, SessionRegistry
+from ..registry import IdempotentAnswer, Lease, SessionRecord, SessionRegistry
 from ..registry.lease import hold_session
 from ..snapshots import SnapshotInfo, SnapshotNotFoundError, SnapshotStore
 from .persistence import Persistence, PersistentWorkspace
@@ -260,14 +260,20 @@ class SandboxManager:
     # -- checkpoint, recycle ----------------------------------------------------------
 
     async def checkpoint(
-        self, hold: Hold, attached: Attached, *, workspace: PersistentWorkspace | None = None
+        self,
+        hold: Hold,
+        attached: Attached,
+        *,
+        workspace: PersistentWorkspace | None = None,
+        answer: IdempotentAnswer | None = None,
     ) -> SnapshotInfo:
         """Save the sandbox's workspace (it keeps running) and point the record at it.
 
         The object goes under this hold's own generation (a second checkpoint in
         one hold first takes a new one), then the fenced record write commits it:
         ``LockLostError``/``FencedError`` if this holder was superseded, in which
-        case its object is never referenced.
+        case its object is never referenced. ``answer`` (the turn's idempotent
+        answer) is stored by that same write.
         """
         if hold.checkpointed:
             hold.generation = await self.registry.next_generation(hold.session_id)
@@ -281,7 +287,9 @@ class SandboxManager:
                         generation=hold.generation,
                         workspace=workspace,
                     )
-                await self._write(hold, checkpoint_key=info.key, unsaved=False, turn_open=False)
+                await self._write(
+                    hold, answer=answer, checkpoint_key=info.key, unsaved=False, turn_open=False
+                )
         except Exception:
             self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
             raise
@@ -301,13 +309,18 @@ class SandboxManager:
         if hold.record is not None and not hold.record.turn_open:
             await self._write(hold, turn_open=True)
 
-    async def close_turn(self, hold: Hold, *, unsaved: bool = False) -> None:
+    async def close_turn(
+        self, hold: Hold, *, unsaved: bool = False, answer: IdempotentAnswer | None = None
+    ) -> None:
         """Record that the held turn ended with nothing uncommitted in its sandbox, or
         (``unsaved``) with acknowledged work no checkpoint has, which whichever worker
-        takes the next turn saves (the record is the one place every worker reads)."""
+        takes the next turn saves (the record is the one place every worker reads).
+        ``answer`` (the turn's idempotent answer) is stored by that same write."""
         record = hold.record
         if record is not None and (record.turn_open or record.unsaved != unsaved):
-            await self._write(hold, turn_open=False, unsaved=unsaved or record.unsaved)
+            await self._write(
+                hold, answer=answer, turn_open=False, unsaved=unsaved or record.unsaved
+            )
 
     async def recycle(self, hold: Hold, attached: Attached) -> None:
         """Destroy a sandbox that may be dirty (a job may still run in it); never reuse it."""
@@ -553,9 +566,11 @@ class SandboxManager:
 
     # -- records --------------------------------------------------------------------------
 
-    async def _write(self, hold: Hold, **changes: Any) -> SessionRecord:
+    async def _write(
+        self, hold: Hold, *, answer: IdempotentAnswer | None = None, **changes: Any
+    ) -> SessionRecord:
         """The one ``SessionRecord`` builder: the held row with ``changes``, stamped with
-        this hold's generation, written fenced by its lease."""
+        this hold's generation, written fenced by its lease (with ``answer``, if any)."""
         now = self._now()
         if hold.record is not None:
             fields = msgspec.structs.asdict(hold.record)
@@ -572,7 +587,7 @@ class SandboxManager:
         record = SessionRecord(
             **{**fields, **changes, "generation": hold.generation, "updated_at_s": now}
         )
-        await self.registry.put(hold.lease, record)
+        await self.registry.put(hold.lease, record, answer=answer)
         hold.record = record
         return record
 
