@@ -7,7 +7,6 @@ Through ``sandcell serve`` under uvicorn with the docker provider on the real en
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -16,12 +15,11 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-import uvicorn
 
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.serve.app import create_app
 from sandcell_orchestrator.testing import clean_environ
-from tests.fixtures.runner_process import free_port
+from tests.fixtures.serving import serving
 
 from .conftest import Engine
 
@@ -57,29 +55,17 @@ async def served(engine: Engine, tmp_path: Path) -> AsyncIterator[tuple[httpx.As
             SANDCELL_EXECUTE_TIMEOUT_S="900",
         )
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=port, log_config=None, ws="none"
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-            raise AssertionError("uvicorn exited before starting")
-        await asyncio.sleep(0.02)
-    client = httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {KEY}"},
-        timeout=httpx.Timeout(900, connect=30),
-    )
     try:
-        yield client, scope
+        async with (
+            serving(create_app(settings)) as url,
+            httpx.AsyncClient(
+                base_url=url,
+                headers={"Authorization": f"Bearer {KEY}"},
+                timeout=httpx.Timeout(900, connect=30),
+            ) as client,
+        ):
+            yield client, scope
     finally:
-        await client.aclose()
-        server.should_exit = True
-        await task
         for container in await engine.containers(**{SCOPE_LABEL: scope}):
             async with engine.client() as raw:
                 await raw.delete(f"/containers/{container['Id']}", params={"force": "true"})

@@ -61,24 +61,18 @@ async def test_finished_answer_is_replayed_byte_for_byte(registry: SessionRegist
     """The stored status and body come back exactly, binary included."""
     key = new_key()
     body = b'{"stdout":"x"}\x00\xff'
-    assert (
-        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
-        is None
-    )
+    assert await _claim(registry, key, "a") is None
     assert await registry.finish_idempotency(
         key, token="a", status=200, body=body, ttl_ms=LONG_TTL_MS
     )
-    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    seen = await _claim(registry, key, "b")
     assert seen == IdempotencyEntry(fingerprint="f", done=True, status=200, body=body)
 
 
 async def test_only_the_claimant_renews_finishes_or_drops(registry: SessionRegistry) -> None:
     """Another token changes nothing; a dropped claim frees the key for the next one."""
     key = new_key()
-    assert (
-        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
-        is None
-    )
+    assert await _claim(registry, key, "a") is None
     assert not await registry.renew_idempotency(key, token="b", ttl_ms=LONG_TTL_MS)
     assert not await registry.finish_idempotency(
         key, token="b", status=200, body=b"x", ttl_ms=LONG_TTL_MS
@@ -95,16 +89,13 @@ async def test_only_the_claimant_renews_finishes_or_drops(registry: SessionRegis
 async def test_an_answer_is_not_dropped_or_renewed(registry: SessionRegistry) -> None:
     """Once answered, the claimant's drop and renew are refused: the answer stays."""
     key = new_key()
-    assert (
-        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
-        is None
-    )
+    assert await _claim(registry, key, "a") is None
     assert await registry.finish_idempotency(
         key, token="a", status=201, body=b"ok", ttl_ms=LONG_TTL_MS
     )
     assert not await registry.drop_idempotency(key, token="a")
     assert not await registry.renew_idempotency(key, token="a", ttl_ms=LONG_TTL_MS)
-    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    seen = await _claim(registry, key, "b")
     assert seen is not None
     assert (seen.done, seen.status) == (True, 201)
 
@@ -114,10 +105,7 @@ async def test_a_claim_expires_unless_renewed(registry: SessionRegistry) -> None
     key = new_key()
     assert await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=150) is None
     await anyio.sleep(0.4)
-    assert (
-        await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
-        is None
-    )
+    assert await _claim(registry, key, "b") is None
     assert not await registry.finish_idempotency(
         key, token="a", status=200, body=b"late", ttl_ms=LONG_TTL_MS
     )
@@ -127,7 +115,7 @@ async def test_a_claim_expires_unless_renewed(registry: SessionRegistry) -> None
 async def test_keys_must_be_hashes(registry: SessionRegistry, key: str) -> None:
     """Nothing unhashed becomes a storage key."""
     with pytest.raises(ValueError, match="idempotency key"):
-        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
+        await _claim(registry, key, "a")
 
 
 # -- the answer stored by the record write that commits its turn ----------------------
@@ -135,6 +123,11 @@ async def test_keys_must_be_hashes(registry: SessionRegistry, key: str) -> None:
 
 def _answer(key: str, token: str, body: bytes) -> IdempotentAnswer:
     return IdempotentAnswer(key=key, token=token, status=200, body=body, ttl_ms=LONG_TTL_MS)
+
+
+async def _claim(registry: SessionRegistry, key: str, token: str) -> IdempotencyEntry | None:
+    """Claim ``key`` as ``token`` for one fingerprint: None, or what an earlier claim left."""
+    return await registry.claim_idempotency(key, fingerprint="f", token=token, ttl_ms=LONG_TTL_MS)
 
 
 async def _held(registry: SessionRegistry, sid: str) -> tuple[Lease, int]:
@@ -149,15 +142,12 @@ async def test_a_committing_write_stores_its_turns_answer(
     """``put(..., answer=)`` writes the record and the claim's answer together: a retry
     that comes after it (its worker died before answering) gets that answer."""
     key = new_key()
-    assert (
-        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
-        is None
-    )
+    assert await _claim(registry, key, "a") is None
     lease, generation = await _held(registry, sid)
     record = make_record(sid, generation=generation)
     await registry.put(lease, record, answer=_answer(key, "a", b'{"durable":true}\x00'))
     assert await registry.get(sid) == record
-    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    seen = await _claim(registry, key, "b")
     assert seen == IdempotencyEntry(
         fingerprint="f", done=True, status=200, body=b'{"durable":true}\x00'
     )
@@ -169,10 +159,7 @@ async def test_a_fenced_write_stores_neither_record_nor_answer(
     """A superseded holder's commit is refused whole: the key stays pending (its retry
     runs again, on the newer holder's state), the record stays the newer one's."""
     key = new_key()
-    assert (
-        await registry.claim_idempotency(key, fingerprint="f", token="a", ttl_ms=LONG_TTL_MS)
-        is None
-    )
+    assert await _claim(registry, key, "a") is None
     lease, stale = await _held(registry, sid)
     current = await registry.next_generation(sid)
     await registry.put(lease, make_record(sid, generation=current))
@@ -183,7 +170,7 @@ async def test_a_fenced_write_stores_neither_record_nor_answer(
             answer=_answer(key, "a", b"x"),
         )
     assert (await registry.get(sid)) == make_record(sid, generation=current)
-    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    seen = await _claim(registry, key, "b")
     assert seen == IdempotencyEntry(fingerprint="f", done=False, status=0, body=b"")
     # Nor a write without the lock.
     assert await registry.release(lease)
@@ -191,7 +178,7 @@ async def test_a_fenced_write_stores_neither_record_nor_answer(
         await registry.put(
             lease, make_record(sid, generation=current), answer=_answer(key, "a", b"x")
         )
-    seen = await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
+    seen = await _claim(registry, key, "b")
     assert seen is not None
     assert not seen.done
 
@@ -202,15 +189,12 @@ async def test_a_committing_write_leaves_another_claims_key_alone(
     """An answer whose claim is gone (expired, taken by a retry) is not stored; the record
     is: the write commits the turn either way, and the key is the new claimant's."""
     key = new_key()
-    assert (
-        await registry.claim_idempotency(key, fingerprint="f", token="b", ttl_ms=LONG_TTL_MS)
-        is None
-    )
+    assert await _claim(registry, key, "b") is None
     lease, generation = await _held(registry, sid)
     record = make_record(sid, generation=generation)
     await registry.put(lease, record, answer=_answer(key, "a", b"first"))
     assert await registry.get(sid) == record
-    seen = await registry.claim_idempotency(key, fingerprint="f", token="c", ttl_ms=LONG_TTL_MS)
+    seen = await _claim(registry, key, "c")
     assert seen == IdempotencyEntry(fingerprint="f", done=False, status=0, body=b"")
     # A key nobody claimed gets no entry either.
     unclaimed = new_key()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.serve.app import create_app
@@ -24,7 +24,7 @@ from sandcell_protocol import (
     decode,
     runtime_session_id,
 )
-from tests.fixtures.runner_process import free_port
+from tests.fixtures.serving import serving
 
 KEY_A = "key-a-0123456789abcdef"
 KEY_B = "key-b-0123456789abcdef"
@@ -60,51 +60,28 @@ def error_of(response: httpx.Response) -> ErrorBody:
 @pytest.fixture
 async def start_service(tmp_path: Path, runtime_dir: Path) -> AsyncIterator[StartService]:
     """Start the app under uvicorn on a free loopback port (strict mode unless overridden)."""
-    stops: list[Callable[[], Awaitable[None]]] = []
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def start(**env: str) -> Service:
-        settings = OrchestratorSettings.from_env(
-            clean_environ(
-                **{
-                    "SANDCELL_HOME": str(tmp_path / f"home{len(stops)}"),
-                    "SANDCELL_LOCAL_RUNTIME_DIR": str(runtime_dir),
-                    "SANDCELL_API_KEYS": f"{KEY_A}=tenant-a,{KEY_B}=tenant-b",
-                    "SANDCELL_RUNTIME_SESSION_MODE": "strict",
-                    **env,
-                }
+        async def start(**env: str) -> Service:
+            home = tmp_path / f"home{len(homes)}"
+            homes.append(home)
+            settings = OrchestratorSettings.from_env(
+                clean_environ(
+                    **{
+                        "SANDCELL_HOME": str(home),
+                        "SANDCELL_LOCAL_RUNTIME_DIR": str(runtime_dir),
+                        "SANDCELL_API_KEYS": f"{KEY_A}=tenant-a,{KEY_B}=tenant-b",
+                        "SANDCELL_RUNTIME_SESSION_MODE": "strict",
+                        **env,
+                    }
+                )
             )
-        )
-        port = free_port()
-        config = uvicorn.Config(
-            create_app(settings),
-            host="127.0.0.1",
-            port=port,
-            lifespan="on",
-            log_config=None,
-            ws="none",
-        )
-        server = uvicorn.Server(config)
-        task = asyncio.create_task(server.serve())
-        while not server.started:
-            if task.done():
-                task.result()
-                raise AssertionError("uvicorn exited before starting")
-            await asyncio.sleep(0.02)
-        client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120)
+            url = await stack.enter_async_context(serving(create_app(settings), lifespan="on"))
+            client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=120))
+            return Service(settings=settings, client=client, runtime_dir=runtime_dir)
 
-        async def stop() -> None:
-            await client.aclose()
-            server.should_exit = True
-            await task
-
-        stops.append(stop)
-        return Service(settings=settings, client=client, runtime_dir=runtime_dir)
-
-    try:
+        homes: list[Path] = []
         yield start
-    finally:
-        for stop in reversed(stops):
-            await stop()
 
 
 @pytest.fixture
