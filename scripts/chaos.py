@@ -21,13 +21,14 @@ Faults strike a chosen turn at a chosen stage, found from the turn's own stream:
 
 Kinds (every kind at every stage, round robin):
 
-    kill_worker     SIGKILL the turn's worker, start it again (same home and port)
+    kill_worker     SIGKILL the turn's worker, start it again (same home, a fresh port)
     kill_runner     SIGKILL the runner processes of the turn's worker
     stop_worker     SIGSTOP the turn's worker until another worker has taken the
                     session over (its lock expired, the generation moved on), then
                     SIGCONT: a true split brain, the woken worker must be fenced
     restart_redis   SIGTERM redis-server, start it again on its AOF (persistence on)
-    wipe_redis      SIGKILL redis-server, delete its files, start it empty (off):
+    wipe_redis      SIGKILL redis-server (and its forks), delete its files once all
+                    have exited, start it empty (off):
                     generations still never go backwards (checkpoints carry theirs)
     stop_s3         the S3 endpoint refuses connections for --s3-outage-s
     slow_s3         S3 answers through --s3-latency-s per read for --s3-slow-s
@@ -150,9 +151,22 @@ class Redis:
         self.process = None
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=15)
+        """SIGKILL redis-server and every process of its group, and wait until all have
+        exited: a fork of it (the AOF rewrite redis starts on an empty directory) goes on
+        writing into ``workdir`` after its parent died, so the files may be deleted only
+        once the last one is gone."""
+        if self.process is None:
+            return
+        group = []
+        with contextlib.suppress(psutil.Error):
+            group = [psutil.Process(self.process.pid)]
+            group += group[0].children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=15)
+        _, alive = psutil.wait_procs(group, timeout=15)
+        if alive:
+            raise RuntimeError(f"redis-server processes did not exit: {alive}")
         self.process = None
 
     def generation(self, session_id: str) -> int:
@@ -259,24 +273,39 @@ class Worker:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        with (self.root / "serve.log").open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "sandcell_orchestrator", "serve"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        process = self.process
-        wait_for(
-            lambda: (
-                process.poll() is None
-                and httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-            ),
-            timeout_s=90,
-            what=f"worker {self.index}",
-        )
+    def start(self, *, fresh_port: bool = False) -> None:
+        """Start the worker and wait until it answers; ``fresh_port`` (a restart) listens
+        on a newly picked port, which clients use from then on: the old one may have been
+        taken (by a runner, say) while the worker was down. A worker that exits before it
+        answers (its port taken in between after all) is started again on another."""
+        for attempt in range(3):
+            if fresh_port or attempt:
+                self.port = free_port()
+                self.env["SANDCELL_SERVE_PORT"] = str(self.port)
+            with (self.root / "serve.log").open("ab") as out:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "sandcell_orchestrator", "serve"],
+                    env=self.env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            process, url = self.process, self.url
+            with contextlib.suppress(RuntimeError):
+                wait_for(
+                    lambda process=process, url=url: (
+                        process.poll() is not None
+                        or httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+                    ),
+                    timeout_s=90,
+                    what=f"worker {self.index}",
+                )
+            if process.poll() is None:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                        return
+                self.kill()
+        raise RuntimeError(f"worker {self.index} did not come up (see {self.root}/serve.log)")
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -728,7 +757,7 @@ class Chaos:
         self.report.timeline.append(f"{line}@{strike.stage}: {kind} w{worker.index}")
         if kind == "kill_worker":
             worker.kill()
-            self._background(worker.start)
+            self._background(lambda: worker.start(fresh_port=True))
         elif kind == "kill_runner":
             self._kill_sandbox(self._sandbox_of(session))
         elif kind == "stop_worker":
@@ -751,7 +780,7 @@ class Chaos:
 
             def restart() -> None:
                 worker.stop()
-                worker.start()
+                worker.start(fresh_port=True)
 
             self._background(restart)
 
