@@ -183,7 +183,6 @@ class EgressRefusedEvent(Message, frozen=True, tag_field="type", tag="egress_ref
     address: str | None = None
     """The address it went to (an IP literal, a transparent connection's destination)."""
     port: NonNegativeInt = 0
-    """0 for a DNS lookup."""
     at_ms: NonNegativeInt = 0
     """Wall-clock time of the decision (Unix epoch milliseconds)."""
 
