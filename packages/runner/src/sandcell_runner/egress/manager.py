@@ -335,6 +335,7 @@ class EgressManager:
                 "allow_nets": self._settings.allow_nets,
                 "policy": policy,
                 "uid": self._settings.uid,
+                "bulk_bytes": self._settings.bulk_bytes,
                 "dns_udp_fd": fds[0],
                 "dns_tcp_fd": fds[1],
                 "proxy_fd": fds[2],
