@@ -6,10 +6,11 @@ Sets up, as root, on this machine only:
 * a "remote" namespace with the test HTTPS server (``tests/fixtures/egress_remote.py``);
 * two sandbox-side namespaces, each linked to the runner's namespace by the
   runner's own egress code (``EgressManager``: veth, nftables table, gateway
-  process), policy ``allow_all`` with the remote's network operator-allowed: the
-  gateway of ``threads`` hands every connection to its splice threads at once
-  (``bulk_bytes=0``, the gateway before the loop relay), that of ``loop`` (the
-  default) relays a connection on its event loop until it turns out bulk;
+  process), policy ``allow_all`` with the remote's network operator-allowed, one
+  per gateway variant of the A/B (``VARIANTS``): ``threads`` hands every
+  connection to its splice threads at once (``bulk_bytes=0``, the gateway before
+  the loop relay), ``loop`` (the default) relays a connection on its event loop
+  until it turns out bulk;
 * a direct veth pair between the first of them and the remote (the baseline: no
   gateway, one hop).
 
@@ -36,6 +37,7 @@ import argparse
 import ctypes
 import ipaddress
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -49,7 +51,6 @@ from tests.fixtures.paths import traversable_dir  # noqa: E402
 
 from sandcell_protocol import EgressPolicy  # noqa: E402
 from sandcell_runner.egress.manager import EgressManager  # noqa: E402
-from sandcell_runner.egress.relay import BULK_BYTES  # noqa: E402
 from sandcell_runner.egress.settings import EgressSettings  # noqa: E402
 from sandcell_runner.jail.netns import SessionNetns, create_netns  # noqa: E402
 
@@ -128,8 +129,16 @@ print(json.dumps(times))
 """
 
 
+VARIANTS: dict[str, dict[str, object]] = {
+    "threads": {"bulk_bytes": 0},
+    "loop": {},
+}
+"""Each gateway of the A/B: its ``EgressSettings`` beyond the defaults (``loop`` is the
+runner's default gateway)."""
+
+
 def _sandbox(
-    remote: RemoteNetwork, root: Path, label: str, *, bulk_bytes: int
+    remote: RemoteNetwork, root: Path, label: str, settings: dict[str, object]
 ) -> tuple[EgressManager, SessionNetns, str]:
     """A sandbox-side namespace linked by its own manager and gateway: (manager, netns,
     gateway address)."""
@@ -139,7 +148,7 @@ def _sandbox(
             policy=EgressPolicy(mode="allow_all"),
             allow_nets=remote.network,
             upstream=remote.address,
-            bulk_bytes=bulk_bytes,
+            **settings,  # type: ignore[arg-type]
         ),
         unavailable=None,
         state_dir=root / f"egress-{label}",
@@ -149,6 +158,14 @@ def _sandbox(
     link = manager.link_for(netns)
     assert link is not None
     return manager, netns, str(link.gateway)
+
+
+def _cpu_s(manager: EgressManager, netns: SessionNetns) -> float:
+    """CPU seconds (user + system) the gateway serving ``netns`` has used so far."""
+    pid = manager.gateway_pid(netns)
+    assert pid is not None
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _direct_link(remote: RemoteNetwork, netns: SessionNetns, direct_if: str) -> str:
@@ -191,20 +208,23 @@ def main() -> int:
     with traversable_dir("bench-egress-") as root:
         remote = RemoteNetwork(root)
         direct_if = f"bd{remote.index:03d}c"
-        made: list[tuple[EgressManager, SessionNetns, str]] = []
+        made: dict[str, tuple[EgressManager, SessionNetns, str]] = {}
         try:
-            for label, bulk_bytes in (("threads", 0), ("loop", BULK_BYTES)):
-                made.append(_sandbox(remote, root, label, bulk_bytes=bulk_bytes))
-            (_, threads_ns, threads_gw), (_, loop_ns, loop_gw) = made
-            server = _direct_link(remote, threads_ns, direct_if)
+            for label, settings in VARIANTS.items():
+                made[label] = _sandbox(remote, root, label, settings)
+            home_ns = made["threads"][1]
+            loop_ns = made["loop"][1]
+            server = _direct_link(remote, home_ns, direct_if)
 
             size = args.mib * 1024 * 1024
             big = f"https://{NAME}/big?size={size}"
             small = f"https://{NAME}/"
             paths = {
-                "direct": (threads_ns, ("--resolve", f"{NAME}:443:{server}")),
-                "proxy threads": (threads_ns, ("-x", f"http://{threads_gw}:3128")),
-                "proxy loop": (loop_ns, ("-x", f"http://{loop_gw}:3128")),
+                "direct": (home_ns, ("--resolve", f"{NAME}:443:{server}")),
+                **{
+                    f"proxy {label}": (netns, ("-x", f"http://{gateway}:3128"))
+                    for label, (_, netns, gateway) in made.items()
+                },
                 "transparent": (loop_ns, ("--resolve", f"{NAME}:443:{remote.address}")),
             }
             for netns, extra in paths.values():  # warm: DNS caches, TLS code, the gateways
@@ -214,9 +234,10 @@ def main() -> int:
             for _ in range(args.repeat):
                 for name, (netns, extra) in paths.items():
                     speeds[name].append(curl(netns.fd, remote.ca, big, *extra))
+            cpu_before = {label: _cpu_s(m, netns) for label, (m, netns, _) in made.items()}
             setups: dict[str, list[float]] = json.loads(
                 in_netns(
-                    threads_ns.fd,
+                    home_ns.fd,
                     [
                         sys.executable,
                         "-c",
@@ -225,15 +246,19 @@ def main() -> int:
                         server,
                         str(remote.ca),
                         str(args.connects),
-                        f"threads={threads_ns.fd}={threads_gw}",
-                        f"loop={loop_ns.fd}={loop_gw}",
+                        *(f"{label}={ns.fd}={gw}" for label, (_, ns, gw) in made.items()),
                     ],
-                    pass_fds=(loop_ns.fd,),
+                    pass_fds=tuple(netns.fd for _, netns, _ in made.values()),
                 )
             )
+            # Each gateway's CPU over the set-up run: per connection (warm-up included).
+            cpu_us = {
+                label: (_cpu_s(m, netns) - cpu_before[label]) * 1e6 / (args.connects + 1)
+                for label, (m, netns, _) in made.items()
+            }
         finally:
             subprocess.run(["ip", "link", "del", direct_if], capture_output=True)
-            for manager, netns, _ in made:
+            for manager, netns, _ in made.values():
                 manager.close()
                 netns.close()
             remote.close()
@@ -251,11 +276,12 @@ def main() -> int:
     print(f"connection set-up (TCP [+ CONNECT] + TLS), p50 of {args.connects} (ms):")
     for name, value in p50.items():
         print(f"  {name:14s} {value:8.3f}")
-    for name in ("threads", "loop"):
+    for name in VARIANTS:
         rounds = [(p - d) * 1000 for p, d in zip(setups[name], setups["direct"], strict=True)]
         print(
             f"  overhead {name:8s} {p50[name] - p50['direct']:8.3f}   (per-round median"
-            f" {statistics.median(rounds):.3f}; target <= 1 ms)"
+            f" {statistics.median(rounds):.3f}; target <= 1 ms;"
+            f" gateway CPU {cpu_us[name]:.0f} us a connection)"
         )
     print(f"proxy throughput ratio {ratios['proxy loop']:.2f} (target >= 0.8)")
     return 0

@@ -258,6 +258,11 @@ class EgressManager:
         gateway = self._gateways.get(netns.fd)
         return gateway.link if gateway is not None else None
 
+    def gateway_pid(self, netns: SessionNetns) -> int | None:
+        """The pid of the gateway serving ``netns``, if any (benchmarks)."""
+        gateway = self._gateways.get(netns.fd)
+        return gateway.process.pid if gateway is not None else None
+
     # -- the jail's hook ------------------------------------------------------------
 
     def apply(self, spec: JobSpec) -> JobSpec:
