@@ -189,7 +189,9 @@ class LibreChatApi(FileRoutes):
                         collect=kept.collect,
                     )
                 except SandboxTimeoutError as exc:
-                    raise ExecutionTimeoutError(str(exc)) from None
+                    # Its message names the runner's route: the log's, not the caller's.
+                    log.warning("exec: the sandbox did not answer in time: %s", exc)
+                    raise ExecutionTimeoutError("the sandbox did not answer in time") from None
             if result.status == RunStatus.TIMEOUT:
                 raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
             answer = await self._answer(caller, user, result, inputs, kept)
@@ -277,7 +279,8 @@ class LibreChatApi(FileRoutes):
         if meta is None or (caller.token_user is not None and not visible(meta, viewer)):
             # Absent, another tenant's, or (for a token's user, whom the token vouches
             # for) one that user may not download: the same words either way.
-            raise InputMissingError(f"input {item.id} (for {item.name}) not found")
+            missing = f"input {item.id} (for {item.name}) not found"
+            raise InputMissingError(missing, public_detail=missing)
         return ResolvedInput(wire=item, storage=storage, read_only=meta.read_only)
 
     async def _answer(
