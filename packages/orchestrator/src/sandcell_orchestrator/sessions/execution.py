@@ -135,7 +135,7 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
-        answer: Callable[[ExecuteResult], IdempotentAnswer] | None = None,
+        answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
 
@@ -147,7 +147,8 @@ class ExecutionService:
         ``answer`` (a keyed request's: its idempotent answer for a result) makes a
         session turn exactly-once: the fenced record write that commits the turn
         stores that answer too, and an interrupted turn keeps none of its writes
-        (the retry runs it again on the last commit).
+        (the retry runs it again on the last commit). A result ``answer`` gives None
+        for has no answer to keep (its surface answers it as an error).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects. ``egress`` replaces the
@@ -222,7 +223,7 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
-        answer: Callable[[ExecuteResult], IdempotentAnswer] | None = None,
+        answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
@@ -243,7 +244,7 @@ class ExecutionService:
             self.metrics.inc("sandcell_executions_total", status=str(result.status))
             return result
 
-        def answered(result: ExecuteResult, durable: bool) -> IdempotentAnswer:
+        def answered(result: ExecuteResult, durable: bool) -> IdempotentAnswer | None:
             assert answer is not None
             return answer(msgspec.structs.replace(result, durable=durable))
 
@@ -326,7 +327,7 @@ class ExecutionService:
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None = None,
         verify: bool = True,
-        answer: Callable[[_T, bool], IdempotentAnswer] | None = None,
+        answer: Callable[[_T, bool], IdempotentAnswer | None] | None = None,
     ) -> tuple[_T, bool]:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch. With
@@ -352,7 +353,7 @@ class ExecutionService:
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None,
         verify: bool,
-        answer: Callable[[_T, bool], IdempotentAnswer] | None,
+        answer: Callable[[_T, bool], IdempotentAnswer | None] | None,
     ) -> tuple[_T, bool]:
         manager = self.manager
         spec = self._spec_for(egress)
