@@ -17,7 +17,12 @@ through the HTTP route, alternating with its floors in the same run: an
 interpreter start (``python -I -c pass``) and the extractor's start-up (the
 interpreter plus the extractor's imports).
 
-Usage: .venv/bin/python scripts/bench_checkpoint.py [--client curl|httpx] [--small [--count N]]
+``--baseline DIR`` (with ``--small``) adds a third runner whose runner code comes
+from DIR (a checkout of another commit, e.g. ``git archive main packages``), for an
+A/B of a runner-side change in the same run.
+
+Usage: .venv/bin/python scripts/bench_checkpoint.py [--client curl|httpx]
+       [--small [--count N] [--baseline DIR]]
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from sandcell_runner.workspace.images import ImagePool  # noqa: E402
 
 SMALL = "--small" in sys.argv[1:]
 SMALL_COUNT = int(sys.argv[sys.argv.index("--count") + 1]) if "--count" in sys.argv else 60
+BASELINE = Path(sys.argv[sys.argv.index("--baseline") + 1]) if "--baseline" in sys.argv else None
 CLIENT = "httpx" if "httpx" in sys.argv[1:] or "--client=httpx" in sys.argv else "curl"
 
 GENERATE = r"""
@@ -231,6 +237,11 @@ def small_restore() -> int:
         "restore via HTTP, A": {},
         "restore via HTTP, B asyncio": {"SANDCELL_RUNNER_EVENT_LOOP": "asyncio"},
     }
+    if BASELINE is not None:
+        # The runner's own code from another tree (PYTHONPATH comes before the editable
+        # install); the extractor it starts runs isolated (-I), so from this tree.
+        src = [str(BASELINE / "packages" / p / "src") for p in ("protocol", "runner")]
+        envs["restore via HTTP, C baseline"] = {"PYTHONPATH": os.pathsep.join(src)}
     samples: dict[str, list[float]] = {name: [] for name in (*floors, *envs)}
     with traversable_dir("benchcp-") as base, contextlib.ExitStack() as stack:
         clients = {}

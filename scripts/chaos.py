@@ -21,13 +21,14 @@ Faults strike a chosen turn at a chosen stage, found from the turn's own stream:
 
 Kinds (every kind at every stage, round robin):
 
-    kill_worker     SIGKILL the turn's worker, start it again (same home and port)
+    kill_worker     SIGKILL the turn's worker, start it again (same home, a fresh port)
     kill_runner     SIGKILL the runner processes of the turn's worker
     stop_worker     SIGSTOP the turn's worker until another worker has taken the
                     session over (its lock expired, the generation moved on), then
                     SIGCONT: a true split brain, the woken worker must be fenced
     restart_redis   SIGTERM redis-server, start it again on its AOF (persistence on)
-    wipe_redis      SIGKILL redis-server, delete its files, start it empty (off):
+    wipe_redis      SIGKILL redis-server (and its forks), delete its files once all
+                    have exited, start it empty (off):
                     generations still never go backwards (checkpoints carry theirs)
     stop_s3         the S3 endpoint refuses connections for --s3-outage-s
     slow_s3         S3 answers through --s3-latency-s per read for --s3-slow-s
@@ -150,9 +151,22 @@ class Redis:
         self.process = None
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=15)
+        """SIGKILL redis-server and every process of its group, and wait until all have
+        exited: a fork of it (the AOF rewrite redis starts on an empty directory) goes on
+        writing into ``workdir`` after its parent died, so the files may be deleted only
+        once the last one is gone."""
+        if self.process is None:
+            return
+        group = []
+        with contextlib.suppress(psutil.Error):
+            group = [psutil.Process(self.process.pid)]
+            group += group[0].children(recursive=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=15)
+        _, alive = psutil.wait_procs(group, timeout=15)
+        if alive:
+            raise RuntimeError(f"redis-server processes did not exit: {alive}")
         self.process = None
 
     def generation(self, session_id: str) -> int:
@@ -253,46 +267,85 @@ class Worker:
     env: dict[str, str]
     runtime_dir: Path
     process: subprocess.Popen[bytes] | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    """Held by start, kill and stop: two fault threads never start one worker twice."""
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """Every process this worker ever was: the end stops any still running."""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        with (self.root / "serve.log").open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "sandcell_orchestrator", "serve"],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        process = self.process
-        wait_for(
-            lambda: (
-                process.poll() is None
-                and httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-            ),
-            timeout_s=90,
-            what=f"worker {self.index}",
-        )
+    def start(self, *, fresh_port: bool = False) -> None:
+        """Start the worker and wait until it answers; ``fresh_port`` (a restart) listens
+        on a newly picked port, which clients use from then on: the old one may have been
+        taken (by a runner, say) while the worker was down. A worker that exits before it
+        answers (its port taken in between after all) is started again on another."""
+        with self.lock:
+            self._start(fresh_port=fresh_port)
+
+    def _start(self, *, fresh_port: bool) -> None:
+        self.kill()
+        for attempt in range(3):
+            if fresh_port or attempt:
+                self.port = free_port()
+                self.env["SANDCELL_SERVE_PORT"] = str(self.port)
+            with (self.root / "serve.log").open("ab") as out:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "sandcell_orchestrator", "serve"],
+                    env=self.env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self.started.append(self.process)
+            process, url = self.process, self.url
+            with contextlib.suppress(RuntimeError):
+                wait_for(
+                    lambda process=process, url=url: (
+                        process.poll() is not None
+                        or httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+                    ),
+                    timeout_s=90,
+                    what=f"worker {self.index}",
+                )
+            if process.poll() is None:
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                        return
+                self.kill()
+        raise RuntimeError(f"worker {self.index} did not come up (see {self.root}/serve.log)")
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        with self.lock:
+            if self.process is not None and self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """SIGINT (as by a deploy) and wait; SIGKILL its group past 30 s."""
+        with self.lock:
+            if self.process is not None:
+                self._stop(self.process)
+
+    def stop_all(self) -> None:
+        """Stop every process this worker ever was that still runs (the end)."""
+        with self.lock:
+            for process in self.started:
+                self._stop(process)
+
+    @staticmethod
+    def _stop(process: subprocess.Popen[bytes]) -> None:
+        if process.poll() is not None:
             return
-        self.process.send_signal(signal.SIGCONT)
-        self.process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGCONT)
+        process.send_signal(signal.SIGINT)
         try:
-            self.process.wait(timeout=30)
+            process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 @dataclass
@@ -418,7 +471,7 @@ class Chaos:
         self._roots: set[str] = set()
         self._in_flight: set[str] = set()
         self._wiped: set[str] = set()
-        """Lines in flight when Redis was wiped: their idempotent answers are gone."""
+        """Lines in flight when Redis was wiped (their answers in Redis are gone)."""
         self._epoch = 0
         """Bumped by every fault: a turn that saw it change ran under a fault."""
         self._closing = False
@@ -547,7 +600,7 @@ class Chaos:
         # Both sweepers pass once more (lost rows, collection) before the workers stop.
         time.sleep(2 * self.args.sweep_s)
         for worker in self.workers:
-            worker.stop()
+            worker.stop_all()
         time.sleep(0.5)
         self._check_leftovers()
         self.redis.stop()
@@ -580,7 +633,9 @@ class Chaos:
                 pointer = SessionRecord.from_json(raw).checkpoint_key if raw else None
                 mine = [o for o in objects if session.session_id in o["Key"]]
                 for item in mine:
-                    if pointer is not None and item["Key"].endswith(pointer):
+                    # The record's checkpoint, and the result of the keyed turn that
+                    # wrote it (``<checkpoint>.turn-<key>``), are referenced.
+                    if pointer is not None and item["Key"].split(".turn-")[0].endswith(pointer):
                         continue
                     age_s = now - item["LastModified"].timestamp()
                     if age_s > self.args.grace_s + 2 * self.args.sweep_s:
@@ -728,7 +783,7 @@ class Chaos:
         self.report.timeline.append(f"{line}@{strike.stage}: {kind} w{worker.index}")
         if kind == "kill_worker":
             worker.kill()
-            self._background(worker.start)
+            self._background(lambda: worker.start(fresh_port=True))
         elif kind == "kill_runner":
             self._kill_sandbox(self._sandbox_of(session))
         elif kind == "stop_worker":
@@ -751,7 +806,7 @@ class Chaos:
 
             def restart() -> None:
                 worker.stop()
-                worker.start()
+                worker.start(fresh_port=True)
 
             self._background(restart)
 
@@ -973,11 +1028,10 @@ class Chaos:
             counts[entry] = counts.get(entry, 0) + 1
         duplicated = [e for e, n in counts.items() if n > 1 and f"dup {e}" not in session.reported]
         session.reported.update(f"dup {e}" for e in duplicated)
-        # Persistence off forgets idempotent answers and open turns (documented): a turn
-        # in flight when Redis was wiped may run again. Counted, not an invariant.
-        forgotten = [e for e in duplicated if e in self._wiped]
-        duplicated = [e for e in duplicated if e not in self._wiped]
-        report.duplicated_after_wipe += len(forgotten)
+        # A wiped Redis forgets idempotent answers and records, but the checkpoint a
+        # keyed turn wrote carries its result: a retry never runs it again. A duplicate
+        # fails the run either way; those of turns in flight at a wipe are named apart.
+        report.duplicated_after_wipe += sum(e in self._wiped for e in duplicated)
         if duplicated:
             report.duplicated += len(duplicated)
             report.problems.append(f"{line}: applied twice: {duplicated}")

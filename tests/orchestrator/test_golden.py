@@ -97,3 +97,16 @@ async def test_output_files_with_names_that_are_not_utf8_arrive_as_the_golden_na
     expected = {v["name"] for v in vectors if bytes.fromhex(v["raw_hex"]) in raws}
     assert {item.name for item in result.files} == expected
     assert {unescape_name(item.name) for item in result.files} == set(raws)
+
+
+def test_the_golden_egress_events_pass_through_unchanged() -> None:
+    """What the runner client decodes from a 1.2 runner's stream is what ``/v1/exec``
+    writes again, byte for byte (``egress_stream_events``)."""
+    from sandcell_orchestrator.runner.client import _decode_event
+    from sandcell_protocol import PROTOCOL_VERSION, encode_event, speaks_at_least
+
+    vector = GOLDEN["egress_stream_events"]
+    # This orchestrator announces a version the runner sends them to.
+    assert speaks_at_least(PROTOCOL_VERSION, vector["since"])
+    for line in vector["lines"]:
+        assert encode_event(_decode_event(line)) == line.encode() + b"\n"

@@ -10,6 +10,8 @@ import pytest
 
 from sandcell_protocol import (
     CheckpointMeta,
+    EgressOmittedEvent,
+    EgressRefusedEvent,
     ErrorBody,
     ErrorCode,
     ErrorDetail,
@@ -45,6 +47,7 @@ from sandcell_protocol import (
     encode_event,
     error_body,
 )
+from sandcell_protocol.egress import EgressReason
 from sandcell_protocol.messages import ALL_MESSAGES
 
 REF = FileRef(storage_session="s", object_id="o", name="data/in.csv", read_only=True)
@@ -81,6 +84,8 @@ SAMPLES: list[Any] = [
     StdoutEvent(data="a"),
     StderrEvent(data="b"),
     ResultEvent(result=RESULT),
+    EgressRefusedEvent(reason=EgressReason.NOT_ALLOWED, transport="tls", name="x.test", port=443),
+    EgressOmittedEvent(count=2),
     Health(status="ok", protocol="1.0", runner_version="0.1.0", languages=["python"]),
     HealthSummary(status="ok", protocol="1.0"),
     InputProbe(refs=[REF]),

@@ -9,6 +9,7 @@ goes only to the namespace this module made.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,8 +139,48 @@ def test_cli_allow_host(tmp_path: Path, runtime_dir: Path, remote: RemoteNetwork
     done = cli.run("exec", "--language", "bash", "--file", str(ca), "--allow-host", ALLOWED, code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["200/200", "000/403"]
+    # The refusal, as the turn's stream reported it: on stderr, apart from the job's stdout.
+    assert f"sandcell: egress refused (not_allowed): {OTHER} port 443 (connect)\n" in done.stderr
     closed = cli.run("exec", "--language", "bash", "--file", str(ca), code)
     assert closed.stdout.split() == ["000/000", "000/000"], closed.stderr
     bad = cli.run("exec", "--allow-host", "*", "print(1)")
     assert bad.returncode == 2
     assert bad.stderr.startswith("sandcell: --allow-host: egress rule")
+
+
+def _refused_total(metrics: str) -> int:
+    (line,) = [line for line in metrics.splitlines() if line.startswith("sandcell_egress_refused")]
+    return int(line.split()[-1])
+
+
+async def test_a_streamed_turn_shows_each_refusal_with_its_destination(
+    start_service: StartService, remote: RemoteNetwork
+) -> None:
+    """``/v1/exec`` as NDJSON: the runner's ``egress_refused`` events pass through before
+    the result (name, address, port, reason), and the refused counter moves by as many."""
+    service = await start_service(SANDCELL_RUNTIME_SESSION_MODE="affinity", **_runner_env(remote))
+    before = _refused_total((await service.client.get("/metrics")).text)
+    code = (
+        PROBE.format(hosts=f"{ALLOWED} {OTHER}")
+        + "\npython3 -c \"import socket; socket.create_connection(('169.254.169.254', 80), 10)\""
+        " 2>/dev/null; echo tcp-refused"
+    )
+    body = {
+        "user_id": "alice",
+        **_probe(remote, runtime_session_hint="e2", egress={"mode": "allow", "allow": [ALLOWED]}),
+        "code": code,
+    }
+    response = await service.client.post(
+        "/v1/exec", json=body, headers={**service.auth(), "Accept": "application/x-ndjson"}
+    )
+    assert response.status_code == 200, response.text
+    events = [json.loads(line) for line in response.text.splitlines()]
+    assert events[-1]["type"] == "result"
+    assert events[-1]["result"]["stdout"].split() == ["200/200", "000/403", "tcp-refused"]
+    refused = [e for e in events if e["type"] == "egress_refused"]
+    assert [(e["name"], e["address"], e["port"], e["reason"], e["transport"]) for e in refused] == [
+        (OTHER, None, 443, "not_allowed", "connect"),
+        (None, "169.254.169.254", 80, "refused_address", "tcp"),
+    ]
+    assert all(e["at_ms"] > 0 for e in refused)
+    assert _refused_total((await service.client.get("/metrics")).text) == before + 2

@@ -14,7 +14,11 @@ from sandcell_orchestrator.providers.base import NativeSuspend, SandboxProvider,
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import IdempotentAnswer, InProcessRegistry, Lease, SessionRecord
 from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
-from sandcell_orchestrator.sessions.persistence import PersistentWorkspace
+from sandcell_orchestrator.sessions.persistence import (
+    Persistence,
+    PersistentWorkspace,
+    turn_result_key,
+)
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore, SnapshotStore
 from sandcell_protocol import checkpoint_key, runtime_session_id
 from tests.fixtures.paths import traversable_dir
@@ -198,3 +202,38 @@ async def test_a_hold_with_a_kept_counter_and_no_record_takes_the_next_generatio
     async with manager.hold(session_id) as hold:
         assert hold.generation == 51
         assert hold.checkpoint_key == checkpoint_key(session_id, 50)
+
+
+async def test_a_keyed_turns_result_goes_with_its_checkpoint(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    """A turn result saved next to a checkpoint is listed with it, collected with it once
+    superseded (never without it: the result first), and deleted with the session,
+    even one whose checkpoint is already gone."""
+    _, store, _ = env
+    session_id = runtime_session_id("tenant-a", "alice", "results")
+    persistence = Persistence(store, grace_s=0.0)
+    turn_key = "ab" * 32
+    for generation in (3, 4):
+        await store.put(checkpoint_key(session_id, generation), _one_byte(), max_bytes=8)
+    await persistence.save_turn_result(
+        checkpoint_key(session_id, 3), turn_key=turn_key, body=b"first"
+    )
+    await persistence.save_turn_result(
+        checkpoint_key(session_id, 4), turn_key="cd" * 32, body=b"second"
+    )
+    stored = await persistence.stored(session_id)
+    assert [(item.generation, item.turn_key) for item in stored] == [(3, turn_key), (4, "cd" * 32)]
+    assert await persistence.turn_result(stored[0]) == b"first"
+    latest = Persistence.latest(stored)
+    assert latest is not None
+    assert latest.generation == 4
+
+    keep = checkpoint_key(session_id, 4)
+    assert await persistence.collect(session_id, stored, keep=keep, below_generation=5) == 1
+    left = [entry.key for entry in await store.list(f"checkpoints/{session_id}")]
+    assert left == [keep, turn_result_key(keep, "cd" * 32)]
+
+    await store.delete(keep)  # a result left without its checkpoint still goes
+    await persistence.delete_all(session_id)
+    assert await store.list(f"checkpoints/{session_id}") == []

@@ -72,7 +72,12 @@ def test_the_extractor_is_jailed_like_a_job() -> None:
                     status = _status(child.pid)
                 own_netns = os.readlink(f"/proc/{runner.process.pid}/ns/net")
                 its_netns = os.readlink(f"/proc/{child.pid}/ns/net")
-                cgroups = Path(f"/proc/{child.pid}/cgroup").read_text()
+                # Every thread (the inflater too): on v1 the extractor joins through
+                # ``tasks``, which moves only the thread that writes.
+                threads = {
+                    task.name: (task / "cgroup").read_text()
+                    for task in Path(f"/proc/{child.pid}/task").iterdir()
+                }
                 limits = Path(f"/proc/{child.pid}/limits").read_text()
             finally:
                 go_on.set()
@@ -83,9 +88,16 @@ def test_the_extractor_is_jailed_like_a_job() -> None:
         assert status["Uid"].split()[0] != "0"
         assert its_netns != own_netns
         key = instance_key(runner.workspace_root)
-        # v1: the memory controller's line; v2: the one unified line ("0::").
-        lines = [line for line in cgroups.splitlines() if ":memory:" in line or line[:3] == "0::"]
-        assert any(f"/sandcell/{key}/job-" in line for line in lines), cgroups
+        assert len(threads) == 2, threads  # the extractor and its inflater, both waiting
+        for cgroups in threads.values():
+            # v1: the memory and pids controllers' lines; v2: the one unified line ("0::"),
+            # which a v1 host shows too, unused.
+            lines = [
+                line for line in cgroups.splitlines() if ":memory:" in line or ":pids:" in line
+            ]
+            lines = lines or [line for line in cgroups.splitlines() if line[:3] == "0::"]
+            assert lines, cgroups
+            assert all(f"/sandcell/{key}/job-" in line for line in lines), cgroups
         core = next(line for line in limits.splitlines() if line.startswith("Max core file size"))
         assert core.split()[4:6] == ["0", "0"], core
         assert session.execute("print(open('kept.txt').read())")["stdout"] == "kept\n"

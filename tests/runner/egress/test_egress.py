@@ -386,3 +386,97 @@ def test_bad_policies_are_400_and_change_nothing(sandbox: Sandbox) -> None:
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "bad_request"
     assert sandbox.status()["policy"]["allow"] == [ALLOWED]
+
+
+def _stream(
+    sandbox: Sandbox, code: str, *, protocol: str, session: str | None = None
+) -> list[dict[str, Any]]:
+    """The NDJSON events of a streamed execute sent as a peer speaking ``protocol``."""
+    headers = {"Accept": "application/x-ndjson", "X-Sandcell-Protocol": protocol}
+    if session:
+        headers["X-Runtime-Session-Id"] = session
+    response = sandbox.http.post(
+        "/v1/execute",
+        headers=headers,
+        json={
+            "language": "bash",
+            "code": "ip -o link | grep -o 'sce[0-9a-f]*j' >&2 || true\n" + code,
+            "timeout_ms": 60_000,
+            "inline_files": [
+                {"name": "ca.pem", "content_b64": b64(sandbox.remote.ca.read_bytes())}
+            ],
+        },
+    )
+    assert response.status_code == 200, response.text
+    events = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+    assert events[-1]["type"] == "result", events[-1]
+    sandbox.links.update(re.findall(r"sce([0-9a-f]{4})j", events[-1]["result"]["stderr"]))
+    assert events[-1]["result"]["exit_code"] == 0, events[-1]["result"]["stderr"][-2000:]
+    return events
+
+
+REFUSED_THREE = (
+    f"{CODES} https://{OTHER}/ || true\n"
+    "python3 -c \"import socket; socket.create_connection(('169.254.169.254', 80), 10)\" "
+    "2>/dev/null; echo tcp\n"
+    f"getent hosts {OTHER} || echo no-answer\n"
+)
+"""A refused tunnel (a name and its port), a refused address (its address and port),
+a refused lookup."""
+
+
+@pytest.mark.parametrize("in_session", [False, True], ids=["shared", "session"])
+def test_a_streamed_turn_carries_its_refusals_with_their_destinations(
+    sandbox: Sandbox, in_session: bool
+) -> None:
+    """To a 1.2 peer: each refusal of the job is an ``egress_refused`` event before the
+    result, naming its destination; the runner's counter moved by as many."""
+    sandbox.policy(allow=[ALLOWED])
+    session = new_session_id("egress-events") if in_session else None
+    before = sandbox.status()["refused_total"]
+    events = _stream(sandbox, REFUSED_THREE, protocol="1.2", session=session)
+    refused = [e for e in events if e["type"] == "egress_refused"]
+    seen = [(e["transport"], e["name"], e["address"], e["port"], e["reason"]) for e in refused]
+    assert seen[:2] == [
+        ("connect", OTHER, None, 443, "not_allowed"),
+        ("tcp", None, "169.254.169.254", 80, "refused_address"),
+    ]
+    # The lookup: one refusal per query (A, and AAAA when the resolver library asks).
+    assert set(seen[2:]) == {("dns", OTHER, None, 53, "not_allowed")}
+    assert all(e["at_ms"] > 0 for e in refused)
+    assert not [e for e in events if e["type"] == "egress_omitted"]
+    assert sandbox.status()["refused_total"] - before == len(refused)
+    if session:
+        sandbox.http.delete("/v1/session", headers={"X-Runtime-Session-Id": session})
+
+
+def test_an_older_peer_gets_no_egress_events(sandbox: Sandbox) -> None:
+    """A 1.1 peer (or one that announces nothing) decodes strictly: the same job's stream
+    carries only its output and result, while the runner still counts the refusals."""
+    sandbox.policy(allow=[ALLOWED])
+    before = sandbox.status()["refused_total"]
+    for protocol in ("1.1", "1.0"):
+        events = _stream(sandbox, REFUSED_THREE, protocol=protocol)
+        assert {e["type"] for e in events} <= {"stdout", "stderr", "result"}
+    assert sandbox.status()["refused_total"] - before >= 6
+
+
+def test_a_turn_past_the_limit_gets_twenty_and_one_count(sandbox: Sandbox) -> None:
+    """25 refused connects: 20 ``egress_refused`` events, then ``egress_omitted`` 5."""
+    sandbox.policy(allow=[ALLOWED])
+    code = (
+        "python3 - <<'EOF'\n"
+        "import socket\n"
+        "for port in range(7100, 7125):\n"
+        "    try:\n"
+        "        socket.create_connection(('169.254.169.254', port), 10)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "EOF\n"
+    )
+    events = _stream(sandbox, code, protocol="1.2")
+    types = [e["type"] for e in events if e["type"].startswith("egress")]
+    assert types == ["egress_refused"] * 20 + ["egress_omitted"]
+    refused = [e for e in events if e["type"] == "egress_refused"]
+    assert [e["port"] for e in refused] == list(range(7100, 7120))
+    assert events[-2] == {"type": "egress_omitted", "count": 5}

@@ -137,6 +137,10 @@ METRIC_HELP = {
     "sandcell_checkpoints_collected_total": "Superseded checkpoint objects deleted.",
     "sandcell_remains_removed_total": "Dead sandboxes no record named, removed by the sweeper.",
     "sandcell_interrupted_turns_total": "Session turns interrupted (cancelled, client gone).",
+    "sandcell_turns_found_applied_total": (
+        "Keyed turns whose retry found them applied in the newest checkpoint, answered "
+        "from the result saved with it (the registry had forgotten the session)."
+    ),
     "sandcell_egress_allowed_total": "Sandbox connections the egress gateway allowed.",
     "sandcell_egress_refused_total": "Sandbox connections and lookups the egress policy refused.",
 }

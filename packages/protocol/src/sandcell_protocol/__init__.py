@@ -62,7 +62,11 @@ from .input_refs import (
     validate_input_ref,
 )
 from .messages import (
+    EGRESS_EVENTS_SINCE,
+    MAX_EGRESS_EVENTS_PER_TURN,
     CheckpointMeta,
+    EgressOmittedEvent,
+    EgressRefusedEvent,
     ErrorBody,
     ErrorDetail,
     ExecCall,
@@ -91,10 +95,11 @@ from .messages import (
     StdoutEvent,
     StreamEvent,
     SurfacedOutput,
+    TurnEvent,
 )
 from .names import escape_name, is_escaped_name, unescape_name
 from .redaction import REDACTED, redact_message, redact_secrets
-from .version import PROTOCOL_VERSION, check_compatible, parse_version
+from .version import PROTOCOL_VERSION, check_compatible, parse_version, speaks_at_least
 
 # A constant, not importlib.metadata (~40 ms at every start-up); a test checks it
 # equals the installed distribution's version.
@@ -102,7 +107,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "REDACTED",
+    "EGRESS_EVENTS_SINCE",
     "ERROR_SEMANTICS",
+    "MAX_EGRESS_EVENTS_PER_TURN",
     "MAX_INPUT_REF_CHARS",
     "MAX_STORAGE_SESSION_CHARS",
     "PROTOCOL_VERSION",
@@ -113,7 +120,9 @@ __all__ = [
     "CheckpointMeta",
     "Diagnostic",
     "EgressEvent",
+    "EgressOmittedEvent",
     "EgressPolicy",
+    "EgressRefusedEvent",
     "EgressStatus",
     "ErrorBody",
     "ErrorCode",
@@ -157,6 +166,7 @@ __all__ = [
     "StreamEvent",
     "SurfacedOutput",
     "ToolStatus",
+    "TurnEvent",
     "__version__",
     "addresses",
     "app_messages",
@@ -187,6 +197,7 @@ __all__ = [
     "runtime_session_id",
     "sandbox_messages",
     "scoped_storage_session",
+    "speaks_at_least",
     "unescape_name",
     "validate_hint",
     "validate_input_ref",

@@ -13,7 +13,7 @@ from .base import NonEmptyStr as NonEmptyStr
 from .base import NonNegativeInt as NonNegativeInt
 from .base import PositiveInt as PositiveInt
 from .derivations import USER_ID_PATTERN
-from .egress import EgressMechanism, EgressPolicy
+from .egress import EgressMechanism, EgressPolicy, EgressReason, EgressTransport
 from .errors import ErrorCode
 from .input_refs import INPUT_REF_PATTERN
 
@@ -163,7 +163,40 @@ class ResultEvent(Message, frozen=True, tag_field="type", tag="result"):
     result: ExecuteResult
 
 
-StreamEvent = StdoutEvent | StderrEvent | ResultEvent
+EGRESS_EVENTS_SINCE = "1.2"
+"""The protocol minor that added ``EgressRefusedEvent`` and ``EgressOmittedEvent``: a
+runner streams them only to a peer whose ``X-Sandcell-Protocol`` is at least this."""
+
+MAX_EGRESS_EVENTS_PER_TURN = 20
+"""``egress_refused`` events one execute stream carries at most; the refusals past them
+are counted in one ``egress_omitted`` event before the result."""
+
+
+class EgressRefusedEvent(Message, frozen=True, tag_field="type", tag="egress_refused"):
+    """A connection (or lookup) of this turn's job that the sandbox's egress policy
+    refused, streamed as the runner's gateway decided it (protocol 1.2)."""
+
+    reason: EgressReason
+    transport: EgressTransport
+    name: str | None = None
+    """What the job asked for by name (a ``Host``, an SNI, a ``CONNECT`` target, a lookup)."""
+    address: str | None = None
+    """The address it went to (an IP literal, a transparent connection's destination)."""
+    port: NonNegativeInt = 0
+    at_ms: NonNegativeInt = 0
+    """Wall-clock time of the decision (Unix epoch milliseconds)."""
+
+
+class EgressOmittedEvent(Message, frozen=True, tag_field="type", tag="egress_omitted"):
+    """Refusals of this turn past ``MAX_EGRESS_EVENTS_PER_TURN``, counted, not sent one by
+    one (protocol 1.2); at most one per stream, just before the result."""
+
+    count: PositiveInt
+
+
+TurnEvent = StdoutEvent | StderrEvent | EgressRefusedEvent | EgressOmittedEvent
+"""What a turn streams before its result: its output, and what egress refused."""
+StreamEvent = StdoutEvent | StderrEvent | EgressRefusedEvent | EgressOmittedEvent | ResultEvent
 
 HealthStatus = Literal["ok", "quarantined", "starting"]
 WarmupState = Literal["none", "running", "done", "failed"]
@@ -335,6 +368,8 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     StdoutEvent,
     StderrEvent,
     ResultEvent,
+    EgressRefusedEvent,
+    EgressOmittedEvent,
     Health,
     HealthSummary,
     Language,

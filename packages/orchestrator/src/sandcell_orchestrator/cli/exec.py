@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sandcell_protocol import (
+    EgressOmittedEvent,
     EgressPolicy,
+    EgressRefusedEvent,
     ExecuteRequest,
     ExecuteResult,
     FileRef,
     RunStatus,
-    StderrEvent,
     StdoutEvent,
+    TurnEvent,
     encode,
     runtime_session_id,
     scoped_storage_session,
@@ -196,16 +198,31 @@ def _write_out(result: ExecuteResult, out_dir: Path, err: TextIO) -> None:
 
 
 class _Echo:
-    """Prints output chunks as they arrive (a terminal or pipe write: small, then flushed)."""
+    """Prints output chunks as they arrive (a terminal or pipe write: small, then flushed),
+    and each egress refusal as a ``sandcell:`` line on stderr (the job's own stdout stays
+    the job's)."""
 
     def __init__(self, out: TextIO, err: TextIO) -> None:
         self._out = out
         self._err = err
 
-    def __call__(self, event: StdoutEvent | StderrEvent) -> None:
-        stream = self._out if isinstance(event, StdoutEvent) else self._err
-        stream.write(event.data)
+    def __call__(self, event: TurnEvent) -> None:
+        if isinstance(event, EgressRefusedEvent):
+            text = f"sandcell: egress refused ({event.reason}): {_destination(event)}\n"
+            stream = self._err
+        elif isinstance(event, EgressOmittedEvent):
+            text = f"sandcell: egress refused {event.count} more (not shown)\n"
+            stream = self._err
+        else:
+            text = event.data
+            stream = self._out if isinstance(event, StdoutEvent) else self._err
+        stream.write(text)
         stream.flush()
+
+
+def _destination(event: EgressRefusedEvent) -> str:
+    where = " ".join(part for part in (event.name, event.address) if part) or "?"
+    return f"{where} port {event.port} ({event.transport})"
 
 
 def read_files(paths: Sequence[str]) -> list[tuple[str, bytes]]:

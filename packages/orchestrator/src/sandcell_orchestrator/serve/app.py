@@ -209,6 +209,7 @@ class _Service:
                 on_output=on_output,
                 egress=call.egress,
                 answer=claim.answering(stored),
+                turn_key=claim.key,
             )
             return claim.kept(work, stored=stored)
 

@@ -124,6 +124,11 @@ class Claim:
         self._claim_ttl_ms = claim_ttl_ms
         self._result_ttl_ms = result_ttl_ms
 
+    @property
+    def key(self) -> str | None:
+        """The stored key this request claimed (a hash); None without a key."""
+        return self._key if self._registry is not None else None
+
     def answering(
         self, stored: Callable[[T], tuple[int, bytes] | None]
     ) -> Callable[[T], IdempotentAnswer | None] | None:

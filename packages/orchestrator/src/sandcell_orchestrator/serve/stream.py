@@ -2,7 +2,10 @@
 
 With ``Accept: application/x-ndjson`` the answer is a stream of the protocol's
 ``StreamEvent`` lines: ``{"type": "stdout"|"stderr", "data": …}`` as the job
-produces output, then exactly one ``{"type": "result", "result": ExecuteResult}``
+produces output, ``{"type": "egress_refused", "name": …, "address": …, "port": …,
+"reason": …, "transport": …, "at_ms": …}`` for each connection the sandbox's egress
+policy refused the job (at most 20 a turn, then one ``{"type": "egress_omitted",
+"count": N}``), then exactly one ``{"type": "result", "result": ExecuteResult}``
 last. A turn refused before it produced anything (a busy session, a bad
 request) is answered as usual, with its status and ``ErrorBody``; a failure after
 output began ends the stream with one ``ErrorBody`` line instead of the result.
@@ -29,8 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from sandcell_protocol import (
     ExecuteResult,
     ResultEvent,
-    StderrEvent,
-    StdoutEvent,
+    TurnEvent,
     encode,
     encode_event,
     routes,
@@ -42,7 +44,7 @@ from .errors import map_error
 __all__ = ["ClientGoneError", "run_until_disconnect", "stream_turn", "wants_stream"]
 
 T = TypeVar("T")
-_Item = StdoutEvent | StderrEvent | None
+_Item = TurnEvent | None
 
 
 class ClientGoneError(Exception):

@@ -27,7 +27,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -55,6 +55,7 @@ from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_
 from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import Attached, Hold, SandboxManager
 from .output import Collect, OnOutput, run_job
+from .persistence import TurnResult
 from .sandboxes import rebind
 
 __all__ = ["ExecutionService", "Identity"]
@@ -70,6 +71,16 @@ class Identity:
 
     namespace: str
     user_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Keyed(Generic[_T]):
+    """A keyed turn's stored idempotency key, and how its result is saved with its
+    checkpoint and read back (``Persistence.save_turn_result``)."""
+
+    turn_key: str
+    encode: Callable[[_T], bytes]
+    decode: Callable[[bytes], _T]
 
 
 class ExecutionService:
@@ -136,6 +147,7 @@ class ExecutionService:
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
         answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
+        turn_key: str | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
 
@@ -147,8 +159,12 @@ class ExecutionService:
         ``answer`` (a keyed request's: its idempotent answer for a result) makes a
         session turn exactly-once: the fenced record write that commits the turn
         stores that answer too, and an interrupted turn keeps none of its writes
-        (the retry runs it again on the last commit). A result ``answer`` gives None
-        for has no answer to keep (its surface answers it as an error).
+        (the retry runs it again on the last commit). ``turn_key`` (the stored
+        idempotency key, with ``answer``) also saves the result with the turn's
+        checkpoint: a retry that finds the session's newest checkpoint written by
+        this very turn, the registry having forgotten it (a wiped Redis), gets that
+        result instead of a second run. A result ``answer`` gives None for has no
+        answer to keep (its surface answers it as an error).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects. ``egress`` replaces the
@@ -170,6 +186,7 @@ class ExecutionService:
             egress=egress,
             collect=collect,
             answer=answer,
+            turn_key=turn_key,
         )
 
     def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
@@ -224,11 +241,12 @@ class ExecutionService:
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
         answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
+        turn_key: str | None = None,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
         ``request``'s input refs must already be scoped (``execute`` does it).
-        ``answer`` as for ``execute``.
+        ``answer`` and ``turn_key`` as for ``execute``.
         """
 
         async def run(handle: SandboxHandle) -> ExecuteResult:
@@ -248,6 +266,16 @@ class ExecutionService:
             assert answer is not None
             return answer(msgspec.structs.replace(result, durable=durable))
 
+        keyed = None
+        if answer is not None and turn_key is not None:
+            keyed = _Keyed(
+                turn_key,
+                # Saved as its answer says once committed: durable.
+                encode=lambda result: msgspec.json.encode(
+                    msgspec.structs.replace(result, durable=True)
+                ),
+                decode=lambda body: msgspec.json.decode(body, type=ExecuteResult),
+            )
         result, durable = await self._session_turn(
             session_id,
             request,
@@ -255,6 +283,7 @@ class ExecutionService:
             changed=lambda result: result.workspace_changed,
             egress=egress,
             answer=answered if answer is not None else None,
+            keyed=keyed,
         )
         # The answer tells the truth about durability: a client (or the chaos check)
         # counts a turn as committed only once one of its answers says it was saved.
@@ -328,11 +357,13 @@ class ExecutionService:
         egress: EgressPolicy | None = None,
         verify: bool = True,
         answer: Callable[[_T, bool], IdempotentAnswer | None] | None = None,
+        keyed: _Keyed[_T] | None = None,
     ) -> tuple[_T, bool]:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch. With
         ``work``'s result: whether the turn is durable (in a checkpoint). ``answer``:
-        the turn's idempotent answer for (result, durable), stored by its commit."""
+        the turn's idempotent answer for (result, durable), stored by its commit;
+        ``keyed``: its result saved with its checkpoint, and found there by a retry."""
         with self.metrics.timer("sandcell_turn_duration_seconds"):
             return await self._held_turn(
                 session_id,
@@ -342,6 +373,7 @@ class ExecutionService:
                 egress=egress,
                 verify=verify,
                 answer=answer,
+                keyed=keyed,
             )
 
     async def _held_turn(
@@ -354,11 +386,16 @@ class ExecutionService:
         egress: EgressPolicy | None,
         verify: bool,
         answer: Callable[[_T, bool], IdempotentAnswer | None] | None,
+        keyed: _Keyed[_T] | None = None,
     ) -> tuple[_T, bool]:
         manager = self.manager
         spec = self._spec_for(egress)
         async with manager.hold(session_id, wait_ms=self.session_wait_ms) as hold:
             attached = await manager.attach(hold, spec, verify=verify)
+            if keyed is not None and answer is not None:
+                applied = await self._found_applied(hold, keyed, answer)
+                if applied is not None:
+                    return applied, True
             try:
                 await manager.open_turn(hold)
                 if egress is not None and not attached.launched:
@@ -407,6 +444,8 @@ class ExecutionService:
             def answer_of(durable: bool) -> IdempotentAnswer | None:
                 return None if answer is None else answer(result, durable)
 
+            saved = None if keyed is None else TurnResult(keyed.turn_key, keyed.encode(result))
+
             durable = True
             if (
                 changed(result) is False
@@ -416,17 +455,51 @@ class ExecutionService:
                 self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
                 await manager.close_turn(hold, answer=answer_of(True))
             else:
-                durable = await self._checkpoint_retrying(hold, attached, answer_of)
+                durable = await self._checkpoint_retrying(
+                    hold, attached, answer_of, turn_result=saved
+                )
             await manager.touch(session_id)
             if not self.keep_warm:
                 await manager.park(hold, attached)
         return result, durable
+
+    async def _found_applied(
+        self,
+        hold: Hold,
+        keyed: _Keyed[_T],
+        answer: Callable[[_T, bool], IdempotentAnswer | None],
+    ) -> _T | None:
+        """The result of ``keyed``'s first run, if the checkpoint just restored is the one
+        it wrote (the registry forgot the session, and with it the turn's answer, or the
+        turn's record write never happened): the turn is applied there, so it is
+        committed now (the record points at that checkpoint) with that answer, and not
+        run again. None: run the turn."""
+        manager = self.manager
+        found = manager.applied_turn(hold)
+        if found is None or found.turn_key != keyed.turn_key:
+            return None
+        try:
+            body = await manager.persistence.turn_result(found)
+        except CheckpointError as exc:
+            raise SandboxUnavailableError(
+                f"cannot read the turn's saved result ({type(exc).__name__}); retry"
+            ) from exc
+        if body is None:
+            return None
+        result = keyed.decode(body)
+        await manager.commit_answer(hold, answer(result, True))
+        self.metrics.inc("sandcell_turns_found_applied_total")
+        log.info("session %s: a keyed turn's retry found it applied", hold.session_id[:11])
+        await manager.touch(hold.session_id)
+        return result
 
     async def _checkpoint_retrying(
         self,
         hold: Hold,
         attached: Attached,
         answer_of: Callable[[bool], IdempotentAnswer | None],
+        *,
+        turn_result: TurnResult | None = None,
     ) -> bool:
         """Checkpoint, retrying store and transport failures for ``checkpoint_retry_s``;
         whether it was saved. The write that commits the turn (saved, or marked
@@ -443,7 +516,9 @@ class ExecutionService:
         delay = 0.2
         while True:
             try:
-                await self.manager.checkpoint(hold, attached, answer=answer_of(True))
+                await self.manager.checkpoint(
+                    hold, attached, answer=answer_of(True), turn_result=turn_result
+                )
             except LockLostError:
                 raise
             except (CheckpointError, SandboxError, TimeoutError) as exc:

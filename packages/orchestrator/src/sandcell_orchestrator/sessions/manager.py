@@ -55,7 +55,7 @@ from ..providers.base import SandboxProvider, SandboxSpec
 from ..registry import IdempotentAnswer, Lease, SessionRecord, SessionRegistry
 from ..registry.lease import hold_session
 from ..snapshots import SnapshotInfo, SnapshotNotFoundError, SnapshotStore
-from .persistence import Persistence, PersistentWorkspace
+from .persistence import Persistence, PersistentWorkspace, StoredCheckpoint, TurnResult
 from .sandboxes import Attached, Hold, Sandboxes, labelled, rebind, sandbox_session_key
 from .sweep import Sweeper
 
@@ -266,6 +266,7 @@ class SandboxManager:
         *,
         workspace: PersistentWorkspace | None = None,
         answer: IdempotentAnswer | None = None,
+        turn_result: TurnResult | None = None,
     ) -> SnapshotInfo:
         """Save the sandbox's workspace (it keeps running) and point the record at it.
 
@@ -273,7 +274,9 @@ class SandboxManager:
         one hold first takes a new one), then the fenced record write commits it:
         ``LockLostError``/``FencedError`` if this holder was superseded, in which
         case its object is never referenced. ``answer`` (the turn's idempotent
-        answer) is stored by that same write.
+        answer) is stored by that same write; ``turn_result`` (a keyed turn's) is
+        saved next to the object before it, so the object itself says which turn
+        it applied (``Persistence.save_turn_result``).
         """
         if hold.checkpointed:
             hold.generation = await self.registry.next_generation(hold.session_id)
@@ -287,6 +290,10 @@ class SandboxManager:
                         generation=hold.generation,
                         workspace=workspace,
                     )
+                    if turn_result is not None:
+                        await self.persistence.save_turn_result(
+                            info.key, turn_key=turn_result.turn_key, body=turn_result.body
+                        )
                 await self._write(
                     hold, answer=answer, checkpoint_key=info.key, unsaved=False, turn_open=False
                 )
@@ -321,6 +328,23 @@ class SandboxManager:
             await self._write(
                 hold, answer=answer, turn_open=False, unsaved=unsaved or record.unsaved
             )
+
+    def applied_turn(self, hold: Hold) -> StoredCheckpoint | None:
+        """The checkpoint a hold that found no record restores, if a keyed turn wrote it
+        with its result (``checkpoint(turn_result=...)``): that turn is applied in it,
+        committed or not (its record write may be what the registry forgot)."""
+        if hold.stored is None or hold.checkpoint_key is None:
+            return None
+        latest = Persistence.latest(hold.stored)
+        if latest is None or latest.key != hold.checkpoint_key or latest.turn_key is None:
+            return None
+        return latest
+
+    async def commit_answer(self, hold: Hold, answer: IdempotentAnswer | None) -> None:
+        """Store a keyed turn's ``answer`` with a fenced write of the held record, as
+        it stands (its pointer commits the checkpoint the turn was found applied in);
+        None: the turn's result has no answer to keep, the write commits the pointer."""
+        await self._write(hold, answer=answer, turn_open=False)
 
     async def recycle(self, hold: Hold, attached: Attached) -> None:
         """Destroy a sandbox that may be dirty (a job may still run in it); never reuse it."""

@@ -3,8 +3,12 @@
 ``ExecutionService`` calls ``run_job`` for every turn. The runner streams NDJSON
 and, given an ``OnOutput`` callback, each stdout/stderr chunk goes to it the moment it arrives,
 so a CLI or an HTTP client sees a line printed before a long sleep before the
-job ends. The result is the same either way (the runner renders both from one
-execute), so the session logic around it does not care which was used.
+job ends. So does each connection the sandbox's egress policy refused the job
+(``EgressRefusedEvent``, with its destination; past the runner's per-turn limit one
+``EgressOmittedEvent`` counts the rest): the runner sends them because this
+orchestrator announces protocol 1.2. The result is the same either way (the
+runner renders both from one execute), so the session logic around it does not
+care which was used.
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ from sandcell_protocol import (
     ExecuteResult,
     OutputFile,
     ResultEvent,
-    StderrEvent,
-    StdoutEvent,
+    TurnEvent,
 )
 
 from ..errors import SandboxUnavailableError
@@ -26,8 +29,9 @@ from ..handle import SandboxHandle
 
 __all__ = ["Collect", "OnOutput", "run_job"]
 
-OnOutput = Callable[[StdoutEvent | StderrEvent], None]
-"""Receives each output chunk as the job produces it (called on the event loop)."""
+OnOutput = Callable[[TurnEvent], None]
+"""Receives each output chunk as the job produces it, and each egress refusal as the
+runner reports it (called on the event loop)."""
 Collect = Callable[[SandboxHandle, list[OutputFile]], Awaitable[None]]
 """Called with the sandbox (bound to a session, so its files can be read) and the
 turn's output files after the job and before the sandbox is released or discarded:

@@ -6,6 +6,7 @@ into the store, and a restore goes from the store straight into the runner
 moves checkpoint bytes. Keys come from the protocol:
 
     checkpoints/<rt>/<generation, 20 digits>   written once, by that generation's holder
+    checkpoints/<rt>/<generation>.turn-<key>    the result of the keyed turn that wrote it
     checkpoints/<rt>.tar.gz                     the old mutable key: read, never written
     snapshots/<rt>.tar.gz                       the old app-sandbox key: read via a record
 
@@ -15,14 +16,20 @@ record is the one pointer to the current object, and a stale writer's object is
 never pointed at. Superseded objects are collected once they are older than a
 grace period (``collect``); the newest one stays findable from the store alone
 (``latest``), which is how a session comes back when no record survived.
+
+A keyed turn (an ``Idempotency-Key``) writes its result next to its checkpoint,
+named by the key, before the record write that commits it. The registry keeps
+the key's answer too, but a registry that forgot everything (a Redis without
+persistence, wiped) would let a retry run the turn a second time on the object
+that already holds its first run; the object's own result says it was applied.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 
 from sandcell_protocol import (
     checkpoint_key,
@@ -35,7 +42,7 @@ from ..errors import CheckpointError
 from ..handle import SandboxHandle
 from ..snapshots import SnapshotEntry, SnapshotInfo, SnapshotStore
 
-__all__ = ["Persistence", "PersistentWorkspace", "StoredCheckpoint"]
+__all__ = ["Persistence", "PersistentWorkspace", "StoredCheckpoint", "TurnResult"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +63,35 @@ class StoredCheckpoint:
     generation: int
     """The writer's generation; 0 for an object under an old (ungenerational) key."""
     modified_at_s: float
+    turn_key: str | None = None
+    """The idempotency key of the keyed turn whose checkpoint this is, when its result
+    was saved with it (``save_turn_result``)."""
+    result_key: str | None = None
+    """The object holding that turn's result."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What a keyed turn saves with its checkpoint: its stored idempotency key and its
+    result, encoded. The body is a tenant's output: ``repr`` leaves it out."""
+
+    turn_key: str
+    body: bytes = field(repr=False)
+
+
+_TURN_MARK = ".turn-"
+_TURN_RESULT_MAX_BYTES = 64 << 20
+"""A turn result is a job's captured output: the runner's own caps keep it far below."""
+
+
+def turn_result_key(checkpoint: str, turn_key: str) -> str:
+    """The key of the result of the keyed turn ``turn_key`` (a stored idempotency key,
+    64 hex digits) saved with ``checkpoint``."""
+    return f"{checkpoint}{_TURN_MARK}{turn_key}"
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 class Persistence:
@@ -92,6 +128,22 @@ class Persistence:
             session_id=session_id, include=selection.include, exclude=selection.exclude
         ) as chunks:
             return await self.store.put(key, chunks, max_bytes=self.max_bytes)
+
+    async def save_turn_result(self, checkpoint: str, *, turn_key: str, body: bytes) -> None:
+        """Store the result of the keyed turn that wrote ``checkpoint``, next to it."""
+        await self.store.put(
+            turn_result_key(checkpoint, turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
+        )
+
+    async def turn_result(self, item: StoredCheckpoint) -> bytes | None:
+        """The saved result of the keyed turn that wrote ``item`` (None: none saved)."""
+        if item.result_key is None:
+            return None
+        chunks: list[bytes] = []
+        async with self.store.get(item.result_key, max_bytes=_TURN_RESULT_MAX_BYTES) as found:
+            async for chunk in found.chunks:
+                chunks.append(chunk)
+        return b"".join(chunks)
 
     async def restore(
         self, handle: SandboxHandle, *, session_id: str, key: str, timeout_s: float | None
@@ -141,6 +193,10 @@ class Persistence:
             if item.modified_at_s > cutoff:
                 continue
             try:
+                # The result first: a checkpoint left without one is collected next
+                # time, a result left without its checkpoint would never be.
+                if item.result_key is not None:
+                    await self.store.delete(item.result_key)
                 await self.store.delete(item.key)
             except CheckpointError as exc:
                 log.info("collecting %s failed (%s); kept for now", item.key, type(exc).__name__)
@@ -150,7 +206,12 @@ class Persistence:
 
     async def delete_all(self, session_id: str, *, also: str | None = None) -> None:
         """Delete every checkpoint object of the session (and ``also``, a record's old key)."""
-        keys = {item.key for item in await self.stored(session_id)}
+        entries = await self.store.list(checkpoint_prefix(session_id).rstrip("/"))
+        # Everything under the session's prefix: checkpoints, turn results, and a
+        # result whose checkpoint is already gone.
+        prefix = checkpoint_prefix(session_id)
+        keys = {e.key for e in entries if e.key.startswith(prefix)}
+        keys |= {item.key for item in _checkpoints(session_id, entries)}
         keys.add(legacy_checkpoint_key(session_id))
         if also is not None:
             keys.add(also)
@@ -160,11 +221,25 @@ class Persistence:
 
 def _checkpoints(session_id: str, entries: Sequence[SnapshotEntry]) -> list[StoredCheckpoint]:
     legacy = legacy_checkpoint_key(session_id)
+    results: dict[str, tuple[str, str]] = {}
+    for entry in entries:
+        checkpoint, mark, turn_key = entry.key.partition(_TURN_MARK)
+        if mark and turn_key:
+            results[checkpoint] = (turn_key, entry.key)
     found: list[StoredCheckpoint] = []
     for entry in entries:
         parsed = parse_checkpoint_key(entry.key)
         if parsed is not None and parsed[0] == session_id:
-            found.append(StoredCheckpoint(entry.key, parsed[1], entry.modified_at_s))
+            turn = results.get(entry.key)
+            found.append(
+                StoredCheckpoint(
+                    entry.key,
+                    parsed[1],
+                    entry.modified_at_s,
+                    turn_key=turn[0] if turn else None,
+                    result_key=turn[1] if turn else None,
+                )
+            )
         elif entry.key == legacy:
             found.append(StoredCheckpoint(entry.key, 0, entry.modified_at_s))
     return sorted(found, key=lambda item: (item.generation, item.key))

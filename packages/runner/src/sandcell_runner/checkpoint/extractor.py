@@ -99,6 +99,9 @@ class ExtractorArgs(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     uid: int | None = None
     gid: int | None = None
     cgroups: int = 0
+    cgroups_move_thread: bool = False
+    """The cgroup files are v1 ``tasks`` (they move the writing thread), not ``cgroup.procs``:
+    the extractor joins only while it has that one thread, and refuses otherwise."""
     confine: bool = False
     """Apply a job's jail (``confine.py``): namespaces, rlimits, seccomp (root only)."""
 
@@ -386,6 +389,10 @@ def _drop_privileges(uid: int, gid: int) -> None:
         raise SystemExit("extractor: could not drop privileges")
 
 
+def _thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 def _raise_fd_limit() -> None:
     # One fd per directory level of the deepest path (up to 2048 for 4 KiB paths).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -448,6 +455,9 @@ def main() -> int:
     if request is None:
         return 0  # a spare nobody needed
     args = request.args
+    if args.cgroups_move_thread and _thread_count() != 1:
+        # A second thread would stay behind in the runner's cgroup, unbounded.
+        raise SystemExit("extractor: more than one thread; cannot join the restore cgroup")
     for fd in request.cgroup_fds:
         # First: everything from here on (memory, tasks, CPU) is the restore's.
         os.write(fd, b"0")

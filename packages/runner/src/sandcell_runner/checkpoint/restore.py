@@ -59,6 +59,7 @@ async def restore_checkpoint(
     limits: ArchiveLimits,
     expected_sha256: str | None,
     cgroup_fds: Sequence[int] = (),
+    cgroup_fds_move_thread: bool = False,
     extractors: ExtractorSource | None = None,
 ) -> CheckpointMeta:
     """Extract a checkpoint archive into the empty directory ``staging``, as ``uid:gid``.
@@ -69,7 +70,8 @@ async def restore_checkpoint(
     the caller to delete; nothing outside ``staging`` is touched. When the
     runner is not root, ``uid`` must be its own UID. Cancelling the call kills
     the extractor. ``cgroup_fds``: open ``cgroup.procs`` files (the caller's to
-    close) of the cgroup the extractor joins before anything else (a job's limits);
+    close) of the cgroup the extractor joins before anything else (a job's limits),
+    or v1 ``tasks`` files with ``cgroup_fds_move_thread`` (cheaper: ``session.py``);
     as root it also gets a job's namespaces, rlimits and seccomp filter (``confine.py``).
     ``extractors``: where the extractor child comes from (a started-ahead spare,
     ``WarmExtractor``); by default one is started for this call.
@@ -91,6 +93,7 @@ async def restore_checkpoint(
         uid=uid if drop else None,
         gid=gid if drop else None,
         cgroups=len(cgroup_fds),
+        cgroups_move_thread=cgroup_fds_move_thread,
         confine=privileged and confine.supported(),
     )
     source = extractors if extractors is not None else ExtractorSource()

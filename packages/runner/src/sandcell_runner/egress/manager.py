@@ -14,6 +14,10 @@ an ``/etc/resolv.conf`` naming its resolver; what ignores both meets the
 transparent redirect. ``replace`` sends a new policy to every gateway and waits
 for each to confirm, so the next connection is decided by it.
 
+A streamed turn ``watch``es its job's namespace: the refusals its gateway reports
+meanwhile go to the turn's ``TurnRefusals`` too (and ``settle`` waits until the
+gateway has reported every decision so far), so the turn's stream carries them.
+
 The mechanism is ``nftables`` when this runner can plumb links (root, ``ip`` and
 ``nft``, the jail on, host networking off); otherwise ``none``, and only
 ``deny_all`` can be set.
@@ -30,6 +34,8 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -43,6 +49,7 @@ from ..jail.netns import SessionNetns, create_netns
 from ..jail.spec import JobSpec
 from .plumbing import GatewayPorts, Link, PlumbingError, attach, detach, reap_leftovers
 from .settings import EgressSettings
+from .turn import TurnRefusals
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +66,15 @@ class _Line(msgspec.Struct, frozen=True):
 class _Gateway:
     """One link and the gateway process serving it."""
 
-    def __init__(self, link: Link, process: subprocess.Popen[bytes], resolv_conf: Path) -> None:
+    def __init__(
+        self,
+        link: Link,
+        process: subprocess.Popen[bytes],
+        resolv_conf: Path,
+        netns: SessionNetns,
+    ) -> None:
         self.link = link
+        self.netns = netns
         self.process = process
         self.resolv_conf = resolv_conf
         self.env = {
@@ -112,6 +126,8 @@ class EgressManager:
         self.refused_total = 0
         self.by_transport: collections.Counter[tuple[str, str]] = collections.Counter()
         self._recent: collections.deque[EgressEvent] = collections.deque(maxlen=_RECENT)
+        # Weak: a stream never started (its client gone) must not keep its watch.
+        self._watches: weakref.WeakSet[TurnRefusals] = weakref.WeakSet()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -175,10 +191,15 @@ class EgressManager:
         with self._lock:
             self._broadcast({})
 
-    def _broadcast(self, control: dict[str, object]) -> None:
-        """Send ``control`` to every gateway and wait for each to answer."""
+    def _broadcast(self, control: dict[str, object], *, only: int | None = None) -> None:
+        """Send ``control`` to every gateway (``only``: the one of that namespace fd) and
+        wait for each to answer."""
         self._seq += 1
-        waits = [(fd, gw, gw.expect(self._seq)) for fd, gw in self._gateways.items()]
+        waits = [
+            (fd, gw, gw.expect(self._seq))
+            for fd, gw in self._gateways.items()
+            if only is None or fd == only
+        ]
         line = msgspec.json.encode({"seq": self._seq, **control}) + b"\n"
         for _, gw, _ in waits:
             stdin = gw.process.stdin
@@ -192,6 +213,35 @@ class EgressManager:
                 log.error("egress gateway on %s did not answer", gw.link.host_if)
                 self._drop(fd)
             gw.forget(self._seq)
+
+    # -- a turn's refusals ----------------------------------------------------------
+
+    def watch(self, *, session: bool, notify: Callable[[], None]) -> TurnRefusals:
+        """Keep the refusals of the bound session's namespace (``session``) or of the
+        shared one from now until ``unwatch``; ``notify`` (any thread) says one came."""
+        refusals = TurnRefusals(session=session, notify=notify)
+        with self._counts_lock:
+            self._watches.add(refusals)
+        return refusals
+
+    def unwatch(self, refusals: TurnRefusals) -> None:
+        with self._counts_lock:
+            self._watches.discard(refusals)
+
+    def watched_fd(self, refusals: TurnRefusals) -> int | None:
+        """The namespace fd whose gateway ``refusals`` hears (None: no gateway, nothing to
+        wait for)."""
+        netns = self._session if refusals.session else self._shared
+        if netns is None or netns.fd not in self._gateways:
+            return None
+        return netns.fd
+
+    def settle(self, refusals: TurnRefusals) -> None:
+        """Wait until the watched gateway has reported every decision so far (blocking)."""
+        with self._lock:
+            fd = self.watched_fd(refusals)
+            if fd is not None:
+                self._broadcast({}, only=fd)
 
     def status(self) -> EgressStatus:
         with self._counts_lock:
@@ -240,7 +290,7 @@ class EgressManager:
     def _link(self, netns: SessionNetns, policy: EgressPolicy) -> None:
         link = attach(netns.fd, subnet=self._settings.subnet, ports=_PORTS)
         try:
-            gateway = self._spawn(link, policy)
+            gateway = self._spawn(link, policy, netns)
         except BaseException:
             detach(link)
             raise
@@ -269,7 +319,7 @@ class EgressManager:
         with contextlib.suppress(OSError):
             gateway.resolv_conf.unlink()
 
-    def _spawn(self, link: Link, policy: EgressPolicy) -> _Gateway:
+    def _spawn(self, link: Link, policy: EgressPolicy, netns: SessionNetns) -> _Gateway:
         address = str(link.gateway)
         sockets = [
             _bound(address, _PORTS.dns, socket.SOCK_DGRAM),
@@ -313,7 +363,7 @@ class EgressManager:
         resolv = self._state_dir / f"resolv-{link.host_if}.conf"
         resolv.write_text(f"nameserver {link.gateway}\noptions timeout:2 attempts:2\n")
         os.chmod(resolv, 0o644)
-        gateway = _Gateway(link, process, resolv)
+        gateway = _Gateway(link, process, resolv, netns)
         assert process.stdout is not None
         threading.Thread(
             target=self._read, args=(gateway, process.stdout), name="sandcell-egress", daemon=True
@@ -331,9 +381,9 @@ class EgressManager:
             if line.ack is not None:
                 gateway.acked(line.ack)
             if line.event is not None:
-                self._count(line.event)
+                self._count(gateway, line.event)
 
-    def _count(self, event: EgressEvent) -> None:
+    def _count(self, gateway: _Gateway, event: EgressEvent) -> None:
         with self._counts_lock:
             self.by_transport[(event.verdict, event.transport)] += 1
             if event.verdict == "allowed":
@@ -341,6 +391,12 @@ class EgressManager:
                 return
             self.refused_total += 1
             self._recent.append(event)
+            if self._watches:
+                # The namespace each watch means now: a session bound since it began counts.
+                netns = {True: self._session, False: self._shared}
+                for refusals in self._watches:
+                    if netns[refusals.session] is gateway.netns:
+                        refusals.add(event)
         log.info(
             "egress refused (%s): %s %s port %d",
             event.reason,

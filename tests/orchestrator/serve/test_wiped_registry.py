@@ -1,0 +1,230 @@
+"""A keyed turn survives a Redis that forgot everything (issue 20: persistence off, wiped).
+
+The registry holds a keyed turn's answer, and the record pointing at its checkpoint; a
+wiped Redis loses both. A retry with the same key then holds a session with no record,
+restores the newest checkpoint object (the store's own account, generations never going
+backwards) and, before this was fixed, ran the job again on a workspace that already
+held its first run: the turn applied twice. The checkpoint object now carries the
+result of the keyed turn that wrote it, and the retry gets that result instead.
+
+Two wipes: after the turn committed and answered (the client never saw the answer),
+and between the checkpoint upload and the record write that would have committed it
+(the worker answers an error, and the retry finds the turn applied anyway). Real
+redis-server (a private one: the wipe is a FLUSHALL), real runners, the directory
+store and moto's S3.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import redis.asyncio
+
+from sandcell_orchestrator.bootstrap import open_services
+from sandcell_orchestrator.config import OrchestratorSettings
+from sandcell_orchestrator.registry import IdempotentAnswer, Lease, SessionRecord, SessionRegistry
+from sandcell_orchestrator.serve.app import create_app
+from sandcell_orchestrator.testing import clean_environ
+from sandcell_protocol import ExecuteResult, decode, runtime_session_id
+from tests.orchestrator.apps.http_server import serve_asgi
+from tests.orchestrator.conftest import S3Server
+from tests.orchestrator.serve.fleet import fleet_env
+
+KEY = "wipe-key-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# Each run appends a line and prints how many there are: a second run shows as a 2.
+COUNT = "open('runs', 'a').write('x\\n'); print(len(open('runs').read().splitlines()))"
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of this test's own, without persistence: a FLUSHALL wipes only it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (scripts/test installs it)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    argv += ["--appendonly", "no", "--dir", str(tmp_path)]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        for _ in range(200):
+            try:
+                if client.ping():
+                    break
+            except redis.ConnectionError:
+                if process.poll() is not None:
+                    pytest.fail("the private redis-server did not start")
+                time.sleep(0.05)
+        client.close()
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def wipe(url: str) -> None:
+    async with redis.asyncio.Redis.from_url(url) as db:
+        await db.flushall()
+
+
+class _WipedBeforeCommit:
+    """The manager's registry: the first write that would commit a keyed turn (the one
+    carrying its answer) finds Redis wiped, after the turn's checkpoint was uploaded."""
+
+    def __init__(self, inner: SessionRegistry, url: str) -> None:
+        self._inner = inner
+        self._url = url
+        self.wiped = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def put(
+        self, lease: Lease, record: SessionRecord, *, answer: IdempotentAnswer | None = None
+    ) -> None:
+        if answer is not None and not self.wiped:
+            self.wiped = True
+            await wipe(self._url)
+        await self._inner.put(lease, record, answer=answer)
+
+
+@pytest.fixture(params=["directory", "s3"])
+def env(
+    request: pytest.FixtureRequest, tmp_path: Path, runtime_dir: Path, private_redis: str
+) -> dict[str, str]:
+    settings = {
+        "SANDCELL_HOME": str(tmp_path / "home"),
+        "SANDCELL_LOCAL_RUNTIME_DIR": str(runtime_dir),
+        "SANDCELL_API_KEYS": f"{KEY}=tenant-a",
+        "SANDCELL_REGISTRY_URL": private_redis,
+    }
+    if request.param == "s3":
+        s3: S3Server = request.getfixturevalue("s3_server")
+        settings |= fleet_env(private_redis, s3, prefix="wiped")
+    return settings
+
+
+@asynccontextmanager
+async def worker(
+    env: dict[str, str], *, wipe_before_commit: bool = False
+) -> AsyncIterator[tuple[httpx.AsyncClient, _WipedBeforeCommit | None]]:
+    settings = OrchestratorSettings.from_env(clean_environ(**env))
+    async with open_services(settings) as services:
+        injected = None
+        if wipe_before_commit:
+            injected = _WipedBeforeCommit(services.manager.registry, env["SANDCELL_REGISTRY_URL"])
+            services.manager.registry = injected  # type: ignore[assignment]
+        async with (
+            serve_asgi(create_app(settings, services=services), lifespan="on") as url,
+            httpx.AsyncClient(base_url=url, timeout=120) as client,
+        ):
+            yield client, injected
+
+
+def call(hint: str) -> bytes:
+    body = {"language": "python", "user_id": "u", "runtime_session_hint": hint, "code": COUNT}
+    return json.dumps(body).encode()
+
+
+def stdout_of(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    return decode(response.content, ExecuteResult).stdout
+
+
+def result_of(response: httpx.Response, *, stream: bool) -> ExecuteResult:
+    """The answer's result: the body, or the NDJSON stream's last (result) event."""
+    assert response.status_code == 200, response.text
+    if not stream:
+        return decode(response.content, ExecuteResult)
+    event = json.loads(response.content.splitlines()[-1])
+    return decode(json.dumps(event["result"]).encode(), ExecuteResult)
+
+
+async def ran_once(client: httpx.AsyncClient, hint: str) -> None:
+    """The job ran exactly once before: the next unkeyed turn counts 2."""
+    assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == "2\n"
+
+
+@asynccontextmanager
+async def session(client: httpx.AsyncClient) -> AsyncIterator[str]:
+    """A session hint; the session is deleted at the end, as a client would (with Redis
+    its sandbox outlives the worker's services)."""
+    hint = f"h-{uuid.uuid4().hex[:8]}"
+    try:
+        yield hint
+    finally:
+        session_id = runtime_session_id("tenant-a", "u", hint)
+        deleted = await client.delete(f"/v1/sessions/{session_id}", headers=AUTH)
+        assert deleted.status_code == 204, deleted.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_retry_after_a_wipe_gets_the_committed_turns_result(
+    env: dict[str, str], stream: bool
+) -> None:
+    """The keyed turn committed and answered; Redis is wiped (its answer and the record
+    gone) and the client, which never saw the answer, retries: it gets the first run's
+    result (durable), and the job ran once."""
+    key = uuid.uuid4().hex
+    more = {"Accept": "application/x-ndjson"} if stream else {}
+    async with worker(env) as (client, _), session(client) as hint:
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert stdout_of(first) == "1\n"
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        again = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | more | {"Idempotency-Key": key}
+        )
+        result = result_of(again, stream=stream)
+        assert (result.stdout, result.durable) == ("1\n", True)
+        # The answer is the registry's again: a third try replays it from there.
+        third = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert third.headers.get("idempotent-replayed") == "true", third.text
+        assert stdout_of(third) == "1\n"
+        await ran_once(client, hint)
+
+
+async def test_a_retry_after_a_wipe_before_the_commit_finds_the_turn_applied(
+    env: dict[str, str],
+) -> None:
+    """Redis is wiped between the keyed turn's checkpoint upload and the record write
+    that commits it: the worker answers an error (its lock is gone); the retry restores
+    that newest checkpoint, which already holds the turn, and gets its result instead of
+    running it a second time."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env, wipe_before_commit=True) as (client, injected),
+        session(client) as hint,
+    ):
+        assert injected is not None
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert injected.wiped
+        assert first.status_code != 200, first.text
+        again = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        result = decode(again.content, ExecuteResult) if again.status_code == 200 else None
+        assert result is not None, again.text
+        assert (result.stdout, result.durable) == ("1\n", True)
+        await ran_once(client, hint)
