@@ -17,9 +17,9 @@ through the HTTP route, alternating with its floors in the same run: an
 interpreter start (``python -I -c pass``) and the extractor's start-up (the
 interpreter plus the extractor's imports).
 
-``--baseline DIR`` (with ``--small``) adds a third runner whose runner code comes
-from DIR (a checkout of another commit, e.g. ``git archive main packages``), for an
-A/B of a runner-side change in the same run.
+``--baseline DIR`` (with ``--small``) adds a third runner that runs the code of DIR
+(a checkout of another commit, e.g. ``git archive main packages | tar -x -C DIR``),
+runner and extractor alike, for an A/B of a change in the same run.
 
 Usage: .venv/bin/python scripts/bench_checkpoint.py [--client curl|httpx]
        [--small [--count N] [--baseline DIR]]
@@ -218,6 +218,19 @@ def _curl_headers(headers: dict[str, str]) -> list[str]:
     return [arg for name, value in headers.items() for arg in ("-H", f"{name}: {value}")]
 
 
+def baseline_python(tree: Path, venv: Path) -> str:
+    """An interpreter that runs ``tree``'s sandcell code with this environment's
+    dependencies: a bare venv whose ``.pth`` puts the tree's sources first, then this
+    environment's site-packages (whose own editable ``.pth`` files are not read), so
+    the runner and the extractor it starts (``-I``) both run the baseline's code."""
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    sources = [tree / "packages" / name / "src" for name in ("protocol", "runner")]
+    (site / "0_baseline.pth").write_text("".join(f"{p}\n" for p in (*sources, ours)))
+    return str(venv / "bin" / "python")
+
+
 def small_restore() -> int:
     """p50 / p90 of a 1.3 KB checkpoint's restore through HTTP against its floors.
 
@@ -237,19 +250,23 @@ def small_restore() -> int:
         "restore via HTTP, A": {},
         "restore via HTTP, B asyncio": {"SANDCELL_RUNNER_EVENT_LOOP": "asyncio"},
     }
+    pythons: dict[str, str] = {}
     if BASELINE is not None:
-        # The runner's own code from another tree (PYTHONPATH comes before the editable
-        # install); the extractor it starts runs isolated (-I), so from this tree.
-        src = [str(BASELINE / "packages" / p / "src") for p in ("protocol", "runner")]
-        envs["restore via HTTP, C baseline"] = {"PYTHONPATH": os.pathsep.join(src)}
+        envs["restore via HTTP, C baseline"] = {}
     samples: dict[str, list[float]] = {name: [] for name in (*floors, *envs)}
     with traversable_dir("benchcp-") as base, contextlib.ExitStack() as stack:
+        if BASELINE is not None:
+            pythons["restore via HTTP, C baseline"] = baseline_python(BASELINE, base / "venv")
         clients = {}
+        pids: dict[str, int] = {}
         for index, (name, extra) in enumerate(envs.items()):
             runner = start_runner(
-                base / f"r{index}", env={"SANDCELL_RUNNER_SESSIONS": "1", **extra}
+                base / f"r{index}",
+                env={"SANDCELL_RUNNER_SESSIONS": "1", **extra},
+                python=pythons.get(name, sys.executable),
             )
             stack.callback(runner.stop)
+            pids[name] = runner.process.pid
             headers = {**runner.headers(), "X-Runtime-Session-Id": session}
             clients[name] = stack.enter_context(
                 httpx.Client(base_url=runner.url, headers=headers, timeout=60)
@@ -260,7 +277,10 @@ def small_restore() -> int:
         assert made.json()["status"] == "ok", made.text
         archive = first.get("/v1/session/checkpoint").content
         restore_headers = {protocol_headers.CHECKPOINT_SHA256: hashlib.sha256(archive).hexdigest()}
+        cpu_from: dict[str, float] = {}
         for round_ in range(SMALL_COUNT + 5):
+            if round_ == 5:
+                cpu_from = {name: tree_cpu_ms(pid) for name, pid in pids.items()}
             for name, argv in floors.items():
                 seconds = timed(lambda argv=argv: subprocess.run(argv, check=True))
                 if round_ >= 5:
@@ -272,13 +292,32 @@ def small_restore() -> int:
                 ).raise_for_status()
                 if round_ >= 5:
                     samples[name].append((time.perf_counter() - started) * 1000)
+        time.sleep(1)  # what the last restore set going (a spare's start) is counted too
+        cpu = {
+            name: (tree_cpu_ms(pid) - cpu_from[name]) / SMALL_COUNT for name, pid in pids.items()
+        }
     print(f"{len(archive)} B checkpoint, {SMALL_COUNT} alternating rounds (after 5 warm-up),")
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for name, values in samples.items():
         ordered = sorted(values)
         p50, p90 = ordered[len(ordered) // 2], ordered[int(len(ordered) * 0.9)]
-        print(f"  {name:<28} p50 {p50:7.1f} ms  p90 {p90:7.1f} ms")
+        per = f"  tree CPU {cpu[name]:6.1f} ms/restore" if name in cpu else ""
+        print(f"  {name:<28} p50 {p50:7.1f} ms  p90 {p90:7.1f} ms{per}")
     return 0
+
+
+def tree_cpu_ms(pid: int) -> float:
+    """CPU-ms of a runner and everything under it: itself, its reaped children, and
+    each live descendant with the children it reaped (a fork server's extractors)."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for process in (root, *root.children(recursive=True)):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += (
+                times.user + times.system + times.children_user + times.children_system
+            ) * 1000
+    return total
 
 
 def main() -> int:

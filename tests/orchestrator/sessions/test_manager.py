@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sandcell_orchestrator.config import Budgets
 from sandcell_orchestrator.errors import CheckpointError, RegistryError, SandboxNotFoundError
 from sandcell_orchestrator.providers.base import NativeSuspend, SandboxProvider, SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
@@ -237,3 +241,82 @@ async def test_a_keyed_turns_result_goes_with_its_checkpoint(
     await store.delete(keep)  # a result left without its checkpoint still goes
     await persistence.delete_all(session_id)
     assert await store.list(f"checkpoints/{session_id}") == []
+
+
+class _Freezable:
+    """A holder's view of the registry: once its process is stopped (SIGSTOP), its lease
+    renewals 'succeed' without reaching the registry, so the lock expires under it."""
+
+    def __init__(self, inner: InProcessRegistry) -> None:
+        self._inner = inner
+        self.frozen = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def renew(self, lease: Lease, *, ttl_ms: int) -> bool:
+        return True if self.frozen.is_set() else await self._inner.renew(lease, ttl_ms=ttl_ms)
+
+
+class _StoppingStore:
+    """The store as that holder sees it: its process stops as a restore's read begins."""
+
+    def __init__(self, inner: SnapshotStore, registry: _Freezable) -> None:
+        self._inner = inner
+        self._registry = registry
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @contextlib.asynccontextmanager
+    async def get(self, key: str, *, max_bytes: int) -> AsyncIterator[Any]:
+        self._registry.frozen.set()
+        await asyncio.Event().wait()  # stopped: until cancelled
+        yield None
+
+
+async def test_a_holder_stopped_mid_restore_leaves_a_sandbox_nobody_reuses(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    """A holder stopped (SIGSTOP) while it restores a new sandbox, past its lock TTL:
+    the next holder must not reuse that recorded sandbox, whose workspace is still
+    empty (it ran turns on an empty workspace, seen in the chaos run), but replace it
+    and restore the checkpoint itself."""
+    provider, store, root = env
+    registry = InProcessRegistry()
+    budgets = Budgets(lock_ttl_s=1.5)
+    manager = SandboxManager(provider, registry, store, budgets=budgets)
+    session_id = runtime_session_id("tenant-a", "alice", "stopped-mid-restore")
+    async with manager.hold(session_id) as hold:
+        attached = await manager.attach(hold, SandboxSpec())
+        await attached.handle.files.write("log", "t1\n")
+        await manager.checkpoint(hold, attached)
+        await manager.park(hold, attached)  # the next holder launches and restores
+
+    freezable = _Freezable(registry)
+    stopped = SandboxManager(
+        provider,
+        freezable,  # type: ignore[arg-type]
+        _StoppingStore(store, freezable),  # type: ignore[arg-type]
+        budgets=budgets,
+    )
+
+    async def stopped_holder() -> None:
+        async with stopped.hold(session_id) as hold:
+            await stopped.attach(hold, SandboxSpec())
+
+    frozen = asyncio.create_task(stopped_holder())
+    try:
+        stop = asyncio.create_task(freezable.frozen.wait())
+        await asyncio.wait({stop, frozen}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        assert freezable.frozen.is_set(), frozen.exception() if frozen.done() else "stuck"
+        async with manager.hold(session_id, wait_ms=30_000) as hold:
+            attached = await manager.attach(hold, SandboxSpec())
+            assert await attached.handle.files.read("log") == "t1\n"
+            assert attached.restored
+    finally:
+        frozen.cancel()
+        with contextlib.suppress(BaseException):
+            await frozen
+    await manager.destroy(session_id)
+    assert runner_pids(root) == []

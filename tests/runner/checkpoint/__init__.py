@@ -27,7 +27,7 @@ from tests.fixtures.paths import traversable_dir
 UID = 1500
 GID = 1500
 META = CheckpointMeta(session_id="rt_" + "ab" * 32, protocol=PROTOCOL_VERSION)
-EXTRACTOR_MODULE = "sandcell_runner.checkpoint.extractor"
+EXTRACTOR_MODULE = "sandcell_runner.checkpoint.extractor_server"
 
 Snapshot = dict[str, tuple[object, ...]]
 
@@ -185,14 +185,12 @@ def reset_staging(staging: Path) -> None:
     os.chown(staging, UID, GID)
 
 
-def own_extractors() -> list[psutil.Process]:
-    """The extractor children of this test process, and only those.
+def own_extractor_servers() -> list[psutil.Process]:
+    """The extractor fork servers this test process started, and only those.
 
-    A restore (or a pool) here starts its extractor with ``Popen`` and the
-    extractor never forks, so each one is a direct child of this process until
-    it is reaped. Not ``children(recursive=True)``: runners that session-scoped
-    fixtures started are children too, and their spare extractors (same
-    command line) are grandchildren that have nothing to do with the test.
+    Not ``children(recursive=True)``: runners that session-scoped fixtures started
+    are children too, and their servers (same command line) are grandchildren
+    that have nothing to do with the test.
     """
     found: list[psutil.Process] = []
     for child in psutil.Process().children():
@@ -201,4 +199,13 @@ def own_extractors() -> list[psutil.Process]:
                 found.append(child)
         except psutil.NoSuchProcess:
             continue  # exited (or a zombie, whose command line is gone) since listed
+    return found
+
+
+def own_extractors() -> list[psutil.Process]:
+    """The extractor children (one per restore) of the servers this test process started."""
+    found: list[psutil.Process] = []
+    for server in own_extractor_servers():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found += server.children()
     return found

@@ -24,15 +24,16 @@ def _status(pid: int) -> dict[str, str]:
 
 
 def _extractor(runner: RunnerProcess, *, deadline_s: float) -> psutil.Process:
-    """The extractor serving the restore: the one that has jailed itself (a started-ahead
-    spare, idle and unjailed, may sit next to it)."""
+    """The extractor serving the restore: the fork server's child that has jailed itself
+    (the server, root under a filter of its own, sits above it)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         for child in psutil.Process(runner.process.pid).children(recursive=True):
             try:
                 if "sandcell_runner.checkpoint.extractor" not in " ".join(child.cmdline()):
                     continue
-                if _status(child.pid).get("Seccomp") == "2":
+                status = _status(child.pid)
+                if status.get("Seccomp") == "2" and status["Uid"].split()[0] != "0":
                     return child
             except (psutil.Error, FileNotFoundError):
                 continue

@@ -32,6 +32,7 @@ from tests.runner.checkpoint import (
     compress,
     make_arena,
     member,
+    own_extractor_servers,
     own_extractors,
     restore_bytes,
 )
@@ -228,6 +229,7 @@ async def test_cancelling_a_restore_kills_the_extractor(arena: Arena) -> None:
 
     assert scope.cancelled_caught
     assert own_extractors() == []
+    assert own_extractor_servers() == []  # the one started for the call is stopped
 
 
 async def test_extractor_is_chrooted_into_staging_as_the_pinned_uid(arena: Arena) -> None:
@@ -317,7 +319,8 @@ def test_the_extractor_loads_only_what_an_extraction_needs() -> None:
     the HTTP side (starlette, anyio, asyncio, subprocess, the export): every restore waits
     for its start-up."""
     probe = (
-        "import sys, sandcell_runner.checkpoint.extractor\nprint('\\n'.join(sorted(sys.modules)))\n"
+        "import sys, sandcell_runner.checkpoint.extractor_server\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
     )
     loaded = subprocess.run(
         [sys.executable, "-I", "-X", "utf8", "-c", probe],
@@ -334,6 +337,7 @@ def test_the_extractor_loads_only_what_an_extraction_needs() -> None:
         "sandcell_runner.checkpoint.compression",
         "sandcell_runner.checkpoint.confine",
         "sandcell_runner.checkpoint.extractor",
+        "sandcell_runner.checkpoint.extractor_server",
         "sandcell_runner.errors",
     }
     heavy = ("starlette", "uvicorn", "anyio", "asyncio", "httpx", "subprocess", "argparse")

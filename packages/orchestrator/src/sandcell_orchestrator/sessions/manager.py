@@ -198,6 +198,7 @@ class SandboxManager:
         if stale is not None:
             await self.discard(stale)
         handle = rebind(await self.launch(labelled(spec, hold.session_id)), hold.session_id)
+        restoring = hold.checkpoint_key is not None
         try:
             await self._write(
                 hold,
@@ -207,7 +208,11 @@ class SandboxManager:
                 checkpoint_key=hold.checkpoint_key,
                 # A new sandbox holds nothing unsaved: whatever was is lost with the old one.
                 unsaved=False,
-                turn_open=False,
+                # Recorded before its restore (so it is never orphaned) but open until the
+                # restore is done: a holder stopped mid-restore (SIGSTOP, a VM pause, past
+                # its lock) cannot drop it, and the next holder must replace this sandbox,
+                # whose workspace is still empty or partial, not reuse it.
+                turn_open=restoring,
             )
         except BaseException:
             # Fenced (or the registry failed): never leave an orphan behind.
@@ -217,6 +222,11 @@ class SandboxManager:
         if hold.checkpoint_key is None:
             return Attached(handle, launched=True)
         await self._restore(hold, handle, hold.checkpoint_key)
+        try:
+            await self._write(hold, turn_open=False)
+        except BaseException:
+            await self._drop(hold, handle)
+            raise
         return Attached(handle, launched=True, restored=True)
 
     async def _restore(self, hold: Hold, handle: SandboxHandle, key: str) -> None:

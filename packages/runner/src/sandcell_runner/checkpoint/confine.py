@@ -54,13 +54,18 @@ _REFUSED = {
     "execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "socket": 41, "socketpair": 53,
 }  # fmt: skip
 _NOT_IMPLEMENTED = {"clone3": 435, "io_setup": 206}
+# The fork server's own filter: the same, less what each child still does before
+# its own (unshare its namespaces, chroot). The server forks with glibc's fork,
+# which is clone without CLONE_NEW* flags: allowed by both filters.
+_SERVER_REFUSED = {k: v for k, v in _REFUSED.items() if k not in ("unshare", "chroot")}
+_PR_SET_PDEATHSIG = 1
 _CLONE = 56
 
 _LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _Insn = tuple[int, int, int, int]
 
 
-def _program() -> list[_Insn]:
+def _program(refused: dict[str, int]) -> list[_Insn]:
     ret_eperm = (_RET_K, 0, 0, _RET_ERRNO | _EPERM)
     prog: list[_Insn] = [
         (_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
@@ -70,7 +75,7 @@ def _program() -> list[_Insn]:
         (_JGE_K, 0, 1, _X32_BIT),
         ret_eperm,  # the x32 ABI
     ]
-    for number in sorted(_REFUSED.values()):
+    for number in sorted(refused.values()):
         prog += [(_JEQ_K, 0, 1, number), ret_eperm]
     for number in sorted(_NOT_IMPLEMENTED.values()):
         prog += [(_JEQ_K, 0, 1, number), (_RET_K, 0, 0, _RET_ERRNO | _ENOSYS)]
@@ -96,17 +101,33 @@ def isolate_namespaces() -> None:
         raise OSError(err, f"extractor: unshare: {os.strerror(err)}")
 
 
-def limit_resources(*, max_file_bytes: int) -> None:
-    """A job's rlimits: no core dumps, files no larger than the archive may hold."""
+def limit_resources(*, max_file_bytes: int | None) -> None:
+    """A job's rlimits: no core dumps, files no larger than the archive may hold (if given)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+    if max_file_bytes is not None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
 
 
-def install_seccomp() -> None:
-    """``no_new_privs`` and the filter; the calling thread's, inherited by later threads."""
+def die_with_parent(parent: int) -> None:
+    """SIGKILL when ``parent`` dies; exits at once if it already has.
+
+    Set after any credential change (which clears it), before the filter.
+    """
+    if _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "extractor: PR_SET_PDEATHSIG")
+    if os.getppid() != parent:
+        os._exit(126)
+
+
+def install_seccomp(*, server: bool = False) -> None:
+    """``no_new_privs`` and the filter; the calling thread's, inherited by later threads
+    and by forked children (which stack their own on it).
+
+    ``server``: the fork server's, which lets its children unshare and chroot.
+    """
     if not supported():
         raise OSError("extractor: no seccomp filter for this architecture")
-    prog = _program()
+    prog = _program(_SERVER_REFUSED if server else _REFUSED)
     raw = b"".join(struct.pack("=HBBI", *insn) for insn in prog)
     buffer = ctypes.create_string_buffer(raw, len(raw))
 
@@ -121,4 +142,10 @@ def install_seccomp() -> None:
         raise OSError(err, f"extractor: seccomp: {os.strerror(err)}")
 
 
-__all__ = ["install_seccomp", "isolate_namespaces", "limit_resources", "supported"]
+__all__ = [
+    "die_with_parent",
+    "install_seccomp",
+    "isolate_namespaces",
+    "limit_resources",
+    "supported",
+]

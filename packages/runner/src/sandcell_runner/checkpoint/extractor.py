@@ -1,20 +1,16 @@
-"""The hardened extractor, run by ``restore.py`` as a child process.
+"""The hardened extractor: one restore's extraction, in a child of the fork server.
 
-    python -I -X utf8 -m sandcell_runner.checkpoint.extractor   (fd 0: a SOCK_SEQPACKET socket)
-
-It is started ahead of the restore it serves (``extractor_process.py``): it
-imports everything, then waits on fd 0 for one message from the runner, an
-``ExtractorArgs`` as JSON carrying (SCM_RIGHTS) the read end of the archive's
-pipe, the staging directory and the restore cgroup's ``cgroup.procs`` files. It
-then joins the cgroup, makes the staging directory its working directory and,
-when it may (root), its root directory too; drops to the pinned UID (when
-given) before reading a byte of input; reads the compressed archive from the
-pipe, extracts its ``workspace/`` members there, writes one ``ChildResult`` JSON
-object on stdout and exits: one process per restore, so nothing one archive did
-to it can reach the next. The runner closing the socket first (shutdown, or
-the runner gone) ends it without a verdict. Everything it needs is imported
-before the chroot, and it imports as little as it can (no HTTP, anyio or
-subprocess): a restore that finds no spare waits for its start-up.
+The fork server (``extractor_server.py``) imports this module once; for each
+restore it forks a child that calls ``serve`` with the ``ExtractorArgs`` the
+runner sent and its descriptors: the read end of the archive's pipe, the staging
+directory and the restore cgroup's files. The child joins the cgroup first,
+makes the staging directory its working directory and, when it may (root), its
+root directory too; drops to the pinned UID (when given) before reading a byte
+of input; reads the compressed archive from the pipe, extracts its
+``workspace/`` members there, writes one ``ChildResult`` JSON object on stdout
+and exits: one process per restore, so nothing one archive did to it can reach
+the next. Everything it needs is imported before the chroot, and it imports as
+little as it can (no HTTP, anyio or subprocess).
 
 Why not ``TarFile.extractall(filter="data")``: the data filter resolves names
 with ``os.path.realpath`` against the live tree, which was bypassed repeatedly in
@@ -50,7 +46,6 @@ import errno
 import hashlib
 import os
 import resource
-import socket
 import sys
 import tarfile
 from collections.abc import Sequence
@@ -74,7 +69,17 @@ from .archive_rules import (
 )
 from .compression import DecompressingReader, Encoding, RawSource
 
-__all__ = ["ChildResult", "ExtractorArgs", "Request", "extract", "main", "parse_request"]
+__all__ = [
+    "ChildResult",
+    "ExtractorArgs",
+    "Request",
+    "checked_request",
+    "extract",
+    "parse_request",
+    "prewarm",
+    "serve",
+    "serve_and_exit",
+]
 
 
 class ChildResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -421,39 +426,30 @@ def parse_request(message: bytes, fds: Sequence[int]) -> Request:
         args = msgspec.json.decode(message, type=ExtractorArgs)
     except msgspec.MsgspecError as exc:
         raise SystemExit(f"extractor: {exc}") from None
+    return checked_request(args, fds)
+
+
+def checked_request(args: ExtractorArgs, fds: Sequence[int]) -> Request:
+    """``args`` with its descriptors, which must be exactly the ones it names."""
     if len(fds) != 2 + args.cgroups:
         raise SystemExit(f"extractor: expected {2 + args.cgroups} descriptors, got {len(fds)}")
     return Request(args, fds[0], fds[1], list(fds[2:]))
 
 
-def _receive_request() -> Request | None:
-    """Wait on fd 0 for the runner's one message; None once the runner closed it unsent."""
-    control = socket.socket(fileno=0)
-    try:
-        message, fds, flags, _ = socket.recv_fds(control, MAX_REQUEST_BYTES, MAX_REQUEST_FDS)
-    finally:
-        control.close()
-    if not message and not fds:
-        return None
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-        raise SystemExit("extractor: the request was truncated")
-    return parse_request(message, fds)
-
-
-def _prewarm() -> None:
-    """First-use costs paid while the spare waits rather than by the restore (~1 CPU-ms):
+def prewarm() -> None:
+    """First-use costs paid while the server waits rather than by the restore (~1 CPU-ms):
     msgspec's type information for the messages, the decompressors' setup."""
     for type_ in (CheckpointMeta, ExtractorArgs, ChildResult):
         msgspec.json.Decoder(type_)
     DecompressingReader.prewarm()
 
 
-def main() -> int:
-    """Run one extraction; the verdict goes to stdout, exit 0 unless the child itself broke."""
-    _prewarm()
-    request = _receive_request()
-    if request is None:
-        return 0  # a spare nobody needed
+def serve(request: Request, *, die_with: int | None = None) -> int:
+    """Run one extraction; the verdict goes to stdout, exit 0 unless the child itself broke.
+
+    ``die_with``: the pid of the parent this process must not outlive (the fork
+    server's); its death signal is set after the privilege drop, which clears it.
+    """
     args = request.args
     if args.cgroups_move_thread and _thread_count() != 1:
         # A second thread would stay behind in the runner's cgroup, unbounded.
@@ -473,6 +469,8 @@ def main() -> int:
         confine.limit_resources(max_file_bytes=args.max_bytes)
     if args.uid is not None:
         _drop_privileges(args.uid, args.gid if args.gid is not None else args.uid)
+    if die_with is not None:
+        confine.die_with_parent(die_with)
     if args.confine:
         # Last: from here on only what extracting needs (no exec, fork or socket).
         confine.install_seccomp()
@@ -496,15 +494,15 @@ def main() -> int:
     return 0
 
 
-def run_and_exit() -> NoReturn:
-    """``main``, then ``os._exit``: no interpreter shutdown.
+def serve_and_exit(request: Request, *, die_with: int | None = None) -> NoReturn:
+    """``serve``, then ``os._exit``: no interpreter shutdown.
 
     Shutdown would end the decompressing thread with ``pthread_exit``, which
     loads libgcc_s on first use, and a chrooted process cannot reach it (the
     child aborted). Nothing is left to flush but the standard streams.
     """
     try:
-        code = main()
+        code = serve(request, die_with=die_with)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:
@@ -513,7 +511,3 @@ def run_and_exit() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-if __name__ == "__main__":
-    run_and_exit()

@@ -1,32 +1,26 @@
-"""Extractor child processes, started ahead of the restore each one serves.
+"""The runner's side of the extractor fork server (``extractor_server.py``).
 
-A restore of a small checkpoint used to wait ~200 ms for its extractor: an
-interpreter start plus ~85 CPU-ms of imports, then the jail. Now one spare
-(``WarmExtractor``) is started ahead and sits, imports done, blocked on its end
-of a socketpair; a restore hands it its arguments, the archive's pipe, the
-staging directory and the restore cgroup over that socket (SCM_RIGHTS), and the
-child jails itself (``extractor.py``, ``confine.py``) before it reads a byte, as
-a freshly started one did. Each child serves exactly one restore and exits, and
-the spare is replaced after the restore is over (not during it: its imports
-would take CPU from the restore on a small machine), so no state outlives a
-restore and no session meets another's extractor. A spare imports at nice 19
-(a runner's start-up and first job need the CPU more) and is put back to 0
-when a restore takes it.
+A restore used to wait for a fresh extractor (an interpreter start plus ~85
+CPU-ms of imports), or take a spare started ahead and then start the next spare
+(~155 CPU-ms a restore, competing with the restores and jobs after it on a small
+machine). Now one server, imported once per runner, forks a child per restore
+(~1 ms): measured A/B in ``scripts/bench_checkpoint.py --small``. Each child
+jails itself exactly as a fresh extractor did (``extractor.serve``).
 
-Children are started with ``subprocess.Popen`` in a thread of the event loop's
-default executor: forking the runner from the event loop (uvloop's spawn) costs
-the loop 2-3 ms. They get ``PR_SET_PDEATHSIG`` (SIGKILL), which follows the
-forking *thread*: the default executor's threads live as long as the loop
-(anyio's expire after idle, which would kill a long restore). A spare still
-importing at nice 19 would otherwise outlive a killed runner until it reached
-its socket and read its end.
+Everything here runs on the event loop: the socket is read by ``add_reader``;
+requests are small datagrams the server drains at once. The server is started
+with ``subprocess.Popen`` from the loop's thread (vfork: no ``preexec_fn``) and
+sets its own death signal towards the runner; it imports at nice 19 (a runner's
+start-up and first job need the CPU more) and is put back to 0 when it is ready
+or a restore waits for it. A server that was lost (killed, OOM) is restarted by
+the next restore.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
-import ctypes
 import functools
 import logging
 import os
@@ -34,15 +28,22 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import anyio
+import msgspec
 
+from ..errors import ArchiveRejectedError
 from ..jail.capabilities import CAP_SYS_NICE, holds
+from . import extractor_server
+from .extractor import ExtractorArgs
+from .extractor_server import ForkRequest, Reply
 
 log = logging.getLogger(__name__)
 
 _SPARE_NICE = 19
+_KILLED = -signal.SIGKILL
+"""The exit code reported for a child whose server was lost (it died with it)."""
 
 _ARGV = (
     sys.executable,
@@ -50,208 +51,252 @@ _ARGV = (
     "-X",
     "utf8",
     "-m",
-    "sandcell_runner.checkpoint.extractor",
+    "sandcell_runner.checkpoint.extractor_server",
 )
+_decode_reply = msgspec.json.Decoder(Reply).decode
+_Forked = tuple[Reply, list[int], "asyncio.Future[int]"]
+"""The server's answer to a request, its pidfd (if forked) and the child's exit to come."""
+
+
+class ServerLostError(ArchiveRejectedError):
+    """The fork server went away before it forked the child (a retry starts a new one)."""
 
 
 class ExtractorProcess:
-    """One extractor child: its control socket, its verdict and stderr pipes, its exit."""
+    """One forked extractor child: its pidfd, its verdict and stderr pipes, its exit."""
 
     def __init__(
-        self, popen: subprocess.Popen[bytes], control: socket.socket, stdout: int, stderr: int
+        self, pid: int, pidfd: int, stdout: int, stderr: int, exit_code: asyncio.Future[int]
     ) -> None:
-        self.popen = popen
-        self._control: socket.socket | None = control
+        self.pid = pid
+        self._pidfd = pidfd
         self.stdout_fd = stdout
         self.stderr_fd = stderr
-        self._pidfd = os.pidfd_open(popen.pid)
+        self._exit_code = exit_code
         self._closed = False
 
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        return self.popen.pid
-
-    def hand(self, message: bytes, fds: Sequence[int]) -> None:
-        """Send the child its one request; raises ``OSError`` if it is gone."""
-        if self._control is None:
-            raise BrokenPipeError("extractor already handed a request")
-        try:
-            socket.send_fds(self._control, [message], list(fds))
-        finally:
-            self._control.close()
-            self._control = None
-
-    def set_nice(self, nice: int) -> None:
-        """The child's nice value, where the runner may set it (raising it back needs root)."""
-        if _may_renice():
-            with contextlib.suppress(ProcessLookupError):
-                os.setpriority(os.PRIO_PROCESS, self.popen.pid, nice)
-
     def kill(self) -> None:
-        """SIGKILL the child unless it was reaped (the pidfd makes this race-free)."""
-        if self.popen.returncode is None:
+        """SIGKILL the child unless it is gone (a pidfd never names another process)."""
+        if not self._exit_code.done() and not self._closed:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
     async def wait(self) -> int:
-        """The child's exit status, waited for without a thread."""
-        if self.popen.returncode is None:
+        """The child's exit code (negative: killed by that signal), as its server saw it."""
+        if not self._exit_code.done():
             await anyio.wait_readable(self._pidfd)
-        return self.popen.wait()
-
-    def wait_blocking(self) -> int:
-        """``wait`` for a worker thread."""
-        return self.popen.wait()
+        return await asyncio.shield(self._exit_code)
 
     def close(self) -> None:
-        """Release the descriptors (the child must have been waited for, or be left to die)."""
+        """Release the descriptors; idempotent."""
         if self._closed:
             return
         self._closed = True
-        if self._control is not None:
-            self._control.close()
-            self._control = None
         for fd in (self.stdout_fd, self.stderr_fd, self._pidfd):
             os.close(fd)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_PR_SET_PDEATHSIG = 1
+class ExtractorServer:
+    """One fork server per runner: started ahead, restarted when lost, stopped by ``aclose``."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._seq = 0
+        self._pending: dict[int, asyncio.Future[_Forked]] = {}
+        self._exits: dict[int, asyncio.Future[int]] = {}
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid while it runs."""
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> None:
+        """Start the server unless it runs; needs a running loop."""
+        if self._sock is not None or self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = subprocess.Popen(
+                [*_ARGV, str(os.getpid())],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                env={},
+                close_fds=True,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._sock = ours
+        self._loop = loop
+        self._ready = loop.create_future()
+        loop.add_reader(ours.fileno(), self._on_readable)
+        self._set_nice(_SPARE_NICE)
+
+    async def extract(self, args: ExtractorArgs, fds: Sequence[int]) -> ExtractorProcess:
+        """Fork a child for one restore: ``fds`` are the archive pipe, the staging
+        directory and the cgroup files, in that order (``extractor.Request``)."""
+        if self._closed:
+            raise ArchiveRejectedError("the extractor server is stopped")
+        self.start()
+        assert self._ready is not None
+        if not self._ready.done():
+            self._set_nice(0)  # a restore waits for it now
+        await asyncio.shield(self._ready)
+        stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
+        stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            reply, pidfds, exit_code = await self._request(args, [stdout_w, stderr_w, *fds])
+        except BaseException:
+            os.close(stdout_r)
+            os.close(stderr_r)
+            raise
+        finally:
+            os.close(stdout_w)
+            os.close(stderr_w)
+        if reply.op != "forked" or reply.pid is None or len(pidfds) != 1:
+            for fd in (stdout_r, stderr_r, *pidfds):
+                os.close(fd)
+            raise ArchiveRejectedError(f"the extractor could not be started: {reply.why}")
+        os.set_blocking(stdout_r, False)
+        os.set_blocking(stderr_r, False)
+        return ExtractorProcess(reply.pid, pidfds[0], stdout_r, stderr_r, exit_code)
+
+    async def _request(self, args: ExtractorArgs, fds: list[int]) -> _Forked:
+        sock = self._sock
+        if sock is None:
+            raise ServerLostError("the extractor server exited")
+        self._seq += 1
+        seq = self._seq
+        data = msgspec.json.encode(ForkRequest(seq=seq, args=args))
+        future = asyncio.get_running_loop().create_future()
+        self._pending[seq] = future
+        try:
+            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        except OSError as exc:
+            self._pending.pop(seq, None)
+            raise ServerLostError(f"the extractor server is unreachable: {exc}") from None
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The server forks it anyway: kill it the moment it is known.
+            future.add_done_callback(_kill_when_forked)
+            raise
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        fd_bytes = socket.CMSG_SPACE(4 * array.array("i").itemsize)
+        while sock is not None and self._sock is sock:
+            try:
+                data, ancillary, _, _ = sock.recvmsg(
+                    extractor_server.MAX_MESSAGE_BYTES, fd_bytes, socket.MSG_CMSG_CLOEXEC
+                )
+            except BlockingIOError:
+                return
+            except OSError:
+                data, ancillary = b"", []
+            fds: list[int] = []
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    received = array.array("i")
+                    received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+                    fds += list(received)
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                self._lost()
+                return
+            self._dispatch(_decode_reply(data), fds)
+
+    def _dispatch(self, reply: Reply, fds: list[int]) -> None:
+        if reply.op == "ready":
+            self._set_nice(0)
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+        elif reply.op == "exited" and reply.pid is not None and reply.status is not None:
+            future = self._exits.pop(reply.pid, None)
+            if future is not None and not future.done():
+                future.set_result(os.waitstatus_to_exitcode(reply.status))
+            return
+        # A child's exit always follows its ``forked``: the future waits here for it.
+        exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if reply.op == "forked" and reply.pid is not None:
+            self._exits[reply.pid] = exit_code
+        pending = self._pending.pop(reply.seq, None) if reply.seq is not None else None
+        if pending is not None and not pending.done():
+            pending.set_result((reply, fds, exit_code))
+        else:
+            for fd in fds:
+                os.close(fd)
+
+    def _lost(self) -> None:
+        """The server is gone: its children too (their death signal); tell every waiter."""
+        if self._sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        process, self._process = self._process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.run_in_executor(None, process.wait)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(ServerLostError("the extractor server did not start"))
+            self._ready.exception()  # retrieved: nobody may be waiting
+        self._ready = None
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ServerLostError("the extractor server exited"))
+        exits, self._exits = self._exits, {}
+        for exit_code in exits.values():
+            if not exit_code.done():
+                exit_code.set_result(_KILLED)
+
+    async def aclose(self) -> None:
+        """Stop the server (its children, if any, die with it); later calls start none."""
+        self._closed = True
+        process = self._process
+        self._lost()
+        if process is not None:
+            await anyio.to_thread.run_sync(process.wait)
+
+    def _set_nice(self, nice: int) -> None:
+        process = self._process
+        if process is not None and _may_renice():
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, process.pid, nice)
 
 
-def _die_with_runner(runner_pid: int) -> Callable[[], None]:
-    def setup() -> None:
-        # In the forked child, before exec: a raw syscall, nothing that allocates much.
-        if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            os._exit(126)
-        if os.getppid() != runner_pid:  # the runner died between fork and prctl
-            os._exit(126)
-
-    return setup
-
-
-def start_extractor(*, background: bool = False) -> ExtractorProcess:
-    """Start one extractor child (blocking: call it from a worker thread).
-
-    ``background``: a spare, whose imports yield the CPU to everything else (a
-    runner's start-up and first job above all) until a restore takes it.
-    """
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    stdout_r, stdout_w = os.pipe2(os.O_CLOEXEC)
-    stderr_r, stderr_w = os.pipe2(os.O_CLOEXEC)
-    try:
-        popen = subprocess.Popen(
-            _ARGV,
-            stdin=theirs.fileno(),
-            stdout=stdout_w,
-            stderr=stderr_w,
-            cwd="/",
-            env={},
-            close_fds=True,
-            preexec_fn=_die_with_runner(os.getpid()),
-        )
-    except BaseException:
-        ours.close()
-        for fd in (stdout_r, stderr_r):
-            os.close(fd)
-        raise
-    finally:
-        theirs.close()
-        os.close(stdout_w)
-        os.close(stderr_w)
-    os.set_blocking(stdout_r, False)
-    os.set_blocking(stderr_r, False)
-    process = ExtractorProcess(popen, ours, stdout_r, stderr_r)
-    if background:
-        process.set_nice(_SPARE_NICE)
-    return process
+def _kill_when_forked(future: asyncio.Future[_Forked]) -> None:
+    if future.cancelled() or future.exception() is not None:
+        return
+    _, fds, _ = future.result()
+    for fd in fds:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
 
 
 @functools.cache
 def _may_renice() -> bool:
-    """Whether a spare lowered to nice 19 can be raised back when a restore takes it.
+    """Whether a server lowered to nice 19 can be raised back when it is ready.
 
     That takes CAP_SYS_NICE, which a container's root lacks unless granted; without
-    it the spare keeps the runner's priority rather than holding a restore at 19.
+    it the server keeps the runner's priority rather than forking restores at 19.
     """
     return os.geteuid() == 0 and holds(CAP_SYS_NICE)
 
 
-def stop_extractor(process: ExtractorProcess) -> None:
-    """Kill, reap and close a child nobody will hand a request (blocking)."""
-    process.kill()
-    process.wait_blocking()
-    process.close()
-
-
-class ExtractorSource:
-    """Where a restore gets its extractor: a fresh one by default."""
-
-    async def take(self) -> ExtractorProcess:
-        """An extractor nobody else holds, not yet handed a request."""
-        # asyncio's executor, not anyio's: its threads outlive the child (PDEATHSIG).
-        return await asyncio.to_thread(start_extractor)
-
-    def done(self) -> None:
-        """A restore that took one is over (a pool starts the next spare)."""
-
-
-class WarmExtractor(ExtractorSource):
-    """One spare extractor, started ahead; replaced after each restore that took it.
-
-    Two restores at once (two sessions' locks) get the spare and a fresh one.
-    A spare costs an idle interpreter (~20 MiB) per runner.
-    """
-
-    def __init__(self) -> None:
-        self._spare: asyncio.Task[ExtractorProcess] | None = None
-        self._closed = False
-
-    def start(self) -> None:
-        """Start the spare (in a worker thread) unless one is there; needs a running loop."""
-        if self._spare is None and not self._closed:
-            self._spare = asyncio.get_running_loop().create_task(
-                asyncio.to_thread(start_extractor, background=True),
-                name="sandcell-extractor-spare",
-            )
-
-    async def take(self) -> ExtractorProcess:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            try:
-                # Shielded: a cancelled restore must not leave a started child unowned.
-                process = await asyncio.shield(spare)
-            except asyncio.CancelledError:
-                spare.add_done_callback(_stop_when_started)
-                raise
-            except Exception:
-                log.warning("the spare extractor did not start", exc_info=True)
-            else:
-                if process.popen.poll() is None:
-                    process.set_nice(0)  # the restore waits for it now
-                    return process
-                await anyio.to_thread.run_sync(stop_extractor, process)
-        return await super().take()
-
-    def done(self) -> None:
-        self.start()
-
-    async def aclose(self) -> None:
-        """Stop the spare; later ``done`` calls start none."""
-        self._closed = True
-        spare, self._spare = self._spare, None
-        if spare is None:
-            return
-        with contextlib.suppress(Exception):
-            process = await spare
-            await anyio.to_thread.run_sync(stop_extractor, process)
-
-
-def _stop_when_started(task: asyncio.Task[ExtractorProcess]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        loop = asyncio.get_running_loop()
-        loop.run_in_executor(None, stop_extractor, task.result())
-
-
-__all__ = ["ExtractorProcess", "ExtractorSource", "WarmExtractor", "start_extractor"]
+__all__ = ["ExtractorProcess", "ExtractorServer", "ServerLostError"]

@@ -3,11 +3,11 @@
 The extraction itself (decompression, tar parsing, file creation) happens in
 ``extractor.py``, a separate process that drops to the workspace's pinned UID
 before it reads a byte: a parser bug can then write only what that UID may,
-and nothing of it runs in the runner's address space. This side takes a child
-(started ahead: ``extractor_process``), hands it the read end of a pipe with the
-staging directory, streams the request body into the pipe with backpressure,
-hashes what it sent, and turns the child's verdict into ``CheckpointMeta`` or
-``ArchiveRejectedError``.
+and nothing of it runs in the runner's address space. This side has the fork
+server (``extractor_process``) fork a child, handing it the read end of a pipe
+with the staging directory, streams the request body into the pipe with
+backpressure, hashes what it sent, and turns the child's verdict into
+``CheckpointMeta`` or ``ArchiveRejectedError``.
 
 What a restore accepts at the tar level is stated in ``archive_rules``.
 """
@@ -32,7 +32,7 @@ from .archive_rules import MAX_META_BYTES
 from .compression import Encoding
 from .export import ArchiveLimits
 from .extractor import ChildResult, ExtractorArgs
-from .extractor_process import ExtractorProcess, ExtractorSource, stop_extractor
+from .extractor_process import ExtractorProcess, ExtractorServer, ServerLostError
 
 __all__ = ["ChildResult", "restore_checkpoint"]
 
@@ -60,7 +60,7 @@ async def restore_checkpoint(
     expected_sha256: str | None,
     cgroup_fds: Sequence[int] = (),
     cgroup_fds_move_thread: bool = False,
-    extractors: ExtractorSource | None = None,
+    extractors: ExtractorServer | None = None,
 ) -> CheckpointMeta:
     """Extract a checkpoint archive into the empty directory ``staging``, as ``uid:gid``.
 
@@ -73,8 +73,8 @@ async def restore_checkpoint(
     close) of the cgroup the extractor joins before anything else (a job's limits),
     or v1 ``tasks`` files with ``cgroup_fds_move_thread`` (cheaper: ``session.py``);
     as root it also gets a job's namespaces, rlimits and seccomp filter (``confine.py``).
-    ``extractors``: where the extractor child comes from (a started-ahead spare,
-    ``WarmExtractor``); by default one is started for this call.
+    ``extractors``: the fork server the extractor child comes from (the runner's,
+    started ahead); by default one is started for this call and stopped after it.
     """
     privileged = os.geteuid() == 0
     if not privileged and uid != os.getuid():
@@ -96,14 +96,14 @@ async def restore_checkpoint(
         cgroups_move_thread=cgroup_fds_move_thread,
         confine=privileged and confine.supported(),
     )
-    source = extractors if extractors is not None else ExtractorSource()
+    server = extractors if extractors is not None else ExtractorServer()
     try:
-        result, digest = await _run_child(
-            source, msgspec.json.encode(args), chunks, (staging_fd, *cgroup_fds)
-        )
+        result, digest = await _run_child(server, args, chunks, (staging_fd, *cgroup_fds))
     finally:
         os.close(staging_fd)
-        source.done()
+        if extractors is None:
+            with anyio.CancelScope(shield=True):
+                await server.aclose()
     if not result.ok:
         raise ArchiveRejectedError(result.reason or "archive rejected")
     if expected_sha256 is not None and digest != expected_sha256.lower():
@@ -114,32 +114,24 @@ async def restore_checkpoint(
         raise ArchiveRejectedError(f"invalid checkpoint metadata: {exc}") from exc
 
 
-async def _handed(source: ExtractorSource, message: bytes, fds: Sequence[int]) -> ExtractorProcess:
-    """An extractor that holds the request; a second, fresh one if the first was gone."""
-    for attempt in range(2):
-        process = await source.take() if attempt == 0 else await ExtractorSource().take()
-        try:
-            process.hand(message, fds)
-        except OSError:
-            # A spare that died while idle (killed, OOM): no byte of the body is spent yet.
-            await anyio.to_thread.run_sync(stop_extractor, process)
-            if attempt:
-                raise ArchiveRejectedError("the extractor could not be started") from None
-            continue
-        except BaseException:
-            await anyio.to_thread.run_sync(stop_extractor, process)
-            raise
-        return process
-    raise AssertionError("unreachable")
+async def _forked(
+    server: ExtractorServer, args: ExtractorArgs, fds: Sequence[int]
+) -> ExtractorProcess:
+    """A child holding the request; a second try (with a new server) if the server was lost."""
+    try:
+        return await server.extract(args, fds)
+    except ServerLostError:
+        # Killed while idle (OOM, an operator): no byte of the body is spent yet.
+        return await server.extract(args, fds)
 
 
 async def _run_child(
-    source: ExtractorSource, message: bytes, chunks: AsyncIterator[bytes], fds: Sequence[int]
+    server: ExtractorServer, args: ExtractorArgs, chunks: AsyncIterator[bytes], fds: Sequence[int]
 ) -> tuple[ChildResult, str]:
     read_fd, write_fd = _archive_pipe()
     run = _ChildRun(write_fd)
     try:
-        process = await _handed(source, message, (read_fd, *fds))
+        process = await _forked(server, args, (read_fd, *fds))
     except BaseException:
         run.close_pipe()
         raise

@@ -22,7 +22,7 @@ from ..workspace import fsops
 from ..workspace.session import SessionManager, SessionState
 from .compression import Encoding, sniff_encoding
 from .export import ArchiveLimits, stream_checkpoint
-from .extractor_process import WarmExtractor
+from .extractor_process import ExtractorServer
 from .restore import restore_checkpoint
 from .selection import WorkspaceSelection
 
@@ -48,8 +48,8 @@ class SessionCheckpoints:
         self._cgroups = cgroups if cgroups is not None and cgroups.available else None
         """The extractor runs in a cgroup of its own, limited like a job's."""
         self._memory_bytes = memory_bytes
-        self.extractors = WarmExtractor()
-        """A restore's extractor, started ahead (``start`` and ``aclose`` by the service)."""
+        self.extractors = ExtractorServer()
+        """Forks each restore's extractor (``start`` and ``aclose`` by the service)."""
         self.restore_hooks: list[Callable[[SessionState], Awaitable[None]]] = []
         """Run under the session lock once a restored workspace is in place."""
 

@@ -33,6 +33,7 @@ from sandcell_protocol.egress import EgressEvent, EgressPolicy
 from . import dns_server
 from .decide import Decider, Upstream, has_ipv6_route
 from .proxy import Proxy, serve
+from .relay import BULK_BYTES
 
 _PR_SET_NO_NEW_PRIVS = 38
 
@@ -49,6 +50,8 @@ class GatewayConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     proxy_fd: int
     transparent_fd: int
     uid: int
+    bulk_bytes: int = BULK_BYTES
+    """What a connection moves on the event loop before splice threads take it (0: none)."""
 
 
 class _Control(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -124,7 +127,7 @@ async def run(config: GatewayConfig) -> None:
         emit=output.event,
         policy=config.policy,
     )
-    proxy = Proxy(decider)
+    proxy = Proxy(decider, bulk_bytes=config.bulk_bytes)
     proxy_listener = _inherited(config.proxy_fd, socket.SOCK_STREAM)
     # A proxy's client speaks first (its request line), so the kernel hands a
     # connection over only once its first bytes are in (or after _DEFER_ACCEPT_S):

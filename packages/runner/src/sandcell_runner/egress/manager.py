@@ -258,6 +258,11 @@ class EgressManager:
         gateway = self._gateways.get(netns.fd)
         return gateway.link if gateway is not None else None
 
+    def gateway_pid(self, netns: SessionNetns) -> int | None:
+        """The pid of the gateway serving ``netns``, if any (benchmarks)."""
+        gateway = self._gateways.get(netns.fd)
+        return gateway.process.pid if gateway is not None else None
+
     # -- the jail's hook ------------------------------------------------------------
 
     def apply(self, spec: JobSpec) -> JobSpec:
@@ -335,6 +340,7 @@ class EgressManager:
                 "allow_nets": self._settings.allow_nets,
                 "policy": policy,
                 "uid": self._settings.uid,
+                "bulk_bytes": self._settings.bulk_bytes,
                 "dns_udp_fd": fds[0],
                 "dns_tcp_fd": fds[1],
                 "proxy_fd": fds[2],

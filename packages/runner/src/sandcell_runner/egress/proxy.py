@@ -15,23 +15,19 @@ A refusal answers at once: ``403`` with ``X-Sandcell-Egress: <reason>`` on the
 proxy, a TCP reset on the transparent port. Allowed connections go to the
 addresses the gateway resolved and vetted, never to what the client resolved.
 
-Once decided, a connection's bytes never pass through Python: two threads move
-them with ``splice(2)`` through a pipe, in the kernel (``relay``). At most
+Once decided, a connection's bytes are relayed by the event loop while it is short,
+then by two threads with ``splice(2)``, in the kernel (``relay.py``). At most
 ``MAX_CONNECTIONS`` are relayed at once per gateway; past that, new ones are reset.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import fcntl
 import ipaddress
 import logging
-import os
 import socket
 import struct
-import threading
 import urllib.parse
 from collections.abc import Awaitable, Callable
 
@@ -39,15 +35,12 @@ from sandcell_protocol.addresses import IPAddress
 from sandcell_protocol.egress import EgressReason, EgressTransport
 
 from .decide import Decider, Decision, first_addresses
+from .relay import BULK_BYTES, MAX_CONNECTIONS, LoopRelay, relay
 from .sniff import MAX_HEAD_BYTES, RequestHead, request_head, split_host_port, tls_server_name
 
 log = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 256
-"""Relayed connections one gateway (one sandbox) holds at once; past it, new ones are reset."""
 _SO_ORIGINAL_DST = 80
-_F_SETPIPE_SZ = 1031
-_PIPE_BYTES = 1 << 20
 _HEAD_TIMEOUT_S = 30.0
 _SNIFF_TIMEOUT_S = 1.0
 _CONNECT_TIMEOUT_S = 10.0
@@ -55,12 +48,6 @@ _ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 _HOP_BY_HOP = {"proxy-connection", "proxy-authorization", "connection", "keep-alive"}
 
 Handler = Callable[[socket.socket], Awaitable[None]]
-
-# Two threads per relayed connection, kept for the next one (starting threads is
-# a measurable part of a connection's set-up); ``MAX_CONNECTIONS`` bounds the need.
-_RELAYS = concurrent.futures.ThreadPoolExecutor(
-    max_workers=2 * MAX_CONNECTIONS, thread_name_prefix="sandcell-egress-relay"
-)
 
 
 def original_destination(sock: socket.socket) -> tuple[IPAddress, int]:
@@ -75,94 +62,6 @@ def _reset(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
-
-
-class _Pipes(threading.local):
-    """Each relay thread's splice pipe, kept for its next connection while empty (four
-    system calls less per direction of every connection)."""
-
-    pipe: tuple[int, int] | None = None
-
-    def take(self) -> tuple[int, int]:
-        pipe, self.pipe = self.pipe, None
-        if pipe is None:
-            pipe = os.pipe()
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(pipe[1], _F_SETPIPE_SZ, _PIPE_BYTES)
-        return pipe
-
-
-_PIPES = _Pipes()
-
-
-def _pump(
-    src: socket.socket, dst: socket.socket, finished: Callable[[], None], prelude: bytes
-) -> None:
-    """Send ``prelude`` to ``dst``, then move bytes ``src`` -> ``dst`` in the kernel
-    (splice through a pipe) until EOF."""
-    pipe_r, pipe_w = pipe = _PIPES.take()
-    try:
-        if prelude:
-            dst.sendall(prelude)
-        while moved := os.splice(src.fileno(), pipe_w, _PIPE_BYTES):
-            while moved > 0:
-                moved -= os.splice(pipe_r, dst.fileno(), moved)
-        dst.shutdown(socket.SHUT_WR)
-        _PIPES.pipe = pipe  # empty: every byte spliced in was spliced out
-    except OSError:
-        # A reset or a closed peer: end both directions. The pipe may hold bytes.
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        os.close(pipe_r)
-        os.close(pipe_w)
-    finally:
-        finished()
-
-
-def relay(
-    client: socket.socket,
-    upstream: socket.socket,
-    *,
-    done: Callable[[], None],
-    to_upstream: bytes = b"",
-    to_client: bytes = b"",
-) -> None:
-    """Relay both directions on two threads (the GIL is released in ``splice``); both
-    sockets are closed, and ``done`` called, when both directions have ended.
-
-    ``to_upstream`` (bytes the gateway already read from the client) goes first, sent by
-    the thread of that direction; ``to_client`` (the proxy's ``200``) is sent here.
-    The client-to-upstream thread starts before that answer goes out, so it already
-    waits in ``splice`` when the answered client sends its first bytes (a TLS hello):
-    answering first and starting it then put a thread's start on every connection's
-    set-up path. The other direction starts only after the answer (a server that
-    speaks first must not get its bytes to the client before it)."""
-    for sock in (client, upstream):
-        sock.setblocking(True)
-    left = [2]
-    lock = threading.Lock()
-
-    def finished() -> None:
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            client.close()
-            upstream.close()
-            done()
-
-    _RELAYS.submit(_pump, client, upstream, finished, to_upstream)
-    try:
-        if to_client:
-            client.sendall(to_client)  # a few bytes to a fresh socket: does not block
-    except OSError:
-        for sock in (client, upstream):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        finished()
-        return
-    _RELAYS.submit(_pump, upstream, client, finished, b"")
 
 
 async def _connect(addresses: list[IPAddress], port: int) -> socket.socket | None:
@@ -237,10 +136,18 @@ def _origin_request(head: RequestHead, path: str) -> bytes:
 class Proxy:
     """Both listeners' connection handlers over one ``Decider``."""
 
-    def __init__(self, decider: Decider, *, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        decider: Decider,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        bulk_bytes: int = BULK_BYTES,
+    ) -> None:
         self._decider = decider
         self.limit = asyncio.Semaphore(max_connections)
         """Held by each relayed connection until both its directions end."""
+        self._bulk_bytes = bulk_bytes
+        """Moved on the event loop before the splice threads take a connection (0: none)."""
 
     async def _relay(
         self, client: socket.socket, upstream: socket.socket, first: bytes, reply: bytes = b""
@@ -251,7 +158,17 @@ class Proxy:
         def done() -> None:
             loop.call_soon_threadsafe(self.limit.release)
 
-        relay(client, upstream, done=done, to_upstream=first, to_client=reply)
+        if self._bulk_bytes:
+            LoopRelay(
+                client,
+                upstream,
+                done=done,
+                to_upstream=first,
+                to_client=reply,
+                bulk_bytes=self._bulk_bytes,
+            )
+        else:
+            relay(client, upstream, done=done, to_upstream=first, to_client=reply)
 
     async def _answer(self, sock: socket.socket, data: bytes) -> None:
         with contextlib.suppress(OSError):
@@ -362,4 +279,4 @@ def _host_of(first: bytes) -> str | None:
     return target[0] if target else None
 
 
-__all__ = ["MAX_CONNECTIONS", "Proxy", "original_destination", "relay", "serve"]
+__all__ = ["MAX_CONNECTIONS", "Proxy", "original_destination", "serve"]

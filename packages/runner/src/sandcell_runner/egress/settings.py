@@ -13,6 +13,7 @@ from sandcell_protocol.addresses import parse_networks
 
 from ..errors import ConfigError
 from .plumbing import parse_subnet
+from .relay import BULK_BYTES
 
 _DEFAULT_SUBNET = "10.213.0.0/16"
 
@@ -35,6 +36,9 @@ class EgressSettings:
     default: the first ``nameserver`` of the runner's ``/etc/resolv.conf``)."""
     uid: int = 65534
     """The gateway process's UID and GID (``SANDCELL_RUNNER_EGRESS_UID``)."""
+    bulk_bytes: int = BULK_BYTES
+    """What a connection moves on the gateway's event loop before splice threads take it
+    (0: threads from the first byte). Not an operator setting: the benchmark's A/B."""
 
     @classmethod
     def from_env(
