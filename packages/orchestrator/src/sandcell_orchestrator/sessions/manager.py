@@ -77,7 +77,7 @@ class SandboxManager:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.provider = provider
-        self.registry = registry
+        self._registry = registry
         self.budgets = budgets or Budgets()
         self.metrics = metrics or Metrics()
         self.persistence = Persistence(
@@ -112,6 +112,19 @@ class SandboxManager:
     @property
     def store(self) -> SnapshotStore:
         return self.persistence.store
+
+    @property
+    def registry(self) -> SessionRegistry:
+        """The session registry every part writes through."""
+        return self._registry
+
+    @registry.setter
+    def registry(self, registry: SessionRegistry) -> None:
+        # Replaced on a live manager (a test's fault-injecting view): every part uses it.
+        self._registry = registry
+        self.records.registry = registry
+        self.holds.registry = registry
+        self.commits.registry = registry
 
     @property
     def lock_ttl_ms(self) -> int:
