@@ -22,7 +22,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from sandcell_orchestrator.bootstrap import open_services
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.registry import IdempotentAnswer, Lease, SessionRecord, SessionRegistry
 from sandcell_orchestrator.serve.app import create_app
+from sandcell_orchestrator.snapshots import SnapshotInfo, SnapshotStore, SnapshotUnavailableError
 from sandcell_orchestrator.testing import clean_environ
 from sandcell_protocol import ExecuteResult, decode, runtime_session_id
 from tests.orchestrator.apps.http_server import serve_asgi
@@ -228,3 +229,61 @@ async def test_a_retry_after_a_wipe_before_the_commit_finds_the_turn_applied(
         assert result is not None, again.text
         assert (result.stdout, result.durable) == ("1\n", True)
         await ran_once(client, hint)
+
+
+class _ResultPutFails:
+    """The snapshot store, as the S3 endpoint blinks just as a keyed turn saves its
+    result, while Redis is wiped: that one put fails."""
+
+    def __init__(self, inner: SnapshotStore, url: str) -> None:
+        self._inner = inner
+        self._url = url
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def put(self, key: str, stream: AsyncIterable[bytes], *, max_bytes: int) -> SnapshotInfo:
+        if ".turn-" in key and not self.failed:
+            self.failed = True
+            await wipe(self._url)
+            raise SnapshotUnavailableError("injected: S3 blinked")
+        return await self._inner.put(key, stream, max_bytes=max_bytes)
+
+
+async def test_no_checkpoint_of_a_keyed_turn_is_stored_without_its_result(
+    env: dict[str, str],
+) -> None:
+    """The result of a keyed turn is saved before its checkpoint, so a checkpoint that
+    holds the turn always says so: here the result's put fails as Redis is wiped, the
+    turn's checkpoint retry lands under a low generation (the counter went with the
+    wipe) and its commit is refused; the retry finds the turn applied where it was
+    saved, and the job ran once (a checkpoint saved first, without its result, was
+    the newest object and the retry ran the job again)."""
+    key = uuid.uuid4().hex
+    settings = OrchestratorSettings.from_env(clean_environ(**env))
+    async with open_services(settings) as services:
+        persistence = services.manager.persistence
+        failing = _ResultPutFails(persistence.store, env["SANDCELL_REGISTRY_URL"])
+        persistence.store = failing  # type: ignore[assignment]
+        async with (
+            serve_asgi(create_app(settings, services=services), lifespan="on") as url,
+            httpx.AsyncClient(base_url=url, timeout=120) as client,
+            session(client) as hint,
+        ):
+            assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == (
+                "1\n"
+            )
+            first = await client.post(
+                "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+            )
+            assert failing.failed
+            assert first.status_code != 200, first.text
+            again = await client.post(
+                "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+            )
+            result = result_of(again, stream=False)
+            assert (result.stdout, result.durable) == ("2\n", True)
+            assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == (
+                "3\n"
+            )

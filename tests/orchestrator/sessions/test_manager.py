@@ -213,7 +213,8 @@ async def test_a_keyed_turns_result_goes_with_its_checkpoint(
 ) -> None:
     """A turn result saved next to a checkpoint is listed with it, collected with it once
     superseded (never without it: the result first), and deleted with the session,
-    even one whose checkpoint is already gone."""
+    even one whose checkpoint is already gone; a result whose checkpoint never came is
+    never the newest checkpoint, and is collected too."""
     _, store, _ = env
     session_id = runtime_session_id("tenant-a", "alice", "results")
     persistence = Persistence(store, grace_s=0.0)
@@ -226,15 +227,21 @@ async def test_a_keyed_turns_result_goes_with_its_checkpoint(
     await persistence.save_turn_result(
         checkpoint_key(session_id, 4), turn_key="cd" * 32, body=b"second"
     )
+    # A result whose checkpoint never got stored (saved first, the upload then failed).
+    await persistence.save_turn_result(checkpoint_key(session_id, 2), turn_key="ef" * 32, body=b"")
     stored = await persistence.stored(session_id)
-    assert [(item.generation, item.turn_key) for item in stored] == [(3, turn_key), (4, "cd" * 32)]
-    assert await persistence.turn_result(stored[0]) == b"first"
+    assert [(item.generation, item.turn_key, item.restorable) for item in stored] == [
+        (2, "ef" * 32, False),
+        (3, turn_key, True),
+        (4, "cd" * 32, True),
+    ]
+    assert await persistence.turn_result(stored[1]) == b"first"
     latest = Persistence.latest(stored)
     assert latest is not None
     assert latest.generation == 4
 
     keep = checkpoint_key(session_id, 4)
-    assert await persistence.collect(session_id, stored, keep=keep, below_generation=5) == 1
+    assert await persistence.collect(session_id, stored, keep=keep, below_generation=5) == 2
     left = [entry.key for entry in await store.list(f"checkpoints/{session_id}")]
     assert left == [keep, turn_result_key(keep, "cd" * 32)]
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 
+from sandcell_protocol import checkpoint_key
+
 from ..config import Budgets
 from ..metrics import Metrics
 from ..registry import IdempotentAnswer, SessionRegistry
@@ -60,8 +62,8 @@ class TurnCommits:
         ``LockLostError``/``FencedError`` if this holder was superseded, in which
         case its object is never referenced. ``answer`` (the turn's idempotent
         answer) is stored by that same write; ``turn_result`` (a keyed turn's) is
-        saved next to the object before it, so the object itself says which turn
-        it applied (``Persistence.save_turn_result``).
+        saved next to the object, before it, so the store itself says which turn
+        the object applied (``Persistence.save_turn_result``).
         """
         if hold.checkpointed:
             hold.generation = await self.registry.next_generation(hold.session_id)
@@ -69,16 +71,18 @@ class TurnCommits:
         try:
             with self.metrics.timer("sandcell_checkpoint_duration_seconds"):
                 async with asyncio.timeout(self.budgets.checkpoint_s):
+                    if turn_result is not None:
+                        await self.persistence.save_turn_result(
+                            checkpoint_key(hold.session_id, hold.generation),
+                            turn_key=turn_result.turn_key,
+                            body=turn_result.body,
+                        )
                     info = await self.persistence.save(
                         attached.handle,
                         session_id=hold.session_id,
                         generation=hold.generation,
                         workspace=workspace,
                     )
-                    if turn_result is not None:
-                        await self.persistence.save_turn_result(
-                            info.key, turn_key=turn_result.turn_key, body=turn_result.body
-                        )
                 await self.records.write(
                     hold, answer=answer, checkpoint_key=info.key, unsaved=False, turn_open=False
                 )

@@ -68,6 +68,9 @@ class StoredCheckpoint:
     was saved with it (``save_turn_result``)."""
     result_key: str | None = None
     """The object holding that turn's result."""
+    restorable: bool = True
+    """False for a turn result whose checkpoint is not there (its upload failed after
+    the result was saved): listed only so that collection removes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,11 @@ class Persistence:
             return await self.store.put(key, chunks, max_bytes=self.max_bytes)
 
     async def save_turn_result(self, checkpoint: str, *, turn_key: str, body: bytes) -> None:
-        """Store the result of the keyed turn that wrote ``checkpoint``, next to it."""
+        """Store the result of the keyed turn about to write ``checkpoint``, next to it.
+
+        Saved before the checkpoint itself: a checkpoint without its result would be a
+        keyed turn applied that nobody can recognise (a holder cancelled right after
+        the upload, its lock lost); a result without its checkpoint names nothing."""
         await self.store.put(
             turn_result_key(checkpoint, turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
         )
@@ -166,7 +173,8 @@ class Persistence:
     @staticmethod
     def latest(checkpoints: Sequence[StoredCheckpoint]) -> StoredCheckpoint | None:
         """The newest of ``checkpoints`` (what ``stored`` listed): the highest generation."""
-        return max(checkpoints, key=lambda item: item.generation, default=None)
+        restorable = (item for item in checkpoints if item.restorable)
+        return max(restorable, key=lambda item: item.generation, default=None)
 
     async def collect(
         self,
@@ -230,7 +238,7 @@ def _checkpoints(session_id: str, entries: Sequence[SnapshotEntry]) -> list[Stor
     for entry in entries:
         parsed = parse_checkpoint_key(entry.key)
         if parsed is not None and parsed[0] == session_id:
-            turn = results.get(entry.key)
+            turn = results.pop(entry.key, None)
             found.append(
                 StoredCheckpoint(
                     entry.key,
@@ -242,4 +250,17 @@ def _checkpoints(session_id: str, entries: Sequence[SnapshotEntry]) -> list[Stor
             )
         elif entry.key == legacy:
             found.append(StoredCheckpoint(entry.key, 0, entry.modified_at_s))
+    modified = {entry.key: entry.modified_at_s for entry in entries}
+    for checkpoint, (turn_key, result_key) in results.items():
+        parsed = parse_checkpoint_key(checkpoint)
+        if parsed is not None and parsed[0] == session_id:
+            found.append(
+                StoredCheckpoint(
+                    result_key,
+                    parsed[1],
+                    modified[result_key],
+                    turn_key=turn_key,
+                    restorable=False,
+                )
+            )
     return sorted(found, key=lambda item: (item.generation, item.key))
