@@ -49,3 +49,22 @@ def test_caller_mistakes_are_4xx_and_faults_5xx() -> None:
     assert e2b_error_response(RuntimeError("boom")).status_code == 500
     assert connect_error(oe.RunnerRequestError("x", code="not_found")).code is Code.NOT_FOUND
     assert connect_error(oe.SandboxUnavailableError("x")).code is Code.UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        oe.RunnerRequestError(
+            "GET /v1/session/files/x: HTTP 400 invalid_path: bad", code="invalid_path"
+        ),
+        oe.RunnerRequestError("GET /v1/session/files/x: HTTP 404 not_found", code="not_found"),
+        oe.SandboxUnavailableError("GET /v1/session/files/x: ConnectError: 127.0.0.1:4123"),
+        oe.SessionBusyError("session rt_x is held by another worker at 127.0.0.1:4123"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_no_answer_names_the_runner_route_or_address(exc: BaseException) -> None:
+    """Both the control plane's body and envd's Connect error say what failed, not where."""
+    for text in (e2b_error_response(exc).body.decode(), connect_error(exc).message):
+        assert "/v1/session" not in text
+        assert "127.0.0.1" not in text

@@ -90,12 +90,23 @@ def _free_port() -> int:
         return port
 
 
+def _worker_database(url: str) -> str:
+    """``url`` on a database of this pytest-xdist worker's own (``gw0`` is 1, ``gw1`` 2...):
+    what a test keys fleet-wide (a tenant's LibreChat slots) must not be counted by a test
+    that runs at the same moment in another worker. Database 0 without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{int(worker.removeprefix('gw')) % 15 + 1}"
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Redis the tests use: ``$SANDCELL_TEST_REDIS_URL``, or a private one."""
     url = os.environ.get(REDIS_URL_ENV)
     if url:
-        yield url
+        yield _worker_database(url)
         return
     binary = shutil.which("redis-server")
     if binary is None:
@@ -108,7 +119,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
     argv += ["no", "--daemonize", "no", "--dir", str(workdir)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
+    url = _worker_database(f"redis://127.0.0.1:{port}/0")
     try:
         client = redis.Redis.from_url(url)
         try:

@@ -54,6 +54,35 @@ def test_every_orchestrator_error_maps_to_an_error_body(cls: type[SandcellError]
         assert body.error.retryable, cls
 
 
+INTERNAL = "POST /v1/execute: ConnectError: runner at http://127.0.0.1:41234 refused"
+
+
+def internal(cls: type[SandcellError]) -> SandcellError:
+    """``cls`` with a message as a runner boundary writes it: route and address."""
+    if cls is RunnerRequestError:
+        return cls(INTERNAL, code="invalid_path", public_detail="'../x' escapes")
+    if cls is errors.SandboxCommandError:
+        return cls(INTERNAL, exit_code=1, stdout="", stderr="")
+    return cls(INTERNAL)
+
+
+@pytest.mark.parametrize("cls", all_sandcell_errors(), ids=lambda cls: cls.__name__)
+def test_no_answer_names_a_runner_route_or_address(cls: type[SandcellError]) -> None:
+    """An error's own message is for the log: the answer says what failed, in words of its
+    own, and keeps only a public detail (a refused request's), never the route or address."""
+    _, body = map_error(internal(cls))
+    assert "/v1/execute" not in body.error.message
+    assert "127.0.0.1" not in body.error.message
+    assert body.error.message
+    if cls is RunnerRequestError:
+        assert body.error.message.endswith("'../x' escapes"), body.error.message
+
+
+def test_a_missing_inputs_public_detail_names_it() -> None:
+    missing = errors.InputMissingError("PUT /v1/inputs: gone", public_detail="input f1 not found")
+    assert map_error(missing)[1].error.message.endswith(": input f1 not found")
+
+
 @pytest.mark.parametrize(
     ("exc", "status", "code", "retryable"),
     [

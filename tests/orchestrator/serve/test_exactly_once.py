@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandcell_orchestrator.bootstrap import open_services
+from sandcell_orchestrator.bootstrap import Services, open_services
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.errors import RegistryError
 from sandcell_orchestrator.registry import SessionRegistry
@@ -43,8 +43,10 @@ class _DiesBeforeAnswering:
     """The registry as the serve app sees it, on a worker that dies right after a turn's
     committing write: every answer it would store afterwards is lost."""
 
-    def __init__(self, inner: SessionRegistry) -> None:
+    def __init__(self, inner: SessionRegistry, services: Services) -> None:
         self._inner = inner
+        self.services = services
+        """The worker's own services (a test cleans up through them)."""
         self.lost = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -73,7 +75,7 @@ def worker(request: pytest.FixtureRequest, tmp_path: Path, runtime_dir: Path) ->
     async def start() -> AsyncIterator[tuple[httpx.AsyncClient, _DiesBeforeAnswering]]:
         settings = OrchestratorSettings.from_env(clean_environ(**env))
         async with open_services(settings) as services:
-            dying = _DiesBeforeAnswering(services.registry)
+            dying = _DiesBeforeAnswering(services.registry, services)
             seen = dataclasses.replace(services, registry=dying)
             async with (
                 serve_asgi(create_app(settings, services=seen), lifespan="on") as url,
@@ -124,3 +126,53 @@ async def test_a_committed_turn_has_its_answer_even_if_its_worker_died_before_st
         session_id = runtime_session_id("tenant-a", "u", hint)
         deleted = await client.delete(f"/v1/sessions/{session_id}", headers=auth)
         assert deleted.status_code == 204, deleted.text
+
+
+LIBRECHAT_COUNT = (
+    "open('runs', 'a').write('x\\n'); n = len(open('runs').read().splitlines());"
+    " open('out.txt', 'w').write(f'run {n}'); print(n)"
+)
+
+
+def librechat_call(hint: str) -> bytes:
+    body = {"lang": "py", "code": LIBRECHAT_COUNT, "user_id": "u", "runtime_session_hint": hint}
+    return json.dumps(body).encode()
+
+
+async def test_a_committed_librechat_run_has_its_answer_even_if_its_worker_died(
+    worker: Worker,
+) -> None:
+    """LibreChat's ``/exec`` in a runtime session, keyed: its commit stores the answer,
+    output files included (they are kept before the commit), so the retry after a worker
+    'died' before storing the answer replays it, its file downloads, and the job ran once."""
+    hint, key = f"h-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    auth = {"X-API-Key": KEY, "Content-Type": "application/json"}
+    async with worker() as (client, dying):
+        first = await client.post(
+            "/librechat/v1/exec",
+            content=librechat_call(hint),
+            headers=auth | {"Idempotency-Key": key},
+        )
+        assert first.status_code == 200, first.text
+        assert dying.lost == 1
+        again = await client.post(
+            "/librechat/v1/exec",
+            content=librechat_call(hint),
+            headers=auth | {"Idempotency-Key": key},
+        )
+        assert again.headers.get("idempotent-replayed") == "true", again.text
+        assert again.content == first.content
+        answer = again.json()
+        assert answer["stdout"] == "1\n"
+        (out,) = [f for f in answer["files"] if f["name"] == "out.txt"]
+        download = await client.get(
+            f"/librechat/v1/download/{out['storage_session_id']}/{out['id']}", headers=auth
+        )
+        assert (download.status_code, download.content) == (200, b"run 1")
+        unkeyed = await client.post(
+            "/librechat/v1/exec", content=librechat_call(hint), headers=auth
+        )
+        assert unkeyed.json()["stdout"] == "2\n", unkeyed.text
+        # LibreChat's sessions are not in /v1's index: destroyed as the sweeper would.
+        session_id = runtime_session_id("tenant-a", "u", hint)
+        assert await dying.services.execution.destroy_session(session_id)

@@ -25,9 +25,19 @@ from __future__ import annotations
 
 
 class SandcellError(Exception):
-    """Base of every orchestrator error. ``retryable`` tells callers whether to retry."""
+    """Base of every orchestrator error. ``retryable`` tells callers whether to retry.
+
+    The message is for logs: it may name a runner's route or address. What a served
+    API may answer to its caller is ``public_detail`` (None: nothing beyond what the
+    error's class says), the part that describes the caller's own request: a
+    runner's words on an input it refused, the id of an input that is missing.
+    """
 
     retryable: bool = False
+
+    def __init__(self, message: str = "", *, public_detail: str | None = None) -> None:
+        super().__init__(message)
+        self.public_detail = public_detail
 
 
 class ConfigError(SandcellError):
@@ -70,8 +80,15 @@ class ContextLostError(SandboxError):
 class RunnerRequestError(SandboxError):
     """The runner rejected a request; ``code`` is the protocol's ``ErrorCode`` value."""
 
-    def __init__(self, message: str, *, code: str, retryable: bool = False) -> None:
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        retryable: bool = False,
+        public_detail: str | None = None,
+    ) -> None:
+        super().__init__(message, public_detail=public_detail)
         self.code = code
         self.retryable = retryable
 

@@ -56,7 +56,10 @@ def _runner_error(exc: RunnerRequestError, raw: str) -> E2bError:
     if exc.code == "not_found":
         return E2bError(404, "not_found", f"path {raw[:200]!r} not found")
     if exc.code in ("invalid_path", "bad_request"):
-        return E2bError(400, "invalid_path", f"path {raw[:200]!r}: {exc}")
+        # Its own message names the runner's route; its public detail is about the path.
+        return E2bError(
+            400, "invalid_path", f"path {raw[:200]!r}: {exc.public_detail or 'refused'}"
+        )
     if exc.code == "payload_too_large":
         return E2bError(507, "payload_too_large", f"path {raw[:200]!r}: too large")
     raise exc

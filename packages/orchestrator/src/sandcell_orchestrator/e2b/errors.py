@@ -18,7 +18,7 @@ from starlette.responses import Response
 from sandcell_protocol import ProtocolError, decode, encode
 
 from ..errors import RunnerRequestError, SandboxUnavailableError
-from ..serve.errors import map_error, read_body
+from ..serve.errors import map_error, public_message, read_body
 from .wire import ErrorBody
 
 __all__ = [
@@ -97,7 +97,8 @@ def connect_error(exc: BaseException) -> ConnectError:
     if isinstance(exc, RunnerRequestError):
         code = _RUNNER_CODES.get(exc.code)
         if code is not None:
-            return ConnectError(code, str(exc))
+            # Its own message names the runner's route: the caller gets what was refused.
+            return ConnectError(code, public_message(exc, "the request was refused"))
     if isinstance(exc, SandboxUnavailableError):
         return ConnectError(Code.UNAVAILABLE, "the sandbox is not reachable")
     status, body = map_error(exc)

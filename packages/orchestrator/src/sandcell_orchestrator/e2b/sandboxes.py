@@ -13,10 +13,11 @@ one connects to it through its session record (``SandboxManager.connect``: its
 provider reaches it when the workers share the engine, the account, or, for the
 local provider, ``SANDCELL_LOCAL_RUNTIME_DIR``). What stays in this process is
 the handle to each sandbox it has reached, reopened when the row says the
-sandbox was resumed since. Create's ``Idempotency-Key`` is claimed in the
-registry too: a retry on any worker gets the first create's sandbox. With an
-embedded registry the sandboxes end with the process (``aclose`` kills them);
-with a distributed one they outlive it, for the other workers.
+sandbox was resumed since (``views.SandboxViews``). Create's ``Idempotency-Key``
+is claimed in the registry too (``create_once``): a retry on any worker gets the
+first create's sandbox. With an embedded registry the sandboxes end with the
+process (``aclose`` kills them); with a distributed one they outlive it, for the
+other workers.
 
 Tenants are walls: every lookup by id is scoped by the caller's namespace, and
 another tenant's sandbox answers exactly as a missing one. The envd side finds a
@@ -26,28 +27,27 @@ sandbox by id and access token together (a wrong token reads as no sandbox).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import re
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import anyio
 import msgspec
 
 from sandcell_protocol import EgressPolicy
 
-from ..errors import SandboxNotFoundError, SandcellError
+from ..errors import SandcellError
 from ..handle import SandboxHandle
 from ..providers.base import SandboxSpec
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
-from ..serve.idempotency import Claim
 from ..sessions.manager import SandboxManager, sandbox_session_key
+from .create_once import check_create_key, create_once
 from .errors import E2bError
 from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
+from .views import SandboxViews
 
 __all__ = [
     "DEFAULT_TEMPLATES",
@@ -58,16 +58,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_IDEMPOTENCY_KEY_RE = re.compile(r"[a-z0-9-]{1,255}")
 _OWNER_LABEL = "sandcell.e2b_sandbox"
 _RETRY_EXPIRY_S = 30.0
-_CHANGE_ATTEMPTS = 8
-# A create's claim on its Idempotency-Key: renewed while it runs (a dead worker's
-# claim lapses after this), then its sandbox id is kept for a day.
-_CREATE_CLAIM_TTL_MS = 30_000
-_CREATE_RESULT_TTL_MS = 24 * 3600 * 1000
-_CREATE_WAIT_S = 60.0
-_CREATE_POLL_S = 0.2
 
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -106,13 +98,17 @@ class E2bSandboxes:
         self._now = wall_clock
         self._new_id = new_id
         self._new_token = new_token
-        # The sandboxes this worker has seen, with the handles it opened.
-        self._local: dict[str, E2bSandbox] = {}
         # sandbox id -> wall-clock time before which the timeout sweep leaves it be.
         self._retry_at: dict[str, float] = {}
+        # The sandboxes this worker has seen, with the handles it opened.
+        self.views = SandboxViews(
+            manager,
+            spec_of=self._spec,
+            on_forget=lambda sandbox_id: self._retry_at.pop(sandbox_id, None),
+        )
 
     def __repr__(self) -> str:
-        return f"E2bSandboxes(local={len(self._local)})"
+        return f"E2bSandboxes(local={len(self.views)})"
 
     @property
     def registry(self) -> SessionRegistry:
@@ -132,58 +128,20 @@ class E2bSandboxes:
             labels={**base.labels, _OWNER_LABEL: row.sandbox_id},
         )
 
-    async def _view(self, row: E2bSandboxRow) -> E2bSandbox:
-        """This worker's object for ``row``, brought up to date with it."""
-        found = self._local.get(row.sandbox_id)
-        if found is None or found.gone:
-            found = E2bSandbox(row=row, spec=self._spec(row))
-            self._local[row.sandbox_id] = found
-        elif row.revision >= found.row.revision:
-            found.row = row
-        stale = found.row.state != "running" or found.handle_resumes != found.row.resumes
-        if found.handle is not None and stale:
-            await self._close_handle(found)
-        return found
-
-    async def _forget(self, sandbox_id: str) -> None:
-        found = self._local.pop(sandbox_id, None)
-        self._retry_at.pop(sandbox_id, None)
-        if found is not None:
-            found.gone = True
-            await self._close_handle(found)
-
-    async def _attach(self, sandbox: E2bSandbox) -> E2bSandbox:
-        """Open a handle to a running sandbox this worker has none to (through its session
-        record); a sandbox its provider cannot reach from here stays without one."""
-        if sandbox.handle is not None or sandbox.state != "running":
-            return sandbox
-        async with sandbox.lock:
-            if sandbox.handle is not None or sandbox.gone or sandbox.state != "running":
-                return sandbox
-            try:
-                handle = await self.manager.connect(sandbox.session_id)
-            except SandboxNotFoundError as exc:
-                log.warning("e2b sandbox %s: not reachable here: %s", sandbox.sandbox_id, exc)
-                return sandbox
-            sandbox.handle = handle
-            sandbox.runner = SandboxRunnerClient.for_handle(handle)
-            sandbox.handle_resumes = sandbox.row.resumes
-        return sandbox
-
     # -- lookups ------------------------------------------------------------------------
 
     async def get(self, sandbox_id: str, *, owner: str) -> E2bSandbox:
         """``owner``'s sandbox; a 404 for a missing one and another tenant's alike."""
         row = await self.registry.e2b_sandbox(check_sandbox_id(sandbox_id))
         if row is None:
-            await self._forget(sandbox_id)
+            await self.views.forget(sandbox_id)
         if row is None or row.namespace != owner:
             raise E2bError(404, "not_found", f"sandbox {sandbox_id} not found")
-        return await self._view(row)
+        return await self.views.view(row)
 
     async def owned_by(self, owner: str) -> list[E2bSandbox]:
         """``owner``'s sandboxes, oldest first."""
-        return [await self._view(row) for row in await self.registry.e2b_sandboxes(owner)]
+        return [await self.views.view(row) for row in await self.registry.e2b_sandboxes(owner)]
 
     async def for_envd(
         self, sandbox_id: str | None, token: str | None, *, traffic_token: str | None = None
@@ -195,18 +153,15 @@ class E2bSandboxes:
         if sandbox_id is not None and valid_sandbox_id(sandbox_id):
             row = await self.registry.e2b_sandbox(sandbox_id)
             if row is None:
-                await self._forget(sandbox_id)
+                await self.views.forget(sandbox_id)
         if not token_ok(row, token, traffic_token) or row is None:
             return None
-        return await self._attach(await self._view(row))
+        return await self.views.attach(await self.views.view(row))
 
     def known_for_envd(self, sandbox_id: str | None, token: str | None) -> E2bSandbox | None:
         """``for_envd`` from what this worker already read (the RPC handlers' synchronous
         lookup, after the request's ``for_envd`` brought it up to date)."""
-        found = self._local.get(sandbox_id or "")
-        if found is None or found.gone or not token_ok(found.row, token, None):
-            return None
-        return found
+        return self.views.known(sandbox_id, token)
 
     # -- create ---------------------------------------------------------------------------
 
@@ -230,8 +185,7 @@ class E2bSandboxes:
     ) -> E2bSandbox:
         """Acquire a sandbox for ``owner`` from ``template`` (a retry with the same
         ``idempotency_key``, on any worker, answers the sandbox the first call made)."""
-        if idempotency_key is not None and not _IDEMPOTENCY_KEY_RE.fullmatch(idempotency_key):
-            raise E2bError(400, "bad_request", "Idempotency-Key: 1-255 of [a-z0-9-]")
+        check_create_key(idempotency_key)
         spec = self.templates.get(template)
         if spec is None:
             raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
@@ -255,46 +209,9 @@ class E2bSandboxes:
 
         if idempotency_key is None:
             return await make()
-        return await self._create_once(owner, idempotency_key, make)
-
-    async def _create_once(
-        self, owner: str, idempotency_key: str, make: Callable[[], Awaitable[E2bSandbox]]
-    ) -> E2bSandbox:
-        """``make()`` once per (tenant, key) across the fleet: a retry waits for a create
-        still running elsewhere, then answers its sandbox."""
-        stored = hashlib.sha256(f"e2b/create\0{owner}\0{idempotency_key}".encode()).hexdigest()
-        token = secrets.token_hex(16)
-        waited_until = time.monotonic() + _CREATE_WAIT_S
-        while True:
-            held = await self.registry.claim_idempotency(
-                stored, fingerprint="e2b-create", token=token, ttl_ms=_CREATE_CLAIM_TTL_MS
-            )
-            if held is None:
-                break
-            if held.done:
-                made_id = held.body.decode(errors="replace")
-                row = (
-                    await self.registry.e2b_sandbox(made_id) if valid_sandbox_id(made_id) else None
-                )
-                if row is not None and row.namespace == owner:
-                    return await self._view(row)
-                # The first create's sandbox was killed since: the key makes one more,
-                # once, keyed on from the one it replaces.
-                stored = hashlib.sha256(f"{stored}\0{made_id}".encode()).hexdigest()
-                continue
-            if time.monotonic() > waited_until:
-                raise E2bError(
-                    409, "idempotency_in_flight", "a create with this Idempotency-Key still runs"
-                )
-            await anyio.sleep(_CREATE_POLL_S)
-        claim = Claim(
-            self.registry,
-            stored,
-            token,
-            claim_ttl_ms=_CREATE_CLAIM_TTL_MS,
-            result_ttl_ms=_CREATE_RESULT_TTL_MS,
+        return await create_once(
+            self.registry, owner=owner, key=idempotency_key, make=make, view=self.views.view
         )
-        return await claim.kept(make(), stored=lambda made: (201, made.sandbox_id.encode()))
 
     async def _check_room(self, owner: str) -> None:
         rows = await self.registry.e2b_sandboxes(owner)
@@ -346,43 +263,16 @@ class E2bSandboxes:
             raise E2bError(409, "session_conflict", "sandbox id taken; create again")
         sandbox.handle = handle
         sandbox.runner = SandboxRunnerClient.for_handle(handle)
-        self._local[row.sandbox_id] = sandbox
+        self.views.add(sandbox)
         log.info("e2b sandbox %s created from template %s", row.sandbox_id, template)
         return sandbox
-
-    # -- row changes ------------------------------------------------------------------------
-
-    async def _change(
-        self, sandbox: E2bSandbox, change: Callable[[E2bSandboxRow], E2bSandboxRow]
-    ) -> None:
-        """Apply ``change`` to the stored row by compare-and-set, re-reading it when
-        another worker changed it meanwhile; a 404 once it is gone."""
-        for _ in range(_CHANGE_ATTEMPTS):
-            current = sandbox.row
-            changed = msgspec.structs.replace(change(current), revision=current.revision + 1)
-            if await self.registry.update_e2b_sandbox(changed):
-                sandbox.row = changed
-                return
-            fresh = await self.registry.e2b_sandbox(sandbox.sandbox_id)
-            if fresh is None or fresh.namespace != sandbox.owner:
-                await self._forget(sandbox.sandbox_id)
-                raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
-            sandbox.row = fresh
-        raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} keeps changing")
-
-    async def _refresh(self, sandbox: E2bSandbox) -> None:
-        fresh = await self.registry.e2b_sandbox(sandbox.sandbox_id)
-        if fresh is None or fresh.namespace != sandbox.owner:
-            await self._forget(sandbox.sandbox_id)
-            raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
-        await self._view(fresh)
 
     # -- timeouts ---------------------------------------------------------------------------
 
     async def set_timeout(self, sandbox: E2bSandbox, timeout_s: int) -> None:
         """The sandbox now ends ``timeout_s`` seconds from now (shorter or longer)."""
         end = self._now() + self._timeout(timeout_s)
-        await self._change(sandbox, lambda row: msgspec.structs.replace(row, end_at_s=end))
+        await self.views.change(sandbox, lambda row: msgspec.structs.replace(row, end_at_s=end))
 
     async def expire(self) -> int:
         """Kill (or, with ``autoPause``, pause) running sandboxes past their end; how many.
@@ -398,7 +288,7 @@ class E2bSandboxes:
             and self._retry_at.get(row.sandbox_id, 0) <= now
         ]
         for row in due:
-            sandbox = await self._view(row)
+            sandbox = await self.views.view(row)
             try:
                 if sandbox.auto_pause:
                     await self.pause(sandbox)
@@ -415,13 +305,15 @@ class E2bSandboxes:
     async def pause(self, sandbox: E2bSandbox) -> bool:
         """Suspend a running sandbox (its workspace is saved); False if already paused."""
         async with sandbox.lock:
-            await self._refresh(sandbox)
+            await self.views.refresh(sandbox)
             if sandbox.state == "paused":
                 return False
             # Suspended first: if that fails the sandbox runs on, reachable as before.
             await self.manager.suspend(sandbox.session_id)
-            await self._close_handle(sandbox)
-            await self._change(sandbox, lambda row: msgspec.structs.replace(row, state="paused"))
+            await self.views.close_handle(sandbox)
+            await self.views.change(
+                sandbox, lambda row: msgspec.structs.replace(row, state="paused")
+            )
         log.info("e2b sandbox %s paused", sandbox.sandbox_id)
         return True
 
@@ -429,13 +321,13 @@ class E2bSandboxes:
         """Resume a paused sandbox (workspace restored first); a running one's timeout is
         extended when ``timeout_s`` ends later than its current end."""
         async with sandbox.lock:
-            await self._refresh(sandbox)
+            await self.views.refresh(sandbox)
             end = self._now() + self._timeout(timeout_s)
             if sandbox.state == "paused":
                 await self._check_room(sandbox.owner)
                 handle = await self.manager.resume(sandbox.session_id, sandbox.spec)
                 try:
-                    await self._change(
+                    await self.views.change(
                         sandbox,
                         lambda row: msgspec.structs.replace(
                             row, state="running", end_at_s=end, resumes=row.resumes + 1
@@ -450,7 +342,7 @@ class E2bSandboxes:
                 sandbox.handle_resumes = sandbox.row.resumes
                 log.info("e2b sandbox %s resumed", sandbox.sandbox_id)
             elif timeout_s is not None and end > sandbox.end_at_s:
-                await self._change(
+                await self.views.change(
                     sandbox,
                     lambda row: msgspec.structs.replace(row, end_at_s=max(end, row.end_at_s)),
                 )
@@ -464,7 +356,7 @@ class E2bSandboxes:
                     return
                 # The row first: from here on no worker finds the sandbox.
                 await self.registry.remove_e2b_sandbox(sandbox.sandbox_id)
-                await self._forget(sandbox.sandbox_id)
+                await self.views.forget(sandbox.sandbox_id)
                 try:
                     await self.manager.destroy(sandbox.session_id)
                 except SandcellError as exc:
@@ -477,19 +369,13 @@ class E2bSandboxes:
         with contextlib.suppress(SandcellError):
             await self.manager.destroy(session_id)
 
-    async def _close_handle(self, sandbox: E2bSandbox) -> None:
-        handle, sandbox.handle, sandbox.runner = sandbox.handle, None, None
-        if handle is not None:
-            with contextlib.suppress(SandcellError):
-                await handle.close()
-
     async def aclose(self) -> None:
         """Close this worker's handles; kill every sandbox unless they outlive it
         (``keep_at_exit``: a shared registry, where other workers serve them)."""
         if not self.keep_at_exit:
             with contextlib.suppress(SandcellError):
                 for row in await self.registry.e2b_sandboxes():
-                    await self.kill(await self._view(row))
-        for sandbox in list(self._local.values()):
-            await self._close_handle(sandbox)
-        self._local.clear()
+                    await self.kill(await self.views.view(row))
+        for sandbox in self.views.all():
+            await self.views.close_handle(sandbox)
+        self.views.clear()

@@ -347,7 +347,9 @@ class RunnerClient(AppRoutes):
         """``GET /v1/session/files/{path}``: a regular file's bytes."""
         response = await self._conn.request("GET", file_route(path), session_id=session_id)
         if is_json(response):
-            raise RunnerRequestError(f"GET {path}: is a directory", code="invalid_path")
+            raise RunnerRequestError(
+                f"GET {path}: is a directory", code="invalid_path", public_detail="is a directory"
+            )
         return response.content
 
     async def list_files(self, path: str = "", *, session_id: str) -> FileListing:
@@ -355,7 +357,9 @@ class RunnerClient(AppRoutes):
         route = file_route(path, allow_root=True)
         response = await self._conn.request("GET", route, session_id=session_id)
         if not is_json(response):
-            raise RunnerRequestError(f"GET {path}: not a directory", code="invalid_path")
+            raise RunnerRequestError(
+                f"GET {path}: not a directory", code="invalid_path", public_detail="not a directory"
+            )
         return self._conn.decode(response, FileListing)
 
     async def write_file(

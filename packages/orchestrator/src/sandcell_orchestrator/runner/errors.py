@@ -236,17 +236,25 @@ def error_from_response(
             loose = msgspec.json.decode(body, type=_LooseError)
         except msgspec.MsgspecError:
             return SandboxUnavailableError(f"{where}: the answer is not a runner error body")
-        message = f"{where} {loose.error.code[:64]}: {redact(loose.error.message)}"
+        said = redact(loose.error.message)
+        message = f"{where} {loose.error.code[:64]}: {said}"
         if status >= 500:
             return SandboxUnavailableError(message)
-        return RunnerRequestError(message, code=loose.error.code[:64])
-    message = f"{where} {detail.code.value}: {redact(detail.message)}"
+        return RunnerRequestError(message, code=loose.error.code[:64], public_detail=said[:500])
+    # The runner's own words are about the request (what was refused, and why): the
+    # caller's to read. The route and status before them are this side's, for logs.
+    said = redact(detail.message)
+    message = f"{where} {detail.code.value}: {said}"
     error_cls = ERROR_CODE_MAP[detail.code]
     if issubclass(error_cls, RunnerRequestError):
-        return RunnerRequestError(message, code=detail.code.value, retryable=detail.retryable)
-    return error_cls(message)
+        return RunnerRequestError(
+            message, code=detail.code.value, retryable=detail.retryable, public_detail=said[:500]
+        )
+    return error_cls(message, public_detail=said[:500])
 
 
 def refused_before_sending(code: str, message: str) -> RunnerRequestError:
     """A request refused before it left: the same error the runner would have given."""
-    return RunnerRequestError(f"refused before sending: {message}", code=code)
+    return RunnerRequestError(
+        f"refused before sending: {message}", code=code, public_detail=message
+    )

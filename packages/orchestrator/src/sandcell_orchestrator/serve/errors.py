@@ -4,7 +4,9 @@
 unauthorized caller, a too-large body) into a status and an ``ErrorBody``;
 ``guarded`` wraps a route so nothing escapes unmapped, and ``http_error_response``
 answers Starlette's own 404/405s the same way. Unexpected exceptions say
-nothing about themselves: their text may hold secrets. ``read_body`` and its
+nothing about themselves: their text may hold secrets. Orchestrator errors say
+what failed (a stable code and this module's words), never how: their own
+message names runner routes and addresses, and goes to the log instead. ``read_body`` and its
 limit ``MAX_BODY_BYTES`` live here because the 413 answer names the limit.
 """
 
@@ -57,6 +59,7 @@ __all__ = [
     "guarded",
     "http_error_response",
     "map_error",
+    "public_message",
     "read_body",
 ]
 
@@ -85,32 +88,74 @@ class PayloadTooLargeError(Exception):
     """A request body past ``MAX_BODY_BYTES``: answered 413 ``payload_too_large``."""
 
 
-# First match wins; the message is the error's own (orchestrator errors carry no
-# secrets) and retryability its class's.
-_DIRECT: tuple[tuple[type[Exception] | tuple[type[Exception], ...], int, ErrorCode], ...] = (
-    (ProtocolError, 400, ErrorCode.BAD_REQUEST),
-    (SessionRequiredError, 400, ErrorCode.SESSION_REQUIRED),
-    (SessionBusyError, 409, ErrorCode.SESSION_BUSY),
-    (SessionConflictError, 409, ErrorCode.SESSION_CONFLICT),
-    (ContextLostError, 409, ErrorCode.CONTEXT_LOST),
-    (InputMissingError, 400, ErrorCode.INPUT_MISSING),
-    ((ProtocolMismatchError, PeerProtocolMismatchError), 502, ErrorCode.PROTOCOL_MISMATCH),
-    ((SandboxUnavailableError, LockLostError, RegistryError), 503, ErrorCode.BUSY),
+# First match wins. An orchestrator error's own message is for the log (it may name a
+# runner's route or address, or a registry's): the caller is told what failed, in the
+# words of this table, plus the error's ``public_detail`` where the class has one to
+# give (``None`` here: the caller's own body, which a ProtocolError describes).
+_DIRECT: tuple[
+    tuple[type[Exception] | tuple[type[Exception], ...], int, ErrorCode, str | None], ...
+] = (
+    (ProtocolError, 400, ErrorCode.BAD_REQUEST, None),
+    (
+        SessionRequiredError,
+        400,
+        ErrorCode.SESSION_REQUIRED,
+        "this call needs a runtime session: give a runtime_session_hint",
+    ),
+    (SessionBusyError, 409, ErrorCode.SESSION_BUSY, "another call holds this session; retry"),
+    (
+        SessionConflictError,
+        409,
+        ErrorCode.SESSION_CONFLICT,
+        "the session's sandbox is bound to another session",
+    ),
+    (
+        ContextLostError,
+        409,
+        ErrorCode.CONTEXT_LOST,
+        "the code context's interpreter is gone: restart the context",
+    ),
+    (InputMissingError, 400, ErrorCode.INPUT_MISSING, "an input file could not be delivered"),
+    (
+        (ProtocolMismatchError, PeerProtocolMismatchError),
+        502,
+        ErrorCode.PROTOCOL_MISMATCH,
+        "the sandbox speaks an incompatible protocol version",
+    ),
+    (SandboxUnavailableError, 503, ErrorCode.BUSY, "the sandbox is not available; retry"),
+    (LockLostError, 503, ErrorCode.BUSY, "the session was taken over while this call ran; retry"),
+    (RegistryError, 503, ErrorCode.BUSY, "the session registry is not available; retry"),
 )
+# The classes whose ``public_detail`` is the caller's to read (it names their input).
+_DETAILED = (InputMissingError, RunnerRequestError)
+_CALLER_REFUSED = "the request was refused"
+
+
+def public_message(exc: BaseException, says: str) -> str:
+    """``says`` (what failed), with the error's ``public_detail`` where it has one to give."""
+    detail = getattr(exc, "public_detail", None) if isinstance(exc, _DETAILED) else None
+    return f"{says}: {detail}" if detail else says
 
 
 def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
-    """The HTTP status and ``ErrorBody`` an exception becomes; total over exceptions."""
+    """The HTTP status and ``ErrorBody`` an exception becomes; total over exceptions.
+
+    No answer names a runner's route, address or token: what the exception itself
+    says goes to the log, and the caller gets a stable code and what failed.
+    """
     if isinstance(exc, UnauthorizedError):
         return 401, error_body(ErrorCode.UNAUTHORIZED, "a valid bearer API key is required")
     if isinstance(exc, PayloadTooLargeError):
         return 413, error_body(
             ErrorCode.PAYLOAD_TOO_LARGE, f"the body exceeds {MAX_BODY_BYTES} bytes"
         )
-    for kinds, status, code in _DIRECT:
+    for kinds, status, code, says in _DIRECT:
         if isinstance(exc, kinds):
             retryable = bool(getattr(exc, "retryable", False))
-            return status, error_body(code, str(exc), retryable=retryable)
+            if says is None:
+                return status, error_body(code, str(exc), retryable=retryable)
+            _log_detail(status, code, exc)
+            return status, error_body(code, public_message(exc, says), retryable=retryable)
     if isinstance(exc, RunnerRequestError):
         try:
             code = ErrorCode(exc.code)
@@ -118,12 +163,14 @@ def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
             code = ErrorCode.INTERNAL
         if code in _CALLER_CODES:
             status = ERROR_SEMANTICS[code].http_status
-            return status, error_body(code, str(exc), retryable=exc.retryable)
+            message = public_message(exc, _CALLER_REFUSED)
+            return status, error_body(code, message, retryable=exc.retryable)
         log.error("the runner refused a request: %s", exc)
         return 500, error_body(ErrorCode.INTERNAL, "internal error")
     if isinstance(exc, SandboxTimeoutError):
         # The sandbox accepted the job and went quiet: its effects are unknown,
         # so this is not a blind-retry case.
+        log.warning("answering 504: %s", exc)
         return 504, error_body(
             ErrorCode.BUSY, "the sandbox did not answer in time", retryable=False
         )
@@ -133,12 +180,22 @@ def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
             ErrorCode.INTERNAL, "the session's saved state could not be restored"
         )
     if isinstance(exc, SandcellError) and exc.retryable:
-        return 503, error_body(ErrorCode.BUSY, str(exc), retryable=True)
+        _log_detail(503, ErrorCode.BUSY, exc)
+        return 503, error_body(
+            ErrorCode.BUSY, "the service cannot run this now; retry", retryable=True
+        )
     if isinstance(exc, SandboxError):
         log.error("sandbox failure: %s", exc)
         return 503, error_body(ErrorCode.BUSY, "the sandbox failed; retry", retryable=True)
     log.error("unexpected %s", type(exc).__name__, exc_info=exc)
     return 500, error_body(ErrorCode.INTERNAL, "internal error")
+
+
+def _log_detail(status: int, code: ErrorCode, exc: BaseException) -> None:
+    """What the caller is not told: the error as raised (secrets already scrubbed where
+    it was raised: ``runner.errors.Redactor``)."""
+    level = logging.WARNING if status >= 500 else logging.INFO
+    log.log(level, "answering %d %s: %s: %s", status, code.value, type(exc).__name__, exc)
 
 
 def _error(exc: BaseException, extra: ExtraMapping | None = None) -> Response:

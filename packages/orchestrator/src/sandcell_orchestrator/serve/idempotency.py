@@ -130,10 +130,11 @@ class Claim:
         return self._key if self._registry is not None else None
 
     def answering(
-        self, stored: Callable[[T], tuple[int, bytes]]
-    ) -> Callable[[T], IdempotentAnswer] | None:
+        self, stored: Callable[[T], tuple[int, bytes] | None]
+    ) -> Callable[[T], IdempotentAnswer | None] | None:
         """What a session turn's committing write stores as this key's answer, for its
-        result (``stored(result)``: status, body); None without a key.
+        result (``stored(result)``: status, body; None: nothing to keep for it, as for
+        a result its surface answers as an error); None without a key.
 
         With it the record write that commits a turn also stores its answer (one
         atomic write), so a worker dying right after that write leaves a committed
@@ -142,8 +143,11 @@ class Claim:
         if self._registry is None:
             return None
 
-        def answer(result: T) -> IdempotentAnswer:
-            status, body = stored(result)
+        def answer(result: T) -> IdempotentAnswer | None:
+            kept = stored(result)
+            if kept is None:
+                return None
+            status, body = kept
             return IdempotentAnswer(
                 key=self._key,
                 token=self._token,

@@ -13,21 +13,19 @@
 Fail closed on state, open on speed: a failed checkpoint keeps the previous one;
 a failed restore never runs the turn on an empty workspace; a lost lock aborts
 the work in flight; a sandbox that may be dirty is recycled, not reused. The
-lifecycle, the registry and the store are the manager's; this module only runs
-the turn.
+lifecycle, the registry and the store are the manager's; a session turn's steps
+from hold to commit are ``turn.SessionTurns``'; this module chooses the path and
+gives the turn its work (a job, or a cell in a code context).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -35,17 +33,7 @@ from sandcell_protocol import EgressPolicy, ExecuteRequest, ExecuteResult, runti
 from sandcell_protocol.contexts import ContextEvent, ContextRun, ContextRunResult
 
 from ..config import Budgets, SessionMode
-from ..errors import (
-    CheckpointError,
-    LockLostError,
-    SandboxError,
-    SandboxTimeoutError,
-    SandboxUnavailableError,
-    SandcellError,
-    SessionBusyError,
-    SessionConflictError,
-    SessionRequiredError,
-)
+from ..errors import SessionRequiredError
 from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
@@ -53,14 +41,12 @@ from ..registry import IdempotentAnswer, SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
-from .manager import Attached, Hold, SandboxManager
+from .manager import SandboxManager
 from .output import Collect, OnOutput, run_job
-from .persistence import TurnResult
 from .sandboxes import rebind
+from .turn import Keyed, SessionTurns
 
 __all__ = ["ExecutionService", "Identity"]
-
-log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -71,16 +57,6 @@ class Identity:
 
     namespace: str
     user_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class _Keyed(Generic[_T]):
-    """A keyed turn's stored idempotency key, and how its result is saved with its
-    checkpoint and read back (``Persistence.save_turn_result``)."""
-
-    turn_key: str
-    encode: Callable[[_T], bytes]
-    decode: Callable[[bytes], _T]
 
 
 class ExecutionService:
@@ -134,6 +110,8 @@ class ExecutionService:
         """How long a turn waits for a busy session before ``SessionBusyError`` (0: not at all)."""
         self.contexts = SessionContexts(manager, spec=self.spec)
         """Context operations by session id (``run_code`` runs the cells)."""
+        self.turns = SessionTurns(manager, self)
+        """Runs the session turns, reading the settings above from this service."""
 
     # -- entry point ----------------------------------------------------------
 
@@ -146,7 +124,7 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
-        answer: Callable[[ExecuteResult], IdempotentAnswer] | None = None,
+        answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
         turn_key: str | None = None,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
@@ -163,7 +141,8 @@ class ExecutionService:
         idempotency key, with ``answer``) also saves the result with the turn's
         checkpoint: a retry that finds the session's newest checkpoint written by
         this very turn, the registry having forgotten it (a wiped Redis), gets that
-        result instead of a second run.
+        result instead of a second run. A result ``answer`` gives None for has no
+        answer to keep (its surface answers it as an error).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects. ``egress`` replaces the
@@ -239,7 +218,7 @@ class ExecutionService:
         on_output: OnOutput | None = None,
         egress: EgressPolicy | None = None,
         collect: Collect | None = None,
-        answer: Callable[[ExecuteResult], IdempotentAnswer] | None = None,
+        answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
         turn_key: str | None = None,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
@@ -261,13 +240,13 @@ class ExecutionService:
             self.metrics.inc("sandcell_executions_total", status=str(result.status))
             return result
 
-        def answered(result: ExecuteResult, durable: bool) -> IdempotentAnswer:
+        def answered(result: ExecuteResult, durable: bool) -> IdempotentAnswer | None:
             assert answer is not None
             return answer(msgspec.structs.replace(result, durable=durable))
 
         keyed = None
         if answer is not None and turn_key is not None:
-            keyed = _Keyed(
+            keyed = Keyed(
                 turn_key,
                 # Saved as its answer says once committed: durable.
                 encode=lambda result: msgspec.json.encode(
@@ -355,8 +334,8 @@ class ExecutionService:
         changed: Callable[[_T], bool | None],
         egress: EgressPolicy | None = None,
         verify: bool = True,
-        answer: Callable[[_T, bool], IdempotentAnswer] | None = None,
-        keyed: _Keyed[_T] | None = None,
+        answer: Callable[[_T, bool], IdempotentAnswer | None] | None = None,
+        keyed: Keyed[_T] | None = None,
     ) -> tuple[_T, bool]:
         """One turn in a session: hold, attach (restore first), egress, inputs, ``work``,
         checkpoint unless ``changed`` says the workspace is as it was, touch. With
@@ -364,226 +343,17 @@ class ExecutionService:
         the turn's idempotent answer for (result, durable), stored by its commit;
         ``keyed``: its result saved with its checkpoint, and found there by a retry."""
         with self.metrics.timer("sandcell_turn_duration_seconds"):
-            return await self._held_turn(
+            return await self.turns.run(
                 session_id,
                 request,
                 work,
+                spec=self._spec_for(egress),
                 changed=changed,
                 egress=egress,
                 verify=verify,
                 answer=answer,
                 keyed=keyed,
             )
-
-    async def _held_turn(
-        self,
-        session_id: str,
-        request: ExecuteRequest,
-        work: Callable[[SandboxHandle], Awaitable[_T]],
-        *,
-        changed: Callable[[_T], bool | None],
-        egress: EgressPolicy | None,
-        verify: bool,
-        answer: Callable[[_T, bool], IdempotentAnswer] | None,
-        keyed: _Keyed[_T] | None = None,
-    ) -> tuple[_T, bool]:
-        manager = self.manager
-        spec = self._spec_for(egress)
-        async with manager.hold(session_id, wait_ms=self.session_wait_ms) as hold:
-            attached = await manager.attach(hold, spec, verify=verify)
-            if keyed is not None and answer is not None:
-                applied = await self._found_applied(hold, keyed, answer)
-                if applied is not None:
-                    return applied, True
-            try:
-                await manager.open_turn(hold)
-                if egress is not None and not attached.launched:
-                    # A sandbox launched for this turn got it already; a kept one now.
-                    await manager.apply_egress(attached.handle, egress)
-                await deliver_inputs(
-                    attached.handle, request, session_id=session_id, source=self.inputs
-                )
-                result = await work(attached.handle)
-                await manager.count_egress(attached.handle)
-            except asyncio.CancelledError:
-                # Interrupted (Ctrl-C, SIGTERM, a client that left, a lost lock): the
-                # job stopped when its stream closed. The rule for an interrupted turn
-                # is a timeout's: the session keeps what the job wrote until then. Not
-                # for a keyed turn: its client retries it, and the retry must not find
-                # half of it applied (exactly once), so it goes back to the last commit.
-                if answer is None:
-                    await manager.sandboxes.shielded(self._keep_interrupted(hold, attached))
-                else:
-                    await manager.sandboxes.shielded(manager.recycle(hold, attached))
-                raise
-            except (LockLostError, SandboxUnavailableError, SandboxTimeoutError):
-                # Lost the lock, unreachable, or timed out while the job may still
-                # run: the sandbox may be dirty, so it is recycled, never reused.
-                await manager.recycle(hold, attached)
-                raise
-            except SandcellError:
-                # Refused before or by the runner (a bad input, a missing file): the
-                # job did not run, so the sandbox holds nothing uncommitted.
-                with contextlib.suppress(SandcellError):
-                    await manager.close_turn(hold)
-                raise
-            # A fresh sandbox that restored nothing and received no inputs holds only
-            # what the job made: if it changed nothing, there is nothing to save.
-            pristine = (
-                attached.launched
-                and not attached.restored
-                and not request.files
-                and not request.inline_files
-            )
-            # A sandbox whose last checkpoint failed (on any worker: the mark is in
-            # the record) holds an unsaved turn: save it now even if this turn
-            # changed nothing.
-            unsaved = hold.record is not None and hold.record.unsaved
-
-            def answer_of(durable: bool) -> IdempotentAnswer | None:
-                return None if answer is None else answer(result, durable)
-
-            saved = None if keyed is None else TurnResult(keyed.turn_key, keyed.encode(result))
-
-            durable = True
-            if (
-                changed(result) is False
-                and (hold.checkpoint_key is not None or pristine)
-                and not unsaved
-            ):
-                self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
-                await manager.close_turn(hold, answer=answer_of(True))
-            else:
-                durable = await self._checkpoint_retrying(
-                    hold, attached, answer_of, turn_result=saved
-                )
-            await manager.touch(session_id)
-            if not self.keep_warm:
-                await manager.park(hold, attached)
-        return result, durable
-
-    async def _found_applied(
-        self,
-        hold: Hold,
-        keyed: _Keyed[_T],
-        answer: Callable[[_T, bool], IdempotentAnswer],
-    ) -> _T | None:
-        """The result of ``keyed``'s first run, if the checkpoint just restored is the one
-        it wrote (the registry forgot the session, and with it the turn's answer, or the
-        turn's record write never happened): the turn is applied there, so it is
-        committed now (the record points at that checkpoint) with that answer, and not
-        run again. None: run the turn."""
-        manager = self.manager
-        found = manager.applied_turn(hold)
-        if found is None or found.turn_key != keyed.turn_key:
-            return None
-        try:
-            body = await manager.persistence.turn_result(found)
-        except CheckpointError as exc:
-            raise SandboxUnavailableError(
-                f"cannot read the turn's saved result ({type(exc).__name__}); retry"
-            ) from exc
-        if body is None:
-            return None
-        result = keyed.decode(body)
-        await manager.commit_answer(hold, answer(result, True))
-        self.metrics.inc("sandcell_turns_found_applied_total")
-        log.info("session %s: a keyed turn's retry found it applied", hold.session_id[:11])
-        await manager.touch(hold.session_id)
-        return result
-
-    async def _checkpoint_retrying(
-        self,
-        hold: Hold,
-        attached: Attached,
-        answer_of: Callable[[bool], IdempotentAnswer | None],
-        *,
-        turn_result: TurnResult | None = None,
-    ) -> bool:
-        """Checkpoint, retrying store and transport failures for ``checkpoint_retry_s``;
-        whether it was saved. The write that commits the turn (saved, or marked
-        unsaved) stores ``answer_of(durable)`` with it.
-
-        A turn acknowledged on a failed checkpoint lives only in its warm sandbox,
-        so a short outage (S3 restarting) is waited out under the session lock,
-        which is renewed meanwhile. Past the budget the previous checkpoint is kept
-        (rule 6) and the record marks the sandbox unsaved. A runner that no longer
-        answers is not retried (what it held is gone), nor is a lost lock or a
-        fenced write: another holder owns the session.
-        """
-        deadline = time.monotonic() + self.checkpoint_retry_s
-        delay = 0.2
-        while True:
-            try:
-                await self.manager.checkpoint(
-                    hold, attached, answer=answer_of(True), turn_result=turn_result
-                )
-            except LockLostError:
-                raise
-            except (CheckpointError, SandboxError, TimeoutError) as exc:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not await self._runner_answers(attached):
-                    await self._checkpoint_failed(hold, exc, answer_of(False))
-                    return False
-                self.metrics.inc("sandcell_checkpoint_retries_total")
-                await asyncio.sleep(min(delay, remaining))
-                delay = min(delay * 2, 2.0)
-            except (SessionBusyError, SessionConflictError) as exc:
-                await self._checkpoint_failed(hold, exc, answer_of(False))
-                return False
-            else:
-                return True
-
-    async def _runner_answers(self, attached: Attached) -> bool:
-        """Whether the sandbox's runner still answers ``/health`` (a retry can save it)."""
-        try:
-            async with asyncio.timeout(self.manager.budgets.health_s):
-                await attached.handle.runner.health()
-        except (SandboxError, TimeoutError):
-            return False
-        return True
-
-    async def _checkpoint_failed(
-        self, hold: Hold, exc: Exception, answer: IdempotentAnswer | None
-    ) -> None:
-        log.warning(
-            "session %s: checkpoint failed (%s); keeping the previous one",
-            hold.session_id[:11],
-            type(exc).__name__,
-        )
-        try:
-            await self.manager.close_turn(hold, unsaved=True, answer=answer)
-        except SandcellError as mark_exc:
-            # Lost lock or registry down: the next holder cannot know; the answer
-            # still says the turn is not durable.
-            log.warning(
-                "session %s: could not mark it unsaved (%s)",
-                hold.session_id[:11],
-                type(mark_exc).__name__,
-            )
-
-    async def _keep_interrupted(self, hold: Hold, attached: Attached) -> None:
-        """Checkpoint an interrupted turn's workspace; recycle the sandbox if that fails.
-
-        The runner's checkpoint waits (briefly) for the stopped job's cleanup, so a
-        job that did not stop makes it fail, and the session then falls back to its
-        last checkpoint: a dirty sandbox is never saved or reused.
-        """
-        manager = self.manager
-        self.metrics.inc("sandcell_interrupted_turns_total")
-        try:
-            await manager.checkpoint(hold, attached)
-        except Exception as exc:
-            log.warning(
-                "session %s: interrupted turn not saved (%s); back to its last checkpoint",
-                hold.session_id[:11],
-                type(exc).__name__,
-            )
-            await manager.recycle(hold, attached)
-            return
-        await manager.touch(hold.session_id)
-        if not self.keep_warm:
-            await manager.park(hold, attached)
 
     def _turn_timeout(self, request: ExecuteRequest) -> float:
         return request.timeout_ms / 1000 + self.manager.budgets.health_s

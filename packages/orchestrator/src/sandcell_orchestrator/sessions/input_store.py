@@ -58,7 +58,8 @@ class SnapshotInputStore:
     async def read(self, ref: FileRef) -> bytes:
         data = await self.fetch(ref.storage_session, ref.object_id)
         if data is None:
-            raise InputMissingError(f"input {ref.object_id} (for {ref.name}) not found")
+            missing = f"input {ref.object_id} (for {ref.name}) not found"
+            raise InputMissingError(missing, public_detail=missing)
         return data
 
     async def fetch(self, storage_session: str, object_id: str) -> bytes | None:

@@ -142,7 +142,7 @@ class Sweeper:
             # A sandbox that died on its own leaves remains (a local runner's root
             # and mounts, a stopped container): remove them.
             await manager.provider.destroy(record.sandbox_id)
-            await manager._write(hold, state="suspended")
+            await manager.records.write(hold, state="suspended")
             manager.metrics.inc("sandcell_fallbacks_total", reason="sandbox_gone")
 
     async def _collect(self, records: list[SessionRecord]) -> None:

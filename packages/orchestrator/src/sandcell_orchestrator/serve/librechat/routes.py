@@ -40,10 +40,17 @@ from sandcell_protocol import (
 
 from ...bootstrap import Services
 from ...errors import InputMissingError, SandboxTimeoutError
+from ...handle import SandboxHandle
 from ...sessions.execution import ExecutionService, Identity
 from ..auth import UnauthorizedError
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, read_body
-from ..idempotency import Idempotency, idempotency_key
+from ..idempotency import (
+    Idempotency,
+    IdempotencyConflict,
+    Replay,
+    idempotency_key,
+    replayed,
+)
 from .auth import Caller, LibreChatAuth
 from .errors import ExecutionTimeoutError, librechat_json
 from .file_routes import FileRoutes
@@ -178,39 +185,87 @@ class LibreChatApi(FileRoutes):
             files=self.refs_of(inputs),
         )
 
-        async def run_once() -> Response:
-            kept = self.kept_outputs(inputs)
-            async with self.limiter.slot(caller.namespace):
-                try:
-                    result = await self.execution.execute(
-                        run,
-                        Identity(namespace=caller.namespace, user_id=user),
-                        hint=hint,
-                        collect=kept.collect,
-                    )
-                except SandboxTimeoutError as exc:
-                    raise ExecutionTimeoutError(str(exc)) from None
+        identity = Identity(namespace=caller.namespace, user_id=user)
+        kept = self.kept_outputs(inputs)
+        # The storage session of the run's kept outputs (the answer's session_id), and
+        # those outputs (files, artifact_delivery) once stored.
+        session_id = self._new_id()
+        outputs: list[tuple[list[OutFile], dict[str, object] | None]] = []
+
+        async def collect(handle: SandboxHandle, files: list[OutputFile]) -> None:
+            # Stored while the turn holds its sandbox, before the turn commits: a keyed
+            # turn's commit stores the answer, and the answer names these files.
+            await kept.collect(handle, files)
+            outputs[:] = [await self.keep_outputs(caller, user, session_id, files, inputs, kept)]
+
+        def body_of(result: ExecuteResult) -> bytes | None:
+            """The answer to ``result`` (None: a timeout, answered 504 and never kept)."""
             if result.status == RunStatus.TIMEOUT:
-                raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
-            answer = await self._answer(caller, user, result, inputs, kept)
+                return None
+            files, delivery = outputs[0] if outputs else ([], None)
+            answer = self._answer(result, session_id, files, delivery)
             if hint is not None:
                 answer = msgspec.structs.replace(
                     answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)
                 )
-            return Response(msgspec.json.encode(answer), media_type=JSON_MEDIA_TYPE)
+            return msgspec.json.encode(answer)
+
+        def stored(result: ExecuteResult) -> tuple[int, bytes] | None:
+            answer = body_of(result)
+            return None if answer is None else (200, answer)
 
         # Every JWT caller shares one namespace: its (verified) user is part of the
         # scope, so one user's key never replays another user's answer.
         scope = caller.namespace
         if caller.token_user is not None:
             scope = f"{caller.namespace}\0{caller.token_user}"
-        return await self.idempotency.once(
-            surface="librechat/exec",
-            namespace=scope,
-            key=idempotency_key(request),
-            body=raw,
-            answer=run_once,
+        claim = await self.idempotency.claim(
+            surface="librechat/exec", namespace=scope, key=idempotency_key(request), body=raw
         )
+        if isinstance(claim, IdempotencyConflict):
+            return claim.response()
+        if isinstance(claim, Replay):
+            return replayed(
+                Response(claim.body, status_code=claim.status, media_type=JSON_MEDIA_TYPE)
+            )
+
+        async def answered() -> bytes:
+            async with self.limiter.slot(caller.namespace):
+                try:
+                    # A keyed session turn: its answer goes with the fenced record write
+                    # that commits it (exactly once, as /v1/exec's).
+                    result = await self.execution.execute(
+                        run,
+                        identity,
+                        hint=hint,
+                        collect=collect,
+                        answer=claim.answering(stored),
+                    )
+                except SandboxTimeoutError as exc:
+                    # Its message names the runner's route: the log's, not the caller's.
+                    log.warning("exec: the sandbox did not answer in time: %s", exc)
+                    raise ExecutionTimeoutError("the sandbox did not answer in time") from None
+            answer = body_of(result)
+            if answer is None:
+                await self._drop_outputs(caller, session_id, outputs)
+                raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
+            return answer
+
+        # An error is not kept: the claim is dropped and a retry runs again.
+        kept_body = await claim.kept(answered(), stored=lambda answer: (200, answer))
+        return Response(kept_body, media_type=JSON_MEDIA_TYPE)
+
+    async def _drop_outputs(
+        self,
+        caller: Caller,
+        session_id: str,
+        outputs: list[tuple[list[OutFile], dict[str, object] | None]],
+    ) -> None:
+        """Remove a run's kept outputs that no answer names (a run that timed out)."""
+        for files, _ in outputs:
+            for file in files:
+                if not file.inherited:
+                    await self.files.delete(caller.namespace, session_id, file.id)
 
     async def _exec_caller(self, request: Request) -> tuple[Caller, bytes]:
         """The caller and the body: by the headers, else by a legacy body key.
@@ -277,22 +332,18 @@ class LibreChatApi(FileRoutes):
         if meta is None or (caller.token_user is not None and not visible(meta, viewer)):
             # Absent, another tenant's, or (for a token's user, whom the token vouches
             # for) one that user may not download: the same words either way.
-            raise InputMissingError(f"input {item.id} (for {item.name}) not found")
+            missing = f"input {item.id} (for {item.name}) not found"
+            raise InputMissingError(missing, public_detail=missing)
         return ResolvedInput(wire=item, storage=storage, read_only=meta.read_only)
 
-    async def _answer(
-        self,
-        caller: Caller,
-        user: str,
+    @staticmethod
+    def _answer(
         result: ExecuteResult,
-        inputs: list[ResolvedInput],
-        kept: KeptOutputs,
+        session_id: str,
+        files: list[OutFile],
+        delivery: dict[str, object] | None,
     ) -> ExecAnswer:
-        """Keep the run's output files under a new ``session_id`` and describe them."""
-        session_id = self._new_id()
-        files, delivery = await self.keep_outputs(
-            caller, user, session_id, result.files, inputs, kept
-        )
+        """The exec answer: ``result`` with its outputs kept under ``session_id``."""
         return ExecAnswer(
             session_id=session_id,
             stdout=result.stdout,

@@ -1,0 +1,136 @@
+"""``TurnCommits``: the fenced record writes that commit a held turn.
+
+``checkpoint`` saves the workspace under the hold's own generation (a second
+checkpoint in one hold first takes a new one), then the fenced record write
+points at it: a holder that was superseded gets ``LockLostError``/``FencedError``
+and its object is never referenced. ``open_turn`` marks a turn running in the
+held sandbox, ``close_turn`` ends it with nothing uncommitted (or, ``unsaved``,
+with acknowledged work no checkpoint has). The write that commits a turn also
+stores its idempotent answer (``answer``), in the same atomic step; a keyed
+turn's result goes with its checkpoint object, so a retry after the registry
+forgot the turn finds it applied there (``applied_turn``, ``commit_answer``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from sandcell_protocol import checkpoint_key
+
+from ..config import Budgets
+from ..metrics import Metrics
+from ..registry import IdempotentAnswer, SessionRegistry
+from ..snapshots import SnapshotInfo
+from .persistence import Persistence, PersistentWorkspace, StoredCheckpoint, TurnResult
+from .records import SessionRecords
+from .sandboxes import Attached, Hold
+
+__all__ = ["TurnCommits"]
+
+
+class TurnCommits:
+    """Commits held turns through ``records``, their checkpoints through ``persistence``."""
+
+    def __init__(
+        self,
+        registry: SessionRegistry,
+        records: SessionRecords,
+        persistence: Persistence,
+        *,
+        budgets: Budgets,
+        metrics: Metrics,
+    ) -> None:
+        self.registry = registry
+        self.records = records
+        self.persistence = persistence
+        self.budgets = budgets
+        self.metrics = metrics
+
+    async def checkpoint(
+        self,
+        hold: Hold,
+        attached: Attached,
+        *,
+        workspace: PersistentWorkspace | None = None,
+        answer: IdempotentAnswer | None = None,
+        turn_result: TurnResult | None = None,
+    ) -> SnapshotInfo:
+        """Save the sandbox's workspace (it keeps running) and point the record at it.
+
+        The object goes under this hold's own generation (a second checkpoint in
+        one hold first takes a new one), then the fenced record write commits it:
+        ``LockLostError``/``FencedError`` if this holder was superseded, in which
+        case its object is never referenced. ``answer`` (the turn's idempotent
+        answer) is stored by that same write; ``turn_result`` (a keyed turn's) is
+        saved next to the object, before it, so the store itself says which turn
+        the object applied (``Persistence.save_turn_result``).
+        """
+        if hold.checkpointed:
+            hold.generation = await self.registry.next_generation(hold.session_id)
+        hold.checkpointed = True
+        try:
+            with self.metrics.timer("sandcell_checkpoint_duration_seconds"):
+                async with asyncio.timeout(self.budgets.checkpoint_s):
+                    if turn_result is not None:
+                        await self.persistence.save_turn_result(
+                            checkpoint_key(hold.session_id, hold.generation),
+                            turn_key=turn_result.turn_key,
+                            body=turn_result.body,
+                        )
+                    info = await self.persistence.save(
+                        attached.handle,
+                        session_id=hold.session_id,
+                        generation=hold.generation,
+                        workspace=workspace,
+                    )
+                await self.records.write(
+                    hold, answer=answer, checkpoint_key=info.key, unsaved=False, turn_open=False
+                )
+        except Exception:
+            self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
+            raise
+        hold.checkpoint_key = info.key
+        self.metrics.inc("sandcell_checkpoints_total", outcome="ok")
+        self.metrics.inc("sandcell_checkpoint_bytes_total", info.size)
+        if hold.stored is not None:
+            # Listed at hold time: what this commit superseded goes (after the grace).
+            await self.persistence.collect(
+                hold.session_id, hold.stored, keep=info.key, below_generation=hold.generation
+            )
+        return info
+
+    async def open_turn(self, hold: Hold) -> None:
+        """Record that a turn's job is about to run in the held sandbox (``turn_open``):
+        until the turn closes, no later holder reuses that sandbox."""
+        if hold.record is not None and not hold.record.turn_open:
+            await self.records.write(hold, turn_open=True)
+
+    async def close_turn(
+        self, hold: Hold, *, unsaved: bool = False, answer: IdempotentAnswer | None = None
+    ) -> None:
+        """Record that the held turn ended with nothing uncommitted in its sandbox, or
+        (``unsaved``) with acknowledged work no checkpoint has, which whichever worker
+        takes the next turn saves (the record is the one place every worker reads).
+        ``answer`` (the turn's idempotent answer) is stored by that same write."""
+        record = hold.record
+        if record is not None and (record.turn_open or record.unsaved != unsaved):
+            await self.records.write(
+                hold, answer=answer, turn_open=False, unsaved=unsaved or record.unsaved
+            )
+
+    def applied_turn(self, hold: Hold) -> StoredCheckpoint | None:
+        """The checkpoint a hold that found no record restores, if a keyed turn wrote it
+        with its result (``checkpoint(turn_result=...)``): that turn is applied in it,
+        committed or not (its record write may be what the registry forgot)."""
+        if hold.stored is None or hold.checkpoint_key is None:
+            return None
+        latest = Persistence.latest(hold.stored)
+        if latest is None or latest.key != hold.checkpoint_key or latest.turn_key is None:
+            return None
+        return latest
+
+    async def commit_answer(self, hold: Hold, answer: IdempotentAnswer | None) -> None:
+        """Store a keyed turn's ``answer`` with a fenced write of the held record, as
+        it stands (its pointer commits the checkpoint the turn was found applied in);
+        None: the turn's result has no answer to keep, the write commits the pointer."""
+        await self.records.write(hold, answer=answer, turn_open=False)
