@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fixtures.paths import traversable_dir  # noqa: E402
-from tests.fixtures.runner_process import RunnerProcess, start_runner  # noqa: E402
+from tests.fixtures.runner_process import RunnerProcess, start_runner, tree_python  # noqa: E402
 
 from sandcell_protocol import headers as protocol_headers  # noqa: E402
 from sandcell_protocol import runtime_session_id  # noqa: E402
@@ -175,9 +175,11 @@ def restore(runner: RunnerProcess, session: str, archive: Path) -> float:
 
 
 def _cpu_ms(pid: int) -> tuple[float, float]:
-    """CPU time of a process and of its reaped children so far, in ms."""
+    """CPU time of a runner itself and of everything under it so far (the extractor
+    children its fork server reaped, the server itself, reaped helpers), in ms."""
     times = psutil.Process(pid).cpu_times()
-    return (times.user + times.system) * 1000, (times.children_user + times.children_system) * 1000
+    own = (times.user + times.system) * 1000
+    return own, tree_cpu_ms(pid) - own
 
 
 def _children_cpu_ms() -> float:
@@ -218,19 +220,6 @@ def _curl_headers(headers: dict[str, str]) -> list[str]:
     return [arg for name, value in headers.items() for arg in ("-H", f"{name}: {value}")]
 
 
-def baseline_python(tree: Path, venv: Path) -> str:
-    """An interpreter that runs ``tree``'s sandcell code with this environment's
-    dependencies: a bare venv whose ``.pth`` puts the tree's sources first, then this
-    environment's site-packages (whose own editable ``.pth`` files are not read), so
-    the runner and the extractor it starts (``-I``) both run the baseline's code."""
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next(venv.glob("lib/python3*/site-packages"))
-    ours = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    sources = [tree / "packages" / name / "src" for name in ("protocol", "runner")]
-    (site / "0_baseline.pth").write_text("".join(f"{p}\n" for p in (*sources, ours)))
-    return str(venv / "bin" / "python")
-
-
 def small_restore() -> int:
     """p50 / p90 of a 1.3 KB checkpoint's restore through HTTP against its floors.
 
@@ -256,7 +245,7 @@ def small_restore() -> int:
     samples: dict[str, list[float]] = {name: [] for name in (*floors, *envs)}
     with traversable_dir("benchcp-") as base, contextlib.ExitStack() as stack:
         if BASELINE is not None:
-            pythons["restore via HTTP, C baseline"] = baseline_python(BASELINE, base / "venv")
+            pythons["restore via HTTP, C baseline"] = tree_python(BASELINE, base / "venv")
         clients = {}
         pids: dict[str, int] = {}
         for index, (name, extra) in enumerate(envs.items()):

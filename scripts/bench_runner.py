@@ -28,9 +28,11 @@ such as a loop device's, are in neither).
 ``--b-env NAME=VALUE`` (repeatable) starts a second runner, B, with those variables
 added, and runs each of its load windows right after A's, so a configuration
 change is measured A/B in one run: B's rows and B/A ratios are printed too.
+``--b-tree DIR`` makes B run the code of DIR (a checkout of another commit, e.g.
+``git archive main packages | tar -x -C DIR``), for an A/B of a code change.
 
 Usage: .venv/bin/python scripts/bench_runner.py [--rounds 5] [--seconds 3] [--count 60]
-       [--b-env SANDCELL_RUNNER_EVENT_LOOP=asyncio]
+       [--b-env SANDCELL_RUNNER_EVENT_LOOP=asyncio] [--b-tree DIR]
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fixtures.paths import traversable_dir  # noqa: E402
-from tests.fixtures.runner_process import start_runner  # noqa: E402
+from tests.fixtures.runner_process import start_runner, tree_python  # noqa: E402
 
 from sandcell_runner.config import RunnerSettings  # noqa: E402
 from sandcell_runner.jail.cgroups import CgroupManager  # noqa: E402
@@ -284,6 +286,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3, help="one load window")
     parser.add_argument("--count", type=int, default=60, help="raw spawns per latency window")
     parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--b-tree", type=Path, metavar="DIR", help="B runs DIR's code")
     args = parser.parse_args()
     b_env = dict(item.split("=", 1) for item in args.b_env)
     binary = ensure_wrk()
@@ -296,7 +299,8 @@ def main() -> int:
     }
     # Per round, one list of samples per side: pooled for the percentiles,
     # kept apart for the per-round ratios. Runner series are keyed by side ("A", "B").
-    sides = ["A", "B"] if b_env else ["A"]
+    with_b = bool(b_env) or args.b_tree is not None
+    sides = ["A", "B"] if with_b else ["A"]
     raw_latency: dict[str, list[list[float]]] = collections.defaultdict(list)
     runner_latency: dict[tuple[str, str], list[list[float]]] = collections.defaultdict(list)
     ceilings: dict[str, list[float]] = collections.defaultdict(list)
@@ -315,8 +319,13 @@ def main() -> int:
         env = {"SANDCELL_RUNNER_MAX_JOBS": "64"}
         runners = {"A": start_runner(base / "runner", env=env)}
         try:
-            if b_env:
-                runners["B"] = start_runner(base / "runner-b", env={**env, **b_env})
+            if with_b:
+                b_python = (
+                    tree_python(args.b_tree, base / "venv-b") if args.b_tree else sys.executable
+                )
+                runners["B"] = start_runner(
+                    base / "runner-b", env={**env, **b_env}, python=b_python
+                )
             for runner in runners.values():
                 for body in bodies.values():  # pooled cgroups and spawner threads exist after this
                     wrk(binary, runner.url, runner.token, body, clients=16, seconds=1)
@@ -384,7 +393,10 @@ def main() -> int:
 
     load_now = os.getloadavg()[0]
     print(f"{args.rounds} rounds; raw and runner windows alternate; latencies pooled")
-    print(f"load average at the end {load_now:.1f} on {os.cpu_count()} CPUs; B env {b_env or '-'}")
+    print(
+        f"load average at the end {load_now:.1f} on {os.cpu_count()} CPUs; B env {b_env or '-'}"
+        f"; B tree {args.b_tree or '-'}"
+    )
     print("(a)+(b) bash:true through the runner, one client, vs raw jailed bash -c true")
     latency_rows("true")
     print("(c) python:pass through the runner, one client, vs raw jailed python -c pass")
@@ -417,7 +429,7 @@ def main() -> int:
                         f"  {side}      {name:<6} {clients:>2} clients {median_ms:6.2f} ms"
                         f"  vs raw {spread(ratios)}"
                     )
-    if b_env:
+    if with_b:
         print("B/A per round, median [range]")
         for name in argvs:
             for label, q in (("p50", 50.0), ("p99", 99.0)):

@@ -4,6 +4,7 @@ point of the HTTP layer."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -194,7 +195,9 @@ class RunnerService:
         self._last_request_s = time.monotonic()
         self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
-        self._active_jobs: set[Path] = set()
+        self._active_jobs: collections.Counter[Path] = collections.Counter()
+        """Directories of running jobs, counted: a one-shot job's ``jobs/<id>`` is
+        reused, so the next job may take it before this one's removal is over."""
         self._cleanups: set[asyncio.Task[None]] = set()
         self._collect_warnings()
 
@@ -264,7 +267,7 @@ class RunnerService:
             finally:
                 dirs = made[0] if made else None
                 if dirs is not None:
-                    self._active_jobs.add(dirs.job_dir.parent)
+                    self._active_jobs[dirs.job_dir.parent] += 1
             yield workspace
         finally:
             # Removal runs after the answer has gone out: it is off the latency path,
@@ -273,11 +276,16 @@ class RunnerService:
             self._cleanups.add(cleanup)
             cleanup.add_done_callback(self._cleanups.discard)
 
+    def _job_done(self, path: Path) -> None:
+        self._active_jobs[path] -= 1
+        if self._active_jobs[path] <= 0:
+            del self._active_jobs[path]
+
     async def _remove_fresh(self, dirs: JobDirs | None, uid: int) -> None:
         try:
             if dirs is not None:
                 await asyncio.to_thread(self._workspaces.remove_job, dirs)
-                self._active_jobs.discard(dirs.job_dir.parent)
+                self._job_done(dirs.job_dir.parent)
         except OSError as exc:
             log.warning("fresh workspace not removed (the reaper will retry): %s", exc)
         finally:
@@ -316,12 +324,12 @@ class RunnerService:
                     await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
                 raise
             job_dir = made[0]
-            self._active_jobs.add(job_dir)
+            self._active_jobs[job_dir] += 1
             try:
                 yield workspace
             finally:
                 await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
-                self._active_jobs.discard(job_dir)
+                self._job_done(job_dir)
 
     def prepare(self, request: ExecuteRequest) -> PreparedRequest:
         """Validate everything about a request before anything is written; raises a 4xx."""
