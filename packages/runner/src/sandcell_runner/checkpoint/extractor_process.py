@@ -18,7 +18,6 @@ the next restore.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import functools
@@ -181,7 +180,7 @@ class ExtractorServer:
         future = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
         try:
-            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            socket.send_fds(sock, [data], fds)
         except OSError as exc:
             self._pending.pop(seq, None)
             raise ServerLostError(f"the extractor server is unreachable: {exc}") from None
@@ -194,22 +193,16 @@ class ExtractorServer:
 
     def _on_readable(self) -> None:
         sock = self._sock
-        fd_bytes = socket.CMSG_SPACE(4 * array.array("i").itemsize)
         while sock is not None and self._sock is sock:
+            fds: list[int]
             try:
-                data, ancillary, _, _ = sock.recvmsg(
-                    extractor_server.MAX_MESSAGE_BYTES, fd_bytes, socket.MSG_CMSG_CLOEXEC
+                data, fds, _, _ = socket.recv_fds(
+                    sock, extractor_server.MAX_MESSAGE_BYTES, 4, socket.MSG_CMSG_CLOEXEC
                 )
             except BlockingIOError:
                 return
             except OSError:
-                data, ancillary = b"", []
-            fds: list[int] = []
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    received = array.array("i")
-                    received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-                    fds += list(received)
+                data, fds = b"", []
             if not data:
                 for fd in fds:
                     os.close(fd)

@@ -31,7 +31,6 @@ or ``failed``, and ``exited`` with its wait status once reaped.
 
 from __future__ import annotations
 
-import array
 import os
 import select
 import socket
@@ -81,8 +80,7 @@ class Server:
         self.children: dict[int, int] = {}
 
     def send(self, reply: Reply, fds: list[int] | None = None) -> None:
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-        self.sock.sendmsg([_encode(reply)], ancillary)
+        socket.send_fds(self.sock, [_encode(reply)], fds or [])
 
     def run(self) -> None:
         self.send(Reply(op="ready"))
@@ -96,16 +94,9 @@ class Server:
 
     def receive(self) -> bool:
         """One request; False at EOF (the runner is gone or closed us)."""
-        fd_bytes = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-        data, ancillary, flags, _ = self.sock.recvmsg(
-            MAX_MESSAGE_BYTES, fd_bytes, socket.MSG_CMSG_CLOEXEC
+        data, fds, flags, _ = socket.recv_fds(
+            self.sock, MAX_MESSAGE_BYTES, MAX_FDS, socket.MSG_CMSG_CLOEXEC
         )
-        fds: list[int] = []
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                received = array.array("i")
-                received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-                fds += list(received)
         try:
             if not data:
                 return False

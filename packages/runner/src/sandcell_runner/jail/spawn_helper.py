@@ -10,7 +10,6 @@ sends are small datagrams the helper drains at once.
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import json
@@ -154,7 +153,7 @@ class SpawnHelper:
         future: asyncio.Future[HelperProcess] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
         try:
-            sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            socket.send_fds(sock, [data], fds)
         except OSError as exc:
             self._pending.pop(seq, None)
             raise JailError(f"spawn helper unreachable: {exc}") from None

@@ -34,7 +34,6 @@ child's environment is exactly the request's.
 
 from __future__ import annotations
 
-import array
 import ctypes
 import fcntl
 import json
@@ -205,16 +204,9 @@ class Helper:
 
     def receive(self) -> bool:
         """One request; False at EOF (the runner is gone)."""
-        fd_bytes = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
-        data, ancillary, _, _ = self.sock.recvmsg(
-            MAX_MESSAGE_BYTES, fd_bytes, socket.MSG_CMSG_CLOEXEC
+        data, fds, _, _ = socket.recv_fds(
+            self.sock, MAX_MESSAGE_BYTES, MAX_FDS, socket.MSG_CMSG_CLOEXEC
         )
-        fds: list[int] = []
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                received = array.array("i")
-                received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-                fds += list(received)
         if not data:
             for fd in fds:
                 os.close(fd)
