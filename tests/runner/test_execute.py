@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import httpx
 import psutil
@@ -26,9 +27,15 @@ HELLO = {
 def test_languages_route_lists_discovered(runner: RunnerProcess) -> None:
     with runner.client() as client:
         body = client.get("/v1/languages").json()
+        again = client.get("/v1/languages").json()
     names = {item["name"] for item in body["languages"]}
     assert {"python", "bash", "sh"} <= names
     assert all(item["version"] for item in body["languages"])
+    # Probed when first asked (not at start-up): the interpreter's own answer.
+    python = next(item for item in body["languages"] if item["name"] == "python")
+    probed = subprocess.run(["/usr/bin/python3", "--version"], capture_output=True, text=True)
+    assert probed.stdout.split()[1] == python["version"]
+    assert again == body
 
 
 def test_hello_world_in_every_discovered_language(runner: RunnerProcess) -> None:

@@ -58,7 +58,7 @@ def _serve(*, undumpable: bool) -> int:
         return 2
     log.info(
         "languages: %s",
-        ", ".join(f"{s.name} {s.version}" for s in service.languages.values()) or "none",
+        ", ".join(service.languages) or "none",
     )
     config = uvicorn.Config(
         create_app(service),

@@ -8,11 +8,12 @@ is never used for jobs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,9 +62,9 @@ class LanguageSpec:
     """An interpreter found on this machine."""
 
     name: str
-    version: str
     binary: str
     entry_name: str
+    version_flag: tuple[str, ...] = ()
 
     def argv(self, args: Sequence[str]) -> list[str]:
         """The command inside the jail for an entry file at ``JOB_DIR/entry_name``."""
@@ -100,7 +101,7 @@ _DEBIAN_NODE_MODULES = "/usr/share/nodejs"
 _VERSION_RE = re.compile(r"(\d+\.\d+(?:\.\d+)?)")
 
 
-def _version_of(binary: str, flag: list[str]) -> str:
+def _version_of(binary: str, flag: Sequence[str]) -> str:
     if not flag:
         real = os.path.realpath(binary)
         return Path(real).name
@@ -120,30 +121,45 @@ def _version_of(binary: str, flag: list[str]) -> str:
 
 
 def discover_languages(*, jailed: bool = True) -> dict[str, LanguageSpec]:
-    """Find each language's interpreter and its version (run once at start-up).
+    """Find each language's interpreter (run once at start-up; a few ``stat`` calls).
 
-    The ``--version`` probes run in parallel: they are most of a cold start's
-    discovery cost, and a runner's start-up is on the path of every cold session.
+    Versions are not probed here: the ``--version`` runs (ts-node's alone starts
+    node and loads TypeScript) took ~240 ms of a runner's ~400 ms of start-up, on
+    the path of every cold session, for a figure only ``/v1/languages`` shows.
+    ``LanguageVersions`` probes them when first asked.
     """
-    binaries: dict[str, tuple[str, str, list[str]]] = {}
+    found: dict[str, LanguageSpec] = {}
     for name, (candidates, entry, flag) in _CANDIDATES.items():
         for candidate in candidates:
             if jailed and not candidate.startswith(MOUNTED_PREFIXES):
                 continue
             if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                binaries[name] = (candidate, entry, flag)
+                found[name] = LanguageSpec(
+                    name=name, binary=candidate, entry_name=entry, version_flag=tuple(flag)
+                )
                 break
         else:
             log.info("language %s not offered: no interpreter found", name)
-    with ThreadPoolExecutor(max_workers=max(1, len(binaries))) as pool:
-        versions = dict(
-            zip(
-                binaries,
-                pool.map(lambda item: _version_of(item[0], item[2]), binaries.values()),
-                strict=True,
-            )
-        )
-    return {
-        name: LanguageSpec(name=name, version=versions[name], binary=binary, entry_name=entry)
-        for name, (binary, entry, _) in binaries.items()
-    }
+    return found
+
+
+class LanguageVersions:
+    """The offered interpreters' versions, probed once, on first use, in parallel."""
+
+    def __init__(self, languages: Mapping[str, LanguageSpec]) -> None:
+        self._languages = dict(languages)
+        self._versions: dict[str, str] | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> dict[str, str]:
+        """Each offered language's version (``unknown`` where its probe failed)."""
+        async with self._lock:
+            if self._versions is None:
+                self._versions = await asyncio.to_thread(self._probe)
+            return self._versions
+
+    def _probe(self) -> dict[str, str]:
+        specs = list(self._languages.values())
+        with ThreadPoolExecutor(max_workers=max(1, len(specs))) as pool:
+            versions = pool.map(lambda spec: _version_of(spec.binary, spec.version_flag), specs)
+            return {spec.name: version for spec, version in zip(specs, versions, strict=True)}

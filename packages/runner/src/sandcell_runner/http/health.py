@@ -14,11 +14,17 @@ from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import HealthSummary, Language, Languages, headers, routes
 
+from ..languages import LanguageVersions
+from ..service import RunnerService
 from .base import RouteGroup, json_response
 
 
 class HealthRoutes(RouteGroup):
     """What the runner is and what it offers."""
+
+    def __init__(self, service: RunnerService) -> None:
+        super().__init__(service)
+        self._versions = LanguageVersions(service.languages)
 
     def routes(self) -> list[BaseRoute]:
         g = self.guarded
@@ -35,12 +41,13 @@ class HealthRoutes(RouteGroup):
         return json_response(health)
 
     async def get_languages(self, request: Request) -> Response:
+        versions = await self._versions.get()
         return json_response(
             Languages(
                 languages=[
                     Language(
                         name=spec.name,
-                        version=spec.version,
+                        version=versions[spec.name],
                         contexts=spec.name in self.service.contexts.languages,
                     )
                     for spec in self.service.languages.values()
