@@ -127,8 +127,32 @@ class Redis:
         self.workdir = workdir
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen[bytes] | None = None
+        self.lock = threading.RLock()
+        """Held by start, stop, kill and a whole restart or wipe: two fault threads (a
+        strike's timer may fire while another fault runs) never interleave their steps."""
 
     def start(self) -> None:
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+
+    def restart(self) -> None:
+        with self.lock:
+            self.stop()
+            self.start()
+
+    def wipe(self) -> None:
+        """SIGKILL it, delete its files, start it empty: one step for other faults."""
+        with self.lock:
+            self.kill()
+            for leftover in self.workdir.iterdir():
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink()
+            self.start()
+
+    def _start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed (scripts/test installs it)")
@@ -145,16 +169,21 @@ class Redis:
             return sock.recv(16).startswith(b"+PONG")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=15)
-        self.process = None
+        with self.lock:
+            if self.process is not None and self.process.poll() is None:
+                self.process.terminate()
+                self.process.wait(timeout=15)
+            self.process = None
 
     def kill(self) -> None:
         """SIGKILL redis-server and every process of its group, and wait until all have
         exited: a fork of it (the AOF rewrite redis starts on an empty directory) goes on
         writing into ``workdir`` after its parent died, so the files may be deleted only
         once the last one is gone."""
+        with self.lock:
+            self._kill()
+
+    def _kill(self) -> None:
         if self.process is None:
             return
         group = []
@@ -190,8 +219,24 @@ class LatencyProxy:
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self.faults = threading.Lock()
+        """Held through a whole outage or slow stretch: S3 faults run one after another."""
+
+    def outage(self, seconds: float) -> None:
+        with self.faults:
+            self.stop()
+            time.sleep(seconds)
+            self.start()
+
+    def slow(self, delay_s: float, seconds: float) -> None:
+        with self.faults:
+            self.delay_s = delay_s
+            time.sleep(seconds)
+            self.delay_s = 0.0
 
     def start(self) -> None:
+        if self._listener is not None:
+            return
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
@@ -380,6 +425,8 @@ class Report:
     unsaved_lost: int = 0
     leftovers: dict[str, int] = field(default_factory=dict)
     unreferenced: int = 0
+    fault_failures: int = 0
+    """Fault steps that raised (a fault only partly ran): the run proved less, it fails."""
     answers: dict[str, int] = field(default_factory=dict)
     calm_s: list[float] = field(default_factory=list)
     faulted_s: list[float] = field(default_factory=list)
@@ -398,6 +445,7 @@ class Report:
         ok = (
             self.lost == self.duplicated == self.empty == self.from_nowhere == 0
             and self.unreferenced == 0
+            and self.fault_failures == 0
             and not any(self.leftovers.values())
         )
         return {
@@ -422,6 +470,7 @@ class Report:
             "unsaved_lost": self.unsaved_lost,
             "leftovers": self.leftovers,
             "unreferenced_checkpoints": self.unreferenced,
+            "fault_failures": self.fault_failures,
             "answers": self.answers,
             "latency_p50_s": pct(every, 0.5),
             "latency_p99_s": pct(every, 0.99),
@@ -793,15 +842,13 @@ class Chaos:
             self._stopped.add(worker.index)
             self._background(self._split_brain, worker, session, before, line)
         elif kind == "restart_redis":
-            self._background(lambda: (self.redis.stop(), self.redis.start()))
+            self._background(self.redis.restart)
         elif kind == "wipe_redis":
             self._background(self._wipe_redis)
         elif kind == "stop_s3":
-            self.proxy.stop()
-            self._background(lambda: (time.sleep(self.args.s3_outage_s), self.proxy.start()))
+            self._background(self.proxy.outage, self.args.s3_outage_s)
         elif kind == "slow_s3":
-            self.proxy.delay_s = self.args.s3_latency_s
-            self._background(self._unslow)
+            self._background(self.proxy.slow, self.args.s3_latency_s, self.args.s3_slow_s)
         elif kind == "restart_worker":
 
             def restart() -> None:
@@ -814,7 +861,8 @@ class Chaos:
         def run() -> None:
             try:
                 work(*args)
-            except Exception as exc:  # reported, and the run goes on
+            except Exception as exc:  # reported, and the run goes on (and fails)
+                self.report.fault_failures += 1
                 self.report.problems.append(f"fault step failed: {type(exc).__name__}: {exc}")
             finally:
                 with self._mutex:
@@ -844,17 +892,7 @@ class Chaos:
     def _wipe_redis(self) -> None:
         with self._mutex:
             self._wiped |= self._in_flight
-        self.redis.kill()
-        for leftover in self.redis.workdir.iterdir():
-            if leftover.is_dir():
-                shutil.rmtree(leftover)
-            else:
-                leftover.unlink()
-        self.redis.start()
-
-    def _unslow(self) -> None:
-        time.sleep(self.args.s3_slow_s)
-        self.proxy.delay_s = 0.0
+        self.redis.wipe()
 
     def _split_brain(self, worker: Worker, session: Session, before: int, line: str) -> None:
         """Keep ``worker`` stopped until another worker took its session (the generation

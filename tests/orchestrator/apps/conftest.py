@@ -116,22 +116,25 @@ async def start_api(tmp_path: Path, runtime_dir: Path) -> AsyncIterator[StartApi
     """Start the service; ``env`` overrides (e.g. shortened intervals) apply to its settings."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def start(**env: str) -> AppApi:
+        async def start(*, templates: dict[str, str] | None = None, **env: str) -> AppApi:
+            """``templates``: sources configured beside the shipped two."""
             # The webhook receiver listens on loopback, which is refused unless allowed.
             env.setdefault("SANDCELL_APP_WEBHOOK_ALLOW_NETS", "127.0.0.1/32")
             receiver = Receiver()
             receiver_url = await stack.enter_async_context(serve_asgi(receiver.app()))
             port = free_port()
-            templates = ",".join(
-                f"{name}={SHIPPED_TEMPLATES_DIR / name}" for name in ("python-web", "static-site")
-            )
+            sources = {
+                name: str(SHIPPED_TEMPLATES_DIR / name) for name in ("python-web", "static-site")
+            }
+            sources.update(templates or {})
+            configured = ",".join(f"{name}={source}" for name, source in sources.items())
             settings = OrchestratorSettings.from_env(
                 clean_environ(
                     SANDCELL_HOME=str(tmp_path / "home"),
                     SANDCELL_LOCAL_RUNTIME_DIR=str(runtime_dir),
                     SANDCELL_API_KEYS=f"{KEY_A}=tenant-a,{KEY_B}=tenant-b",
                     SANDCELL_PUBLIC_URL=f"http://127.0.0.1:{port}",
-                    SANDCELL_TEMPLATES=templates,
+                    SANDCELL_TEMPLATES=configured,
                     SANDCELL_APP_WEBHOOK_SECRET=WEBHOOK_SECRET,
                     SANDCELL_APP_GIT_AUTHOR=GIT_AUTHOR,
                     SANDCELL_APP_ERROR_POLL_S="0.5",

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import secrets
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
+from sandcell_orchestrator.providers.runner_roots import free_loopback_port
 from sandcell_protocol import ExecuteRequest
 from sandcell_runner.jail.cgroup_reaper import instance_key
 from sandcell_runner.jail.cgroups import CGROUP_ROOT, V1_CONTROLLERS
@@ -23,6 +31,19 @@ def _folders(key: str) -> int:
         if top.is_dir():
             count += 1 + sum(1 for child in top.iterdir() if child.is_dir())
     return count
+
+
+def _pool_cgroups(key: str) -> list[Path]:
+    return [
+        child
+        for top in (
+            *(CGROUP_ROOT / c / "sandcell" / key for c in V1_CONTROLLERS),
+            CGROUP_ROOT / "sandcell" / key,
+        )
+        if top.is_dir()
+        for child in top.iterdir()
+        if child.is_dir() and child.name.startswith("job-pool-")
+    ]
 
 
 async def test_destroying_a_killed_runner_removes_its_cgroups() -> None:
@@ -42,5 +63,87 @@ async def test_destroying_a_killed_runner_removes_its_cgroups() -> None:
             await handle.runner.close()
             await provider.destroy(handle.sandbox_id)
             assert _folders(key) == 0
+        finally:
+            await provider.close()
+
+
+async def test_the_sweeper_reaps_a_runner_killed_before_its_launch_was_recorded() -> None:
+    """A worker died while launching a runner (so no ``sandbox.json`` was written), and
+    the runner was SIGKILLed after it had made its cgroups. The root is a dead sandbox;
+    destroying it (what the sweeper does) removes the cgroups too, not only the root:
+    nothing else would ever find them once the root's name is gone."""
+    with traversable_dir("reap-") as base:
+        runtime = base / "rt"
+        provider = LocalProvider(LocalSettings(runtime_dir=runtime))
+        sandbox_id = "local-" + secrets.token_hex(8)
+        root = runtime / sandbox_id
+        root.mkdir(0o711)
+        token_file = root / "token"
+        token_file.write_text(secrets.token_urlsafe(32))
+        token_file.chmod(0o600)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "SANDCELL_RUNNER_HOST": "127.0.0.1",
+            "SANDCELL_RUNNER_PORT": str(free_loopback_port()),
+            "SANDCELL_WORKSPACE_ROOT": str(root / "workspaces"),
+            "SANDCELL_INPUT_CACHE_DIR": str(root / "input-cache"),
+            "SANDCELL_RUNNER_SESSIONS": "1",
+            "SANDCELL_RUNNER_TOKEN_FILE": str(token_file),
+        }
+        key = instance_key(root / "workspaces")
+        with (root / "runner.log").open("ab") as out:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "sandcell_runner"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            deadline = time.monotonic() + 60
+            # Up to its cgroups (a runner makes its parents as it starts).
+            while not _folders(key) and time.monotonic() < deadline:
+                assert runner.poll() is None, (root / "runner.log").read_text()[-2000:]
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            assert _folders(key)
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+            assert sandbox_id in await provider.dead_sandboxes()
+            await provider.destroy(sandbox_id)
+            assert _folders(key) == 0
+            assert not root.exists()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+            await provider.close()
+
+
+async def test_a_runner_killed_while_destroy_waits_for_it_leaves_no_cgroups() -> None:
+    """A runner SIGKILLed by someone else (an OOM kill, an operator) while destroy waits
+    for it to stop after its SIGTERM: it never ran its own removal, so its job-pool
+    cgroups (made by its first restore and job, kept for the next ones) are destroy's
+    to remove, though the runner did stop within the wait."""
+    with traversable_dir("reap-") as root:
+        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
+        try:
+            handle = await provider.create(SandboxSpec())
+            result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
+            assert result.stdout == "hi\n"
+            runner_root = root / "rt" / handle.sandbox_id
+            key = instance_key(runner_root / "workspaces")
+            assert _pool_cgroups(key)
+            pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
+            # Stopped, it cannot act on the SIGTERM; the SIGKILL lands in the wait.
+            os.killpg(pid, signal.SIGSTOP)
+            await handle.runner.close()
+            destroying = asyncio.create_task(provider.destroy(handle.sandbox_id))
+            await asyncio.sleep(0.5)
+            assert not destroying.done()
+            os.killpg(pid, signal.SIGKILL)
+            await destroying
+            assert _folders(key) == 0
+            assert not runner_root.exists()
         finally:
             await provider.close()

@@ -42,6 +42,7 @@ def assert_bounded_invariants(report: dict[str, Any]) -> None:
     assert report["from_nowhere"] == 0
     assert not any(report["leftovers"].values()), report["leftovers"]
     assert report["unreferenced_checkpoints"] == 0
+    assert report["fault_failures"] == 0, report["problems"]  # every fault ran whole
     assert report["turns"] >= 150 + 4  # and one read-back per session
     assert report["given_up"] == 0, report["problems"]
     assert report["faults_total"] >= 20

@@ -1,5 +1,8 @@
 """Errors of the app-instance API (the rest are the orchestrator's own).
 
+As everywhere in serve, the message is for the log and ``public_detail`` is what
+the caller may read (``routes.app_error`` answers with its own words plus that).
+
 SandcellError
 ├── AppRequestError          the caller's request is wrong; ``code`` is the protocol's ErrorCode
 │   ├── InstanceNotFoundError no such instance in the caller's namespace (or it was shut down)
@@ -20,10 +23,14 @@ __all__ = ["AppRequestError", "InstanceNotFoundError", "InstanceStartError"]
 
 
 class AppRequestError(SandcellError):
-    """The request cannot be served as asked; ``code`` says how (``bad_request``, ...)."""
+    """The request cannot be served as asked; ``code`` says how (``bad_request``, ...).
+
+    The message describes only the caller's own request (built here from it, never
+    from a runner's answer), so it is also the ``public_detail``.
+    """
 
     def __init__(self, message: str, *, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
-        super().__init__(message)
+        super().__init__(message, public_detail=message)
         self.code = code
 
 
@@ -35,4 +42,13 @@ class InstanceNotFoundError(AppRequestError):
 
 
 class InstanceStartError(SandcellError):
-    """The template could not be brought up; the message carries the output's tail."""
+    """The template could not be brought up.
+
+    ``said`` (the ``public_detail``) is which step failed and the app's own output
+    tail: the caller's to read, it is their app. ``log_detail`` (what a runner said,
+    which may name its routes) goes only into the message, for the log.
+    """
+
+    def __init__(self, said: str, *, log_detail: str | None = None) -> None:
+        message = said if log_detail is None else f"{said} ({log_detail})"
+        super().__init__(message, public_detail=said)

@@ -96,10 +96,12 @@ class CommandDeniedError(SandcellError):
     """A command matched a policy rule; nothing was run. ``rule`` names the rule."""
 
     def __init__(self, *, rule: PolicyRule, command_index: int) -> None:
-        super().__init__(
+        # Our words (the rule's name and description): the caller's to read.
+        said = (
             f"command {command_index} denied by policy rule '{rule.name}': {rule.description}"
             " (nothing was run)"
         )
+        super().__init__(said, public_detail=said)
         self.rule = rule.name
         self.command_index = command_index
 

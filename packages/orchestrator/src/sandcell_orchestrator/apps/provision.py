@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import anyio
 
@@ -119,7 +120,7 @@ async def wait_ready(
     """
     check = manifest.ready
     deadline = clock() + check.timeout_s
-    last = "no answer yet"
+    last = _Outcome("no answer yet")
     while True:
         process = await runner.process(DEV_TAG)
         if process is None or process.state == "exited":
@@ -131,13 +132,23 @@ async def wait_ready(
         last = outcome
         if clock() >= deadline:
             raise InstanceStartError(
-                f"the dev server was not ready in {check.timeout_s:g}s ({last}): "
-                f"{await _tail(runner)}"
+                f"the dev server was not ready in {check.timeout_s:g}s ({last.said}): "
+                f"{await _tail(runner)}",
+                log_detail=last.runner_said,
             )
         await anyio.sleep(_READY_POLL_S)
 
 
-async def _probe(runner: AppRunnerClient, port: int, path: str | None) -> str | None:
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """Why a probe failed: in our words, and what the runner said (for the log only:
+    it names the runner's route)."""
+
+    said: str
+    runner_said: str | None = None
+
+
+async def _probe(runner: AppRunnerClient, port: int, path: str | None) -> _Outcome | None:
     """``None`` when ready, else why not."""
     try:
         response = await runner.port_request(
@@ -148,8 +159,10 @@ async def _probe(runner: AppRunnerClient, port: int, path: str | None) -> str | 
             request_headers={"Accept": "*/*"},
             read_timeout_s=_PROBE_TIMEOUT_S,
         )
-    except (SandboxUnavailableError, SandboxTimeoutError) as exc:
-        return str(exc)[:200]
+    except SandboxTimeoutError as exc:
+        return _Outcome(f"no answer in {_PROBE_TIMEOUT_S:g}s", str(exc)[:200])
+    except SandboxUnavailableError as exc:
+        return _Outcome("the sandbox did not answer", str(exc)[:200])
     await response.aclose()
     # Without a path any answer from the app will do; the runner's own 502/503/504
     # mean nothing listens yet. With a path the app itself must not fail.
@@ -157,7 +170,7 @@ async def _probe(runner: AppRunnerClient, port: int, path: str | None) -> str | 
         return None
     if path is not None and response.status_code < 500:
         return None
-    return f"HTTP {response.status_code}"
+    return _Outcome(f"HTTP {response.status_code}")
 
 
 def _ended(exit_code: int | None, signal: str | None) -> str:

@@ -29,12 +29,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sandcell_protocol import ERROR_SEMANTICS, ErrorBody, ErrorCode, decode, encode, error_body
+from sandcell_protocol import ERROR_SEMANTICS, ErrorBody, ErrorCode, decode, encode
 
 from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
-from ..serve.errors import JSON_MEDIA_TYPE, guarded, read_body
+from ..serve.errors import JSON_MEDIA_TYPE, explained, guarded, read_body
 from .errors import AppRequestError, InstanceStartError
 from .instances import AppInstances, Instance
 from .lifecycle import InstanceSupervisor
@@ -51,16 +51,32 @@ __all__ = ["AppService", "install_app_routes"]
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
+# The app errors whose ``public_detail`` is the caller's to read: built from the
+# caller's own request, the command policy's words, or the caller's app's output.
+_DETAILED = (AppRequestError, CommandDeniedError, TemplateNotFoundError, InstanceStartError)
+_REFUSED = "the request was refused"
+
+
 def app_error(exc: BaseException) -> tuple[int, ErrorBody] | None:
-    """The status and body of the app API's own errors; ``None`` for anything else."""
+    """The status and body of the app API's own errors; ``None`` for anything else.
+
+    As in ``map_error``, the caller gets a stable code and what failed; the error as
+    raised (a template's source or clone URL, a runner's route) goes to the log.
+    """
     if isinstance(exc, AppRequestError):
-        return ERROR_SEMANTICS[exc.code].http_status, error_body(exc.code, str(exc))
-    if isinstance(exc, CommandDeniedError | TemplateNotFoundError):
-        return 400, error_body(ErrorCode.BAD_REQUEST, str(exc))
-    if isinstance(exc, TemplateError | InstanceStartError):
+        status, code, says = ERROR_SEMANTICS[exc.code].http_status, exc.code, _REFUSED
+    elif isinstance(exc, CommandDeniedError):
+        status, code, says = 400, ErrorCode.BAD_REQUEST, "a command was refused"
+    elif isinstance(exc, TemplateNotFoundError):
+        status, code, says = 400, ErrorCode.BAD_REQUEST, "no such template"
+    elif isinstance(exc, InstanceStartError):
         # The template's own failure (its output is the caller's to read), not a bug here.
-        return 500, error_body(ErrorCode.INTERNAL, str(exc))
-    return None
+        status, code, says = 500, ErrorCode.INTERNAL, "the app did not start"
+    elif isinstance(exc, TemplateError):
+        status, code, says = 500, ErrorCode.INTERNAL, "the template could not be loaded"
+    else:
+        return None
+    return explained(exc, status, code, says, detailed=_DETAILED)
 
 
 class AppService:

@@ -32,7 +32,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -131,11 +131,19 @@ class Template:
 
 
 class TemplateError(SandcellError):
-    """A template could not be loaded (bad manifest, too big, clone failed)."""
+    """A template could not be loaded (bad manifest, too big, clone failed).
+
+    The message is for the operator's log: it may name a source directory, a clone
+    URL or git's own words. The caller is told only that the template failed.
+    """
 
 
 class TemplateNotFoundError(TemplateError):
-    """No template of that name is configured."""
+    """No template of that name is configured; the names that are, the caller may read."""
+
+    def __init__(self, name: str, configured: Sequence[str]) -> None:
+        said = f"{name[:64]!r} (configured: {', '.join(configured) or 'none'})"
+        super().__init__(f"no template {said}", public_detail=said)
 
 
 def parse_manifest(data: bytes, *, source: str = "template manifest") -> TemplateManifest:
@@ -166,9 +174,7 @@ class TemplateRegistry:
         """Read template ``name`` (cloning it first when it is a git repository)."""
         source = self._sources.get(name)
         if source is None:
-            raise TemplateNotFoundError(
-                f"no template {name[:64]!r}; configured: {', '.join(self.names()) or 'none'}"
-            )
+            raise TemplateNotFoundError(name, self.names())
         if not source.startswith("git+"):
             return await anyio.to_thread.run_sync(_read_directory, name, Path(source))
         url, _, ref = source[len("git+") :].partition("#")

@@ -46,7 +46,7 @@ from .base import (
     sandbox_session_id,
 )
 from .local_settings import LocalSettings, default_runtime_dir
-from .runner_roots import reap_runner_cgroups, remove_runner_root
+from .runner_roots import detach_runner_mounts, reap_runner_cgroups, remove_runner_root
 
 __all__ = ["LocalProvider", "LocalSettings", "default_runtime_dir"]
 
@@ -211,11 +211,24 @@ class LocalProvider:
 
     async def destroy(self, sandbox_id: str) -> None:
         runner = await asyncio.to_thread(self._read_state, sandbox_id)
-        if runner is not None:
-            await self._kill(runner)
         root = self._root(sandbox_id)
-        if root is not None:
+        clean = True
+        if runner is not None:
+            clean = await self._kill(runner)
+        elif root is not None and await asyncio.to_thread(root.is_dir):
+            # No state: the runner's worker died while launching it (the state is written
+            # once the runner answers), and the runner went too, maybe after pre-creating
+            # its job-pool cgroups. Only the sweeper destroys such a root, past a launch.
+            clean = await asyncio.to_thread(reap_runner_cgroups, self._settings.python, root)
+        if root is None:
+            return
+        if clean:
             await asyncio.to_thread(remove_runner_root, root)
+        else:
+            # Its cgroups are still there (a zombie still counted in them, say). The
+            # root's name is what finds them, so the root stays for the sweeper's next
+            # round (``dead_sandboxes``); its tmpfs mounts go now.
+            await asyncio.to_thread(detach_runner_mounts, root)
 
     async def close(self) -> None:
         """Stop refilling and destroy pooled (never handed out) runners."""
@@ -271,31 +284,36 @@ class LocalProvider:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    async def _kill(self, runner: _Runner) -> None:
-        if not _alive(runner):
-            # Gone before us (crashed, killed): its cgroups may be left behind.
-            await self._reap_cgroups(runner)
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(runner.pid, signal.SIGTERM)
-        # A runner mid-job drains for up to its graceful-shutdown timeout; destroy
-        # does not need the drain, only the runner's own unmounts, so wait briefly.
-        for _ in range(40):
-            if not _alive(runner):
-                return
-            await asyncio.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(runner.pid, signal.SIGKILL)
-        await self._reap_cgroups(runner)
+    async def _kill(self, runner: _Runner) -> bool:
+        """Stop the runner and reap its cgroups; False when some are still there.
 
-    async def _reap_cgroups(self, runner: _Runner) -> None:
+        Reaped however it ended: gone before us (crashed, killed), SIGKILLed here, and
+        also after a "graceful" stop, which is no proof: a runner SIGKILLed by someone
+        else while this waited, or one whose own removal met a busy cgroup, left its
+        job-pool cgroups, and nothing would find them once the root is gone.
+        """
+        if _alive(runner):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(runner.pid, signal.SIGTERM)
+            # A runner mid-job drains for up to its graceful-shutdown timeout; destroy
+            # does not need the drain, only the runner's own unmounts, so wait briefly.
+            for _ in range(40):
+                if not _alive(runner):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(runner.pid, signal.SIGKILL)
+        return await self._reap_cgroups(runner)
+
+    async def _reap_cgroups(self, runner: _Runner) -> bool:
         # Dying, or a zombie (which still counts as a member of its cgroups, so rmdir
         # says EBUSY until whoever started it reaps it): wait for that, briefly.
         for _ in range(100):
             if not (_alive(runner) or _is_zombie_runner(runner)):
                 break
             await asyncio.sleep(0.02)
-        await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
+        return await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
 
     async def _kill_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
         await self._kill(runner)

@@ -16,7 +16,12 @@ import socket
 import subprocess
 from pathlib import Path
 
-__all__ = ["free_loopback_port", "reap_runner_cgroups", "remove_runner_root"]
+__all__ = [
+    "detach_runner_mounts",
+    "free_loopback_port",
+    "reap_runner_cgroups",
+    "remove_runner_root",
+]
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _MNT_DETACH = 2
@@ -33,6 +38,12 @@ def free_loopback_port() -> int:
 
 def remove_runner_root(root: Path) -> None:
     """Detach mounts a killed runner left under ``root`` (its tmpfs workspaces), then delete it."""
+    detach_runner_mounts(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def detach_runner_mounts(root: Path) -> None:
+    """Detach every mount under ``root`` (a killed runner's tmpfs workspaces hold memory)."""
     prefix = str(root.resolve()) + "/"
     points = []
     with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
@@ -42,16 +53,19 @@ def remove_runner_root(root: Path) -> None:
                 points.append(point)
     for point in sorted(points, key=len, reverse=True):  # deepest first
         _libc.umount2(point.encode(), _MNT_DETACH)
-    shutil.rmtree(root, ignore_errors=True)
 
 
-def reap_runner_cgroups(python: str, root: Path) -> None:
+def reap_runner_cgroups(python: str, root: Path) -> bool:
     """Remove the cgroup subtree a killed runner under ``root`` left behind.
 
     A runner removes its own cgroups when it stops gracefully; after a SIGKILL
     nobody would. The runner package owns that layout, so its reaper runs as a
     child (``python -m sandcell_runner.jail.cgroup_reaper``) instead of this side
     knowing cgroup paths; it removes nothing a live runner holds a lease on.
+
+    False when the subtree is still there (the reaper said so): the caller keeps
+    ``root``, whose name is what finds the subtree, for a later try. True otherwise,
+    also when the reaper could not run at all (a later try would not either).
     """
     argv = [python, "-I", "-m", "sandcell_runner.jail.cgroup_reaper", str(root / "workspaces")]
     try:
@@ -64,6 +78,8 @@ def reap_runner_cgroups(python: str, root: Path) -> None:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("cgroup reaper for %s did not run: %s", root, exc)
-        return
+        return True
     if done.returncode != 0:
         log.warning("cgroup reaper for %s failed: %s", root, done.stderr.decode()[-300:])
+        return done.returncode != 1
+    return True

@@ -55,6 +55,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "PayloadTooLargeError",
     "error_response",
+    "explained",
     "form_of",
     "guarded",
     "http_error_response",
@@ -131,10 +132,29 @@ _DETAILED = (InputMissingError, RunnerRequestError)
 _CALLER_REFUSED = "the request was refused"
 
 
-def public_message(exc: BaseException, says: str) -> str:
-    """``says`` (what failed), with the error's ``public_detail`` where it has one to give."""
-    detail = getattr(exc, "public_detail", None) if isinstance(exc, _DETAILED) else None
+def public_message(
+    exc: BaseException, says: str, *, detailed: tuple[type[Exception], ...] = _DETAILED
+) -> str:
+    """``says`` (what failed), with the error's ``public_detail`` where it has one to give
+    (only classes in ``detailed``: elsewhere a runner's words may fill it)."""
+    detail = getattr(exc, "public_detail", None) if isinstance(exc, detailed) else None
     return f"{says}: {detail}" if detail else says
+
+
+def explained(
+    exc: BaseException,
+    status: int,
+    code: ErrorCode,
+    says: str,
+    *,
+    detailed: tuple[type[Exception], ...] = _DETAILED,
+) -> tuple[int, ErrorBody]:
+    """``exc`` answered as ``status``/``code`` in the words ``says`` (see ``public_message``);
+    the exception itself goes to the log, at WARNING for a 5xx."""
+    _log_detail(status, code, exc)
+    retryable = bool(getattr(exc, "retryable", False))
+    body = error_body(code, public_message(exc, says, detailed=detailed), retryable=retryable)
+    return status, body
 
 
 def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
@@ -151,11 +171,10 @@ def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
         )
     for kinds, status, code, says in _DIRECT:
         if isinstance(exc, kinds):
-            retryable = bool(getattr(exc, "retryable", False))
             if says is None:
+                retryable = bool(getattr(exc, "retryable", False))
                 return status, error_body(code, str(exc), retryable=retryable)
-            _log_detail(status, code, exc)
-            return status, error_body(code, public_message(exc, says), retryable=retryable)
+            return explained(exc, status, code, says)
     if isinstance(exc, RunnerRequestError):
         try:
             code = ErrorCode(exc.code)

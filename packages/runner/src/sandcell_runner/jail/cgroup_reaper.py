@@ -183,12 +183,22 @@ def reap_orphans(
 
 
 def main(argv: list[str]) -> int:
-    """``python -m sandcell_runner.jail.cgroup_reaper WORKSPACE_ROOT...``: reap those runners."""
+    """``python -m sandcell_runner.jail.cgroup_reaper WORKSPACE_ROOT...``: reap those runners.
+
+    Exit 1 when a subtree is still there (leased by a live runner, or a directory the
+    kernel still calls busy): the caller keeps what it needs to try again later.
+    """
     if not argv:
         sys.stderr.write("usage: python -m sandcell_runner.jail.cgroup_reaper WORKSPACE_ROOT...\n")
         return 2
+    left = []
     for workspace_root in argv:
-        reap_instance(instance_key(Path(workspace_root)))
+        instance = instance_key(Path(workspace_root))
+        if not reap_instance(instance) or _instance_dirs(CGROUP_ROOT, instance):
+            left.append(workspace_root)
+    if left:
+        sys.stderr.write(f"cgroups left for {len(left)} runner(s): {', '.join(left)}\n")
+        return 1
     return 0
 
 
