@@ -243,17 +243,20 @@ class RunnerService:
 
     @contextlib.asynccontextmanager
     async def _fresh_workspace(
-        self, fill: Callable[[JobWorkspace], None] | None = None
+        self, fill: Callable[[JobWorkspace], None] | None = None, *, small: bool = False
     ) -> AsyncIterator[JobWorkspace]:
         """A fresh per-job workspace and UID, removed and released afterwards.
 
         ``fill`` (blocking) writes into it in the same thread hop that creates it.
+        ``small``: ``fill`` writes little (a few KiB), so when the pools have a job
+        directory and an image ready, both happen on the event loop, without the
+        hop (``WorkspaceManager.create_job_now`` says what it saves).
         """
         uid = self._uids.allocate()
         made: list[JobDirs] = []
 
-        def create() -> JobWorkspace:
-            dirs = self._workspaces.create_job(uid=uid, gid=uid)
+        def create(ready: JobDirs | None = None) -> JobWorkspace:
+            dirs = ready or self._workspaces.create_job(uid=uid, gid=uid)
             made.append(dirs)
             workspace = JobWorkspace(path=dirs.workspace, uid=uid, gid=uid, job_dir=dirs.job_dir)
             if fill is not None:
@@ -263,7 +266,11 @@ class RunnerService:
         dirs: JobDirs | None = None
         try:
             try:
-                workspace = await asyncio.to_thread(create)
+                ready = self._workspaces.create_job_now(uid=uid, gid=uid) if small else None
+                if ready is not None:
+                    workspace = create(ready)
+                else:
+                    workspace = await asyncio.to_thread(create)
             finally:
                 dirs = made[0] if made else None
                 if dirs is not None:
@@ -363,7 +370,9 @@ class RunnerService:
                 )
                 primed = self.sessions.bound.primed if self.sessions.bound else None
             else:
-                workspace = await stack.enter_async_context(self._fresh_workspace(fill))
+                workspace = await stack.enter_async_context(
+                    self._fresh_workspace(fill, small=_small_inputs(prepared))
+                )
                 primed = None
             await self._primer.prime(prepared.refs, workspace, primed=primed)
             if on_started is not None:
@@ -513,6 +522,19 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._workspaces.close)
         self._lease.release()
+
+
+_SMALL_INPUT_BYTES = 64 * 1024
+"""Inputs up to this size are written on the event loop (page-cache writes, ~100 us)."""
+
+
+def _small_inputs(prepared: PreparedRequest) -> bool:
+    """Whether writing the request's entry file and inline files is a few small writes."""
+    if len(prepared.inline_files) > 8:
+        return False
+    size = len(prepared.request.code) * 4  # characters, at most 4 bytes of UTF-8 each
+    size += sum(len(item.content) for item in prepared.inline_files)
+    return size <= _SMALL_INPUT_BYTES
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]
