@@ -103,7 +103,8 @@ class JobWorkspaces:
     async def _remove_fresh(self, dirs: JobDirs | None, uid: int) -> None:
         try:
             if dirs is not None:
-                await asyncio.to_thread(self._workspaces.remove_job, dirs)
+                if not self._workspaces.remove_job_now(dirs):
+                    await asyncio.to_thread(self._workspaces.remove_job, dirs)
                 self._job_done(dirs.job_dir.parent)
         except OSError as exc:
             log.warning("fresh workspace not removed (the reaper will retry): %s", exc)
