@@ -59,12 +59,6 @@ class JobCgroup:
         self._memory_start: int | None = None
         self._peak_fd: int | None = None
         """v2: ``memory.peak`` held open; a write resets the peak this fd reports (6.12+)."""
-        self._held: dict[Path, int] = {}
-        """Counter and peak files held open, read with ``pread`` at 0 (which makes the
-        kernel render them afresh): a pooled cgroup's job opens and closes none of
-        the seven it reads and writes (~10 us each with the Python around them).
-        Never ``cgroup.procs``: v1 serves an open file's pid list from a cache that
-        lives for a second, so leftovers are looked for through a fresh open."""
 
     def open_procs_fds(self) -> list[int]:
         """File descriptors a freshly forked child writes ``0`` into to join the cgroup."""
@@ -86,33 +80,14 @@ class JobCgroup:
         if self._version == 1:
             memory = self._memory_dir()
             pids = next((d for d in self._dirs if d.parent.parent.parent.name == "pids"), None)
-            oom = self._keyed(memory / "memory.oom_control").get("oom_kill", 0) if memory else 0
-            hits = self._keyed(pids / "pids.events").get("max", 0) if pids else 0
+            oom = _read_keyed(memory / "memory.oom_control").get("oom_kill", 0) if memory else 0
+            hits = _read_keyed(pids / "pids.events").get("max", 0) if pids else 0
             return oom, hits
         (only,) = self._dirs
         return (
-            self._keyed(only / "memory.events").get("oom_kill", 0),
-            self._keyed(only / "pids.events").get("max", 0),
+            _read_keyed(only / "memory.events").get("oom_kill", 0),
+            _read_keyed(only / "pids.events").get("max", 0),
         )
-
-    def _held_fd(self, path: Path, flags: int = os.O_RDONLY) -> int:
-        fd = self._held.get(path)
-        if fd is None:
-            fd = self._held[path] = os.open(path, flags | os.O_CLOEXEC)
-        return fd
-
-    def _keyed(self, path: Path) -> dict[str, int]:
-        try:
-            text = os.pread(self._held_fd(path), 65536, 0).decode("ascii", "replace")
-        except OSError:
-            return {}
-        return _parse_keyed(text)
-
-    def _int(self, path: Path) -> int | None:
-        try:
-            return int(os.pread(self._held_fd(path), 64, 0).decode("ascii").strip())
-        except (OSError, ValueError):
-            return None
 
     def has_limits(self, *, memory_bytes: int, pids: int) -> bool:
         """Whether ``begin`` with these limits would write no limit files."""
@@ -143,8 +118,8 @@ class JobCgroup:
             return
         if self._version == 1:
             with contextlib.suppress(OSError):
-                os.write(self._held_fd(memory / "memory.max_usage_in_bytes", os.O_RDWR), b"0")
-            self._memory_start = self._int(memory / "memory.usage_in_bytes")
+                write_small(memory / "memory.max_usage_in_bytes", b"0")
+            self._memory_start = _read_int(memory / "memory.usage_in_bytes")
             return
         try:
             if self._peak_fd is None:
@@ -154,7 +129,7 @@ class JobCgroup:
             # Read-only before Linux 6.12: the peak would be the cgroup's lifetime's.
             self._memory_start = None
             return
-        self._memory_start = self._int(memory / "memory.current")
+        self._memory_start = _read_int(memory / "memory.current")
 
     def stats(self) -> JobCgroupStats:
         oom, hits = self._counters()
@@ -170,7 +145,7 @@ class JobCgroup:
         if memory is None or self._memory_start is None:
             return None
         if self._version == 1:
-            peak = self._int(memory / "memory.max_usage_in_bytes")
+            peak = _read_int(memory / "memory.max_usage_in_bytes")
         else:
             assert self._peak_fd is not None
             try:
@@ -219,9 +194,6 @@ class JobCgroup:
         if self._peak_fd is not None:
             os.close(self._peak_fd)
             self._peak_fd = None
-        held, self._held = self._held, {}
-        for fd in held.values():
-            os.close(fd)
         for directory in self._dirs:
             for _ in range(100):
                 try:
@@ -416,6 +388,16 @@ def _apply_limits(directory: Path, version: int, *, memory_bytes: int, pids: int
     (directory / "pids.max").write_text(str(pids))
 
 
+def _read_small(path: Path) -> str:
+    # Raw fd calls, not pathlib's text layer: these files are a few bytes, read
+    # four times per job on the event loop, where the layers cost more than the read.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
 def write_small(path: Path, data: bytes) -> None:
     """Write a few bytes to a kernel file (cgroup, /proc) through a raw fd."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -425,8 +407,12 @@ def write_small(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _parse_keyed(text: str) -> dict[str, int]:
+def _read_keyed(path: Path) -> dict[str, int]:
     values: dict[str, int] = {}
+    try:
+        text = _read_small(path)
+    except OSError:
+        return values
     for line in text.splitlines():
         key, _, value = line.partition(" ")
         with contextlib.suppress(ValueError):
@@ -434,17 +420,15 @@ def _parse_keyed(text: str) -> dict[str, int]:
     return values
 
 
-def _read_pids(path: Path) -> list[int]:
-    # A fresh open each time (see ``JobCgroup._held``), raw fd calls rather than
-    # pathlib's text layer: read after every job on the event loop.
+def _read_int(path: Path) -> int | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        return [int(line) for line in b"".join(chunks).split()]
+        return int(_read_small(path).strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_pids(path: Path) -> list[int]:
+    try:
+        return [int(line) for line in path.read_text().split()]
     except (OSError, ValueError):
         return []
