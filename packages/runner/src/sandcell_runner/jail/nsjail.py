@@ -121,11 +121,14 @@ _DRAIN_INTERVAL_S = 0.01
 """A stream past its cap is drained a pipeful (1 MiB) per 10 ms at most: 100 MiB/s."""
 
 
-def _widen(fd: int) -> None:
+def _widen(fd: int) -> bool:
     """Grow a flooding pipe to a megabyte (the default ceiling of pipe-max-size): one
     wake-up per megabyte instead of per 64 KiB. Its pages are charged to the writer."""
-    with contextlib.suppress(OSError, AttributeError):
+    try:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _DRAIN_PIPE_BYTES)
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def _discard(fd: int) -> int | None:
@@ -288,6 +291,7 @@ class Jail:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         log_r, log_w = os.pipe()
+        log_later = _widen(log_r)  # before nsjail can write: see where the reader is added
         stdout = _Capture("stdout", spec.limits.stdout_bytes, on_output)
         stderr = _Capture("stderr", spec.limits.stderr_bytes, on_output)
         jail_log = _Capture("log", 256 * 1024, None)
@@ -376,11 +380,24 @@ class Jail:
             os.set_blocking(fd, False)
         loop.add_reader(out_r, reader, out_r, stdout, True)
         loop.add_reader(err_r, reader, err_r, stderr, False)
-        # Drained as it comes so a chatty nsjail can never fill the pipe and stall.
-        loop.add_reader(log_r, reader, log_r, jail_log, False)
+        # nsjail's log (~3 KiB a job, written a line at a time while it sets the jail
+        # up) is read once nsjail has exited: a megabyte of pipe holds far more than
+        # a configuration (at most 60 KB) makes it say, and reading it as it came woke
+        # the event loop about ten times a job. Where the pipe cannot grow, it is
+        # drained as it comes, so a chatty nsjail can never fill the pipe and stall.
+        if not log_later:
+            loop.add_reader(log_r, reader, log_r, jail_log, False)
         timer = loop.call_later(spec.limits.timeout_ms / 1000, on_timeout)
         try:
             status, rusage = await process.wait()
+            if log_later:
+                size = -1
+                while not jail_log.eof.is_set() and size < jail_log.size:
+                    size = jail_log.size  # read to EOF, or to what is there so far
+                    reader(log_r, jail_log, False)
+                if not jail_log.eof.is_set():
+                    # A writer is still open somewhere (nsjail's last child, exiting).
+                    loop.add_reader(log_r, reader, log_r, jail_log, False)
             # Output written just before exit is still in the pipes; descendants are
             # dead with the pid namespace, so EOF follows promptly.
             with contextlib.suppress(TimeoutError):
