@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,10 +87,11 @@ def test_the_longest_log_does_not_stall_the_job(
     spec = _spec(root, "exit 3", binds=330)
     assert 50_000 < len(jail.config_text(spec)) < 60_000  # just under the runner's cap
 
-    started = time.monotonic()
     outcome = asyncio.run(jail.run(spec))
 
-    assert time.monotonic() - started < 10  # far from the 20 s timeout: no stall
+    # A stalled nsjail (blocked on a full log pipe) would be killed at the 20 s
+    # timeout: the job's own exit status and no timeout say it never stalled, on
+    # a loaded machine too (a wall-clock bound here would be a timing test).
     assert (outcome.exit_code, outcome.signal) == (3, None), outcome.jail_log
     assert not outcome.timed_out
 
