@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.providers.runner_roots import free_loopback_port, reap_runner_cgroups
@@ -48,19 +49,24 @@ def _pool_cgroups(key: str) -> list[Path]:
     ]
 
 
+async def _one_job_ran(provider: LocalProvider, root: Path) -> tuple[SandboxHandle, Path, str, int]:
+    """A sandbox that ran one job: its handle, its runner's root, cgroup key and pid."""
+    handle = await provider.create(SandboxSpec())
+    result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
+    assert result.stdout == "hi\n"
+    runner_root = root / "rt" / handle.sandbox_id
+    pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
+    return handle, runner_root, instance_key(runner_root / "workspaces"), pid
+
+
 async def test_destroying_a_killed_runner_removes_its_cgroups() -> None:
     """A runner that died by SIGKILL (a crash, an OOM kill of the runner) leaves its job
     cgroups; destroy removes them: no folder of it is left."""
     with traversable_dir("reap-") as root:
         provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
         try:
-            handle = await provider.create(SandboxSpec())
-            result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
-            assert result.stdout == "hi\n"
-            runner_root = root / "rt" / handle.sandbox_id
-            key = instance_key(runner_root / "workspaces")
+            handle, _, key, pid = await _one_job_ran(provider, root)
             assert _folders(key) > 0
-            pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
             os.killpg(pid, signal.SIGKILL)
             await handle.runner.close()
             await provider.destroy(handle.sandbox_id)
@@ -130,13 +136,8 @@ async def test_a_runner_killed_while_destroy_waits_for_it_leaves_no_cgroups() ->
     with traversable_dir("reap-") as root:
         provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
         try:
-            handle = await provider.create(SandboxSpec())
-            result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
-            assert result.stdout == "hi\n"
-            runner_root = root / "rt" / handle.sandbox_id
-            key = instance_key(runner_root / "workspaces")
+            handle, runner_root, key, pid = await _one_job_ran(provider, root)
             assert _pool_cgroups(key)
-            pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
             # Stopped, it cannot act on the SIGTERM; the SIGKILL lands in the wait.
             os.killpg(pid, signal.SIGSTOP)
             await handle.runner.close()
@@ -175,13 +176,8 @@ async def test_a_root_kept_for_its_cgroups_forgets_the_runners_pid() -> None:
     with traversable_dir("reap-") as root:
         provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
         try:
-            handle = await provider.create(SandboxSpec())
-            result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
-            assert result.stdout == "hi\n"
-            runner_root = root / "rt" / handle.sandbox_id
-            key = instance_key(runner_root / "workspaces")
+            handle, runner_root, key, pid = await _one_job_ran(provider, root)
             assert _folders(key) > 0
-            pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
             os.killpg(pid, signal.SIGKILL)
             await handle.runner.close()
             deadline = time.monotonic() + 60  # a bound on a loaded machine, not a timing
