@@ -101,7 +101,12 @@ class SandboxManager:
             metrics=self.metrics,
         )
         self.commits = TurnCommits(
-            registry, self.records, self.persistence, budgets=self.budgets, metrics=self.metrics
+            registry,
+            self.records,
+            self.persistence,
+            budgets=self.budgets,
+            metrics=self.metrics,
+            wall_clock=wall_clock,
         )
         self.sweeper = Sweeper(self)
         self._now = wall_clock
@@ -184,6 +189,15 @@ class SandboxManager:
         """The checkpoint a hold that found no record restores, if a keyed turn wrote it
         with its result (``TurnCommits.applied_turn``)."""
         return self.commits.applied_turn(hold)
+
+    async def saved_answer(self, hold: Hold, turn_key: str) -> bytes | None:
+        """A keyed turn's result if the store says it is applied in the held session
+        (``TurnCommits.saved_answer``); None: run it."""
+        return await self.commits.saved_answer(hold, turn_key)
+
+    async def save_answer(self, hold: Hold, turn_key: str, body: bytes) -> None:
+        """Store a committed keyed turn's result by its key (``TurnCommits.save_answer``)."""
+        await self.commits.save_answer(hold, turn_key, body)
 
     async def commit_answer(self, hold: Hold, answer: IdempotentAnswer | None) -> None:
         """Store a keyed turn's ``answer`` with a fenced write of the held record, as it

@@ -12,8 +12,9 @@ Fail closed on state, open on speed: a failed checkpoint keeps the previous one
 sandbox that may be dirty is recycled, not reused. An interrupted turn keeps what
 its job wrote, unless it is a keyed one (exactly once): that goes back to the last
 commit, so its retry never finds half of it applied. A keyed turn's result is
-saved with its checkpoint, so a retry after the registry forgot the turn finds it
-applied there instead of running it again.
+saved with its checkpoint, and once committed by its key alone, so a retry after
+the registry forgot the turn (a wiped Redis) finds it applied instead of running
+it again, whichever checkpoint it restored, also for a turn that changed nothing.
 """
 
 from __future__ import annotations
@@ -179,6 +180,10 @@ class SessionTurns:
                 durable = await self._checkpoint_retrying(
                     hold, attached, answer_of, turn_result=saved
                 )
+            if saved is not None and answer is not None and durable:
+                # Committed: by its key, the store says so whatever checkpoint a retry
+                # restores (a not durable turn is in no checkpoint: nothing to find).
+                await manager.save_answer(hold, saved.turn_key, saved.body)
             await manager.touch(session_id)
             if not self.settings.keep_warm:
                 await manager.park(hold, attached)
@@ -190,17 +195,16 @@ class SessionTurns:
         keyed: Keyed[_T],
         answer: Callable[[_T, bool], IdempotentAnswer | None],
     ) -> _T | None:
-        """The result of ``keyed``'s first run, if the checkpoint just restored is the one
-        it wrote (the registry forgot the session, and with it the turn's answer, or the
-        turn's record write never happened): the turn is applied there, so it is
-        committed now (the record points at that checkpoint) with that answer, and not
-        run again. None: run the turn."""
+        """The result of ``keyed``'s first run, if the store says it is applied in the
+        held session (the registry forgot the session, and with it the turn's answer,
+        or the turn's record write never happened): the checkpoint just restored is
+        the one it wrote, or its answer was saved by key once it committed. It is
+        committed now (the record points at what was restored) with that answer, and
+        not run again. None: run the turn. A store that cannot say fails the turn
+        (retryable): running it might run it twice."""
         manager = self.manager
-        found = manager.applied_turn(hold)
-        if found is None or found.turn_key != keyed.turn_key:
-            return None
         try:
-            body = await manager.persistence.turn_result(found)
+            body = await manager.saved_answer(hold, keyed.turn_key)
         except CheckpointError as exc:
             raise SandboxUnavailableError(
                 f"cannot read the turn's saved result ({type(exc).__name__}); retry"
@@ -209,6 +213,8 @@ class SessionTurns:
             return None
         result = keyed.decode(body)
         await manager.commit_answer(hold, answer(result, True))
+        # Kept by key too (it may have been found only next to its checkpoint).
+        await manager.save_answer(hold, keyed.turn_key, body)
         self.metrics.inc("sandcell_turns_found_applied_total")
         log.info("session %s: a keyed turn's retry found it applied", hold.session_id[:11])
         await manager.touch(hold.session_id)
