@@ -161,17 +161,18 @@ class TurnCommits:
                 return body
         return await self.persistence.answer(hold.session_id, turn_key)
 
-    async def save_answer(self, hold: Hold, turn_key: str, body: bytes) -> None:
+    async def save_answer(self, session_id: str, turn_key: str, body: bytes) -> None:
         """Store a committed keyed turn's result by its key (best effort: the registry
-        holds its answer too; only a wipe of the registry would need this copy)."""
+        holds its answer too; only a wipe of the registry would need this copy). No
+        hold needed: the turn is committed, and every write of it has these bytes."""
         try:
             async with asyncio.timeout(self.budgets.checkpoint_s):
-                await self.persistence.save_answer(hold.session_id, turn_key=turn_key, body=body)
+                await self.persistence.save_answer(session_id, turn_key=turn_key, body=body)
         except (CheckpointError, TimeoutError) as exc:
             self.metrics.inc("sandcell_turn_answers_unsaved_total")
             log.warning(
                 "session %s: a keyed turn's answer not saved in the store (%s)",
-                hold.session_id[:11],
+                session_id[:11],
                 type(exc).__name__,
             )
 

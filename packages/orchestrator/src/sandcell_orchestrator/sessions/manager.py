@@ -195,9 +195,9 @@ class SandboxManager:
         (``TurnCommits.saved_answer``); None: run it."""
         return await self.commits.saved_answer(hold, turn_key)
 
-    async def save_answer(self, hold: Hold, turn_key: str, body: bytes) -> None:
+    async def save_answer(self, session_id: str, turn_key: str, body: bytes) -> None:
         """Store a committed keyed turn's result by its key (``TurnCommits.save_answer``)."""
-        await self.commits.save_answer(hold, turn_key, body)
+        await self.commits.save_answer(session_id, turn_key, body)
 
     async def commit_answer(self, hold: Hold, answer: IdempotentAnswer | None) -> None:
         """Store a keyed turn's ``answer`` with a fenced write of the held record, as it

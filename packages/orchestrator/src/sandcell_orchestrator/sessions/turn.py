@@ -109,7 +109,38 @@ class SessionTurns:
         workspace is as it was. With ``work``'s result: whether the turn is durable (in
         a checkpoint). ``answer``: the turn's idempotent answer for (result, durable),
         stored by its commit; with one, an interrupted turn keeps none of its writes.
-        ``keyed``: its result saved with its checkpoint, and found there by a retry."""
+        ``keyed``: its result saved with its checkpoint, and found there by a retry;
+        once committed, also by its key alone (after the hold: the session is free
+        for its next turn meanwhile, and the turn is committed either way)."""
+        result, durable, committed = await self._held(
+            session_id,
+            request,
+            work,
+            spec=spec,
+            changed=changed,
+            egress=egress,
+            verify=verify,
+            answer=answer,
+            keyed=keyed,
+        )
+        if committed is not None:
+            await self.manager.save_answer(session_id, committed.turn_key, committed.body)
+        return result, durable
+
+    async def _held(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        spec: SandboxSpec,
+        changed: Callable[[_T], bool | None],
+        egress: EgressPolicy | None,
+        verify: bool,
+        answer: Callable[[_T, bool], IdempotentAnswer | None] | None,
+        keyed: Keyed[_T] | None,
+    ) -> tuple[_T, bool, TurnResult | None]:
+        """``run``'s turn under the hold; with a keyed turn's result to keep by key."""
         manager = self.manager
         settings = self.settings
         async with manager.hold(session_id, wait_ms=settings.session_wait_ms) as hold:
@@ -117,7 +148,8 @@ class SessionTurns:
             if keyed is not None and answer is not None:
                 applied = await self._found_applied(hold, keyed, answer)
                 if applied is not None:
-                    return applied, True
+                    # Kept by key too (it may have been found only by its checkpoint).
+                    return applied, True, TurnResult(keyed.turn_key, keyed.encode(applied))
             try:
                 await manager.open_turn(hold)
                 if egress is not None and not attached.launched:
@@ -180,14 +212,13 @@ class SessionTurns:
                 durable = await self._checkpoint_retrying(
                     hold, attached, answer_of, turn_result=saved
                 )
-            if saved is not None and answer is not None and durable:
-                # Committed: by its key, the store says so whatever checkpoint a retry
-                # restores (a not durable turn is in no checkpoint: nothing to find).
-                await manager.save_answer(hold, saved.turn_key, saved.body)
+            # Committed: by its key, the store says so whatever checkpoint a retry
+            # restores (a not durable turn is in no checkpoint: nothing to find).
+            committed = saved if answer is not None and durable else None
             await manager.touch(session_id)
             if not self.settings.keep_warm:
                 await manager.park(hold, attached)
-        return result, durable
+        return result, durable, committed
 
     async def _found_applied(
         self,
@@ -213,8 +244,6 @@ class SessionTurns:
             return None
         result = keyed.decode(body)
         await manager.commit_answer(hold, answer(result, True))
-        # Kept by key too (it may have been found only next to its checkpoint).
-        await manager.save_answer(hold, keyed.turn_key, body)
         self.metrics.inc("sandcell_turns_found_applied_total")
         log.info("session %s: a keyed turn's retry found it applied", hold.session_id[:11])
         await manager.touch(hold.session_id)
