@@ -232,7 +232,7 @@ def small_restore() -> int:
         "python -I -c pass": [sys.executable, "-I", "-c", "pass"],
         "extractor start-up": [
             *(sys.executable, "-I", "-X", "utf8", "-c"),
-            "import sandcell_runner.checkpoint.extractor",
+            "import sandcell_runner.checkpoint.extractor_child",
         ],
     }
     envs = {

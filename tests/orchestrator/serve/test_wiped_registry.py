@@ -17,10 +17,6 @@ store and moto's S3.
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -39,6 +35,7 @@ from sandcell_orchestrator.serve.app import create_app
 from sandcell_orchestrator.snapshots import SnapshotInfo, SnapshotStore, SnapshotUnavailableError
 from sandcell_orchestrator.testing import clean_environ
 from sandcell_protocol import ExecuteResult, decode, runtime_session_id
+from tests.fixtures.private_redis import private_redis_server
 from tests.orchestrator.apps.http_server import serve_asgi
 from tests.orchestrator.conftest import S3Server
 from tests.orchestrator.serve.fleet import fleet_env
@@ -54,31 +51,8 @@ COUNT = "open('runs', 'a').write('x\\n'); print(len(open('runs').read().splitlin
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[str]:
     """A redis-server of this test's own, without persistence: a FLUSHALL wipes only it."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed (scripts/test installs it)")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    argv += ["--appendonly", "no", "--dir", str(tmp_path)]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url)
-        for _ in range(200):
-            try:
-                if client.ping():
-                    break
-            except redis.ConnectionError:
-                if process.poll() is not None:
-                    pytest.fail("the private redis-server did not start")
-                time.sleep(0.05)
-        client.close()
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with private_redis_server(tmp_path) as server:
+        yield server.url
 
 
 async def wipe(url: str) -> None:

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from sandcell_runner.checkpoint.export import ArchiveLimits
-from sandcell_runner.checkpoint.extractor import ExtractorArgs
+from sandcell_runner.checkpoint.extractor_child import ExtractorArgs
 from sandcell_runner.checkpoint.extractor_process import ExtractorProcess, ExtractorServer
 from sandcell_runner.checkpoint.restore import restore_checkpoint
 from sandcell_runner.errors import ArchiveRejectedError

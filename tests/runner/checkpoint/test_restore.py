@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from sandcell_runner.checkpoint.compression import Encoding
 from sandcell_runner.checkpoint.export import ArchiveLimits
-from sandcell_runner.checkpoint.extractor import parse_request
+from sandcell_runner.checkpoint.extractor_child import parse_request
 from sandcell_runner.checkpoint.restore import restore_checkpoint
 from sandcell_runner.errors import ArchiveRejectedError
 from tests.runner.checkpoint import (
@@ -336,7 +336,9 @@ def test_the_extractor_loads_only_what_an_extraction_needs() -> None:
         "sandcell_runner.checkpoint.archive_rules",
         "sandcell_runner.checkpoint.compression",
         "sandcell_runner.checkpoint.confine",
+        "sandcell_runner.checkpoint.extract_tree",
         "sandcell_runner.checkpoint.extractor",
+        "sandcell_runner.checkpoint.extractor_child",
         "sandcell_runner.checkpoint.extractor_server",
         "sandcell_runner.errors",
     }

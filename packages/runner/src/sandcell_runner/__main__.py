@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 
 from . import runner_token
@@ -38,6 +39,8 @@ def _serve(*, undumpable: bool) -> int:
 
     try:
         settings = RunnerSettings.from_env(os.environ, read_token_file=runner_token.take_token_file)
+        # First: made non-inheritable before any helper or job process is forked.
+        listener = _inherited_listener(settings.listen_fd) if settings.listen_fd else None
     except ConfigError as exc:
         sys.stderr.write(f"sandcell-runner: configuration error: {exc}\n")
         return 2
@@ -79,8 +82,31 @@ def _serve(*, undumpable: bool) -> int:
         timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
-    server.run()
+    server.run(sockets=[listener] if listener is not None else None)
     return 0
+
+
+def _inherited_listener(fd: int) -> socket.socket:
+    """The launcher's listening socket: connections queued before start-up are served.
+
+    A launcher that binds the socket itself has no port to race for, and its first
+    request waits in the backlog instead of polling until the runner listens.
+    """
+    from .errors import ConfigError
+
+    try:
+        listener = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ConfigError(
+            f"SANDCELL_RUNNER_LISTEN_FD: {fd} is not a socket ({exc.strerror})"
+        ) from None
+    if listener.type != socket.SOCK_STREAM or not listener.getsockopt(
+        socket.SOL_SOCKET, socket.SO_ACCEPTCONN
+    ):
+        listener.detach()
+        raise ConfigError(f"SANDCELL_RUNNER_LISTEN_FD: {fd} is not a listening stream socket")
+    listener.set_inheritable(False)  # no job or helper inherits the runner's listener
+    return listener
 
 
 if __name__ == "__main__":

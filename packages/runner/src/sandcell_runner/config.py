@@ -50,6 +50,8 @@ class RunnerSettings:
 
     host: str = "127.0.0.1"
     port: int = 8080
+    listen_fd: int | None = None
+    """A listening socket inherited from the launcher, served instead of binding host:port."""
     token: str | None = field(default=None, repr=False)
     production: bool = False
     workspace_root: Path = Path(tempfile.gettempdir()) / "sandcell-runner" / "workspaces"
@@ -207,6 +209,8 @@ class RunnerSettings:
         return cls(
             host=env.get("SANDCELL_RUNNER_HOST", "127.0.0.1"),
             port=reader.integer("SANDCELL_RUNNER_PORT", 8080, minimum=0, maximum=65535),
+            # Unset reads as 0, which no inherited socket can be (0-2 are stdio).
+            listen_fd=reader.integer("SANDCELL_RUNNER_LISTEN_FD", 0, minimum=3) or None,
             token=token,
             production=production,
             workspace_root=workspace_root,

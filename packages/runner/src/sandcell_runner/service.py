@@ -4,7 +4,6 @@ point of the HTTP layer."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import os
@@ -45,7 +44,8 @@ from .outputs import OutputCollector
 from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
-from .workspace.manager import JobDirs, JobWorkspace, WorkspaceManager
+from .workspace.jobs import JobWorkspaces
+from .workspace.manager import JobWorkspace, WorkspaceManager
 from .workspace.session import SessionManager, SessionState
 
 log = logging.getLogger(__name__)
@@ -195,10 +195,7 @@ class RunnerService:
         self._last_request_s = time.monotonic()
         self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
-        self._active_jobs: collections.Counter[Path] = collections.Counter()
-        """Directories of running jobs, counted: a one-shot job's ``jobs/<id>`` is
-        reused, so the next job may take it before this one's removal is over."""
-        self._cleanups: set[asyncio.Task[None]] = set()
+        self._jobs = JobWorkspaces(self._workspaces, self._uids, self.sessions)
         self._collect_warnings()
 
     def _session_netns(self) -> SessionNetns | None:
@@ -241,96 +238,6 @@ class RunnerService:
         async with self._slots:
             yield
 
-    @contextlib.asynccontextmanager
-    async def _fresh_workspace(
-        self, fill: Callable[[JobWorkspace], None] | None = None
-    ) -> AsyncIterator[JobWorkspace]:
-        """A fresh per-job workspace and UID, removed and released afterwards.
-
-        ``fill`` (blocking) writes into it in the same thread hop that creates it.
-        """
-        uid = self._uids.allocate()
-        made: list[JobDirs] = []
-
-        def create() -> JobWorkspace:
-            dirs = self._workspaces.create_job(uid=uid, gid=uid)
-            made.append(dirs)
-            workspace = JobWorkspace(path=dirs.workspace, uid=uid, gid=uid, job_dir=dirs.job_dir)
-            if fill is not None:
-                fill(workspace)
-            return workspace
-
-        dirs: JobDirs | None = None
-        try:
-            try:
-                workspace = await asyncio.to_thread(create)
-            finally:
-                dirs = made[0] if made else None
-                if dirs is not None:
-                    self._active_jobs[dirs.job_dir.parent] += 1
-            yield workspace
-        finally:
-            # Removal runs after the answer has gone out: it is off the latency path,
-            # and the UID returns to the pool only once its files are gone.
-            cleanup = asyncio.create_task(self._remove_fresh(dirs, uid))
-            self._cleanups.add(cleanup)
-            cleanup.add_done_callback(self._cleanups.discard)
-
-    def _job_done(self, path: Path) -> None:
-        self._active_jobs[path] -= 1
-        if self._active_jobs[path] <= 0:
-            del self._active_jobs[path]
-
-    async def _remove_fresh(self, dirs: JobDirs | None, uid: int) -> None:
-        try:
-            if dirs is not None:
-                await asyncio.to_thread(self._workspaces.remove_job, dirs)
-                self._job_done(dirs.job_dir.parent)
-        except OSError as exc:
-            log.warning("fresh workspace not removed (the reaper will retry): %s", exc)
-        finally:
-            self._uids.release(uid)
-
-    @contextlib.asynccontextmanager
-    async def _session_workspace(
-        self, session_id: str, fill: Callable[[JobWorkspace], None] | None = None
-    ) -> AsyncIterator[JobWorkspace]:
-        """The bound session's workspace and pinned UID, holding the session lock.
-
-        ``fill`` (blocking) writes into it in the same thread hop that makes the job directory.
-        """
-        async with self.sessions.locked(session_id) as state:
-            made: list[Path] = []
-
-            def create() -> JobWorkspace:
-                job_dir = self._workspaces.create_session_job_dir()
-                made.append(job_dir)
-                workspace = JobWorkspace(
-                    path=state.workspace,
-                    uid=state.uid,
-                    gid=state.uid,
-                    job_dir=job_dir,
-                    surfaced=state.surfaced,
-                    session_id=session_id,
-                )
-                if fill is not None:
-                    fill(workspace)
-                return workspace
-
-            try:
-                workspace = await asyncio.to_thread(create)
-            except BaseException:
-                for job_dir in made:
-                    await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
-                raise
-            job_dir = made[0]
-            self._active_jobs[job_dir] += 1
-            try:
-                yield workspace
-            finally:
-                await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
-                self._job_done(job_dir)
-
     def prepare(self, request: ExecuteRequest) -> PreparedRequest:
         """Validate everything about a request before anything is written; raises a 4xx."""
         return self._executor.prepare(request)
@@ -358,12 +265,12 @@ class RunnerService:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self._job_slot())
             if session_id is not None:
-                workspace = await stack.enter_async_context(
-                    self._session_workspace(session_id, fill)
-                )
+                workspace = await stack.enter_async_context(self._jobs.session(session_id, fill))
                 primed = self.sessions.bound.primed if self.sessions.bound else None
             else:
-                workspace = await stack.enter_async_context(self._fresh_workspace(fill))
+                workspace = await stack.enter_async_context(
+                    self._jobs.fresh(fill, small=_small_inputs(prepared))
+                )
                 primed = None
             await self._primer.prime(prepared.refs, workspace, primed=primed)
             if on_started is not None:
@@ -409,7 +316,7 @@ class RunnerService:
 
     async def analyse(self, session_id: str) -> AnalysisResult:
         """Static analysis of the session's workspace: a job, so it takes a slot and the lock."""
-        async with self._job_slot(), self._session_workspace(session_id) as workspace:
+        async with self._job_slot(), self._jobs.session(session_id) as workspace:
             return await self.apps.analyzer.analyse(workspace)
 
     def health(self) -> Health:
@@ -445,7 +352,7 @@ class RunnerService:
 
     def _reap(self) -> list[Path]:
         """Remove leftover per-job directories; never the session's, staging, or the cache."""
-        keep = self.sessions.keep_paths() | set(self._active_jobs) | self.apps.keep_paths()
+        keep = self.sessions.keep_paths() | self._jobs.keep_paths() | self.apps.keep_paths()
         keep |= self.contexts.keep_paths()
         keep |= self.sandbox.keep_paths()
         if self._cgroups.available:
@@ -470,7 +377,7 @@ class RunnerService:
 
     def _busy(self) -> bool:
         bound = self.sessions.bound
-        return bool(self._active_jobs) or (bound is not None and bound.lock.locked())
+        return self._jobs.busy() or (bound is not None and bound.lock.locked())
 
     async def _idle_loop(self) -> None:
         """Stop idle interpreters; exit the runner when idle past ``idle_exit_s``."""
@@ -492,8 +399,7 @@ class RunnerService:
 
     async def shutdown(self) -> None:
         """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""
-        if self._cleanups:
-            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self._jobs.drain()
         with contextlib.suppress(Exception):
             await self.apps.shutdown()
         with contextlib.suppress(Exception):
@@ -513,6 +419,19 @@ class RunnerService:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._workspaces.close)
         self._lease.release()
+
+
+_SMALL_INPUT_BYTES = 64 * 1024
+"""Inputs up to this size are written on the event loop (page-cache writes, ~100 us)."""
+
+
+def _small_inputs(prepared: PreparedRequest) -> bool:
+    """Whether writing the request's entry file and inline files is a few small writes."""
+    if len(prepared.inline_files) > 8:
+        return False
+    size = len(prepared.request.code) * 4  # characters, at most 4 bytes of UTF-8 each
+    size += sum(len(item.content) for item in prepared.inline_files)
+    return size <= _SMALL_INPUT_BYTES
 
 
 __all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]

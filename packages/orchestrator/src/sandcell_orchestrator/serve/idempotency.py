@@ -158,23 +158,40 @@ class Claim:
 
         return answer
 
-    async def kept(self, work: Awaitable[T], *, stored: Callable[[T], tuple[int, bytes]]) -> T:
+    async def kept(
+        self,
+        work: Awaitable[T],
+        *,
+        stored: Callable[[T], tuple[int, bytes]],
+        unanswered: Callable[[], Awaitable[None]] | None = None,
+    ) -> T:
         """Await ``work``; store ``stored(result)`` (status, body) as the key's answer.
 
         If ``work`` raises (or is cancelled) the claim is dropped: a retry runs again.
         The answer is stored here even if ``work``'s commit stored it already
         (``answering``): the same bytes again, and the one store for work that
         commits nothing (a stateless run) or whose commit could not be written.
+
+        ``unanswered`` is awaited (shielded, its own failure only logged) when ``work``
+        failed and no answer of this request is kept: what ``work`` stored for an
+        answer (output files) is then named by none. A key whose answer a commit
+        stored before the failure, or whose claim could not be dropped, keeps it.
         """
         registry = self._registry
         if registry is None:
-            return await work
+            try:
+                return await work
+            except BaseException:
+                if unanswered is not None:
+                    await _unanswered(unanswered)
+                raise
         renewer = asyncio.create_task(self._renew(registry))
         try:
             result = await work
         except BaseException:
             renewer.cancel()
-            await self._drop(registry)
+            if await self._drop(registry) and unanswered is not None:
+                await _unanswered(unanswered)
             raise
         renewer.cancel()
         status, body = stored(result)
@@ -199,9 +216,20 @@ class Claim:
             except RegistryError as exc:
                 log.warning("could not renew an idempotency claim: %s", exc)
 
-    async def _drop(self, registry: SessionRegistry) -> None:
+    async def _drop(self, registry: SessionRegistry) -> bool:
+        """Drop the pending claim; whether it was (False: answered, not ours, or unknown)."""
         with contextlib.suppress(RegistryError), anyio.CancelScope(shield=True):
-            await registry.drop_idempotency(self._key, token=self._token)
+            return await registry.drop_idempotency(self._key, token=self._token)
+        return False
+
+
+async def _unanswered(clean_up: Callable[[], Awaitable[None]]) -> None:
+    # Shielded: a client that left must not leave what its run stored behind.
+    with anyio.CancelScope(shield=True):
+        try:
+            await clean_up()
+        except Exception as exc:
+            log.warning("could not remove what an unanswered request stored: %s", exc)
 
 
 class Idempotency:

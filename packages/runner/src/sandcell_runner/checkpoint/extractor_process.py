@@ -5,7 +5,7 @@ CPU-ms of imports), or take a spare started ahead and then start the next spare
 (~155 CPU-ms a restore, competing with the restores and jobs after it on a small
 machine). Now one server, imported once per runner, forks a child per restore
 (~1 ms): measured A/B in ``scripts/bench_checkpoint.py --small``. Each child
-jails itself exactly as a fresh extractor did (``extractor.serve``).
+jails itself exactly as a fresh extractor did (``extractor_child.serve``).
 
 Everything here runs on the event loop: the socket is read by ``add_reader``;
 requests are small datagrams the server drains at once. The server is started
@@ -35,7 +35,7 @@ import msgspec
 from ..errors import ArchiveRejectedError
 from ..jail.capabilities import CAP_SYS_NICE, holds
 from . import extractor_server
-from .extractor import ExtractorArgs
+from .extractor_child import ExtractorArgs
 from .extractor_server import ForkRequest, Reply
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class ExtractorServer:
 
     async def extract(self, args: ExtractorArgs, fds: Sequence[int]) -> ExtractorProcess:
         """Fork a child for one restore: ``fds`` are the archive pipe, the staging
-        directory and the cgroup files, in that order (``extractor.Request``)."""
+        directory and the cgroup files, in that order (``extractor_child.Request``)."""
         if self._closed:
             raise ArchiveRejectedError("the extractor server is stopped")
         self.start()

@@ -9,7 +9,7 @@ restore either on its path or by a spare started after it, competing with the
 next. A fork of an imported process costs ~1 ms, and the child starts exactly
 where a fresh one stood: every import done, nothing of any archive seen.
 
-Each child (``extractor.serve``) still joins the restore's cgroup first, gets
+Each child (``extractor_child.serve``) still joins the restore's cgroup first, gets
 its own network and IPC namespace, chroots into the staging directory, drops to
 the pinned UID and installs the extractor's seccomp filter before it reads a
 byte, and exits after its one restore: no state outlives a restore, and no
@@ -39,7 +39,13 @@ import sys
 import msgspec
 
 from . import confine
-from .extractor import ExtractorArgs, Request, checked_request, prewarm, serve_and_exit
+from .extractor_child import (
+    ExtractorArgs,
+    Request,
+    checked_request,
+    prewarm,
+    serve_and_exit,
+)
 
 MAX_MESSAGE_BYTES = 4096
 """A ``ForkRequest`` is about 200 bytes."""

@@ -1,9 +1,10 @@
 """Checkpoint restore: feed an archive to the hardened extractor in a child process.
 
 The extraction itself (decompression, tar parsing, file creation) happens in
-``extractor.py``, a separate process that drops to the workspace's pinned UID
-before it reads a byte: a parser bug can then write only what that UID may,
-and nothing of it runs in the runner's address space. This side has the fork
+``extractor_child.py`` (running ``extractor.py``), a separate process that
+drops to the workspace's pinned UID before it reads a byte: a parser bug can
+then write only what that UID may, and nothing of it runs in the runner's
+address space. This side has the fork
 server (``extractor_process``) fork a child, handing it the read end of a pipe
 with the staging directory, streams the request body into the pipe with
 backpressure, hashes what it sent, and turns the child's verdict into
@@ -31,7 +32,7 @@ from . import confine
 from .archive_rules import MAX_META_BYTES
 from .compression import Encoding
 from .export import ArchiveLimits
-from .extractor import ChildResult, ExtractorArgs
+from .extractor_child import ChildResult, ExtractorArgs
 from .extractor_process import ExtractorProcess, ExtractorServer, ServerLostError
 
 __all__ = ["ChildResult", "restore_checkpoint"]

@@ -1,6 +1,6 @@
 """The bound session's contexts: created, listed, run, interrupted, restarted, deleted.
 
-A context is a driver (``pydriver.py``, ``nodedriver.py``) in its own long-lived jail, started on
+A context is a driver (``drivers.py``) in its own long-lived jail, started on
 create and kept until it is deleted or restarted, idle past
 ``SANDCELL_RUNNER_CONTEXT_IDLE_S``, or the session is released. An interpreter
 that dies (memory kill, a timeout past the grace, a crash) leaves the context
@@ -48,26 +48,12 @@ from ..languages import LanguageSpec
 from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState
+from .drivers import DRIVERS, Driver
 from .interpreter import EventCallback, Interpreter, InterpreterStartError, OutputCaps
-from .nodedriver import NODE_DRIVER
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class _Driver:
-    """How a language's driver is written into the job directory and started."""
-
-    file_name: str
-    source: Callable[[], bytes]
-    flags: tuple[str, ...]
-
-
-_DRIVERS = {
-    # -I: no user site, no PYTHON* variables; the driver puts the workspace on sys.path.
-    "python": _Driver("driver.py", Path(__file__).with_name("pydriver.py").read_bytes, ("-I",)),
-    "node": _Driver("driver.js", NODE_DRIVER.encode, ()),
-}
 _READY_TIMEOUT_S = 30.0
 _RESULT_BYTES = 64 * MIB
 
@@ -116,7 +102,7 @@ class ContextManager:
         self._jail = jail
         self._workspaces = workspaces
         self._clock = clock
-        self.languages = {name: spec for name, spec in languages.items() if name in _DRIVERS}
+        self.languages = {name: spec for name, spec in languages.items() if name in DRIVERS}
         """Languages with a driver and an interpreter on this machine."""
         self._sessions: dict[str, dict[str, _Context]] = {}
 
@@ -179,9 +165,9 @@ class ContextManager:
 
     async def _start(self, state: SessionState, context: _Context) -> None:
         job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
-        driver = _DRIVERS[context.language]
+        driver = DRIVERS[context.language]
         try:
-            await asyncio.to_thread((job_dir / driver.file_name).write_bytes, driver.source())
+            await asyncio.to_thread(_write_driver, job_dir, driver)
             spec = self._spec(state, context, job_dir)
             interpreter = await Interpreter.start(
                 self._jail, spec, ready_timeout_s=_READY_TIMEOUT_S
@@ -201,7 +187,7 @@ class ContextManager:
         workspace_inside, job_inside = self._jail.inside_paths(state.workspace, job_dir)
         cwd_inside = f"{workspace_inside}/{context.cwd}" if context.cwd else workspace_inside
         binary = self.languages[context.language].binary
-        driver = _DRIVERS[context.language]
+        driver = DRIVERS[context.language]
         # The jail's own /tmp (a tmpfs per jail), or, unjailed, the job directory.
         tmp = "/tmp" if self._jail.jailed else str(job_dir)  # noqa: S108
         env = {
@@ -386,3 +372,10 @@ class ContextManager:
 
 
 __all__ = ["ContextManager"]
+
+
+def _write_driver(job_dir: Path, driver: Driver) -> None:
+    for relative, data in driver.files().items():
+        path = job_dir / relative
+        path.parent.mkdir(mode=0o755, exist_ok=True)
+        path.write_bytes(data)

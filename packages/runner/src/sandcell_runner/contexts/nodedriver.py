@@ -1,6 +1,6 @@
 """The JavaScript context driver: node's ``vm`` module, one persistent context.
 
-The same frames as the Python driver (``pydriver.py``: a 4-byte big-endian
+The same frames as the Python driver (``pydriver``: a 4-byte big-endian
 length, then a JSON object; commands on fd 0, events on fd 1), written to the
 context's job directory as ``driver.js`` and run by the jail's ``node``. It is
 kept here as a string so it ships inside the Python package like the rest of

@@ -108,6 +108,21 @@ class ImagePool:
             image = self._ready.pop() if self._ready else None
         if image is None:
             image = self._make()
+        return self._hand_out(image, uid=uid, gid=gid, bind_at=bind_at)
+
+    def take_ready(self, *, uid: int, gid: int) -> Path | None:
+        """``take`` of an image already made (no bind), or None when none is ready.
+
+        Safe on the event loop: a ready image costs a ``mkdir`` and a ``chown``
+        (~30 us), never the 50-250 ms of making one.
+        """
+        with self._lock:
+            image = self._ready.pop() if self._ready else None
+        if image is None:
+            return None
+        return self._hand_out(image, uid=uid, gid=gid, bind_at=None)
+
+    def _hand_out(self, image: _Image, *, uid: int, gid: int, bind_at: Path | None) -> Path:
         self._refill_soon()
         workspace = image.mount / "ws"
         try:

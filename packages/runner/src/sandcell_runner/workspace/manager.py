@@ -201,6 +201,35 @@ class WorkspaceManager:
             workspace = self.make_workspace(workspace, uid=uid, gid=gid, fixed=False)
         return JobDirs(workspace=workspace, job_dir=job_dir)
 
+    def create_job_now(self, *, uid: int, gid: int) -> JobDirs | None:
+        """``create_job`` when it needs no waiting, else None (the caller hops to a thread).
+
+        Only a reused ``jobs/<id>`` and a ready image qualify: a ``utime``, a
+        ``mkdir`` and a ``chown``, cheaper on the event loop than the thread hop
+        ``create_job`` costs (~0.3 CPU-ms a hop at 16 clients, more than the work).
+        A new directory, a tmpfs mount or a new image stay in ``create_job``.
+        """
+        if self.images is None:
+            return None
+        with self._free_lock:
+            base = self._free_jobs.pop() if self._free_jobs else None
+        if base is None:
+            return None
+        try:
+            workspace = self.images.take_ready(uid=uid, gid=gid)
+        except BaseException:
+            self._give_free(base)
+            raise
+        if workspace is None:
+            self._give_free(base)
+            return None
+        os.utime(base)  # the reaper goes by age: a reused one is as new as its job
+        return JobDirs(workspace=workspace, job_dir=base / "job")
+
+    def _give_free(self, base: Path) -> None:
+        with self._free_lock:
+            self._free_jobs.append(base)
+
     def remove_job(self, dirs: JobDirs) -> None:
         """Remove a fresh job's workspace; empty its ``jobs/<id>`` for the next job."""
         base = dirs.job_dir.parent

@@ -17,10 +17,12 @@ routes' methods are ``file_routes.FileRoutes``, a base class of ``LibreChatApi``
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -247,12 +249,17 @@ class LibreChatApi(FileRoutes):
                     raise ExecutionTimeoutError("the sandbox did not answer in time") from None
             answer = body_of(result)
             if answer is None:
-                await self._drop_outputs(caller, session_id, outputs)
                 raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
             return answer
 
-        # An error is not kept: the claim is dropped and a retry runs again.
-        kept_body = await claim.kept(answered(), stored=lambda answer: (200, answer))
+        # An error is not kept: the claim is dropped and a retry runs again. Outputs
+        # ``collect`` stored for a run that then failed (a timeout, a commit that
+        # could not be written, a client that left) are removed: no answer names them.
+        kept_body = await claim.kept(
+            answered(),
+            stored=lambda answer: (200, answer),
+            unanswered=lambda: self._drop_outputs(caller, session_id, outputs),
+        )
         return Response(kept_body, media_type=JSON_MEDIA_TYPE)
 
     async def _drop_outputs(
@@ -261,11 +268,14 @@ class LibreChatApi(FileRoutes):
         session_id: str,
         outputs: list[tuple[list[OutFile], dict[str, object] | None]],
     ) -> None:
-        """Remove a run's kept outputs that no answer names (a run that timed out)."""
+        """Remove a run's kept outputs that no answer names (a run that failed)."""
         for files, _ in outputs:
-            for file in files:
-                if not file.inherited:
-                    await self.files.delete(caller.namespace, session_id, file.id)
+            await self._delete_kept(caller, session_id, files)
+
+    async def _delete_kept(self, caller: Caller, session_id: str, files: list[OutFile]) -> None:
+        for file in files:
+            if not file.inherited:
+                await self.files.delete(caller.namespace, session_id, file.id)
 
     async def _exec_caller(self, request: Request) -> tuple[Caller, bytes]:
         """The caller and the body: by the headers, else by a legacy body key.
@@ -404,9 +414,6 @@ class LibreChatApi(FileRoutes):
                 )
                 continue
             file_id = self._new_id()
-            await self.files.put(
-                caller.namespace, session_id, file_id, data, filename=output.name, user_id=user
-            )
             files.append(
                 OutFile(
                     id=file_id,
@@ -420,6 +427,16 @@ class LibreChatApi(FileRoutes):
                     ),
                 )
             )
+            try:
+                await self.files.put(
+                    caller.namespace, session_id, file_id, data, filename=output.name, user_id=user
+                )
+            except BaseException:
+                # Part way (a store that failed, a run cancelled): what this call stored,
+                # the failed put's bytes included, is named by no answer.
+                with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                    await self._delete_kept(caller, session_id, files)
+                raise
         delivery: dict[str, object] | None = None
         if errors:
             codes = {item["code"] for item in errors}
