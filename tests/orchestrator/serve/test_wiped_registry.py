@@ -68,6 +68,8 @@ class _WipedBeforeCommit:
         self._inner = inner
         self._url = url
         self.wiped = False
+        self.persistence: Any = None
+        """The worker's checkpoint persistence (a test swaps its store)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -107,6 +109,7 @@ async def worker(
         if wipe_before_commit:
             injected = _WipedBeforeCommit(services.manager.registry, env["SANDCELL_REGISTRY_URL"])
             services.manager.registry = injected  # type: ignore[assignment]
+            injected.persistence = services.manager.persistence
         async with (
             serve_asgi(create_app(settings, services=services), lifespan="on") as url,
             httpx.AsyncClient(base_url=url, timeout=120) as client,
@@ -342,3 +345,56 @@ async def test_a_saved_answer_stays_with_its_tenant(env: dict[str, str]) -> None
             "/v1/exec", content=call(hint, UNCHANGED), headers=AUTH | {"Idempotency-Key": key}
         )
         assert stdout_of(again) == printed
+
+
+class _ResultGetBlinks:
+    """The snapshot store, as the S3 endpoint blinks once just as a retry reads a keyed
+    turn's saved result (after that retry recorded the sandbox it restored)."""
+
+    def __init__(self, inner: SnapshotStore) -> None:
+        self._inner = inner
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get(self, key: str, *, max_bytes: int) -> Any:
+        if ".turn-" in key and not self.failed:
+            self.failed = True
+            raise SnapshotUnavailableError("injected: S3 blinked")
+        return self._inner.get(key, max_bytes=max_bytes)
+
+
+async def test_a_retry_after_a_failed_retry_finds_the_turn_in_the_recorded_checkpoint(
+    env: dict[str, str],
+) -> None:
+    """Redis is wiped before the keyed turn's commit; its first retry restores the
+    turn's checkpoint and records that sandbox, then cannot read the saved result (a
+    store blink: a retryable error, the job not run). The next retry finds that young
+    record, not an empty registry, and must still find the turn applied in the
+    checkpoint the record points at (it used to run the job again on it)."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env, wipe_before_commit=True) as (client, injected),
+        session(client) as hint,
+    ):
+        assert injected is not None
+        persistence = injected.persistence
+        blinking = _ResultGetBlinks(persistence.store)
+        persistence.store = blinking  # type: ignore[assignment]
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert injected.wiped
+        assert first.status_code != 200, first.text
+        failed = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert blinking.failed
+        assert failed.status_code == 503, failed.text
+        again = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        result = result_of(again, stream=False)
+        assert (result.stdout, result.durable) == ("1\n", True)
+        await ran_once(client, hint)

@@ -26,7 +26,7 @@ from ..errors import CheckpointError
 from ..metrics import Metrics
 from ..registry import IdempotentAnswer, SessionRegistry
 from ..snapshots import SnapshotInfo
-from .persistence import Persistence, PersistentWorkspace, StoredCheckpoint, TurnResult
+from .persistence import Persistence, PersistentWorkspace, TurnResult
 from .records import SessionRecords
 from .sandboxes import Attached, Hold
 
@@ -127,17 +127,6 @@ class TurnCommits:
                 hold, answer=answer, turn_open=False, unsaved=unsaved or record.unsaved
             )
 
-    def applied_turn(self, hold: Hold) -> StoredCheckpoint | None:
-        """The checkpoint a hold that found no record restores, if a keyed turn wrote it
-        with its result (``checkpoint(turn_result=...)``): that turn is applied in it,
-        committed or not (its record write may be what the registry forgot)."""
-        if hold.stored is None or hold.checkpoint_key is None:
-            return None
-        latest = Persistence.latest(hold.stored)
-        if latest is None or latest.key != hold.checkpoint_key or latest.turn_key is None:
-            return None
-        return latest
-
     def may_have_forgotten(self, hold: Hold) -> bool:
         """Whether the registry may have lost a keyed turn's answer for this session:
         it had no record (a wiped Redis), or one made within the collection window
@@ -148,15 +137,20 @@ class TurnCommits:
 
     async def saved_answer(self, hold: Hold, turn_key: str) -> bytes | None:
         """The result of the keyed turn ``turn_key`` if the store says it is applied in
-        the held session: the checkpoint just restored is the one it wrote (its
-        ``.turn-`` result), or the turn committed and saved its answer by key
-        (``save_answer``). None: run the turn. Read only when the registry may have
-        forgotten (``may_have_forgotten``): a turn's first run costs no store read."""
+        the held session: the checkpoint the hold works on (restored, or the record's)
+        is the one it wrote (its ``.turn-`` result), or the turn committed and saved
+        its answer by key (``save_answer``). None: run the turn. Read only when the
+        registry may have forgotten (``may_have_forgotten``): a turn's first run
+        costs no store read.
+
+        The record's checkpoint is looked at too, not only a restore from the store's
+        listing: a retry that found no record may have recorded the sandbox it
+        restored and then failed (a store blink as it read the result), and the next
+        retry finds that young record, pointing at the turn's own checkpoint."""
         if not self.may_have_forgotten(hold):
             return None
-        found = self.applied_turn(hold)
-        if found is not None and found.turn_key == turn_key:
-            body = await self.persistence.turn_result(found)
+        if hold.checkpoint_key is not None:
+            body = await self.persistence.result_with(hold.checkpoint_key, turn_key)
             if body is not None:
                 return body
         return await self.persistence.answer(hold.session_id, turn_key)

@@ -51,7 +51,7 @@ from ..snapshots import SnapshotInfo, SnapshotStore
 from .attach import Attacher
 from .commits import TurnCommits
 from .holds import Holds
-from .persistence import Persistence, PersistentWorkspace, StoredCheckpoint, TurnResult
+from .persistence import Persistence, PersistentWorkspace, TurnResult
 from .records import SessionRecords
 from .sandboxes import Attached, Hold, Sandboxes, labelled, rebind, sandbox_session_key
 from .sweep import Sweeper
@@ -184,11 +184,6 @@ class SandboxManager:
         """Record that the held turn ended, with nothing uncommitted or (``unsaved``) with
         acknowledged work no checkpoint has; ``answer`` is stored by that same write."""
         await self.commits.close_turn(hold, unsaved=unsaved, answer=answer)
-
-    def applied_turn(self, hold: Hold) -> StoredCheckpoint | None:
-        """The checkpoint a hold that found no record restores, if a keyed turn wrote it
-        with its result (``TurnCommits.applied_turn``)."""
-        return self.commits.applied_turn(hold)
 
     async def saved_answer(self, hold: Hold, turn_key: str) -> bytes | None:
         """A keyed turn's result if the store says it is applied in the held session

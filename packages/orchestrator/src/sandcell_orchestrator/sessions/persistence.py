@@ -172,6 +172,14 @@ class Persistence:
             return None
         return await self._read(item.result_key)
 
+    async def result_with(self, checkpoint: str, turn_key: str) -> bytes | None:
+        """The result of the keyed turn ``turn_key`` saved with ``checkpoint`` (None:
+        that checkpoint is not that turn's)."""
+        try:
+            return await self._read(turn_result_key(checkpoint, turn_key))
+        except SnapshotNotFoundError:
+            return None
+
     async def save_answer(self, session_id: str, *, turn_key: str, body: bytes) -> None:
         """Store the result of the keyed turn ``turn_key``, committed just now, by its key.
 
