@@ -398,3 +398,29 @@ async def test_a_retry_after_a_failed_retry_finds_the_turn_in_the_recorded_check
         result = result_of(again, stream=False)
         assert (result.stdout, result.durable) == ("1\n", True)
         await ran_once(client, hint)
+
+
+async def test_a_retry_whose_launch_outlasts_the_young_record_window_finds_the_turn(
+    env: dict[str, str],
+) -> None:
+    """After a wipe the retry's hold finds no record; its launch records the sandbox it
+    restores into, and a launch and restore can take longer than the young-record
+    window (here the window is 0: a collection grace period of 0). Whether the registry
+    may have forgotten is judged by the record the hold found, so the retry still gets
+    the first run's result (it used to judge after the launch and run the job again)."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env | {"SANDCELL_CHECKPOINT_GRACE_S": "0"}) as (client, _),
+        session(client) as hint,
+    ):
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert stdout_of(first) == "1\n"
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        again = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        result = result_of(again, stream=False)
+        assert (result.stdout, result.durable) == ("1\n", True)
+        await ran_once(client, hint)

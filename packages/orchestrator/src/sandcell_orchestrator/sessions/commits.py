@@ -139,16 +139,14 @@ class TurnCommits:
         """The result of the keyed turn ``turn_key`` if the store says it is applied in
         the held session: the checkpoint the hold works on (restored, or the record's)
         is the one it wrote (its ``.turn-`` result), or the turn committed and saved
-        its answer by key (``save_answer``). None: run the turn. Read only when the
-        registry may have forgotten (``may_have_forgotten``): a turn's first run
-        costs no store read.
+        its answer by key (``save_answer``). None: run the turn. Called only when the
+        registry may have forgotten (``may_have_forgotten``, judged when the hold
+        began): a turn's first run costs no store read.
 
         The record's checkpoint is looked at too, not only a restore from the store's
         listing: a retry that found no record may have recorded the sandbox it
         restored and then failed (a store blink as it read the result), and the next
         retry finds that young record, pointing at the turn's own checkpoint."""
-        if not self.may_have_forgotten(hold):
-            return None
         if hold.checkpoint_key is not None:
             body = await self.persistence.result_with(hold.checkpoint_key, turn_key)
             if body is not None:

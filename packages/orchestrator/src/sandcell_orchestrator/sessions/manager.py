@@ -185,6 +185,11 @@ class SandboxManager:
         acknowledged work no checkpoint has; ``answer`` is stored by that same write."""
         await self.commits.close_turn(hold, unsaved=unsaved, answer=answer)
 
+    def may_have_forgotten(self, hold: Hold) -> bool:
+        """Whether the registry may have lost a keyed turn's answer for the held session
+        (``TurnCommits.may_have_forgotten``)."""
+        return self.commits.may_have_forgotten(hold)
+
     async def saved_answer(self, hold: Hold, turn_key: str) -> bytes | None:
         """A keyed turn's result if the store says it is applied in the held session
         (``TurnCommits.saved_answer``); None: run it."""

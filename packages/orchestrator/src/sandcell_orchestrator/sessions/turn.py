@@ -144,8 +144,12 @@ class SessionTurns:
         manager = self.manager
         settings = self.settings
         async with manager.hold(session_id, wait_ms=settings.session_wait_ms) as hold:
+            # Judged by the record the hold found, before attach: a launch records its
+            # sandbox (a session without a record has one after it), and a launch and
+            # restore can outlast the young-record window.
+            forgot = manager.may_have_forgotten(hold)
             attached = await manager.attach(hold, spec, verify=verify)
-            if keyed is not None and answer is not None:
+            if keyed is not None and answer is not None and forgot:
                 applied = await self._found_applied(hold, keyed, answer)
                 if applied is not None:
                     # Kept by key too (it may have been found only by its checkpoint).
