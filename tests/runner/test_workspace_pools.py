@@ -89,3 +89,63 @@ def test_without_a_ready_image_the_directory_is_kept_for_the_thread(
     manager.remove_job(later)
     for workspace in held:
         images.give(workspace, reuse=True)
+
+
+def _image_file(manager: WorkspaceManager, workspace: Path) -> Path:
+    assert manager.images is not None
+    return manager.images.directory / workspace.parent.name.replace(".mnt", ".img")
+
+
+def test_a_small_workspace_is_wiped_on_the_loop_and_served_again(
+    manager: WorkspaceManager,
+) -> None:
+    first = manager.create_job(uid=UID, gid=UID)
+    for index in range(5):
+        (first.workspace / f"out-{index}.txt").write_bytes(b"x" * 100)
+    (first.workspace / "sub").mkdir()
+    (first.workspace / "sub" / "deep.txt").write_bytes(b"y")
+
+    assert manager.remove_job_now(first) is True
+
+    assert not first.workspace.exists()  # the image's ws went with the job's files
+    again = manager.create_job_now(uid=UID + 1, gid=UID + 1)
+    assert again is not None
+    assert os.listdir(again.workspace) == []
+    assert manager.remove_job_now(again) is True
+
+
+@pytest.mark.parametrize("what", ["many files", "big file"])
+def test_a_bigger_workspace_is_left_to_the_thread_untouched(
+    manager: WorkspaceManager, what: str
+) -> None:
+    job = manager.create_job(uid=UID, gid=UID)
+    if what == "many files":
+        for index in range(100):
+            (job.workspace / f"f{index}").write_bytes(b"")
+    else:
+        (job.workspace / "big").write_bytes(os.urandom(1 << 20))
+    os.sync()  # blocks are counted once allocated
+
+    assert manager.remove_job_now(job) is False
+
+    assert len(os.listdir(job.workspace)) == (100 if what == "many files" else 1)
+    manager.remove_job(job)  # the thread's path wipes it
+    assert not job.workspace.exists()
+
+
+def test_an_image_given_back_after_holding_megabytes_returns_them_to_the_host(
+    manager: WorkspaceManager,
+) -> None:
+    """No online discard (a wipe never waits on the loop device): a big image is
+    trimmed when given back instead, so its sparse backing file shrinks again."""
+    job = manager.create_job(uid=UID, gid=UID)
+    image_file = _image_file(manager, job.workspace)
+    before = os.stat(image_file).st_blocks
+    (job.workspace / "big").write_bytes(os.urandom(8 << 20))
+    os.sync()
+    grown = os.stat(image_file).st_blocks
+    assert grown - before >= (8 << 20) // 512  # 512-byte units
+
+    manager.remove_job(job)
+
+    assert os.stat(image_file).st_blocks - before < (1 << 20) // 512

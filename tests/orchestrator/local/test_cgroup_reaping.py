@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
-from sandcell_orchestrator.providers.runner_roots import free_loopback_port
+from sandcell_orchestrator.providers.runner_roots import free_loopback_port, reap_runner_cgroups
 from sandcell_protocol import ExecuteRequest
 from sandcell_runner.jail.cgroup_reaper import instance_key
 from sandcell_runner.jail.cgroups import CGROUP_ROOT, V1_CONTROLLERS
@@ -147,3 +147,19 @@ async def test_a_runner_killed_while_destroy_waits_for_it_leaves_no_cgroups() ->
             assert not runner_root.exists()
         finally:
             await provider.close()
+
+
+def test_a_reaper_that_cannot_run_does_not_keep_the_root() -> None:
+    """Only the reaper's "a subtree is still there" keeps a root for the sweeper's next
+    round. An interpreter without the runner package exits 1 with a traceback, as any
+    crash does: no later round would do better, so the root goes."""
+    with traversable_dir("reap-") as root:
+        (root / "workspaces").mkdir()
+        assert (
+            subprocess.run(
+                ["/usr/bin/python3", "-I", "-c", "import sandcell_runner"], capture_output=True
+            ).returncode
+            == 1
+        ), "the system interpreter must lack sandcell_runner for this test"
+        assert reap_runner_cgroups("/usr/bin/python3", root) is True
+        assert reap_runner_cgroups(sys.executable, root) is True  # nothing of it was there

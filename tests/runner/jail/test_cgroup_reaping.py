@@ -7,7 +7,13 @@ import signal
 import subprocess
 import sys
 
-from sandcell_runner.jail.cgroup_reaper import instance_key, reap_instance, reap_orphans
+from sandcell_runner.jail.cgroup_reaper import (
+    EXIT_LEFT,
+    InstanceLease,
+    instance_key,
+    reap_instance,
+    reap_orphans,
+)
 from sandcell_runner.jail.cgroups import CGROUP_ROOT, V1_CONTROLLERS
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, start_runner
@@ -94,3 +100,24 @@ def test_reaper_command_removes_one_runner() -> None:
             assert subtree_folders([runner]) == 0
         finally:
             runner.stop()
+
+
+def test_reaper_command_says_a_leased_subtree_is_left_in_its_own_status() -> None:
+    """A subtree it must leave (its lease is held) exits ``EXIT_LEFT``: not 1, which is
+    what any crash of the interpreter exits, and the local provider keeps a runner's
+    root only for the former."""
+    with traversable_dir() as root:
+        lease = InstanceLease(instance_key(root / "ws"))
+        assert lease.held
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "sandcell_runner.jail.cgroup_reaper", str(root / "ws")],
+                capture_output=True,
+                check=False,
+                timeout=60,
+            )
+        finally:
+            lease.release()
+            assert reap_instance(instance_key(root / "ws"))  # and its lease file goes
+        assert done.returncode == EXIT_LEFT, done.stderr
+        assert EXIT_LEFT not in (0, 1, 2)

@@ -140,6 +140,33 @@ def test_slots_are_reused_not_multiplied(jail_root: tuple[Jail, CgroupManager, P
     assert {name for name in pooled if name.startswith("job-pool-")} == {"job-pool-s0"}
 
 
+def test_a_pooled_cgroup_reports_each_job_apart(
+    jail_root: tuple[Jail, CgroupManager, Path],
+) -> None:
+    """One slot, four jobs in turn: the OOM kill and the memory peak are each job's own."""
+    jail, cgroups, root = jail_root
+    hog = "exec /usr/bin/python3 -c 'b = bytearray({} << 20)'"
+
+    async def sequential() -> list[tuple[bool, int | None]]:
+        seen = []
+        for index, script in enumerate([hog.format(400), "true", hog.format(64), "true"]):
+            outcome = await jail.run(_spec(root, f"job{index}", script))
+            assert outcome.cgroup is not None
+            seen.append((outcome.cgroup.oom_killed, outcome.cgroup.memory_peak_bytes))
+        return seen
+
+    seen = asyncio.run(sequential())
+    assert [oom for oom, _ in seen] == [True, False, False, False]
+    peaks = [peak or 0 for _, peak in seen]
+    assert all(peak is not None for _, peak in seen), seen
+    assert peaks[2] >= 64 << 20
+    # Neither the first job's peak (at its 256 MiB limit) nor the third's carries over.
+    assert peaks[1] < 32 << 20
+    assert peaks[3] < 32 << 20
+    pooled = {path.name for directory in cgroups._parents for path in directory.iterdir()}
+    assert {name for name in pooled if name.startswith("job-pool-")} == {"job-pool-s0"}
+
+
 @pytest.fixture(autouse=True)
 def _needs_root() -> None:
     if os.geteuid() != 0:

@@ -27,7 +27,8 @@ from sandcell_protocol import (
 from .config import MIB, RunnerSettings
 from .env_vars import checked_env
 from .errors import BadRequestError, InvalidPathError, UnsupportedLanguageError
-from .jail.nsjail import Jail, OutputCallback
+from .jail.capture import OutputCallback
+from .jail.nsjail import Jail
 from .jail.outcome import JobOutcome
 from .jail.spec import JobLimits, JobSpec
 from .languages import LANGUAGE_ALIASES, LanguageSpec, resolve_language

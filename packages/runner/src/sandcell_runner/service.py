@@ -32,11 +32,13 @@ from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
+from .jail.capture import OutputCallback
 from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
 from .jail.cgroups import CgroupManager
 from .jail.host_limits import apply_host_limits, required_limits
+from .jail.job_user import probe_job_user_nsjail
 from .jail.netns import SessionNetns
-from .jail.nsjail import Jail, OutputCallback, probe_job_user_nsjail
+from .jail.nsjail import Jail
 from .jail.spawn_helper import SpawnHelper
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages

@@ -25,6 +25,10 @@ __all__ = [
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _MNT_DETACH = 2
+_REAPER_LEFT = 3
+"""The reaper's exit status for "a subtree is still there" (``cgroup_reaper.EXIT_LEFT``;
+not imported: the runner package need not be importable here). Any other failure (a
+crash exits 1) is no reason to keep the root: a later try would fail the same way."""
 log = logging.getLogger(__name__)
 
 
@@ -81,5 +85,5 @@ def reap_runner_cgroups(python: str, root: Path) -> bool:
         return True
     if done.returncode != 0:
         log.warning("cgroup reaper for %s failed: %s", root, done.stderr.decode()[-300:])
-        return done.returncode != 1
+        return done.returncode != _REAPER_LEFT
     return True

@@ -31,6 +31,8 @@ from .cgroups import CGROUP_ROOT, V1_ALL, JobCgroup
 log = logging.getLogger(__name__)
 
 LEASE_DIR = Path("/run/sandcell/cgroup-leases")
+EXIT_LEFT = 3
+"""``main``'s exit status when some subtree is still there (1 and 2: it failed to run)."""
 
 
 def instance_key(workspace_root: Path) -> str:
@@ -185,8 +187,9 @@ def reap_orphans(
 def main(argv: list[str]) -> int:
     """``python -m sandcell_runner.jail.cgroup_reaper WORKSPACE_ROOT...``: reap those runners.
 
-    Exit 1 when a subtree is still there (leased by a live runner, or a directory the
-    kernel still calls busy): the caller keeps what it needs to try again later.
+    Exit ``EXIT_LEFT`` when a subtree is still there (leased by a live runner, or a
+    directory the kernel still calls busy): the caller keeps what it needs to try
+    again later. Not 1, which is also what the interpreter answers for a crash.
     """
     if not argv:
         sys.stderr.write("usage: python -m sandcell_runner.jail.cgroup_reaper WORKSPACE_ROOT...\n")
@@ -198,7 +201,7 @@ def main(argv: list[str]) -> int:
             left.append(workspace_root)
     if left:
         sys.stderr.write(f"cgroups left for {len(left)} runner(s): {', '.join(left)}\n")
-        return 1
+        return EXIT_LEFT
     return 0
 
 

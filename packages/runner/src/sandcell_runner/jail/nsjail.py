@@ -19,17 +19,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import heapq
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import JailError
 from ..languages import JOB_DIR, WORKSPACE_DIR
+from .capture import DRAIN_INTERVAL_S, Capture, OutputCallback, discard, widen
 from .cgroups import CgroupManager, JobCgroup
 from .launched import LaunchedJob
 from .nsjail_config import render_config
@@ -43,104 +42,6 @@ from .outcome import (
 )
 from .spawner import ProcessSpawner, SpawnRequest
 from .spec import JobLimits, JobSpec
-
-OutputCallback = Callable[[str, bytes], None]
-
-
-class _Capture:
-    """Keeps a stream's bytes up to its cap; past it, notes truncation and drops the rest."""
-
-    def __init__(self, name: str, cap: int, on_output: OutputCallback | None) -> None:
-        self.name = name
-        self.cap = cap
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.truncated = False
-        self.draining = False
-        self.eof = asyncio.Event()
-        self._on_output = on_output
-
-    def feed(self, data: bytes) -> bool:
-        """Store ``data``; return True when this is the first chunk that did not fit.
-
-        Past the cap means a byte was dropped: output that ends exactly at the cap is
-        whole (not truncated), and the chunk after a chunk that filled it exactly
-        is the one that passes it.
-        """
-        room = max(self.cap - self.size, 0)
-        kept = data[:room]
-        if kept:
-            self.chunks.append(kept)
-            self.size += len(kept)
-            if self._on_output is not None:
-                self._on_output(self.name, kept)
-        if len(data) > len(kept):
-            first = not self.truncated
-            self.truncated = True
-            return first
-        return False
-
-    def value(self) -> bytes:
-        return b"".join(self.chunks)
-
-
-def probe_job_user_nsjail(nsjail: Path, uid: int) -> str | None:
-    """Whether nsjail can run as an unprivileged ``uid`` here: None if so, else why not.
-
-    It cannot when job UIDs may not execute the binary (it lies under a 0700
-    home), or when unprivileged user namespaces are off (a sysctl, or a container
-    engine's seccomp profile that allows them only with CAP_SYS_ADMIN). Run once
-    at start-up, before the event loop, so plain ``subprocess`` switches the UID.
-    """
-    argv = [str(nsjail), "-Mo", "--quiet", "--disable_proc", "-u", str(uid), "-g", str(uid)]
-    argv += ["--chroot", "/", "--", "/bin/true"]
-    try:
-        probe = subprocess.run(
-            argv,
-            capture_output=True,
-            timeout=10,
-            check=False,
-            env={},
-            user=uid,
-            group=uid,
-            extra_groups=[],
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"probe failed: {exc}"
-    if probe.returncode != 0:
-        tail = probe.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-        return f"nsjail as uid {uid} exited {probe.returncode}: {tail[0][:200]}"
-    return None
-
-
-_DEVNULL_FD: list[int] = []
-
-
-_DRAIN_PIPE_BYTES = 1 << 20
-_DRAIN_INTERVAL_S = 0.01
-"""A stream past its cap is drained a pipeful (1 MiB) per 10 ms at most: 100 MiB/s."""
-
-
-def _widen(fd: int) -> None:
-    """Grow a flooding pipe to a megabyte (the default ceiling of pipe-max-size): one
-    wake-up per megabyte instead of per 64 KiB. Its pages are charged to the writer."""
-    with contextlib.suppress(OSError, AttributeError):
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _DRAIN_PIPE_BYTES)
-
-
-def _discard(fd: int) -> int | None:
-    """Splice what is in the pipe ``fd`` to /dev/null: bytes moved (0 at EOF), or None
-    where splice is unavailable (the caller reads instead)."""
-    if not hasattr(os, "splice"):
-        return None
-    if not _DEVNULL_FD:
-        _DEVNULL_FD.append(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
-    try:
-        return os.splice(fd, _DEVNULL_FD[0], 1 << 20, flags=os.SPLICE_F_NONBLOCK)
-    except BlockingIOError:
-        raise
-    except OSError:
-        return None
 
 
 class Jail:
@@ -288,9 +189,10 @@ class Jail:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         log_r, log_w = os.pipe()
-        stdout = _Capture("stdout", spec.limits.stdout_bytes, on_output)
-        stderr = _Capture("stderr", spec.limits.stderr_bytes, on_output)
-        jail_log = _Capture("log", 256 * 1024, None)
+        log_later = widen(log_r)  # before nsjail can write: see where the reader is added
+        stdout = Capture("stdout", spec.limits.stdout_bytes, on_output)
+        stderr = Capture("stderr", spec.limits.stderr_bytes, on_output)
+        jail_log = Capture("log", 256 * 1024, None)
         state = {"timed_out": False, "stdout_limited": False}
         close_after = [out_w, err_w, log_w]
         started = time.monotonic()
@@ -328,26 +230,26 @@ class Jail:
         drain_cpu_s = [0.0]  # the runner's own CPU spent on this job's streams
         paused: dict[int, asyncio.TimerHandle] = {}
 
-        def resume(fd: int, capture: _Capture, kill_on_cap: bool) -> None:
+        def resume(fd: int, capture: Capture, kill_on_cap: bool) -> None:
             paused.pop(fd, None)
             loop.add_reader(fd, reader, fd, capture, kill_on_cap)
 
-        def reader(fd: int, capture: _Capture, kill_on_cap: bool) -> None:
+        def reader(fd: int, capture: Capture, kill_on_cap: bool) -> None:
             started = time.thread_time()
             try:
                 read(fd, capture, kill_on_cap)
             finally:
                 drain_cpu_s[0] += time.thread_time() - started
 
-        def read(fd: int, capture: _Capture, kill_on_cap: bool) -> None:
+        def read(fd: int, capture: Capture, kill_on_cap: bool) -> None:
             try:
                 if capture.truncated and not kill_on_cap:
                     # Past its cap a stream is only drained: the kernel moves the
                     # bytes to /dev/null, a megabyte a call, never through Python.
                     if not capture.draining:
                         capture.draining = True
-                        _widen(fd)
-                    data_len = _discard(fd)
+                        widen(fd)
+                    data_len = discard(fd)
                     if data_len is not None:
                         loop.remove_reader(fd)
                         if data_len == 0:
@@ -356,7 +258,7 @@ class Jail:
                             # Paced: at most a pipeful per interval. A faster flood
                             # waits on its full pipe, in its own time, not the runner's.
                             paused[fd] = loop.call_later(
-                                _DRAIN_INTERVAL_S, resume, fd, capture, kill_on_cap
+                                DRAIN_INTERVAL_S, resume, fd, capture, kill_on_cap
                             )
                         else:
                             loop.add_reader(fd, reader, fd, capture, kill_on_cap)
@@ -376,11 +278,24 @@ class Jail:
             os.set_blocking(fd, False)
         loop.add_reader(out_r, reader, out_r, stdout, True)
         loop.add_reader(err_r, reader, err_r, stderr, False)
-        # Drained as it comes so a chatty nsjail can never fill the pipe and stall.
-        loop.add_reader(log_r, reader, log_r, jail_log, False)
+        # nsjail's log (~3 KiB a job, written a line at a time while it sets the jail
+        # up) is read once nsjail has exited: a megabyte of pipe holds far more than
+        # a configuration (at most 60 KB) makes it say, and reading it as it came woke
+        # the event loop about ten times a job. Where the pipe cannot grow, it is
+        # drained as it comes, so a chatty nsjail can never fill the pipe and stall.
+        if not log_later:
+            loop.add_reader(log_r, reader, log_r, jail_log, False)
         timer = loop.call_later(spec.limits.timeout_ms / 1000, on_timeout)
         try:
             status, rusage = await process.wait()
+            if log_later:
+                size = -1
+                while not jail_log.eof.is_set() and size < jail_log.size:
+                    size = jail_log.size  # read to EOF, or to what is there so far
+                    reader(log_r, jail_log, False)
+                if not jail_log.eof.is_set():
+                    # A writer is still open somewhere (nsjail's last child, exiting).
+                    loop.add_reader(log_r, reader, log_r, jail_log, False)
             # Output written just before exit is still in the pipes; descendants are
             # dead with the pid namespace, so EOF follows promptly.
             with contextlib.suppress(TimeoutError):

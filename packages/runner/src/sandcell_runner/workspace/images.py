@@ -53,6 +53,15 @@ _LO_FLAGS_DIRECT_IO = 16
 _LOOP_CONFIG = struct.Struct("=II QQQQQ IIII 64s64s32s QQ 64x")
 _REFORMAT_INODES = 4096
 """A workspace that used more inodes than this is re-made rather than walked."""
+_FITRIM = 0xC0185879  # _IOWR('X', 121, struct fstrim_range)
+_TRIM_RANGE = struct.Struct("=QQQ")  # start, len, minlen
+_TRIM_AFTER_BLOCKS = 256
+"""An image given back after holding more than this (1 MiB) is trimmed: its freed
+blocks are punched out of the sparse backing file, so the host disk gets them back."""
+SMALL_INODES = 64
+SMALL_BLOCKS = 64
+"""A workspace this small (inodes, 4 KiB blocks in use) is wiped in ~100 us of CPU:
+``give_small`` does it on the caller's thread (the event loop)."""
 
 
 @dataclass(slots=True)
@@ -162,6 +171,27 @@ class ImagePool:
         else:
             self._discard(image)
 
+    def give_small(self, workspace: Path) -> bool:
+        """``give(workspace, reuse=True)`` if it is small (``SMALL_INODES``,
+        ``SMALL_BLOCKS``) and an image's own ``ws``: False (nothing done) otherwise.
+
+        Its wipe is a few ``unlink`` and one ``rmdir`` that never wait on the device
+        (no online discard: see ``_attach_and_mount``), cheaper on the event loop
+        than the thread hop; a bigger one is the thread's (``give``).
+        """
+        with self._lock:
+            image = self._taken.get(workspace)
+        if image is None or workspace != image.mount / "ws":
+            return False
+        try:
+            st = os.statvfs(image.mount)
+        except OSError:
+            return False
+        if st.f_files - st.f_ffree > SMALL_INODES or st.f_blocks - st.f_bfree > SMALL_BLOCKS:
+            return False
+        self.give(workspace, reuse=True)
+        return True
+
     def _give_back(self, image: _Image) -> None:
         try:
             st = os.statvfs(image.mount)
@@ -174,6 +204,9 @@ class ImagePool:
                     # A tree deeper than rmtree recurses (a job can nest a thousand
                     # directories): a new filesystem is cheaper than walking it.
                     self._reformat(image)
+                else:
+                    if st.f_blocks - st.f_bfree > _TRIM_AFTER_BLOCKS:
+                        _trim(image.mount)
         except OSError as exc:
             log.warning("workspace image %s not reused: %s", image.file, exc)
             self._discard(image)
@@ -259,7 +292,10 @@ class ImagePool:
     def _attach_and_mount(self, image: _Image) -> None:
         device_fd, device = _attach_loop(image.file)
         try:
-            _mount(device, image.mount, "ext4", _MS_NOSUID | _MS_NODEV | _MS_NOATIME, "discard")
+            # No online discard: with it every freed block (even an empty directory's)
+            # waited for the loop device to punch its hole, 100-200 us of sleep in
+            # each wipe (bench, 2026-12-02). ``_give_back`` trims a big image instead.
+            _mount(device, image.mount, "ext4", _MS_NOSUID | _MS_NODEV | _MS_NOATIME, None)
         finally:
             os.close(device_fd)  # auto-clear: the device now lives as long as the mount
         with contextlib.suppress(FileNotFoundError):
@@ -342,6 +378,17 @@ def _empty(directory: Path) -> None:
                 shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
+
+
+def _trim(mount: Path) -> None:
+    """FITRIM the filesystem at ``mount``: its free blocks become holes in the backing file."""
+    fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, _FITRIM, bytearray(_TRIM_RANGE.pack(0, 2**64 - 1, 0)))
+    except OSError as exc:
+        log.warning("workspace image at %s not trimmed: %s", mount, exc)
+    finally:
+        os.close(fd)
 
 
 def _unmount_under(directory: Path) -> None:

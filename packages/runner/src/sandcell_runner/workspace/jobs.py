@@ -102,12 +102,15 @@ class JobWorkspaces:
 
     async def _remove_fresh(self, dirs: JobDirs | None, uid: int) -> None:
         try:
-            if dirs is not None:
+            if dirs is not None and not self._workspaces.remove_job_now(dirs):
                 await asyncio.to_thread(self._workspaces.remove_job, dirs)
-                self._job_done(dirs.job_dir.parent)
         except OSError as exc:
             log.warning("fresh workspace not removed (the reaper will retry): %s", exc)
         finally:
+            # Done even when the removal failed: a directory still counted here is one
+            # the reaper never retries and the idle exit waits on for ever.
+            if dirs is not None:
+                self._job_done(dirs.job_dir.parent)
             self._uids.release(uid)
 
     @contextlib.asynccontextmanager
@@ -147,5 +150,7 @@ class JobWorkspaces:
             try:
                 yield workspace
             finally:
-                await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
-                self._job_done(job_dir)
+                try:
+                    await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
+                finally:
+                    self._job_done(job_dir)  # as in ``_remove_fresh``: a failed removal too
