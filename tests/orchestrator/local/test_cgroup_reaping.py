@@ -13,11 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
+from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.providers.runner_roots import free_loopback_port, reap_runner_cgroups
 from sandcell_protocol import ExecuteRequest
-from sandcell_runner.jail.cgroup_reaper import instance_key
+from sandcell_runner.jail.cgroup_reaper import InstanceLease, instance_key
 from sandcell_runner.jail.cgroups import CGROUP_ROOT, V1_CONTROLLERS
 from tests.fixtures.paths import traversable_dir
 
@@ -46,19 +49,24 @@ def _pool_cgroups(key: str) -> list[Path]:
     ]
 
 
+async def _one_job_ran(provider: LocalProvider, root: Path) -> tuple[SandboxHandle, Path, str, int]:
+    """A sandbox that ran one job: its handle, its runner's root, cgroup key and pid."""
+    handle = await provider.create(SandboxSpec())
+    result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
+    assert result.stdout == "hi\n"
+    runner_root = root / "rt" / handle.sandbox_id
+    pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
+    return handle, runner_root, instance_key(runner_root / "workspaces"), pid
+
+
 async def test_destroying_a_killed_runner_removes_its_cgroups() -> None:
     """A runner that died by SIGKILL (a crash, an OOM kill of the runner) leaves its job
     cgroups; destroy removes them: no folder of it is left."""
     with traversable_dir("reap-") as root:
         provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
         try:
-            handle = await provider.create(SandboxSpec())
-            result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
-            assert result.stdout == "hi\n"
-            runner_root = root / "rt" / handle.sandbox_id
-            key = instance_key(runner_root / "workspaces")
+            handle, _, key, pid = await _one_job_ran(provider, root)
             assert _folders(key) > 0
-            pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
             os.killpg(pid, signal.SIGKILL)
             await handle.runner.close()
             await provider.destroy(handle.sandbox_id)
@@ -128,13 +136,8 @@ async def test_a_runner_killed_while_destroy_waits_for_it_leaves_no_cgroups() ->
     with traversable_dir("reap-") as root:
         provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
         try:
-            handle = await provider.create(SandboxSpec())
-            result = await handle.runner.execute(ExecuteRequest(language="bash", code="echo hi"))
-            assert result.stdout == "hi\n"
-            runner_root = root / "rt" / handle.sandbox_id
-            key = instance_key(runner_root / "workspaces")
+            handle, runner_root, key, pid = await _one_job_ran(provider, root)
             assert _pool_cgroups(key)
-            pid = json.loads((runner_root / "sandbox.json").read_text())["pid"]
             # Stopped, it cannot act on the SIGTERM; the SIGKILL lands in the wait.
             os.killpg(pid, signal.SIGSTOP)
             await handle.runner.close()
@@ -163,3 +166,36 @@ def test_a_reaper_that_cannot_run_does_not_keep_the_root() -> None:
         ), "the system interpreter must lack sandcell_runner for this test"
         assert reap_runner_cgroups("/usr/bin/python3", root) is True
         assert reap_runner_cgroups(sys.executable, root) is True  # nothing of it was there
+
+
+async def test_a_root_kept_for_its_cgroups_forgets_the_runners_pid() -> None:
+    """A destroy that must keep a gone runner's root (its cgroups are still there: here
+    the test holds their lease, as a live runner would) drops the runner's state: no
+    later round signals the pid it named, which may be another process's by then.
+    The root is still a dead sandbox, and the next destroy removes cgroups and root."""
+    with traversable_dir("reap-") as root:
+        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
+        try:
+            handle, runner_root, key, pid = await _one_job_ran(provider, root)
+            assert _folders(key) > 0
+            os.killpg(pid, signal.SIGKILL)
+            await handle.runner.close()
+            deadline = time.monotonic() + 60  # a bound on a loaded machine, not a timing
+            while psutil.pid_exists(pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)  # until the provider has reaped it
+            assert not psutil.pid_exists(pid)
+            lease = InstanceLease(key)
+            assert lease.held
+            try:
+                await provider.destroy(handle.sandbox_id)
+                assert runner_root.is_dir()  # kept: its cgroups are what it names
+                assert _folders(key) > 0
+                assert not (runner_root / "sandbox.json").exists()
+                assert handle.sandbox_id in await provider.dead_sandboxes()
+            finally:
+                lease.release()
+            await provider.destroy(handle.sandbox_id)
+            assert _folders(key) == 0
+            assert not runner_root.exists()
+        finally:
+            await provider.close()

@@ -16,40 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from sandcell_runner.config import _find_nsjail
 from sandcell_runner.errors import JailError
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
-from sandcell_runner.jail.spawn_helper import SpawnHelper
-from sandcell_runner.jail.spec import JobLimits, JobSpec
-from tests.fixtures.paths import traversable_dir
+from sandcell_runner.jail.spec import JobSpec
+from tests.runner.jail.real_jail import LIMITS, real_jail
 
 UID = 61_234
-LIMITS = JobLimits(
-    timeout_ms=20_000,
-    memory_bytes=256 * 1024 * 1024,
-    pids=64,
-    stdout_bytes=64 * 1024,
-    stderr_bytes=64 * 1024,
-    file_size_mib=16,
-    open_files=64,
-    tmp_mib=16,
-)
 
 
 @pytest.fixture
 def jail_root() -> Iterator[tuple[Jail, CgroupManager, Path]]:
-    with traversable_dir("jail-") as root:
-        cgroups = CgroupManager(f"test-{os.getpid()}-{root.name}")
-        if not cgroups.available:
-            pytest.fail("this test needs writable cgroups (run as root, as CI does)")
-        spawner = SpawnHelper()
-        jail = Jail(nsjail=_find_nsjail(None), cgroups=cgroups, spawner=spawner)
-        try:
-            yield jail, cgroups, root
-        finally:
-            spawner.close()
-            cgroups.release_all()
+    with real_jail("jail-") as made:
+        yield made
 
 
 def _spec(root: Path, name: str, script: str) -> JobSpec:

@@ -17,40 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from sandcell_runner.config import _find_nsjail
 from sandcell_runner.jail import nsjail as nsjail_module
-from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
-from sandcell_runner.jail.spawn_helper import SpawnHelper
-from sandcell_runner.jail.spec import JobLimits, JobSpec
-from tests.fixtures.paths import traversable_dir
+from sandcell_runner.jail.spec import JobSpec
+from tests.runner.jail.real_jail import LIMITS, real_jail
 
 UID = 61_236
-LIMITS = JobLimits(
-    timeout_ms=20_000,
-    memory_bytes=256 << 20,
-    pids=64,
-    stdout_bytes=64 * 1024,
-    stderr_bytes=64 * 1024,
-    file_size_mib=16,
-    open_files=64,
-    tmp_mib=16,
-)
 
 
 @pytest.fixture
 def jail_root() -> Iterator[tuple[Jail, Path]]:
-    if os.geteuid() != 0:
-        pytest.fail("the jail tests run as root, as CI does")
-    with traversable_dir("jail-log-") as root:
-        cgroups = CgroupManager(f"test-{os.getpid()}-{root.name}")
-        spawner = SpawnHelper()
-        jail = Jail(nsjail=_find_nsjail(None), cgroups=cgroups, spawner=spawner)
-        try:
-            yield jail, root
-        finally:
-            spawner.close()
-            cgroups.release_all()
+    with real_jail("jail-log-") as (jail, _, root):
+        yield jail, root
 
 
 def _spec(root: Path, script: str, *, binds: int = 0) -> JobSpec:

@@ -227,7 +227,10 @@ class LocalProvider:
         else:
             # Its cgroups are still there (a zombie still counted in them, say). The
             # root's name is what finds them, so the root stays for the sweeper's next
-            # round (``dead_sandboxes``); its tmpfs mounts go now.
+            # round (``dead_sandboxes``); its tmpfs mounts go now, and so does its state:
+            # the runner was signalled, and its pid, by a later round maybe another
+            # process's (another runner's passes ``_alive``), must not be signalled again.
+            await asyncio.to_thread(_forget_state, root)
             await asyncio.to_thread(detach_runner_mounts, root)
 
     async def close(self) -> None:
@@ -365,6 +368,11 @@ def _write_state(runner: _Runner) -> None:
             },
             out,
         )
+
+
+def _forget_state(root: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (root / "sandbox.json").unlink()
 
 
 def _tail(path: Path) -> str:

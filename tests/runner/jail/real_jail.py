@@ -1,0 +1,44 @@
+"""A real ``Jail`` (nsjail, cgroups, spawn helper) under a traversable root, for the
+jail tests that drive ``Jail.run`` directly, and the limits their jobs run with."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandcell_runner.config import _find_nsjail
+from sandcell_runner.jail.cgroups import CgroupManager
+from sandcell_runner.jail.nsjail import Jail
+from sandcell_runner.jail.spawn_helper import SpawnHelper
+from sandcell_runner.jail.spec import JobLimits
+from tests.fixtures.paths import traversable_dir
+
+LIMITS = JobLimits(
+    timeout_ms=20_000,
+    memory_bytes=256 << 20,
+    pids=64,
+    stdout_bytes=64 * 1024,
+    stderr_bytes=64 * 1024,
+    file_size_mib=16,
+    open_files=64,
+    tmp_mib=16,
+)
+
+
+@contextlib.contextmanager
+def real_jail(prefix: str) -> Iterator[tuple[Jail, CgroupManager, Path]]:
+    with traversable_dir(prefix) as root:
+        cgroups = CgroupManager(f"test-{os.getpid()}-{root.name}")
+        if not cgroups.available:
+            pytest.fail("this test needs writable cgroups (run as root, as CI does)")
+        spawner = SpawnHelper()
+        jail = Jail(nsjail=_find_nsjail(None), cgroups=cgroups, spawner=spawner)
+        try:
+            yield jail, cgroups, root
+        finally:
+            spawner.close()
+            cgroups.release_all()
