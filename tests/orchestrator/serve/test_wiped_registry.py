@@ -41,7 +41,9 @@ from tests.orchestrator.conftest import S3Server
 from tests.orchestrator.serve.fleet import fleet_env
 
 KEY = "wipe-key-0123456789abcdef"
+KEY_B = "wipe-key-b-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+AUTH_B = {"Authorization": f"Bearer {KEY_B}"}
 # Each run appends a line and prints how many there are: a second run shows as a 2.
 COUNT = "open('runs', 'a').write('x\\n'); print(len(open('runs').read().splitlines()))"
 
@@ -66,6 +68,8 @@ class _WipedBeforeCommit:
         self._inner = inner
         self._url = url
         self.wiped = False
+        self.persistence: Any = None
+        """The worker's checkpoint persistence (a test swaps its store)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -86,7 +90,7 @@ def env(
     settings = {
         "SANDCELL_HOME": str(tmp_path / "home"),
         "SANDCELL_LOCAL_RUNTIME_DIR": str(runtime_dir),
-        "SANDCELL_API_KEYS": f"{KEY}=tenant-a",
+        "SANDCELL_API_KEYS": f"{KEY}=tenant-a,{KEY_B}=tenant-b",
         "SANDCELL_REGISTRY_URL": private_redis,
     }
     if request.param == "s3":
@@ -105,6 +109,7 @@ async def worker(
         if wipe_before_commit:
             injected = _WipedBeforeCommit(services.manager.registry, env["SANDCELL_REGISTRY_URL"])
             services.manager.registry = injected  # type: ignore[assignment]
+            injected.persistence = services.manager.persistence
         async with (
             serve_asgi(create_app(settings, services=services), lifespan="on") as url,
             httpx.AsyncClient(base_url=url, timeout=120) as client,
@@ -112,8 +117,8 @@ async def worker(
             yield client, injected
 
 
-def call(hint: str) -> bytes:
-    body = {"language": "python", "user_id": "u", "runtime_session_hint": hint, "code": COUNT}
+def call(hint: str, code: str = COUNT) -> bytes:
+    body = {"language": "python", "user_id": "u", "runtime_session_hint": hint, "code": code}
     return json.dumps(body).encode()
 
 
@@ -137,15 +142,18 @@ async def ran_once(client: httpx.AsyncClient, hint: str) -> None:
 
 
 @asynccontextmanager
-async def session(client: httpx.AsyncClient) -> AsyncIterator[str]:
+async def session(
+    client: httpx.AsyncClient, *, hint: str | None = None, tenant: str = "tenant-a"
+) -> AsyncIterator[str]:
     """A session hint; the session is deleted at the end, as a client would (with Redis
     its sandbox outlives the worker's services)."""
-    hint = f"h-{uuid.uuid4().hex[:8]}"
+    hint = hint or f"h-{uuid.uuid4().hex[:8]}"
     try:
         yield hint
     finally:
-        session_id = runtime_session_id("tenant-a", "u", hint)
-        deleted = await client.delete(f"/v1/sessions/{session_id}", headers=AUTH)
+        session_id = runtime_session_id(tenant, "u", hint)
+        auth = AUTH if tenant == "tenant-a" else AUTH_B
+        deleted = await client.delete(f"/v1/sessions/{session_id}", headers=auth)
         assert deleted.status_code == 204, deleted.text
 
 
@@ -261,3 +269,158 @@ async def test_no_checkpoint_of_a_keyed_turn_is_stored_without_its_result(
             assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == (
                 "3\n"
             )
+
+
+# Changes nothing in the workspace; a second run would print another value.
+UNCHANGED = "import uuid; print(uuid.uuid4().hex)"
+
+
+async def test_a_retry_after_a_wipe_finds_the_turn_behind_a_later_checkpoint(
+    env: dict[str, str],
+) -> None:
+    """The keyed turn committed, then another turn wrote a newer checkpoint (as an idle
+    suspend does), then Redis was wiped: the retry restores that newer checkpoint, not
+    the one the turn wrote, and still gets the first run's result by its key (before,
+    only the newest checkpoint's own result was looked at: the job ran again)."""
+    key = uuid.uuid4().hex
+    async with worker(env) as (client, _), session(client) as hint:
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert stdout_of(first) == "1\n"
+        later = call(hint, "open('other', 'a').write('y')")
+        assert (await client.post("/v1/exec", content=later, headers=AUTH)).status_code == 200
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        again = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        result = result_of(again, stream=False)
+        assert (result.stdout, result.durable) == ("1\n", True)
+        await ran_once(client, hint)
+
+
+async def test_a_retry_after_a_wipe_gets_the_answer_of_a_turn_that_changed_nothing(
+    env: dict[str, str],
+) -> None:
+    """A keyed turn that changed nothing writes no checkpoint; its answer is still kept
+    by key in the store, so its retry after a wipe gets the same output, not a new run."""
+    key = uuid.uuid4().hex
+    async with worker(env) as (client, _), session(client) as hint:
+        assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == "1\n"
+        unchanged = call(hint, UNCHANGED)
+        first = await client.post(
+            "/v1/exec", content=unchanged, headers=AUTH | {"Idempotency-Key": key}
+        )
+        printed = stdout_of(first)
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        again = await client.post(
+            "/v1/exec", content=unchanged, headers=AUTH | {"Idempotency-Key": key}
+        )
+        result = result_of(again, stream=False)
+        assert (result.stdout, result.durable) == (printed, True)
+        await ran_once(client, hint)
+
+
+async def test_a_saved_answer_stays_with_its_tenant(env: dict[str, str]) -> None:
+    """Tenant b sends the same Idempotency-Key, user and hint as tenant a's committed
+    turn, after a wipe: its own session, its own key, so its job runs (it never gets
+    tenant a's answer), and tenant a's retry still gets its own."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env) as (client, _),
+        session(client) as hint,
+        session(client, hint=hint, tenant="tenant-b"),
+    ):
+        first = await client.post(
+            "/v1/exec", content=call(hint, UNCHANGED), headers=AUTH | {"Idempotency-Key": key}
+        )
+        printed = stdout_of(first)
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        other = await client.post(
+            "/v1/exec", content=call(hint, UNCHANGED), headers=AUTH_B | {"Idempotency-Key": key}
+        )
+        assert stdout_of(other) != printed
+        assert other.headers.get("idempotent-replayed") is None
+        again = await client.post(
+            "/v1/exec", content=call(hint, UNCHANGED), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert stdout_of(again) == printed
+
+
+class _ResultGetBlinks:
+    """The snapshot store, as the S3 endpoint blinks once just as a retry reads a keyed
+    turn's saved result (after that retry recorded the sandbox it restored)."""
+
+    def __init__(self, inner: SnapshotStore) -> None:
+        self._inner = inner
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get(self, key: str, *, max_bytes: int) -> Any:
+        if ".turn-" in key and not self.failed:
+            self.failed = True
+            raise SnapshotUnavailableError("injected: S3 blinked")
+        return self._inner.get(key, max_bytes=max_bytes)
+
+
+async def test_a_retry_after_a_failed_retry_finds_the_turn_in_the_recorded_checkpoint(
+    env: dict[str, str],
+) -> None:
+    """Redis is wiped before the keyed turn's commit; its first retry restores the
+    turn's checkpoint and records that sandbox, then cannot read the saved result (a
+    store blink: a retryable error, the job not run). The next retry finds that young
+    record, not an empty registry, and must still find the turn applied in the
+    checkpoint the record points at (it used to run the job again on it)."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env, wipe_before_commit=True) as (client, injected),
+        session(client) as hint,
+    ):
+        assert injected is not None
+        persistence = injected.persistence
+        blinking = _ResultGetBlinks(persistence.store)
+        persistence.store = blinking  # type: ignore[assignment]
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert injected.wiped
+        assert first.status_code != 200, first.text
+        failed = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert blinking.failed
+        assert failed.status_code == 503, failed.text
+        again = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        result = result_of(again, stream=False)
+        assert (result.stdout, result.durable) == ("1\n", True)
+        await ran_once(client, hint)
+
+
+async def test_a_retry_whose_launch_outlasts_the_young_record_window_finds_the_turn(
+    env: dict[str, str],
+) -> None:
+    """After a wipe the retry's hold finds no record; its launch records the sandbox it
+    restores into, and a launch and restore can take longer than the young-record
+    window (here the window is 0: a collection grace period of 0). Whether the registry
+    may have forgotten is judged by the record the hold found, so the retry still gets
+    the first run's result (it used to judge after the launch and run the job again)."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env | {"SANDCELL_CHECKPOINT_GRACE_S": "0"}) as (client, _),
+        session(client) as hint,
+    ):
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert stdout_of(first) == "1\n"
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        again = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        result = result_of(again, stream=False)
+        assert (result.stdout, result.durable) == ("1\n", True)
+        await ran_once(client, hint)

@@ -5,6 +5,12 @@ The claim lives in the registry: renewed while the create runs (a dead worker's
 lapses after ``CREATE_CLAIM_TTL_MS``), then the made sandbox's id is kept for a day.
 A retry while the first create still runs waits for it; a key whose sandbox was
 killed since makes one more, once, keyed on from the one it replaces.
+
+A keyed create's sandbox id comes from its claimed key (``keyed_sandbox_id``), so
+a worker that died after registering the sandbox but before storing the create's
+answer leaves a row the retry finds: it answers that sandbox instead of making a
+second one nobody would be told of. (Should that sandbox be killed before any
+retry, the retry makes a new one under the same id.)
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from ..serve.idempotency import Claim
 from .errors import E2bError
 from .sandbox import E2bSandbox, valid_sandbox_id
 
-__all__ = ["check_create_key", "create_once"]
+__all__ = ["check_create_key", "create_once", "keyed_sandbox_id"]
 
 _KEY_RE = re.compile(r"[a-z0-9-]{1,255}")
+_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 CREATE_CLAIM_TTL_MS = 30_000
 _CREATE_RESULT_TTL_MS = 24 * 3600 * 1000
 _CREATE_WAIT_S = 60.0
@@ -38,16 +45,27 @@ def check_create_key(key: str | None) -> str | None:
     return key
 
 
+def keyed_sandbox_id(stored: str) -> str:
+    """The id of the sandbox a create claimed as ``stored`` makes: 20 of [a-z0-9]."""
+    number = int(hashlib.sha256(f"e2b/sandbox-id\0{stored}".encode()).hexdigest(), 16)
+    digits = []
+    for _ in range(20):
+        number, digit = divmod(number, 36)
+        digits.append(_ID_ALPHABET[digit])
+    return "".join(digits)
+
+
 async def create_once(
     registry: SessionRegistry,
     *,
     owner: str,
     key: str,
-    make: Callable[[], Awaitable[E2bSandbox]],
+    make: Callable[[str], Awaitable[E2bSandbox]],
     view: Callable[[E2bSandboxRow], Awaitable[E2bSandbox]],
 ) -> E2bSandbox:
-    """``make()`` once per (tenant, key) across the fleet: a retry waits for a create
-    still running elsewhere, then answers its sandbox (``view`` of its row)."""
+    """``make(sandbox_id)`` once per (tenant, key) across the fleet: a retry waits for
+    a create still running elsewhere, then answers its sandbox (``view`` of its row);
+    one whose first create died after registering its sandbox answers that one."""
     stored = hashlib.sha256(f"e2b/create\0{owner}\0{key}".encode()).hexdigest()
     token = secrets.token_hex(16)
     waited_until = time.monotonic() + _CREATE_WAIT_S
@@ -78,4 +96,12 @@ async def create_once(
         claim_ttl_ms=CREATE_CLAIM_TTL_MS,
         result_ttl_ms=_CREATE_RESULT_TTL_MS,
     )
-    return await claim.kept(make(), stored=lambda made: (201, made.sandbox_id.encode()))
+    sandbox_id = keyed_sandbox_id(stored)
+
+    async def made_or_make() -> E2bSandbox:
+        row = await registry.e2b_sandbox(sandbox_id)
+        if row is not None and row.namespace == owner:
+            return await view(row)  # made by a create whose answer was never stored
+        return await make(sandbox_id)
+
+    return await claim.kept(made_or_make(), stored=lambda made: (201, made.sandbox_id.encode()))

@@ -191,7 +191,7 @@ class E2bSandboxes:
             raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
         timeout = self._timeout(timeout_s)
 
-        async def make() -> E2bSandbox:
+        async def make(sandbox_id: str | None = None) -> E2bSandbox:
             await self._check_room(owner)
             # Once a sandbox is being made, it is made and registered even if the caller
             # goes away: a half-made one would be nobody's to destroy.
@@ -204,6 +204,7 @@ class E2bSandboxes:
                     env=env,
                     auto_pause=auto_pause,
                     egress=egress,
+                    sandbox_id=sandbox_id,
                 )
             return made  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
 
@@ -234,10 +235,11 @@ class E2bSandboxes:
         env: Mapping[str, str],
         auto_pause: bool,
         egress: EgressPolicy | None = None,
+        sandbox_id: str | None = None,
     ) -> E2bSandbox:
         now = self._now()
         row = E2bSandboxRow(
-            sandbox_id=self._new_id(),
+            sandbox_id=sandbox_id or self._new_id(),
             namespace=owner,
             template=template,
             session_id=sandbox_session_key(str(uuid.uuid4())),

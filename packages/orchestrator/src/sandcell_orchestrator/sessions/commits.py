@@ -7,25 +7,32 @@ and its object is never referenced. ``open_turn`` marks a turn running in the
 held sandbox, ``close_turn`` ends it with nothing uncommitted (or, ``unsaved``,
 with acknowledged work no checkpoint has). The write that commits a turn also
 stores its idempotent answer (``answer``), in the same atomic step; a keyed
-turn's result goes with its checkpoint object, so a retry after the registry
-forgot the turn finds it applied there (``applied_turn``, ``commit_answer``).
+turn's result goes with its checkpoint object, and once committed under its key
+alone (``save_answer``), so a retry after the registry forgot the turn finds it
+applied (``saved_answer``, ``commit_answer``), whichever checkpoint it restored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Callable
 
 from sandcell_protocol import checkpoint_key
 
 from ..config import Budgets
+from ..errors import CheckpointError
 from ..metrics import Metrics
 from ..registry import IdempotentAnswer, SessionRegistry
 from ..snapshots import SnapshotInfo
-from .persistence import Persistence, PersistentWorkspace, StoredCheckpoint, TurnResult
+from .persistence import Persistence, PersistentWorkspace, TurnResult
 from .records import SessionRecords
 from .sandboxes import Attached, Hold
 
 __all__ = ["TurnCommits"]
+
+log = logging.getLogger(__name__)
 
 
 class TurnCommits:
@@ -39,12 +46,14 @@ class TurnCommits:
         *,
         budgets: Budgets,
         metrics: Metrics,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
         self.records = records
         self.persistence = persistence
         self.budgets = budgets
         self.metrics = metrics
+        self._now = wall_clock
 
     async def checkpoint(
         self,
@@ -118,16 +127,46 @@ class TurnCommits:
                 hold, answer=answer, turn_open=False, unsaved=unsaved or record.unsaved
             )
 
-    def applied_turn(self, hold: Hold) -> StoredCheckpoint | None:
-        """The checkpoint a hold that found no record restores, if a keyed turn wrote it
-        with its result (``checkpoint(turn_result=...)``): that turn is applied in it,
-        committed or not (its record write may be what the registry forgot)."""
-        if hold.stored is None or hold.checkpoint_key is None:
-            return None
-        latest = Persistence.latest(hold.stored)
-        if latest is None or latest.key != hold.checkpoint_key or latest.turn_key is None:
-            return None
-        return latest
+    def may_have_forgotten(self, hold: Hold) -> bool:
+        """Whether the registry may have lost a keyed turn's answer for this session:
+        it had no record (a wiped Redis), or one made within the collection window
+        (made again since, by another turn or a holder the wipe interrupted). A record
+        older than that has kept every answer written while it lived."""
+        record = hold.record
+        return record is None or self._now() - record.created_at_s < self.persistence.grace_s
+
+    async def saved_answer(self, hold: Hold, turn_key: str) -> bytes | None:
+        """The result of the keyed turn ``turn_key`` if the store says it is applied in
+        the held session: the checkpoint the hold works on (restored, or the record's)
+        is the one it wrote (its ``.turn-`` result), or the turn committed and saved
+        its answer by key (``save_answer``). None: run the turn. Called only when the
+        registry may have forgotten (``may_have_forgotten``, judged when the hold
+        began): a turn's first run costs no store read.
+
+        The record's checkpoint is looked at too, not only a restore from the store's
+        listing: a retry that found no record may have recorded the sandbox it
+        restored and then failed (a store blink as it read the result), and the next
+        retry finds that young record, pointing at the turn's own checkpoint."""
+        if hold.checkpoint_key is not None:
+            body = await self.persistence.result_with(hold.checkpoint_key, turn_key)
+            if body is not None:
+                return body
+        return await self.persistence.answer(hold.session_id, turn_key)
+
+    async def save_answer(self, session_id: str, turn_key: str, body: bytes) -> None:
+        """Store a committed keyed turn's result by its key (best effort: the registry
+        holds its answer too; only a wipe of the registry would need this copy). No
+        hold needed: the turn is committed, and every write of it has these bytes."""
+        try:
+            async with asyncio.timeout(self.budgets.checkpoint_s):
+                await self.persistence.save_answer(session_id, turn_key=turn_key, body=body)
+        except (CheckpointError, TimeoutError) as exc:
+            self.metrics.inc("sandcell_turn_answers_unsaved_total")
+            log.warning(
+                "session %s: a keyed turn's answer not saved in the store (%s)",
+                session_id[:11],
+                type(exc).__name__,
+            )
 
     async def commit_answer(self, hold: Hold, answer: IdempotentAnswer | None) -> None:
         """Store a keyed turn's ``answer`` with a fenced write of the held record, as

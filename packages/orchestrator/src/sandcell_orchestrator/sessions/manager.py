@@ -51,7 +51,7 @@ from ..snapshots import SnapshotInfo, SnapshotStore
 from .attach import Attacher
 from .commits import TurnCommits
 from .holds import Holds
-from .persistence import Persistence, PersistentWorkspace, StoredCheckpoint, TurnResult
+from .persistence import Persistence, PersistentWorkspace, TurnResult
 from .records import SessionRecords
 from .sandboxes import Attached, Hold, Sandboxes, labelled, rebind, sandbox_session_key
 from .sweep import Sweeper
@@ -101,7 +101,12 @@ class SandboxManager:
             metrics=self.metrics,
         )
         self.commits = TurnCommits(
-            registry, self.records, self.persistence, budgets=self.budgets, metrics=self.metrics
+            registry,
+            self.records,
+            self.persistence,
+            budgets=self.budgets,
+            metrics=self.metrics,
+            wall_clock=wall_clock,
         )
         self.sweeper = Sweeper(self)
         self._now = wall_clock
@@ -180,10 +185,19 @@ class SandboxManager:
         acknowledged work no checkpoint has; ``answer`` is stored by that same write."""
         await self.commits.close_turn(hold, unsaved=unsaved, answer=answer)
 
-    def applied_turn(self, hold: Hold) -> StoredCheckpoint | None:
-        """The checkpoint a hold that found no record restores, if a keyed turn wrote it
-        with its result (``TurnCommits.applied_turn``)."""
-        return self.commits.applied_turn(hold)
+    def may_have_forgotten(self, hold: Hold) -> bool:
+        """Whether the registry may have lost a keyed turn's answer for the held session
+        (``TurnCommits.may_have_forgotten``)."""
+        return self.commits.may_have_forgotten(hold)
+
+    async def saved_answer(self, hold: Hold, turn_key: str) -> bytes | None:
+        """A keyed turn's result if the store says it is applied in the held session
+        (``TurnCommits.saved_answer``); None: run it."""
+        return await self.commits.saved_answer(hold, turn_key)
+
+    async def save_answer(self, session_id: str, turn_key: str, body: bytes) -> None:
+        """Store a committed keyed turn's result by its key (``TurnCommits.save_answer``)."""
+        await self.commits.save_answer(session_id, turn_key, body)
 
     async def commit_answer(self, hold: Hold, answer: IdempotentAnswer | None) -> None:
         """Store a keyed turn's ``answer`` with a fenced write of the held record, as it

@@ -7,6 +7,7 @@ moves checkpoint bytes. Keys come from the protocol:
 
     checkpoints/<rt>/<generation, 20 digits>   written once, by that generation's holder
     checkpoints/<rt>/<generation>.turn-<key>    the result of the keyed turn that wrote it
+    checkpoints/<rt>/answer-<key>               a committed keyed turn's result, by key
     checkpoints/<rt>.tar.gz                     the old mutable key: read, never written
     snapshots/<rt>.tar.gz                       the old app-sandbox key: read via a record
 
@@ -22,6 +23,14 @@ named by the key, before the record write that commits it. The registry keeps
 the key's answer too, but a registry that forgot everything (a Redis without
 persistence, wiped) would let a retry run the turn a second time on the object
 that already holds its first run; the object's own result says it was applied.
+That result is found only by a retry restoring that very object, the newest; a
+later checkpoint (an idle suspend, the next turn) or a turn that changed nothing
+hides it. So a keyed turn also writes its result under its key alone
+(``answer-<key>``: the stored idempotency key, a hash of surface, tenant and
+header, under the session's own prefix), once its commit is written and before
+it answers: that object exists only for a committed turn, whichever checkpoint a
+retry restores. It is collected like a superseded checkpoint, once older than the
+grace period (``collect``), and goes with the session (``delete_all``).
 """
 
 from __future__ import annotations
@@ -40,9 +49,15 @@ from sandcell_protocol import (
 
 from ..errors import CheckpointError
 from ..handle import SandboxHandle
-from ..snapshots import SnapshotEntry, SnapshotInfo, SnapshotStore
+from ..snapshots import SnapshotEntry, SnapshotInfo, SnapshotNotFoundError, SnapshotStore
 
-__all__ = ["Persistence", "PersistentWorkspace", "StoredCheckpoint", "TurnResult"]
+__all__ = [
+    "Persistence",
+    "PersistentWorkspace",
+    "StoredCheckpoint",
+    "TurnResult",
+    "answer_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +85,8 @@ class StoredCheckpoint:
     """The object holding that turn's result."""
     restorable: bool = True
     """False for a turn result whose checkpoint is not there (its upload failed after
-    the result was saved): listed only so that collection removes it."""
+    the result was saved), and for a committed turn's answer (``answer-<key>``):
+    listed only so that collection removes it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +101,14 @@ class TurnResult:
 _TURN_MARK = ".turn-"
 _TURN_RESULT_MAX_BYTES = 64 << 20
 """A turn result is a job's captured output: the runner's own caps keep it far below."""
+
+
+_ANSWER_MARK = "answer-"
+
+
+def answer_key(session_id: str, turn_key: str) -> str:
+    """The key of the committed keyed turn ``turn_key``'s result (``save_answer``)."""
+    return f"{checkpoint_prefix(session_id)}{_ANSWER_MARK}{turn_key}"
 
 
 def turn_result_key(checkpoint: str, turn_key: str) -> str:
@@ -146,8 +170,35 @@ class Persistence:
         """The saved result of the keyed turn that wrote ``item`` (None: none saved)."""
         if item.result_key is None:
             return None
+        return await self._read(item.result_key)
+
+    async def result_with(self, checkpoint: str, turn_key: str) -> bytes | None:
+        """The result of the keyed turn ``turn_key`` saved with ``checkpoint`` (None:
+        that checkpoint is not that turn's)."""
+        try:
+            return await self._read(turn_result_key(checkpoint, turn_key))
+        except SnapshotNotFoundError:
+            return None
+
+    async def save_answer(self, session_id: str, *, turn_key: str, body: bytes) -> None:
+        """Store the result of the keyed turn ``turn_key``, committed just now, by its key.
+
+        Written after the commit, never before: the object says the turn is applied
+        in the session's state, whatever checkpoint a later holder restores."""
+        await self.store.put(
+            answer_key(session_id, turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
+        )
+
+    async def answer(self, session_id: str, turn_key: str) -> bytes | None:
+        """The committed keyed turn ``turn_key``'s result (``save_answer``); None: none."""
+        try:
+            return await self._read(answer_key(session_id, turn_key))
+        except SnapshotNotFoundError:
+            return None
+
+    async def _read(self, key: str) -> bytes:
         chunks: list[bytes] = []
-        async with self.store.get(item.result_key, max_bytes=_TURN_RESULT_MAX_BYTES) as found:
+        async with self.store.get(key, max_bytes=_TURN_RESULT_MAX_BYTES) as found:
             async for chunk in found.chunks:
                 chunks.append(chunk)
         return b"".join(chunks)
@@ -251,6 +302,19 @@ def _checkpoints(session_id: str, entries: Sequence[SnapshotEntry]) -> list[Stor
         elif entry.key == legacy:
             found.append(StoredCheckpoint(entry.key, 0, entry.modified_at_s))
     modified = {entry.key: entry.modified_at_s for entry in entries}
+    answers = checkpoint_prefix(session_id) + _ANSWER_MARK
+    for entry in entries:
+        if entry.key.startswith(answers):
+            # Generation 0: below every holder's, so collected once past the grace.
+            found.append(
+                StoredCheckpoint(
+                    entry.key,
+                    0,
+                    entry.modified_at_s,
+                    turn_key=entry.key[len(answers) :],
+                    restorable=False,
+                )
+            )
     for checkpoint, (turn_key, result_key) in results.items():
         parsed = parse_checkpoint_key(checkpoint)
         if parsed is not None and parsed[0] == session_id:

@@ -12,8 +12,9 @@ Fail closed on state, open on speed: a failed checkpoint keeps the previous one
 sandbox that may be dirty is recycled, not reused. An interrupted turn keeps what
 its job wrote, unless it is a keyed one (exactly once): that goes back to the last
 commit, so its retry never finds half of it applied. A keyed turn's result is
-saved with its checkpoint, so a retry after the registry forgot the turn finds it
-applied there instead of running it again.
+saved with its checkpoint, and once committed by its key alone, so a retry after
+the registry forgot the turn (a wiped Redis) finds it applied instead of running
+it again, whichever checkpoint it restored, also for a turn that changed nothing.
 """
 
 from __future__ import annotations
@@ -108,15 +109,51 @@ class SessionTurns:
         workspace is as it was. With ``work``'s result: whether the turn is durable (in
         a checkpoint). ``answer``: the turn's idempotent answer for (result, durable),
         stored by its commit; with one, an interrupted turn keeps none of its writes.
-        ``keyed``: its result saved with its checkpoint, and found there by a retry."""
+        ``keyed``: its result saved with its checkpoint, and found there by a retry;
+        once committed, also by its key alone (after the hold: the session is free
+        for its next turn meanwhile, and the turn is committed either way)."""
+        result, durable, committed = await self._held(
+            session_id,
+            request,
+            work,
+            spec=spec,
+            changed=changed,
+            egress=egress,
+            verify=verify,
+            answer=answer,
+            keyed=keyed,
+        )
+        if committed is not None:
+            await self.manager.save_answer(session_id, committed.turn_key, committed.body)
+        return result, durable
+
+    async def _held(
+        self,
+        session_id: str,
+        request: ExecuteRequest,
+        work: Callable[[SandboxHandle], Awaitable[_T]],
+        *,
+        spec: SandboxSpec,
+        changed: Callable[[_T], bool | None],
+        egress: EgressPolicy | None,
+        verify: bool,
+        answer: Callable[[_T, bool], IdempotentAnswer | None] | None,
+        keyed: Keyed[_T] | None,
+    ) -> tuple[_T, bool, TurnResult | None]:
+        """``run``'s turn under the hold; with a keyed turn's result to keep by key."""
         manager = self.manager
         settings = self.settings
         async with manager.hold(session_id, wait_ms=settings.session_wait_ms) as hold:
+            # Judged by the record the hold found, before attach: a launch records its
+            # sandbox (a session without a record has one after it), and a launch and
+            # restore can outlast the young-record window.
+            forgot = manager.may_have_forgotten(hold)
             attached = await manager.attach(hold, spec, verify=verify)
-            if keyed is not None and answer is not None:
+            if keyed is not None and answer is not None and forgot:
                 applied = await self._found_applied(hold, keyed, answer)
                 if applied is not None:
-                    return applied, True
+                    # Kept by key too (it may have been found only by its checkpoint).
+                    return applied, True, TurnResult(keyed.turn_key, keyed.encode(applied))
             try:
                 await manager.open_turn(hold)
                 if egress is not None and not attached.launched:
@@ -179,10 +216,13 @@ class SessionTurns:
                 durable = await self._checkpoint_retrying(
                     hold, attached, answer_of, turn_result=saved
                 )
+            # Committed: by its key, the store says so whatever checkpoint a retry
+            # restores (a not durable turn is in no checkpoint: nothing to find).
+            committed = saved if answer is not None and durable else None
             await manager.touch(session_id)
             if not self.settings.keep_warm:
                 await manager.park(hold, attached)
-        return result, durable
+        return result, durable, committed
 
     async def _found_applied(
         self,
@@ -190,17 +230,16 @@ class SessionTurns:
         keyed: Keyed[_T],
         answer: Callable[[_T, bool], IdempotentAnswer | None],
     ) -> _T | None:
-        """The result of ``keyed``'s first run, if the checkpoint just restored is the one
-        it wrote (the registry forgot the session, and with it the turn's answer, or the
-        turn's record write never happened): the turn is applied there, so it is
-        committed now (the record points at that checkpoint) with that answer, and not
-        run again. None: run the turn."""
+        """The result of ``keyed``'s first run, if the store says it is applied in the
+        held session (the registry forgot the session, and with it the turn's answer,
+        or the turn's record write never happened): the checkpoint just restored is
+        the one it wrote, or its answer was saved by key once it committed. It is
+        committed now (the record points at what was restored) with that answer, and
+        not run again. None: run the turn. A store that cannot say fails the turn
+        (retryable): running it might run it twice."""
         manager = self.manager
-        found = manager.applied_turn(hold)
-        if found is None or found.turn_key != keyed.turn_key:
-            return None
         try:
-            body = await manager.persistence.turn_result(found)
+            body = await manager.saved_answer(hold, keyed.turn_key)
         except CheckpointError as exc:
             raise SandboxUnavailableError(
                 f"cannot read the turn's saved result ({type(exc).__name__}); retry"
