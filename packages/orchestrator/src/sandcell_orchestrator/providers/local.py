@@ -119,7 +119,7 @@ class LocalProvider:
         runner = _Runner(sandbox_id, process.pid, port, token, root)
         client = RunnerClient(runner.url, token=token)
         try:
-            await client.wait_ready(timeout_s=self._settings.ready_timeout_s, interval_s=0.01)
+            await _ready_unless_exited(client, process, self._settings.ready_timeout_s)
         except SandboxUnavailableError:
             await self._kill_spawned(runner, process)
             raise SandboxUnavailableError(
@@ -323,6 +323,36 @@ class LocalProvider:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         await asyncio.to_thread(process.wait)
+
+
+async def _ready_unless_exited(
+    client: RunnerClient, process: subprocess.Popen[bytes], timeout_s: float
+) -> None:
+    """``wait_ready``, given up once the runner has exited (a configuration error, a
+    crash): it will never answer, and waiting out ``timeout_s`` (30 s) kept a cold
+    session from hearing so. A pidfd says when (no polling; it is close-on-exec)."""
+    scope = anyio.CancelScope()
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:  # a kernel before 5.3: only the timeout ends the wait
+        pidfd = -1
+
+    def exited() -> None:
+        loop.remove_reader(pidfd)
+        scope.cancel()
+
+    if pidfd >= 0:
+        loop.add_reader(pidfd, exited)
+    try:
+        with scope:
+            await client.wait_ready(timeout_s=timeout_s, interval_s=0.01)
+            return
+    finally:
+        if pidfd >= 0:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+    raise SandboxUnavailableError(f"the runner exited ({process.poll()}) before it was ready")
 
 
 def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
