@@ -863,8 +863,9 @@ class Chaos:
             try:
                 work(*args)
             except Exception as exc:  # reported, and the run goes on (and fails)
-                self.report.fault_failures += 1
-                self.report.problems.append(f"fault step failed: {type(exc).__name__}: {exc}")
+                with self._mutex:  # two fault threads can fail at once
+                    self.report.fault_failures += 1
+                    self.report.problems.append(f"fault step failed: {type(exc).__name__}: {exc}")
             finally:
                 with self._mutex:
                     self._active -= 1

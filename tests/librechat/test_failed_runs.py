@@ -48,22 +48,27 @@ def driver(serve: Serve) -> Iterator[Driver]:
 
 
 def _job(content: str, marker: str) -> str:
-    """Python that writes its output, then runs a child named by ``marker`` for a while:
-    the window in which the test takes the registry away."""
+    """Python that writes its output, then runs a child named by ``marker`` until the
+    test ends it: the window in which the test takes the registry away, however
+    slowly the machine runs."""
     return (
         "import subprocess, sys\n"
         f"open('/mnt/data/kept.txt', 'w').write({content!r})\n"
-        f"subprocess.run([sys.executable, '-c', 'import time; time.sleep(3)', {marker!r}])\n"
+        f"subprocess.run([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
     )
 
 
-def _wait_for(marker: str) -> None:
+def _job_without_wait(content: str) -> str:
+    return f"open('/mnt/data/kept.txt', 'w').write({content!r})\n"
+
+
+def _wait_for(marker: str) -> psutil.Process:
     deadline = time.monotonic() + _WAIT_S
     while time.monotonic() < deadline:
         for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
                 if marker in process.cmdline():
-                    return
+                    return process
         time.sleep(0.05)
     raise AssertionError(f"the job {marker} never started")
 
@@ -93,10 +98,16 @@ def test_outputs_kept_before_a_failed_commit_are_removed(
             driver.invoke(params=params, args={"lang": "py", "code": _job(content, marker)})
         )
     )
+    # The control: the same outputs, kept, where the run commits.
+    control = f"kept-output-{uuid.uuid4().hex}"
+    done = driver.invoke(params=params, args={"lang": "py", "code": _job_without_wait(control)})
+    assert done["ok"], done
+    assert len(_stored_with(serve.home / "inputs", control)) == 1
     thread.start()
     try:
-        _wait_for(marker)
+        sleeper = _wait_for(marker)
         registry.stop()
+        sleeper.terminate()  # the job goes on, to a commit that cannot be written
     finally:
         thread.join(timeout=300)
     assert answer, "the run never answered"
