@@ -141,6 +141,23 @@ async def ran_once(client: httpx.AsyncClient, hint: str) -> None:
     assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == "2\n"
 
 
+async def retry_gets_the_first_run(
+    client: httpx.AsyncClient,
+    hint: str,
+    key: str,
+    *,
+    code: bytes | None = None,
+    printed: str = "1\n",
+) -> None:
+    """The keyed retry answers the first run's output, durable, and ran nothing again."""
+    again = await client.post(
+        "/v1/exec", content=code or call(hint), headers=AUTH | {"Idempotency-Key": key}
+    )
+    result = result_of(again, stream=False)
+    assert (result.stdout, result.durable) == (printed, True)
+    await ran_once(client, hint)
+
+
 @asynccontextmanager
 async def session(
     client: httpx.AsyncClient, *, hint: str | None = None, tenant: str = "tenant-a"
@@ -291,12 +308,7 @@ async def test_a_retry_after_a_wipe_finds_the_turn_behind_a_later_checkpoint(
         later = call(hint, "open('other', 'a').write('y')")
         assert (await client.post("/v1/exec", content=later, headers=AUTH)).status_code == 200
         await wipe(env["SANDCELL_REGISTRY_URL"])
-        again = await client.post(
-            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
-        )
-        result = result_of(again, stream=False)
-        assert (result.stdout, result.durable) == ("1\n", True)
-        await ran_once(client, hint)
+        await retry_gets_the_first_run(client, hint, key)
 
 
 async def test_a_retry_after_a_wipe_gets_the_answer_of_a_turn_that_changed_nothing(
@@ -313,12 +325,7 @@ async def test_a_retry_after_a_wipe_gets_the_answer_of_a_turn_that_changed_nothi
         )
         printed = stdout_of(first)
         await wipe(env["SANDCELL_REGISTRY_URL"])
-        again = await client.post(
-            "/v1/exec", content=unchanged, headers=AUTH | {"Idempotency-Key": key}
-        )
-        result = result_of(again, stream=False)
-        assert (result.stdout, result.durable) == (printed, True)
-        await ran_once(client, hint)
+        await retry_gets_the_first_run(client, hint, key, code=unchanged, printed=printed)
 
 
 async def test_a_saved_answer_stays_with_its_tenant(env: dict[str, str]) -> None:
@@ -392,12 +399,7 @@ async def test_a_retry_after_a_failed_retry_finds_the_turn_in_the_recorded_check
         )
         assert blinking.failed
         assert failed.status_code == 503, failed.text
-        again = await client.post(
-            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
-        )
-        result = result_of(again, stream=False)
-        assert (result.stdout, result.durable) == ("1\n", True)
-        await ran_once(client, hint)
+        await retry_gets_the_first_run(client, hint, key)
 
 
 async def test_a_retry_whose_launch_outlasts_the_young_record_window_finds_the_turn(
@@ -418,9 +420,4 @@ async def test_a_retry_whose_launch_outlasts_the_young_record_window_finds_the_t
         )
         assert stdout_of(first) == "1\n"
         await wipe(env["SANDCELL_REGISTRY_URL"])
-        again = await client.post(
-            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
-        )
-        result = result_of(again, stream=False)
-        assert (result.stdout, result.durable) == ("1\n", True)
-        await ran_once(client, hint)
+        await retry_gets_the_first_run(client, hint, key)

@@ -14,7 +14,7 @@ from sandcell_runner.config import _find_nsjail
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
 from sandcell_runner.jail.spawn_helper import SpawnHelper
-from sandcell_runner.jail.spec import JobLimits
+from sandcell_runner.jail.spec import JobLimits, JobSpec
 from tests.fixtures.paths import traversable_dir
 
 LIMITS = JobLimits(
@@ -42,3 +42,19 @@ def real_jail(prefix: str) -> Iterator[tuple[Jail, CgroupManager, Path]]:
         finally:
             spawner.close()
             cgroups.release_all()
+
+
+def shell_job(workspace: Path, job_dir: Path, script: str, *, uid: int) -> JobSpec:
+    """``sh -c script`` as ``uid`` with ``LIMITS``, in two fresh directories it owns."""
+    for directory in (workspace, job_dir):
+        directory.mkdir()
+        os.chown(directory, uid, uid)
+    return JobSpec(
+        argv=["/bin/sh", "-c", script],
+        workspace=workspace,
+        job_dir=job_dir,
+        uid=uid,
+        gid=uid,
+        env={"PATH": "/usr/bin:/bin"},
+        limits=LIMITS,
+    )

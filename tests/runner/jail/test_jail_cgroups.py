@@ -20,7 +20,7 @@ from sandcell_runner.errors import JailError
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
 from sandcell_runner.jail.spec import JobSpec
-from tests.runner.jail.real_jail import LIMITS, real_jail
+from tests.runner.jail.real_jail import real_jail, shell_job
 
 UID = 61_234
 
@@ -32,19 +32,7 @@ def jail_root() -> Iterator[tuple[Jail, CgroupManager, Path]]:
 
 
 def _spec(root: Path, name: str, script: str) -> JobSpec:
-    workspace, job_dir = root / name, root / f"{name}-job"
-    for directory in (workspace, job_dir):
-        directory.mkdir()
-        os.chown(directory, UID, UID)
-    return JobSpec(
-        argv=["/bin/sh", "-c", script],
-        workspace=workspace,
-        job_dir=job_dir,
-        uid=UID,
-        gid=UID,
-        env={"PATH": "/usr/bin:/bin"},
-        limits=LIMITS,
-    )
+    return shell_job(root / name, root / f"{name}-job", script, uid=UID)
 
 
 def test_concurrent_jobs_of_one_uid_do_not_share_a_cgroup(

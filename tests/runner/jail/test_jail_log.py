@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 from sandcell_runner.jail import nsjail as nsjail_module
 from sandcell_runner.jail.nsjail import Jail
 from sandcell_runner.jail.spec import JobSpec
-from tests.runner.jail.real_jail import LIMITS, real_jail
+from tests.runner.jail.real_jail import real_jail, shell_job
 
 UID = 61_236
 
@@ -32,23 +31,11 @@ def jail_root() -> Iterator[tuple[Jail, Path]]:
 
 
 def _spec(root: Path, script: str, *, binds: int = 0) -> JobSpec:
-    workspace, job_dir = root / "ws", root / "job"
-    for directory in (workspace, job_dir):
-        directory.mkdir()
-        os.chown(directory, UID, UID)
+    spec = shell_job(root / "ws", root / "job", script, uid=UID)
     # Each read-only bind is a "Mount: ..." line of nsjail's log (~150 bytes).
     source = root / "shared"
     source.mkdir()
     long_name = "d" * 40
-    spec = JobSpec(
-        argv=["/bin/sh", "-c", script],
-        workspace=workspace,
-        job_dir=job_dir,
-        uid=UID,
-        gid=UID,
-        env={"PATH": "/usr/bin:/bin"},
-        limits=LIMITS,
-    )
     return dataclasses.replace(
         spec,
         readonly_binds=tuple((source, f"/mnt/{long_name}{index}") for index in range(binds)),
