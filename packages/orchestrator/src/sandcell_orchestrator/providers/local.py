@@ -63,6 +63,11 @@ class _Runner:
     token: str = field(repr=False)
     root: Path
     session_id: str | None = None
+    started: int | None = None
+    """The process's start time (``/proc/<pid>/stat`` field 22, clock ticks since boot):
+    with the pid, what names *this* runner. A pid alone is reused, maybe by another
+    sandbox's runner, which the cmdline check passes. None in a ``sandbox.json`` written
+    before it was recorded: then only the cmdline check is made."""
 
     @property
     def url(self) -> str:
@@ -116,7 +121,10 @@ class LocalProvider:
             process = self._spawn(env, root, token, listener)
         finally:
             listener.close()  # the runner's copy is the only one: its exit refuses clients
-        runner = _Runner(sandbox_id, process.pid, port, token, root)
+        # Read now: an unreaped child's pid cannot have been reused yet.
+        runner = _Runner(
+            sandbox_id, process.pid, port, token, root, started=_start_ticks(process.pid)
+        )
         client = RunnerClient(runner.url, token=token)
         try:
             await _ready_unless_exited(client, process, self._settings.ready_timeout_s)
@@ -229,7 +237,8 @@ class LocalProvider:
             # root's name is what finds them, so the root stays for the sweeper's next
             # round (``dead_sandboxes``); its tmpfs mounts go now, and so does its state:
             # the runner was signalled, and its pid, by a later round maybe another
-            # process's (another runner's passes ``_alive``), must not be signalled again.
+            # process's, must not be signalled again (a state written before start times
+            # were recorded cannot tell another runner from this one).
             await asyncio.to_thread(_forget_state, root)
             await asyncio.to_thread(detach_runner_mounts, root)
 
@@ -276,6 +285,7 @@ class LocalProvider:
         try:
             data = json.loads((root / "sandbox.json").read_text())
             session = data.get("session_id")
+            started = data.get("started")
             return _Runner(
                 sandbox_id,
                 int(data["pid"]),
@@ -283,6 +293,7 @@ class LocalProvider:
                 str(data["token"]),
                 root,
                 str(session) if session is not None else None,
+                int(started) if started is not None else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -370,7 +381,9 @@ def _die_with_parent() -> None:
 
 def _is_zombie_runner(runner: _Runner) -> bool:
     try:
-        return psutil.Process(runner.pid).status() == psutil.STATUS_ZOMBIE
+        return (
+            _is_this_runner(runner) and psutil.Process(runner.pid).status() == psutil.STATUS_ZOMBIE
+        )
     except psutil.Error:
         return False
 
@@ -378,11 +391,30 @@ def _is_zombie_runner(runner: _Runner) -> bool:
 def _alive(runner: _Runner) -> bool:
     try:
         process = psutil.Process(runner.pid)
-        return process.status() != psutil.STATUS_ZOMBIE and "sandcell_runner" in " ".join(
-            process.cmdline()
+        return (
+            _is_this_runner(runner)
+            and process.status() != psutil.STATUS_ZOMBIE
+            and "sandcell_runner" in " ".join(process.cmdline())
         )
     except psutil.Error:
         return False
+
+
+def _is_this_runner(runner: _Runner) -> bool:
+    """The pid's process started when this runner did (True when that was not recorded)."""
+    return runner.started is None or _start_ticks(runner.pid) == runner.started
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat``, exact (psutil's ``create_time`` is a float
+    derived from it and the boot time); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name (field 2) may hold spaces and parentheses: split after it.
+            fields = stat.read().rpartition(b")")[2].split()
+        return int(fields[19])  # fields[0] is field 3
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _write_state(runner: _Runner) -> None:
@@ -395,6 +427,7 @@ def _write_state(runner: _Runner) -> None:
                 "port": runner.port,
                 "token": runner.token,
                 "session_id": runner.session_id,
+                "started": runner.started,
             },
             out,
         )
