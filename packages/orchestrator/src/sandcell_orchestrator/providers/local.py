@@ -357,7 +357,9 @@ async def _ready_unless_exited(
         loop.add_reader(pidfd, exited)
     try:
         with scope:
-            await client.wait_ready(timeout_s=timeout_s, interval_s=0.01)
+            # One try as long as the whole wait: the backlog holds it until the runner
+            # accepts it, where shorter tries each queued one more request to serve.
+            await client.wait_ready(timeout_s=timeout_s, interval_s=0.01, attempt_s=timeout_s)
             return
     finally:
         if pidfd >= 0:
