@@ -11,11 +11,13 @@ ids in its answer.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -137,3 +139,37 @@ def test_a_keyed_retry_after_a_wipe_runs_once_and_answers_the_same_files(
     third = run(driver, one, key=key, hint=hint)
     assert (third["content"], third["artifact"]) == (first["content"], first["artifact"])
     ran_once(driver, one, hint)
+
+
+def test_a_keyed_run_whose_client_left_answers_its_retry_without_running_again(
+    workers: tuple[Serve, Serve],
+) -> None:
+    """The client gives up on a keyed run before it answers (its own timeout) and
+    retries through the other worker: the run was not cancelled by the client leaving,
+    the retry waits it out (409 ``idempotency_in_flight`` meanwhile) and gets its
+    answer, whose file downloads; the job ran once."""
+    one, two = workers
+    hint = f"conv-{uuid.uuid4().hex[:8]}"
+    body = {
+        "lang": "py",
+        "code": "import time; time.sleep(2)\n" + COUNT,
+        "user_id": "u1",
+        "runtime_session_hint": hint,
+    }
+    key = {"Idempotency-Key": uuid.uuid4().hex}
+    with one.client() as client, pytest.raises(httpx.ReadTimeout):
+        client.post("/exec", json=body, headers=key, timeout=0.5)
+    deadline = time.monotonic() + 120
+    with two.client() as client:
+        while (again := client.post("/exec", json=body, headers=key)).status_code == 409:
+            assert again.json()["error"]["code"] == "idempotency_in_flight", again.text
+            assert time.monotonic() < deadline, "the first run never finished"
+            time.sleep(0.5)
+        assert again.status_code == 200, again.text
+        assert again.headers["idempotent-replayed"] == "true"
+        answer = again.json()
+        assert answer["stdout"] == "1\n", answer
+        (out,) = [f for f in answer["files"] if f["name"] == "out.txt"]
+        assert downloaded(one, out) == b"run 1"
+        unkeyed = client.post("/exec", json=body | {"code": COUNT})
+        assert unkeyed.json()["stdout"] == "2\n", unkeyed.text

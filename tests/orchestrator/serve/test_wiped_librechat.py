@@ -17,11 +17,15 @@ import uuid
 import httpx
 
 from tests.orchestrator.serve.test_wiped_registry import (
+    AUTH,
     KEY,
+    call,
     env,
     private_redis,
     ran_once,
     session,
+    stdout_of,
+    wipe,
     worker,
 )
 
@@ -76,3 +80,29 @@ async def test_a_librechat_retry_after_a_wipe_before_the_commit_answers_the_firs
         # The job ran once: the next run counts 2 (through /v1/exec, which then knows
         # the session as the tenant's and deletes it at the end).
         await ran_once(client, hint)
+
+
+async def test_a_librechat_answer_found_after_a_wipe_is_saved_again_as_it_was(
+    env: dict[str, str],
+) -> None:
+    """A retry that found the keyed turn after a wipe saves its result by key again; a
+    later turn then writes a newer checkpoint, and Redis is wiped a second time: the
+    next retry finds the answer by key alone, and it is still the first run's (the
+    same bytes: stdout and file ids), not one built by the retry that ran nothing."""
+    key = uuid.uuid4().hex
+    async with worker(env) as (client, _), session(client) as hint:
+        first = await exec_once(client, hint, key)
+        assert first.status_code == 200, first.text
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        again = await exec_once(client, hint, key)
+        assert again.content == first.content
+        later = await exec_once(client, hint, None)
+        assert later.json()["stdout"] == "2\n", later.text
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        third = await exec_once(client, hint, key)
+        assert third.status_code == 200, third.text
+        assert third.content == first.content
+        # Run twice in all (the keyed one, the later one); through /v1/exec, which then
+        # knows the session as the tenant's and deletes it at the end.
+        counted = await client.post("/v1/exec", content=call(hint), headers=AUTH)
+        assert stdout_of(counted) == "3\n"

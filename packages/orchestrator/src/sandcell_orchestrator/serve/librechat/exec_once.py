@@ -59,8 +59,10 @@ class ExecOnce:
         return ResultCodec(encode=self._encode, decode=self._decode)
 
     def _encode(self, result: ExecuteResult) -> bytes:
+        # Also called for a found turn (saved again by key): its found answer then,
+        # never one built from this retry, which ran nothing and stored no file.
         slim = msgspec.structs.replace(result, stdout="", stderr="", files=[])
-        return msgspec.json.encode(_Saved(result=slim, answer=self._build(result)))
+        return msgspec.json.encode(_Saved(result=slim, answer=self.answer(result)))
 
     def _decode(self, body: bytes) -> ExecuteResult:
         # The found turn's answer from now on: the retry ran nothing, stored nothing.
