@@ -119,6 +119,9 @@ class LocalProvider:
         env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
         try:
             process = self._spawn(env, root, token, listener)
+        except OSError as exc:  # the configured interpreter cannot be run
+            await asyncio.to_thread(remove_runner_root, root)
+            raise SandboxUnavailableError(f"local runner could not start: {exc}") from None
         finally:
             listener.close()  # the runner's copy is the only one: its exit refuses clients
         # Read now: an unreaped child's pid cannot have been reused yet.
@@ -129,15 +132,14 @@ class LocalProvider:
         try:
             await _ready_unless_exited(client, process, self._settings.ready_timeout_s)
         except SandboxUnavailableError:
-            await self._kill_spawned(runner, process)
-            raise SandboxUnavailableError(
-                f"local runner did not become ready: {_tail(root / 'runner.log')[-300:]}"
-            ) from None
+            said = _tail(root / "runner.log")[-300:]
+            with anyio.CancelScope(shield=True):
+                await self._discard_spawned(runner, process)
+            raise SandboxUnavailableError(f"local runner did not become ready: {said}") from None
         except BaseException:
             # Cancelled mid-launch: the process exists but nobody will own it.
             with anyio.CancelScope(shield=True):
-                await self._kill_spawned(runner, process)
-                await asyncio.to_thread(remove_runner_root, root)
+                await self._discard_spawned(runner, process)
             raise
         finally:
             with anyio.CancelScope(shield=True):
@@ -329,11 +331,24 @@ class LocalProvider:
             await asyncio.sleep(0.02)
         return await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
 
-    async def _kill_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
-        await self._kill(runner)
+    async def _discard_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
+        """A launch that failed: its runner killed and waited for, its root removed.
+
+        No ``sandbox.json`` names it yet, so only the sweeper (which ``sandcell exec``
+        has not) would find the root: each failed start left one, with whatever tmpfs
+        workspaces it had mounted. As in ``destroy``, a root whose cgroups are still
+        there stays (its name finds them), its mounts detached.
+        """
+        clean = await self._kill(runner)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         await asyncio.to_thread(process.wait)
+        if not clean:  # the runner was still dying: reaped now, so try once more
+            clean = await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
+        if clean:
+            await asyncio.to_thread(remove_runner_root, runner.root)
+        else:
+            await asyncio.to_thread(detach_runner_mounts, runner.root)
 
 
 async def _ready_unless_exited(
