@@ -197,6 +197,17 @@ class LocalProvider:
         if self._settings.pool_size and (self._fill is None or self._fill.done()):
             self._fill = asyncio.create_task(self._refill(), name="sandcell-local-pool")
 
+    async def _pooled(self) -> _Runner | None:
+        """A live pooled runner; dead ones (crashed, OOM-killed, or idle-exited when
+        detached) are destroyed, not handed out to fail the session's first request."""
+        while self._pool:
+            runner = self._pool.pop(0)
+            if _alive(runner):
+                return runner
+            log.warning("warm pool: runner %s had exited; destroying it", runner.sandbox_id)
+            await self.destroy(runner.sandbox_id)
+        return None
+
     async def start_pool(self) -> None:
         """Fill the warm pool now (``create`` also refills it in the background)."""
         await self._refill()
@@ -204,7 +215,7 @@ class LocalProvider:
     # -- SandboxProvider ----------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        runner = self._pool.pop(0) if self._pool else await self._launch()
+        runner = await self._pooled() or await self._launch()
         self._schedule_refill()
         session_id = spec.labels.get(SESSION_LABEL)
         if session_id is not None:
