@@ -31,3 +31,39 @@ async def test_a_runner_that_refuses_its_configuration_fails_the_create_at_once(
             assert "SANDCELL_RUNNER_TIMEOUT_MS" in str(caught.value)
         finally:
             await provider.close()
+
+
+async def test_a_failed_start_leaves_no_runner_root() -> None:
+    """A runner that exits as it starts leaves nothing under the runtime directory: no
+    ``sandbox.json`` names its root, so nothing but a sweeper (``sandcell exec`` has
+    none) would ever remove it, and every failed start used to leave one."""
+    with traversable_dir("start-") as root:
+        runtime = root / "rt"
+        provider = LocalProvider(
+            LocalSettings(runtime_dir=runtime, runner_env={"SANDCELL_RUNNER_TIMEOUT_MS": "soon"})
+        )
+        try:
+            for _ in range(2):
+                with pytest.raises(SandboxUnavailableError):
+                    async with asyncio.timeout(120):
+                        await provider.create(SandboxSpec())
+            assert sorted(path.name for path in runtime.iterdir()) == []
+        finally:
+            await provider.close()
+
+
+async def test_an_interpreter_that_cannot_run_is_unavailable_and_leaves_no_root() -> None:
+    """A configured runner interpreter that does not exist: the create fails as the
+    sandbox being unavailable (a provider error the service maps, not a bare OSError
+    it answers as a 500), and its root is gone."""
+    with traversable_dir("start-") as root:
+        runtime = root / "rt"
+        provider = LocalProvider(
+            LocalSettings(runtime_dir=runtime, python=str(root / "no-such-python"))
+        )
+        try:
+            with pytest.raises(SandboxUnavailableError, match="could not start"):
+                await provider.create(SandboxSpec())
+            assert list(runtime.iterdir()) == []
+        finally:
+            await provider.close()

@@ -423,6 +423,59 @@ async def test_a_retry_whose_launch_outlasts_the_young_record_window_finds_the_t
         await retry_gets_the_first_run(client, hint, key)
 
 
+class _RestoreGetBlinks:
+    """The snapshot store, as the S3 endpoint blinks once just as a retry reads the
+    checkpoint it restores (after that retry recorded the sandbox it launched)."""
+
+    def __init__(self, inner: SnapshotStore) -> None:
+        self._inner = inner
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def get(self, key: str, *, max_bytes: int) -> Any:
+        if ".turn-" not in key and "/answer-" not in key and not self.failed:
+            self.failed = True
+            raise SnapshotUnavailableError("injected: S3 blinked")
+        return self._inner.get(key, max_bytes=max_bytes)
+
+
+async def test_a_retry_past_the_young_record_window_finds_the_turn_it_restores(
+    env: dict[str, str],
+) -> None:
+    """Redis is wiped before the keyed turn's commit. The first retry finds no record,
+    lists the store and records a sandbox for the newest checkpoint, the turn's own, but
+    its restore fails (a store blink: retryable, the job not run). The next retry comes
+    after the young-record window (here 0), as one does after a long outage: the record
+    looks old, yet it was made after the wipe and points at the turn's own checkpoint.
+    A retry that restores a checkpoint reads that checkpoint's saved result, so it
+    gets the first run's result (it used to run the job again on top of it)."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env | {"SANDCELL_CHECKPOINT_GRACE_S": "0"}, wipe_before_commit=True) as (
+            client,
+            injected,
+        ),
+        session(client) as hint,
+    ):
+        assert injected is not None
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert injected.wiped
+        assert first.status_code != 200, first.text
+        persistence = injected.persistence
+        blinking = _RestoreGetBlinks(persistence.store)
+        persistence.store = blinking  # type: ignore[assignment]
+        failed = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert blinking.failed
+        assert failed.status_code == 503, failed.text
+        await retry_gets_the_first_run(client, hint, key)
+
+
 async def test_a_late_retry_after_a_failed_retry_still_finds_the_turn(
     env: dict[str, str],
 ) -> None:

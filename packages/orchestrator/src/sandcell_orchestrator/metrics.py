@@ -143,6 +143,9 @@ METRIC_HELP = {
     ),
     "sandcell_egress_allowed_total": "Sandbox connections the egress gateway allowed.",
     "sandcell_egress_refused_total": "Sandbox connections and lookups the egress policy refused.",
+    "sandcell_preview_upstream_failures_total": (
+        "App preview requests whose sandbox or app did not answer, by kind."
+    ),
 }
 
 METRIC_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -157,6 +160,7 @@ METRIC_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
         "reason",
         ("no_hint", "recycled", "sandbox_lost", "sandbox_gone"),
     ),
+    "sandcell_preview_upstream_failures_total": ("kind", ("http", "websocket")),
 }
 """The label and the values each labelled counter starts with (at 0)."""
 

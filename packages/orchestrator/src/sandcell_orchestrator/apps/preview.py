@@ -15,6 +15,7 @@ An app that does not answer in its sandbox is the runner's 502
 ``app_not_responding``, passed through (the sandbox is fine, the app is not).
 
 Every request and WebSocket message counts as activity for idle shutdown.
+Upstream failures are counted; a run of them is one INFO line (``preview_log``).
 
 Limits worth knowing: previews share the service's origin, so a preview's
 scripts can request another preview's path from the same browser (cookie paths
@@ -47,13 +48,13 @@ from sandcell_protocol.app_messages import (
 
 from ..errors import SandcellError
 from .instances import AppInstances, Instance
+from .preview_log import Kind, UpstreamFailures
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
 
 __all__ = ["COOKIE_NAME", "PreviewProxy", "RedactPreviewTokens", "redact_access_logs"]
 
-log = logging.getLogger(__name__)
 
 COOKIE_NAME = "sandcell_preview"
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -171,9 +172,11 @@ class PreviewProxy:
         instances: Callable[[], AppInstances],
         *,
         on_browser_report: Callable[[], None] = lambda: None,
+        failures: UpstreamFailures | None = None,
     ) -> None:
         self._instances = instances
         self._on_browser_report = on_browser_report
+        self._failures = failures or UpstreamFailures()
 
     def routes(self) -> list[BaseRoute]:
         """Starlette routes: the prefix redirect, HTTP, and WebSocket."""
@@ -201,6 +204,10 @@ class PreviewProxy:
                 404, ErrorCode.NOT_FOUND, "this app instance is gone (deleted, or shut down idle)"
             )
         return _unauthorized()
+
+    def _failed(self, instance_id: str, kind: Kind, what: str, exc: BaseException) -> None:
+        metrics = self._instances().manager.metrics
+        self._failures.failed(instance_id, kind, what, type(exc).__name__, metrics)
 
     async def redirect(self, request: Request) -> Response:
         """``/preview/<id>`` → ``/preview/<id>/`` (query kept), so relative URLs resolve."""
@@ -248,10 +255,11 @@ class PreviewProxy:
                 content=request.stream() if has_body else None,
             )
         except SandcellError as exc:
-            log.info("preview %s: upstream failed: %s", instance.instance_id, type(exc).__name__)
+            self._failed(instance.instance_id, "http", "upstream failed", exc)
             return _json_error(
                 502, ErrorCode.BUSY, "the instance's sandbox did not answer; retry shortly"
             )
+        self._failures.succeeded(instance.instance_id, "http")
         headers = {
             k: v
             for k, v in upstream.headers.multi_items()
@@ -305,7 +313,7 @@ class PreviewProxy:
                 extra_headers={FORWARDED_PREFIX_HEADER: instance.preview_prefix},
             )
         except SandcellError as exc:
-            log.info("preview %s: no websocket upstream: %s", instance_id, type(exc).__name__)
+            self._failed(instance_id, "websocket", "no websocket upstream", exc)
             await websocket.close(code=1011)
             return
         subprotocols = websocket.scope.get("subprotocols") or None
@@ -320,9 +328,12 @@ class PreviewProxy:
                 open_timeout=10,
             )
         except (OSError, TimeoutError, WebSocketException) as exc:
-            log.info("preview %s: websocket upstream failed: %s", instance_id, type(exc).__name__)
+            # The usual one: the dev server is not listening yet and a hot-reload
+            # client retries every second (the runner's 502, InvalidStatus here).
+            self._failed(instance_id, "websocket", "websocket upstream failed", exc)
             await websocket.close(code=1011)
             return
+        self._failures.succeeded(instance_id, "websocket")
         async with upstream:
             await websocket.accept(subprotocol=upstream.subprotocol)
             await _pump(websocket, upstream, touch=lambda: instances.touch(instance))

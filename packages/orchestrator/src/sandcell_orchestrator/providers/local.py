@@ -63,6 +63,11 @@ class _Runner:
     token: str = field(repr=False)
     root: Path
     session_id: str | None = None
+    started: int | None = None
+    """The process's start time (``/proc/<pid>/stat`` field 22, clock ticks since boot):
+    with the pid, what names *this* runner. A pid alone is reused, maybe by another
+    sandbox's runner, which the cmdline check passes. None in a ``sandbox.json`` written
+    before it was recorded: then only the cmdline check is made."""
 
     @property
     def url(self) -> str:
@@ -114,22 +119,27 @@ class LocalProvider:
         env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
         try:
             process = self._spawn(env, root, token, listener)
+        except OSError as exc:  # the configured interpreter cannot be run
+            await asyncio.to_thread(remove_runner_root, root)
+            raise SandboxUnavailableError(f"local runner could not start: {exc}") from None
         finally:
             listener.close()  # the runner's copy is the only one: its exit refuses clients
-        runner = _Runner(sandbox_id, process.pid, port, token, root)
+        # Read now: an unreaped child's pid cannot have been reused yet.
+        runner = _Runner(
+            sandbox_id, process.pid, port, token, root, started=_start_ticks(process.pid)
+        )
         client = RunnerClient(runner.url, token=token)
         try:
             await _ready_unless_exited(client, process, self._settings.ready_timeout_s)
         except SandboxUnavailableError:
-            await self._kill_spawned(runner, process)
-            raise SandboxUnavailableError(
-                f"local runner did not become ready: {_tail(root / 'runner.log')[-300:]}"
-            ) from None
+            said = _tail(root / "runner.log")[-300:]
+            with anyio.CancelScope(shield=True):
+                await self._discard_spawned(runner, process)
+            raise SandboxUnavailableError(f"local runner did not become ready: {said}") from None
         except BaseException:
             # Cancelled mid-launch: the process exists but nobody will own it.
             with anyio.CancelScope(shield=True):
-                await self._kill_spawned(runner, process)
-                await asyncio.to_thread(remove_runner_root, root)
+                await self._discard_spawned(runner, process)
             raise
         finally:
             with anyio.CancelScope(shield=True):
@@ -187,6 +197,17 @@ class LocalProvider:
         if self._settings.pool_size and (self._fill is None or self._fill.done()):
             self._fill = asyncio.create_task(self._refill(), name="sandcell-local-pool")
 
+    async def _pooled(self) -> _Runner | None:
+        """A live pooled runner; dead ones (crashed, OOM-killed, or idle-exited when
+        detached) are destroyed, not handed out to fail the session's first request."""
+        while self._pool:
+            runner = self._pool.pop(0)
+            if _alive(runner):
+                return runner
+            log.warning("warm pool: runner %s had exited; destroying it", runner.sandbox_id)
+            await self.destroy(runner.sandbox_id)
+        return None
+
     async def start_pool(self) -> None:
         """Fill the warm pool now (``create`` also refills it in the background)."""
         await self._refill()
@@ -194,7 +215,7 @@ class LocalProvider:
     # -- SandboxProvider ----------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        runner = self._pool.pop(0) if self._pool else await self._launch()
+        runner = await self._pooled() or await self._launch()
         self._schedule_refill()
         session_id = spec.labels.get(SESSION_LABEL)
         if session_id is not None:
@@ -229,7 +250,8 @@ class LocalProvider:
             # root's name is what finds them, so the root stays for the sweeper's next
             # round (``dead_sandboxes``); its tmpfs mounts go now, and so does its state:
             # the runner was signalled, and its pid, by a later round maybe another
-            # process's (another runner's passes ``_alive``), must not be signalled again.
+            # process's, must not be signalled again (a state written before start times
+            # were recorded cannot tell another runner from this one).
             await asyncio.to_thread(_forget_state, root)
             await asyncio.to_thread(detach_runner_mounts, root)
 
@@ -276,6 +298,7 @@ class LocalProvider:
         try:
             data = json.loads((root / "sandbox.json").read_text())
             session = data.get("session_id")
+            started = data.get("started")
             return _Runner(
                 sandbox_id,
                 int(data["pid"]),
@@ -283,6 +306,7 @@ class LocalProvider:
                 str(data["token"]),
                 root,
                 str(session) if session is not None else None,
+                int(started) if started is not None else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -318,11 +342,24 @@ class LocalProvider:
             await asyncio.sleep(0.02)
         return await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
 
-    async def _kill_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
-        await self._kill(runner)
+    async def _discard_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
+        """A launch that failed: its runner killed and waited for, its root removed.
+
+        No ``sandbox.json`` names it yet, so only the sweeper (which ``sandcell exec``
+        has not) would find the root: each failed start left one, with whatever tmpfs
+        workspaces it had mounted. As in ``destroy``, a root whose cgroups are still
+        there stays (its name finds them), its mounts detached.
+        """
+        clean = await self._kill(runner)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         await asyncio.to_thread(process.wait)
+        if not clean:  # the runner was still dying: reaped now, so try once more
+            clean = await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
+        if clean:
+            await asyncio.to_thread(remove_runner_root, runner.root)
+        else:
+            await asyncio.to_thread(detach_runner_mounts, runner.root)
 
 
 async def _ready_unless_exited(
@@ -346,7 +383,9 @@ async def _ready_unless_exited(
         loop.add_reader(pidfd, exited)
     try:
         with scope:
-            await client.wait_ready(timeout_s=timeout_s, interval_s=0.01)
+            # One try as long as the whole wait: the backlog holds it until the runner
+            # accepts it, where shorter tries each queued one more request to serve.
+            await client.wait_ready(timeout_s=timeout_s, interval_s=0.01, attempt_s=timeout_s)
             return
     finally:
         if pidfd >= 0:
@@ -370,7 +409,9 @@ def _die_with_parent() -> None:
 
 def _is_zombie_runner(runner: _Runner) -> bool:
     try:
-        return psutil.Process(runner.pid).status() == psutil.STATUS_ZOMBIE
+        return (
+            _is_this_runner(runner) and psutil.Process(runner.pid).status() == psutil.STATUS_ZOMBIE
+        )
     except psutil.Error:
         return False
 
@@ -378,11 +419,30 @@ def _is_zombie_runner(runner: _Runner) -> bool:
 def _alive(runner: _Runner) -> bool:
     try:
         process = psutil.Process(runner.pid)
-        return process.status() != psutil.STATUS_ZOMBIE and "sandcell_runner" in " ".join(
-            process.cmdline()
+        return (
+            _is_this_runner(runner)
+            and process.status() != psutil.STATUS_ZOMBIE
+            and "sandcell_runner" in " ".join(process.cmdline())
         )
     except psutil.Error:
         return False
+
+
+def _is_this_runner(runner: _Runner) -> bool:
+    """The pid's process started when this runner did (True when that was not recorded)."""
+    return runner.started is None or _start_ticks(runner.pid) == runner.started
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat``, exact (psutil's ``create_time`` is a float
+    derived from it and the boot time); None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name (field 2) may hold spaces and parentheses: split after it.
+            fields = stat.read().rpartition(b")")[2].split()
+        return int(fields[19])  # fields[0] is field 3
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _write_state(runner: _Runner) -> None:
@@ -395,6 +455,7 @@ def _write_state(runner: _Runner) -> None:
                 "port": runner.port,
                 "token": runner.token,
                 "session_id": runner.session_id,
+                "started": runner.started,
             },
             out,
         )

@@ -142,11 +142,20 @@ class RunnerClient(AppRoutes):
         every time."""
         return await self._conn.fetch_health(timeout_s=None)
 
-    async def wait_ready(self, *, timeout_s: float, interval_s: float = 0.05) -> Health:
-        """Poll ``/health`` until the runner says ``ok``.
+    async def wait_ready(
+        self, *, timeout_s: float, interval_s: float = 0.05, attempt_s: float = 2.0
+    ) -> Health:
+        """Poll ``/health`` until the runner says ``ok``, each try given up after ``attempt_s``.
 
         ``SandboxUnavailableError`` at the deadline. A quarantined runner never
         recovers and a protocol mismatch never heals: both raise at once.
+
+        A runner whose listening socket was bound before it started (the local
+        provider's) has every connection accepted by the kernel at once, answered
+        or not: a try that gives up closes its connection, but its request still
+        sits in the backlog for the runner to serve once it is up, one per
+        ``attempt_s``. Such a caller passes ``attempt_s=timeout_s``: one try, which
+        the backlog holds until the runner answers or the deadline ends it.
         """
         deadline = self._conn.clock() + timeout_s
         last = "no answer"
@@ -157,7 +166,9 @@ class RunnerClient(AppRoutes):
                     f"runner at {self.base_url} not ready in {timeout_s:.1f}s: {last}"
                 )
             try:
-                health = await self._conn.fetch_health(timeout_s=max(min(remaining, 2.0), 0.01))
+                health = await self._conn.fetch_health(
+                    timeout_s=max(min(remaining, attempt_s), 0.01)
+                )
             except (SandboxUnavailableError, SandboxTimeoutError) as exc:
                 last = str(exc)
             else:

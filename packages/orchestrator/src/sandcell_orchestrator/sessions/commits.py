@@ -151,9 +151,9 @@ class TurnCommits:
         """The result of the keyed turn ``turn_key`` if the store says it is applied in
         the held session: the checkpoint the hold works on (restored, or the record's)
         is the one it wrote (its ``.turn-`` result), or the turn committed and saved
-        its answer by key (``save_answer``). None: run the turn. Called only when the
+        its answer by key (``save_answer``). None: run the turn. Called when the
         registry may have forgotten (``may_have_forgotten``, judged when the hold
-        began): a turn's first run costs no store read.
+        began) or the hold restored a checkpoint: a warm turn costs no store read.
 
         The record's checkpoint is looked at too, not only a restore from the store's
         listing: a retry that found no record may have recorded the sandbox it

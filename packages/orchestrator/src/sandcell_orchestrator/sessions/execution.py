@@ -46,9 +46,28 @@ from .output import Collect, OnOutput, run_job
 from .sandboxes import rebind
 from .turn import Keyed, SessionTurns
 
-__all__ = ["ExecutionService", "Identity"]
+__all__ = ["ExecutionService", "Identity", "ResultCodec"]
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ResultCodec:
+    """How a keyed turn's result is saved in the store (with its checkpoint, and by
+    key once committed) and read back by a retry that finds the turn applied.
+
+    The default saves the ``ExecuteResult``; a surface whose answer is more than the
+    result (LibreChat's names the output files it stored) saves that answer with it.
+    ``encode`` gets the result as its answer says once committed (durable)."""
+
+    encode: Callable[[ExecuteResult], bytes]
+    decode: Callable[[bytes], ExecuteResult]
+
+
+RESULT_CODEC = ResultCodec(
+    encode=msgspec.json.encode,
+    decode=lambda body: msgspec.json.decode(body, type=ExecuteResult),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +145,7 @@ class ExecutionService:
         collect: Collect | None = None,
         answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
         turn_key: str | None = None,
+        saved: ResultCodec = RESULT_CODEC,
     ) -> ExecuteResult:
         """Run ``request`` for ``identity``; ``hint`` names a runtime session.
 
@@ -141,8 +161,9 @@ class ExecutionService:
         idempotency key, with ``answer``) also saves the result with the turn's
         checkpoint: a retry that finds the session's newest checkpoint written by
         this very turn, the registry having forgotten it (a wiped Redis), gets that
-        result instead of a second run. A result ``answer`` gives None for has no
-        answer to keep (its surface answers it as an error).
+        result instead of a second run (``saved``: how it is saved and read back). A
+        result ``answer`` gives None for has no answer to keep (its surface answers it
+        as an error).
 
         Input refs are scoped to ``identity.namespace`` first (``scope_inputs``): a
         ref can only ever name this tenant's objects. ``egress`` replaces the
@@ -165,6 +186,7 @@ class ExecutionService:
             collect=collect,
             answer=answer,
             turn_key=turn_key,
+            saved=saved,
         )
 
     def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
@@ -220,11 +242,12 @@ class ExecutionService:
         collect: Collect | None = None,
         answer: Callable[[ExecuteResult], IdempotentAnswer | None] | None = None,
         turn_key: str | None = None,
+        saved: ResultCodec = RESULT_CODEC,
     ) -> ExecuteResult:
         """The session path for an already-derived ``rt_…`` id.
 
         ``request``'s input refs must already be scoped (``execute`` does it).
-        ``answer`` and ``turn_key`` as for ``execute``.
+        ``answer``, ``turn_key`` and ``saved`` as for ``execute``.
         """
 
         async def run(handle: SandboxHandle) -> ExecuteResult:
@@ -249,10 +272,8 @@ class ExecutionService:
             keyed = Keyed(
                 turn_key,
                 # Saved as its answer says once committed: durable.
-                encode=lambda result: msgspec.json.encode(
-                    msgspec.structs.replace(result, durable=True)
-                ),
-                decode=lambda body: msgspec.json.decode(body, type=ExecuteResult),
+                encode=lambda result: saved.encode(msgspec.structs.replace(result, durable=True)),
+                decode=saved.decode,
             )
         result, durable = await self._session_turn(
             session_id,

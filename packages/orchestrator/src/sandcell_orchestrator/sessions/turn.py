@@ -149,7 +149,11 @@ class SessionTurns:
             # restore can outlast the young-record window.
             forgot = manager.may_have_forgotten(hold)
             attached = await manager.attach(hold, spec, verify=verify)
-            if keyed is not None and answer is not None and forgot:
+            # A restored checkpoint is asked too, whatever the record's age: a record a
+            # retry made after a wipe (its restore then failed) ages past the window
+            # during a long outage, still pointing at the turn's own checkpoint. Beside
+            # a restore, two small reads cost little; a warm turn reads nothing.
+            if keyed is not None and answer is not None and (forgot or attached.restored):
                 applied = await self._found_applied(hold, keyed, answer)
                 if applied is not None:
                     # Kept by key too (it may have been found only by its checkpoint).

@@ -55,6 +55,7 @@ from ..idempotency import (
 )
 from .auth import Caller, LibreChatAuth
 from .errors import ExecutionTimeoutError, librechat_json
+from .exec_once import ExecOnce
 from .file_routes import FileRoutes
 from .files import LibreChatFiles, Viewer, visible
 from .ids import new_nanoid, require_nanoid
@@ -200,7 +201,7 @@ class LibreChatApi(FileRoutes):
             await kept.collect(handle, files)
             outputs[:] = [await self.keep_outputs(caller, user, session_id, files, inputs, kept)]
 
-        def body_of(result: ExecuteResult) -> bytes | None:
+        def built(result: ExecuteResult) -> bytes | None:
             """The answer to ``result`` (None: a timeout, answered 504 and never kept)."""
             if result.status == RunStatus.TIMEOUT:
                 return None
@@ -212,8 +213,12 @@ class LibreChatApi(FileRoutes):
                 )
             return msgspec.json.encode(answer)
 
+        # A keyed session turn saves these answer bytes in the store: a retry the
+        # registry forgot (a wiped Redis) answers them, file ids and all.
+        once = ExecOnce(built)
+
         def stored(result: ExecuteResult) -> tuple[int, bytes] | None:
-            answer = body_of(result)
+            answer = once.answer(result)
             return None if answer is None else (200, answer)
 
         # Every JWT caller shares one namespace: its (verified) user is part of the
@@ -235,19 +240,21 @@ class LibreChatApi(FileRoutes):
             async with self.limiter.slot(caller.namespace):
                 try:
                     # A keyed session turn: its answer goes with the fenced record write
-                    # that commits it (exactly once, as /v1/exec's).
+                    # that commits it (exactly once, as /v1/exec's), and into the store.
                     result = await self.execution.execute(
                         run,
                         identity,
                         hint=hint,
                         collect=collect,
                         answer=claim.answering(stored),
+                        turn_key=claim.key,
+                        saved=once.codec,
                     )
                 except SandboxTimeoutError as exc:
                     # Its message names the runner's route: the log's, not the caller's.
                     log.warning("exec: the sandbox did not answer in time: %s", exc)
                     raise ExecutionTimeoutError("the sandbox did not answer in time") from None
-            answer = body_of(result)
+            answer = once.answer(result)
             if answer is None:
                 raise ExecutionTimeoutError(f"the run passed its {timeout_s:g} s limit")
             return answer
