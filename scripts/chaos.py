@@ -40,8 +40,7 @@ Invariants, checked at every answer and at the end:
     lost        a committed line missing from a later answer; committed means an
                 answer that said ``durable: true`` showed it
     duplicated  a line present twice (a turn applied twice); those of turns in flight
-                at a Redis wipe are counted apart, as ``duplicated_after_redis_wipe``,
-                and do not fail the run (a known gap)
+                at a Redis wipe are also counted apart, as ``duplicated_after_redis_wipe``
     empty       an answer that showed none of the session's committed lines
     from nowhere  a line no turn of the session wrote
     leftovers   runner processes, local sandbox roots, mounts or cgroups left after
@@ -1069,16 +1068,14 @@ class Chaos:
             counts[entry] = counts.get(entry, 0) + 1
         duplicated = [e for e, n in counts.items() if n > 1 and f"dup {e}" not in session.reported]
         session.reported.update(f"dup {e}" for e in duplicated)
-        # A wiped Redis forgets idempotent answers and records. A committed keyed turn's
-        # result is in the store by its key, yet a 300-turn run on ba998c0 still ran 7 of
-        # the turns in flight at its 30 wipes twice (README, docs/deployment.md): a gap
-        # not yet closed, so those are counted apart and do not fail the run (a bounded
-        # run would fail by chance). A duplicate of any other turn does.
+        # A wiped Redis forgets idempotent answers and records; a keyed turn's result
+        # is in the store (next to its checkpoint, and by its key), and a retry that
+        # finds it there must not run it again. A duplicate of a turn in flight at a
+        # wipe fails the run like any other; it is also counted apart, to tell them.
         after_wipe = [e for e in duplicated if e in self._wiped]
         report.duplicated_after_wipe += len(after_wipe)
         if after_wipe:
             report.timeline.append(f"{line}: applied twice after a Redis wipe: {after_wipe}")
-        duplicated = [e for e in duplicated if e not in self._wiped]
         if duplicated:
             report.duplicated += len(duplicated)
             report.problems.append(f"{line}: applied twice: {duplicated}")

@@ -474,3 +474,36 @@ async def test_a_retry_past_the_young_record_window_finds_the_turn_it_restores(
         assert blinking.failed
         assert failed.status_code == 503, failed.text
         await retry_gets_the_first_run(client, hint, key)
+
+
+async def test_a_late_retry_after_a_failed_retry_still_finds_the_turn(
+    env: dict[str, str],
+) -> None:
+    """As above, but the next retry comes after the young-record window (here 0): the
+    record the failed retry made points at a checkpoint taken from the store's listing,
+    so the registry holds no answer of the turns up to it, however old the record is.
+    The retry still looks in the store and finds the turn applied (it used to judge the
+    record old, ran the job again: the duplicates of the chaos runs after a wipe)."""
+    key = uuid.uuid4().hex
+    async with (
+        worker(env | {"SANDCELL_CHECKPOINT_GRACE_S": "0"}, wipe_before_commit=True) as (
+            client,
+            injected,
+        ),
+        session(client) as hint,
+    ):
+        assert injected is not None
+        persistence = injected.persistence
+        blinking = _ResultGetBlinks(persistence.store)
+        persistence.store = blinking  # type: ignore[assignment]
+        first = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert injected.wiped
+        assert first.status_code != 200, first.text
+        failed = await client.post(
+            "/v1/exec", content=call(hint), headers=AUTH | {"Idempotency-Key": key}
+        )
+        assert blinking.failed
+        assert failed.status_code == 503, failed.text
+        await retry_gets_the_first_run(client, hint, key)

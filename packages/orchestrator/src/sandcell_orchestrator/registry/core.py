@@ -84,6 +84,11 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     turn commits (or ends unchanged, or unsaved). A holder that finds it set took the
     session from one that died or was fenced mid-turn, so the live sandbox may hold an
     uncommitted job's writes: it is replaced from the checkpoint, never reused."""
+    adopted: bool = False
+    """The checkpoint it points at was taken from the store's listing (a hold found no
+    record: a wiped Redis), not committed through this registry: the answers of keyed
+    turns up to it are not here, however old the record is, so a keyed turn looks in
+    the store before it runs. Cleared by the next checkpoint commit."""
 
     def __post_init__(self) -> None:
         validate_session_id(self.session_id)

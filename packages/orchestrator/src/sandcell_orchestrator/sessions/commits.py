@@ -93,7 +93,12 @@ class TurnCommits:
                         workspace=workspace,
                     )
                 await self.records.write(
-                    hold, answer=answer, checkpoint_key=info.key, unsaved=False, turn_open=False
+                    hold,
+                    answer=answer,
+                    checkpoint_key=info.key,
+                    unsaved=False,
+                    turn_open=False,
+                    adopted=False,
                 )
         except Exception:
             self.metrics.inc("sandcell_checkpoints_total", outcome="failed")
@@ -129,11 +134,18 @@ class TurnCommits:
 
     def may_have_forgotten(self, hold: Hold) -> bool:
         """Whether the registry may have lost a keyed turn's answer for this session:
-        it had no record (a wiped Redis), or one made within the collection window
-        (made again since, by another turn or a holder the wipe interrupted). A record
-        older than that has kept every answer written while it lived."""
+        it had no record (a wiped Redis); or one pointing at a checkpoint taken from
+        the store's listing (``adopted``: made by a hold that found none, however long
+        ago: a client may retry a turn from before the wipe after a retry that failed
+        made it); or one made within the collection window (made again since, by
+        another turn or a holder the wipe interrupted). Any other record has kept
+        every answer written while it lived."""
         record = hold.record
-        return record is None or self._now() - record.created_at_s < self.persistence.grace_s
+        return (
+            record is None
+            or record.adopted
+            or self._now() - record.created_at_s < self.persistence.grace_s
+        )
 
     async def saved_answer(self, hold: Hold, turn_key: str) -> bytes | None:
         """The result of the keyed turn ``turn_key`` if the store says it is applied in

@@ -50,6 +50,8 @@ class SessionRecords:
                 "checkpoint_key": None,
                 "state": "active",
                 "created_at_s": now,
+                # No record: a checkpoint the hold has came from the store's listing.
+                "adopted": hold.checkpoint_key is not None,
             }
         record = SessionRecord(
             **{**fields, **changes, "generation": hold.generation, "updated_at_s": now}
