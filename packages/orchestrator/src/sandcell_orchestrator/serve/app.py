@@ -351,6 +351,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
             settings,
             services=lambda: service.services,
             namespace_of_key=service.keys.namespace_of_key,
+            idempotency=service.idempotency,
         )
     # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
     from .librechat import install_librechat
