@@ -4,7 +4,6 @@ point of the HTTP layer."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -83,22 +82,6 @@ class RunnerService:
     ) -> None:
         self.settings = settings
         self.warnings: list[str] = []
-        nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
-        if nsjail is not None:
-            needs = required_limits(
-                max_jobs=settings.max_jobs,
-                max_pids=settings.limits.max_pids,
-                open_files=settings.limits.open_files,
-                session_processes=MAX_RUNNING_PROCESSES if settings.sessions_enabled else 0,
-            )
-            self.warnings += apply_host_limits(needs, may_raise=os.geteuid() == 0)
-        # The probe's nsjail run (~15 ms of waiting) overlaps the workspace set-up below:
-        # both sit on every runner's start, before its first request.
-        probe: concurrent.futures.Future[str | None] | None = None
-        if nsjail is not None and os.geteuid() == 0:
-            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="probe")
-            probe = pool.submit(probe_job_user_nsjail, nsjail, settings.uid_max)
-            pool.shutdown(wait=False)  # its one task still runs; the thread then ends
         self._workspaces = WorkspaceManager(
             settings.workspace_root,
             quota_bytes=settings.limits.workspace_quota_mib * MIB,
@@ -115,12 +98,23 @@ class RunnerService:
                 log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
         # The one forker of jailed processes (jail/spawner.py says why there is no other).
         self._spawner = SpawnHelper()
-        job_user_refused = probe.result() if probe is not None else None
-        if job_user_refused is not None:
-            self.warnings.append(
-                "nsjail runs as root, so jobs' inotify and namespace budgets are "
-                f"root's, shared by every job ({job_user_refused})"
+        nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
+        job_user_refused = None
+        if nsjail is not None:
+            needs = required_limits(
+                max_jobs=settings.max_jobs,
+                max_pids=settings.limits.max_pids,
+                open_files=settings.limits.open_files,
+                session_processes=MAX_RUNNING_PROCESSES if settings.sessions_enabled else 0,
             )
+            self.warnings += apply_host_limits(needs, may_raise=os.geteuid() == 0)
+        if nsjail is not None and os.geteuid() == 0:
+            job_user_refused = probe_job_user_nsjail(nsjail, settings.uid_max)
+            if job_user_refused is not None:
+                self.warnings.append(
+                    "nsjail runs as root, so jobs' inotify and namespace budgets are "
+                    f"root's, shared by every job ({job_user_refused})"
+                )
         self._jail = Jail(
             nsjail=nsjail,
             cgroups=self._cgroups,

@@ -94,18 +94,18 @@ class SpawnHelper:
             raise
         finally:
             theirs.close()
-        # Not waited for: its interpreter start (~30 ms) overlaps the runner's own. A
-        # request sent before it is up waits in the socket; one that never comes up
-        # closes its end, which fails the first spawn (``_lost``), and the next starts
-        # another. Its ``pong`` (no ``seq``) is read and dropped like any stray answer.
-        ours.setblocking(True)
-        self._sock = ours
+        ours.settimeout(30)
         try:
             ours.send(b'{"op":"ping"}')
+            answer = ours.recv(spawnd.MAX_MESSAGE_BYTES)
         except OSError as exc:
-            self._sock = None
             ours.close()
             raise JailError(f"spawn helper did not start: {exc}") from None
+        if json.loads(answer or b"{}").get("op") != "pong":
+            ours.close()
+            raise JailError("spawn helper did not start")
+        ours.setblocking(True)
+        self._sock = ours
 
     def _attach(self) -> socket.socket:
         loop = asyncio.get_running_loop()
