@@ -6,6 +6,7 @@ Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``Erro
                                 (Accept: application/x-ndjson: StreamEvent lines, see stream.py;
                                 Idempotency-Key: a retry gets the first answer, idempotency.py)
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
+                                (?limit=&after=: a page at a time, session_list.py)
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
     PUT    /v1/sessions/{id}/egress  EgressPolicy -> EgressStatus  bearer API key
                                 (its running sandbox's policy, at once; 404 as DELETE)
@@ -72,6 +73,7 @@ from .errors import (
     read_body,
 )
 from .idempotency import Idempotency, IdempotencyConflict, Replay, idempotency_key, replayed
+from .session_list import SessionInfo, SessionList, list_sessions, page_of
 from .stream import run_until_disconnect, stream_turn, wants_stream
 
 __all__ = [
@@ -85,24 +87,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One runtime session of the caller's namespace, as ``GET /v1/sessions`` lists it."""
-
-    session_id: str
-    user_id: str
-    hint: str
-    state: str
-    """``active`` (a sandbox is warm), ``suspended`` or ``saved`` (a checkpoint only)."""
-    has_checkpoint: bool
-    updated_at_s: float | None
-
-
-class SessionList(msgspec.Struct, frozen=True, kw_only=True):
-    """The body of ``GET /v1/sessions``."""
-
-    sessions: list[SessionInfo]
 
 
 def _replay_exec(stored: Replay, *, stream: bool) -> Response:
@@ -132,6 +116,8 @@ class _Service:
             lambda: self.services.registry,
             result_ttl_s=settings.serve.idempotency_ttl_s,
             claim_ttl_s=settings.serve.idempotency_claim_ttl_s,
+            # A keyed stateless run's answer is kept in the snapshot store too.
+            persistence=lambda: self.services.manager.persistence,
         )
 
     @property
@@ -190,7 +176,11 @@ class _Service:
             await self.remember(session_id, namespace, call.user_id, hint)
         identity = Identity(namespace=namespace, user_id=call.user_id)
         claim = await self.idempotency.claim(
-            surface="v1/exec", namespace=namespace, key=key, body=body
+            surface="v1/exec",
+            namespace=namespace,
+            key=key,
+            body=body,
+            stateless=self.execution.runs_stateless(hint),
         )
         if isinstance(claim, IdempotencyConflict):
             return claim.response()
@@ -247,25 +237,9 @@ class _Service:
 
     async def list_sessions(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
-        services = self.services
-        sessions: list[SessionInfo] = []
-        for owner in await services.registry.sessions_of(namespace):
-            session_id = owner.session_id
-            record = await services.manager.record(session_id)
-            saved = await services.manager.current_checkpoint(session_id) is not None
-            if record is None and not saved:
-                continue
-            sessions.append(
-                SessionInfo(
-                    session_id=session_id,
-                    user_id=owner.user_id,
-                    hint=owner.hint,
-                    state=record.state if record else "saved",
-                    has_checkpoint=saved,
-                    updated_at_s=record.updated_at_s if record else None,
-                )
-            )
-        return Response(encode(SessionList(sessions=sessions)), media_type=JSON_MEDIA_TYPE)
+        limit, after = page_of(request)
+        listed = await list_sessions(self.services, namespace, limit=limit, after=after)
+        return Response(encode(listed), media_type=JSON_MEDIA_TYPE)
 
     async def destroy_session(self, request: Request) -> Response:
         session_id = await self.owned_session(request)
