@@ -25,7 +25,11 @@ is gone, init does.
 
 It forks only while it has one thread and no event loop (it never starts
 either); ``random`` reseeds itself in a forked child and ``secrets`` reads the
-kernel's, so no child shares another's randomness.
+kernel's, so no child shares another's randomness. What siblings do share is the
+zygote's address-space layout and ``str`` hash seed (as Android's zygote children
+do). The runner runs no untrusted code in its own process (jobs are exec'd under
+nsjail, each with a fresh layout), so that hands a job nothing; it would matter
+only to an exploit of the runner's own memory, which would already hold its token.
 
 Wire (JSON datagrams): launcher -> zygote ``{"env": {...}}`` with descriptors
 [log, token pipe, listener]; zygote -> launcher ``{"op": "ready"}`` once imported,
