@@ -67,11 +67,13 @@ async def timed(coro: object) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-async def main(turns: int) -> None:
+async def main(turns: int, settings: dict[str, bool]) -> None:
     with traversable_dir("benchorch-") as root:
         store = DirectorySnapshotStore(root / "snapshots")
         env = {"SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB": "1024"}
-        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt", runner_env={**env}))
+        provider = LocalProvider(
+            LocalSettings(runtime_dir=root / "rt", runner_env={**env}, **settings)
+        )
         service = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
         try:
             # Warm session vs direct client on the same runner.
@@ -207,9 +209,9 @@ if __name__ == "__main__":
         "--zygote", choices=("0", "1"), help="LocalSettings.zygote (default: its own)"
     )
     args = parser.parse_args()
+    chosen = {} if args.zygote is None else {"zygote": args.zygote == "1"}
     if args.cold_only:
         extra = dict(item.split("=", 1) for item in args.env)
-        chosen = {} if args.zygote is None else {"zygote": args.zygote == "1"}
         asyncio.run(cold_only(args.cold_only, extra, chosen))
     else:
-        asyncio.run(main(args.turns))
+        asyncio.run(main(args.turns, chosen))
