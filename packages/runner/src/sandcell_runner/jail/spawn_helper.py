@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import marshal
 import os
 import resource
 import signal
@@ -96,12 +96,12 @@ class SpawnHelper:
             theirs.close()
         ours.settimeout(30)
         try:
-            ours.send(b'{"op":"ping"}')
+            ours.send(marshal.dumps({"op": "ping"}))
             answer = ours.recv(spawnd.MAX_MESSAGE_BYTES)
         except OSError as exc:
             ours.close()
             raise JailError(f"spawn helper did not start: {exc}") from None
-        if json.loads(answer or b"{}").get("op") != "pong":
+        if _loads(answer).get("op") != "pong":
             ours.close()
             raise JailError("spawn helper did not start")
         ours.setblocking(True)
@@ -147,7 +147,7 @@ class SpawnHelper:
             "gid": request.group,
             "setsid": request.new_session,
         }
-        data = json.dumps(message, separators=(",", ":")).encode()
+        data = marshal.dumps(message)
         if len(data) > spawnd.MAX_MESSAGE_BYTES or len(fds) > spawnd.MAX_FDS:
             raise JailError("job start request too large (environment or descriptors)")
         future: asyncio.Future[HelperProcess] = asyncio.get_running_loop().create_future()
@@ -169,7 +169,7 @@ class SpawnHelper:
             return
         message = {"op": "signal", "pid": pid, "signum": signum, "group": group}
         with contextlib.suppress(OSError):
-            self._sock.send(json.dumps(message, separators=(",", ":")).encode())
+            self._sock.send(marshal.dumps(message))
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -183,7 +183,7 @@ class SpawnHelper:
             if not data:
                 self._lost()
                 return
-            self._dispatch(json.loads(data))
+            self._dispatch(_loads(data))
 
     def _dispatch(self, message: dict[str, object]) -> None:
         op = message.get("op")
@@ -250,6 +250,16 @@ class SpawnHelper:
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout=5)
+
+
+def _loads(data: bytes) -> dict[str, object]:
+    """A helper message; an empty dict for anything that is not one (a helper that
+    died mid-start). marshal, not JSON: see ``spawnd.py``."""
+    try:
+        message = marshal.loads(data)  # noqa: S302 (from our own helper: no code runs)
+    except (EOFError, ValueError, TypeError):
+        return {}
+    return message if isinstance(message, dict) else {}
 
 
 def _kill_when_started(future: asyncio.Future[HelperProcess]) -> None:
