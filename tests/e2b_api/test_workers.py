@@ -1,8 +1,9 @@
 """E2B's SDKs against two ``sandcell serve`` workers on one redis-server and one S3
 (moto's server), as docs/deployment.md deploys them (issue 20): a sandbox created
 through one worker is used through the other (commands, files, the code
-interpreter, list, connect, timeout, pause, kill), and a create retried with its
-``Idempotency-Key`` on the other worker answers the first create's sandbox.
+interpreter, list, connect, timeout, pause, kill), a create retried with its
+``Idempotency-Key`` on the other worker answers the first create's sandbox, and so
+does a keyed cell (``/execute``) with the first run's answer.
 
 The workers share ``SANDCELL_LOCAL_RUNTIME_DIR`` (workers on one host may), so each
 reaches the sandboxes the other launched, through the session record.
@@ -18,6 +19,7 @@ from e2b import NotFoundException, Sandbox, SandboxState
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from tests.e2b_api.conftest import KEY_B, E2bServe, start_serve, stop_serve
+from tests.e2b_api.test_execute_once import execute, runs, stdout_of
 from tests.fixtures.paths import traversable_dir
 from tests.orchestrator.cli.conftest import stop_leftovers
 from tests.orchestrator.conftest import redis_url, running_s3
@@ -93,6 +95,28 @@ def test_the_code_interpreter_through_the_other_worker(
         assert made.run_code("x = 41").error is None
         there = CodeSandbox.connect(made.sandbox_id, **two.opts())
         assert there.run_code("x + 1").text == "42"
+    finally:
+        made.kill()
+
+
+def test_a_keyed_cell_retried_on_the_other_worker_runs_once(
+    workers: tuple[E2bServe, E2bServe],
+) -> None:
+    """``/execute`` with an ``Idempotency-Key`` through worker one, retried through worker
+    two: the first run's NDJSON byte for byte (its uuid), and the counter the cell bumps
+    in the interpreter is 1."""
+    one, two = workers
+    made = CodeSandbox.create(**one.opts())
+    try:
+        assert made.run_code("runs = 0").error is None
+        first = execute(one, made, key="fleet-cell-1")
+        assert first.status_code == 200, first.text
+        again = execute(two, made, key="fleet-cell-1")
+        assert again.status_code == 200, again.text
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.content == first.content
+        assert len(stdout_of(first).strip()) == 36
+        assert runs(CodeSandbox.connect(made.sandbox_id, **two.opts())) == "1"
     finally:
         made.kill()
 

@@ -248,6 +248,29 @@ async def test_sessions_list_and_delete_per_namespace(service: Service) -> None:
     assert again.status_code == 404
 
 
+async def test_sessions_list_comes_a_page_at_a_time(service: Service) -> None:
+    """``limit`` and ``after`` page through a tenant's sessions in id order, each page
+    naming where the next begins; bad values are 400; another tenant paging with the
+    same cursor sees none of them."""
+    for hint in ("p1", "p2", "p3"):
+        assert (await service.exec(code="print(1)", runtime_session_hint=hint)).is_success
+    ids = sorted(runtime_session_id("tenant-a", "alice", hint) for hint in ("p1", "p2", "p3"))
+    auth = service.auth()
+    first = (await service.client.get("/v1/sessions?limit=2", headers=auth)).json()
+    assert [item["session_id"] for item in first["sessions"]] == ids[:2]
+    assert first["next_after"] == ids[1]
+    rest = await service.client.get(f"/v1/sessions?limit=2&after={ids[1]}", headers=auth)
+    assert [item["session_id"] for item in rest.json()["sessions"]] == ids[2:]
+    assert "next_after" not in rest.json()
+    whole = (await service.client.get("/v1/sessions", headers=auth)).json()
+    assert [item["session_id"] for item in whole["sessions"]] == ids
+    theirs = await service.client.get(f"/v1/sessions?after={ids[0]}", headers=service.auth(KEY_B))
+    assert theirs.json() == {"sessions": []}
+    for query in ("limit=0", "limit=1001", "limit=two", "limit=-1", "after=rt_nope", "after="):
+        bad = await service.client.get(f"/v1/sessions?{query}", headers=auth)
+        assert (bad.status_code, error_of(bad).error.code) == (400, ErrorCode.BAD_REQUEST), query
+
+
 async def test_idle_sweeper_suspends_and_next_call_restores(start_service: StartService) -> None:
     """The lifespan's sweeper suspends an idle session; the next exec restores its files."""
     service = await start_service(SANDCELL_IDLE_TIMEOUT_S="0.5", SANDCELL_SWEEP_INTERVAL_S="0.2")

@@ -11,7 +11,8 @@ routed by ``Host``) onto the same prefixes.
 Wiring into the serve app::
 
     install_e2b_routes(app, settings, services=lambda: service.services,
-                       namespace_of_key=service.keys.namespace_of_key)
+                       namespace_of_key=service.keys.namespace_of_key,
+                       idempotency=service.idempotency)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.routing import Mount
 from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
+from ..serve.idempotency import Idempotency
 from .control import ControlPlane
 from .envd import EnvdApp
 from .hosts import E2bHostRouting
@@ -93,8 +95,12 @@ def install_e2b_routes(
     *,
     services: Callable[[], Services],
     namespace_of_key: Callable[[str | None], str],
+    idempotency: Idempotency | None = None,
 ) -> E2bService:
     """Add ``/e2b`` and ``/e2b/sandbox`` to ``app``; run the sandboxes in its lifespan.
+
+    ``idempotency`` (the serve app's) is what the code interpreter's ``/execute``
+    claims an ``Idempotency-Key`` on; None: it is not honoured there.
 
     With ``SANDCELL_E2B_DOMAIN`` set, requests for ``api.{domain}`` and
     ``{port}-{id}.{domain}`` are routed there by ``Host`` as well;
@@ -109,7 +115,8 @@ def install_e2b_routes(
         lambda: service.sandboxes, namespace_of_key=namespace_of_key, domain=domain
     )
     # envd first: /e2b/sandbox/... must not reach the control plane's /e2b routes.
-    app.router.routes.append(Mount("/e2b/sandbox", app=EnvdApp(lambda: service.sandboxes)))
+    envd = EnvdApp(lambda: service.sandboxes, idempotency=idempotency)
+    app.router.routes.append(Mount("/e2b/sandbox", app=envd))
     app.router.routes.extend(control.routes("/e2b"))
     if domain is not None:
         app.add_middleware(E2bHostRouting, domain=domain)

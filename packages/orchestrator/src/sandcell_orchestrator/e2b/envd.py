@@ -39,6 +39,8 @@ from .sandboxes import E2bSandbox, E2bSandboxes
 if TYPE_CHECKING:
     from connectrpc.request import RequestContext
 
+    from ..serve.idempotency import Idempotency
+
 __all__ = ["ENVD_PORT", "EnvdApp", "SANDBOX_ID_HEADER", "SANDBOX_PORT_HEADER"]
 
 ENVD_PORT = 49983
@@ -51,8 +53,11 @@ TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"  # noqa: S105 (a header name)
 class EnvdApp:
     """The envd surface of every sandbox in one ``E2bSandboxes`` table."""
 
-    def __init__(self, sandboxes: Callable[[], E2bSandboxes]) -> None:
+    def __init__(
+        self, sandboxes: Callable[[], E2bSandboxes], *, idempotency: Idempotency | None = None
+    ) -> None:
         self._sandboxes = sandboxes
+        self._idempotency = idempotency
         self._rpc: dict[str, ASGIApp] = {
             "/process.Process/": process_app(self._sandbox_of),
             "/filesystem.Filesystem/": filesystem_app(self._sandbox_of),
@@ -113,7 +118,7 @@ class EnvdApp:
         if sandbox is None:
             await sandbox_gone_response(headers.get(SANDBOX_ID_HEADER))(scope, receive, send)
             return
-        found = interpreter_route(request.method, path)
+        found = interpreter_route(request.method, path, idempotency=self._idempotency)
         if found is None:
             await _no_route(request.method, path)(scope, receive, send)
             return

@@ -19,10 +19,13 @@ traceback}``, then ``number_of_executions``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -33,7 +36,16 @@ from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import RunnerRequestError, SessionConflictError
 from ..runner.contexts import RunnerContexts
-from .errors import E2bError, read_message
+from ..serve.idempotency import (
+    IN_FLIGHT_RETRY_AFTER_S,
+    Claim,
+    Idempotency,
+    IdempotencyConflict,
+    Replay,
+    idempotency_key,
+    replayed,
+)
+from .errors import E2bError, e2b_error_response, read_message
 from .sandboxes import E2bSandbox
 
 __all__ = ["INTERPRETER_PORT", "interpreter_route"]
@@ -52,6 +64,8 @@ _RESULT_FIELDS = {
     "application/javascript": "javascript",
 }
 _LANGUAGES = {"python": "python", "python3": "python"}
+_SURFACE = "e2b/execute"
+"""The idempotency surface of ``/execute`` (keys are scoped by it, the tenant and sandbox)."""
 
 
 class _Execute(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -171,33 +185,121 @@ def _translate(event: cx.ContextEvent) -> bytes:
     return end
 
 
-async def execute(request: Request, sandbox: E2bSandbox) -> Response:
-    """``POST /execute``: run a cell, streamed as E2B's NDJSON lines."""
+Started = tuple[cx.ContextEvent, AsyncIterator[cx.ContextEvent]]
+"""A cell's first event and the rest of its events."""
+
+
+async def _start(contexts: _Contexts, body: _Execute, run: cx.ContextRun) -> Started:
+    """Run the cell; its first event (or the refusal: an unknown or lost context)."""
+    if body.context_id:
+        context_id = _known_shape(body.context_id)
+    else:
+        context_id = await _default_context(contexts, _language(body.language))
+    events = aiter(contexts.run(context_id, run))
+    try:
+        first = await anext(events)
+    except RunnerRequestError as exc:
+        raise _context_missing(exc, context_id) or exc from None
+    except StopAsyncIteration:
+        raise E2bError(502, "busy", "the cell's output ended before it began") from None
+    return first, events
+
+
+async def execute(
+    request: Request, sandbox: E2bSandbox, *, idempotency: Idempotency | None = None
+) -> Response:
+    """``POST /execute``: run a cell, streamed as E2B's NDJSON lines (once per
+    ``Idempotency-Key`` with ``idempotency``)."""
+    key = idempotency_key(request) if idempotency is not None else None
     body = await read_message(request, _Execute, empty_ok=True)
     contexts = _Contexts(sandbox)
     # E2B's server reads an empty context_id (or language) as none given.
     if body.context_id and body.language:
         raise E2bError(400, "bad_request", "give context_id or language, not both")
     if body.context_id:
-        context_id = _known_shape(body.context_id)
+        _known_shape(body.context_id)
     else:
-        context_id = await _default_context(contexts, _language(body.language))
+        _language(body.language)
     run = cx.ContextRun(code=body.code, env={**sandbox.env, **(body.env_vars or {})})
-    events = aiter(contexts.run(context_id, run))
+    if idempotency is None or key is None:
+        first, events = await _start(contexts, body, run)
+
+        async def lines() -> AsyncIterator[bytes]:
+            yield _translate(first)
+            async for event in events:
+                yield _translate(event)
+
+        return StreamingResponse(lines(), media_type=_NDJSON)
+    # The canonical encoding of the decoded body: what a replay must match.
+    claim = await idempotency.claim(
+        surface=_SURFACE,
+        namespace=f"{sandbox.owner}\0{sandbox.sandbox_id}",
+        key=key,
+        body=encode(body),
+    )
+    if isinstance(claim, IdempotencyConflict):
+        return _conflict(claim)
+    if isinstance(claim, Replay):
+        return replayed(Response(claim.body, status_code=claim.status, media_type=_NDJSON))
+    return await _kept_stream(claim, lambda: _start(contexts, body, run))
+
+
+def _conflict(conflict: IdempotencyConflict) -> Response:
+    """A keyed ``/execute`` not run, in E2B's error body (409 with ``Retry-After``)."""
+    response = e2b_error_response(E2bError(conflict.status, str(conflict.code), conflict.message))
+    if conflict.status == 409:
+        response.headers["Retry-After"] = str(IN_FLIGHT_RETRY_AFTER_S)
+    return response
+
+
+async def _kept_stream(claim: Claim, start: Callable[[], Awaitable[Started]]) -> Response:
+    """Run the cell in a task of its own that keeps its answer (every line, joined) for
+    the key, and stream its lines as they come.
+
+    The task outlives its caller: a client that leaves has said it will retry, and a
+    cell cut short would have run part way while the retry ran it again.
+    """
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def run_all() -> bytes:
+        first, events = await start()
+        lines = [_translate(first)]
+        queue.put_nowait(lines[0])
+        async for event in events:
+            lines.append(_translate(event))
+            queue.put_nowait(lines[-1])
+        return b"".join(lines)
+
+    task = asyncio.ensure_future(claim.kept(run_all(), stored=lambda answer: (200, answer)))
+    task.add_done_callback(lambda _: queue.put_nowait(None))
     try:
-        # The first event (or the refusal: unknown or lost context) before answering.
-        first = await anext(events)
-    except RunnerRequestError as exc:
-        raise _context_missing(exc, context_id) or exc from None
-    except StopAsyncIteration:
-        raise E2bError(502, "busy", "the cell's output ended before it began") from None
+        first = await queue.get()
+    except BaseException:
+        await _outlived(task)
+        raise
+    if first is None:
+        task.result()  # refused before the cell ran: the usual error answer
+        raise RuntimeError("a cell ended without a line")
 
     async def lines() -> AsyncIterator[bytes]:
-        yield _translate(first)
-        async for event in events:
-            yield _translate(event)
+        try:
+            line: bytes | None = first
+            while line is not None:
+                yield line
+                line = await queue.get()
+            task.result()  # a stream cut short (the runner failed) ends in an error
+        finally:
+            await _outlived(task)
 
     return StreamingResponse(lines(), media_type=_NDJSON)
+
+
+async def _outlived(task: asyncio.Future[bytes]) -> None:
+    """Wait for the keyed cell's task to end, whatever cancels its caller."""
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: its caller has read it, or is gone
 
 
 async def create_context(request: Request, sandbox: E2bSandbox) -> Response:
@@ -245,10 +347,15 @@ async def restart_context(request: Request, sandbox: E2bSandbox) -> Response:
 Handler = Callable[[Request, E2bSandbox], Awaitable[Response]]
 
 
-def interpreter_route(method: str, path: str) -> tuple[Handler, dict[str, str]] | None:
-    """The handler of a port-49999 request and its path parameters, or ``None``."""
+def interpreter_route(
+    method: str, path: str, *, idempotency: Idempotency | None = None
+) -> tuple[Handler, dict[str, str]] | None:
+    """The handler of a port-49999 request and its path parameters, or ``None``.
+
+    ``idempotency``: what ``/execute`` claims an ``Idempotency-Key`` on (None: keys
+    are not honoured)."""
     if (method, path) == ("POST", "/execute"):
-        return execute, {}
+        return functools.partial(execute, idempotency=idempotency), {}
     if path == "/contexts":
         if method == "POST":
             return create_context, {}

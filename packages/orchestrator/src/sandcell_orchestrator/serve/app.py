@@ -6,6 +6,7 @@ Routes (JSON bodies are ``sandcell_protocol`` messages; every error is an ``Erro
                                 (Accept: application/x-ndjson: StreamEvent lines, see stream.py;
                                 Idempotency-Key: a retry gets the first answer, idempotency.py)
     GET    /v1/sessions         SessionList (this namespace's)  bearer API key
+                                (?limit=&after=: a page at a time, session_list.py)
     DELETE /v1/sessions/{id}    204, or 404 if not this tenant's bearer API key
     PUT    /v1/sessions/{id}/egress  EgressPolicy -> EgressStatus  bearer API key
                                 (its running sandbox's policy, at once; 404 as DELETE)
@@ -72,6 +73,7 @@ from .errors import (
     read_body,
 )
 from .idempotency import Idempotency, IdempotencyConflict, Replay, idempotency_key, replayed
+from .session_list import SessionInfo, SessionList, list_sessions, page_of
 from .stream import run_until_disconnect, stream_turn, wants_stream
 
 __all__ = [
@@ -85,24 +87,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class SessionInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One runtime session of the caller's namespace, as ``GET /v1/sessions`` lists it."""
-
-    session_id: str
-    user_id: str
-    hint: str
-    state: str
-    """``active`` (a sandbox is warm), ``suspended`` or ``saved`` (a checkpoint only)."""
-    has_checkpoint: bool
-    updated_at_s: float | None
-
-
-class SessionList(msgspec.Struct, frozen=True, kw_only=True):
-    """The body of ``GET /v1/sessions``."""
-
-    sessions: list[SessionInfo]
 
 
 def _replay_exec(stored: Replay, *, stream: bool) -> Response:
@@ -247,25 +231,9 @@ class _Service:
 
     async def list_sessions(self, request: Request) -> Response:
         namespace = self.keys.namespace(request)
-        services = self.services
-        sessions: list[SessionInfo] = []
-        for owner in await services.registry.sessions_of(namespace):
-            session_id = owner.session_id
-            record = await services.manager.record(session_id)
-            saved = await services.manager.current_checkpoint(session_id) is not None
-            if record is None and not saved:
-                continue
-            sessions.append(
-                SessionInfo(
-                    session_id=session_id,
-                    user_id=owner.user_id,
-                    hint=owner.hint,
-                    state=record.state if record else "saved",
-                    has_checkpoint=saved,
-                    updated_at_s=record.updated_at_s if record else None,
-                )
-            )
-        return Response(encode(SessionList(sessions=sessions)), media_type=JSON_MEDIA_TYPE)
+        limit, after = page_of(request)
+        listed = await list_sessions(self.services, namespace, limit=limit, after=after)
+        return Response(encode(listed), media_type=JSON_MEDIA_TYPE)
 
     async def destroy_session(self, request: Request) -> Response:
         session_id = await self.owned_session(request)
@@ -351,6 +319,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
             settings,
             services=lambda: service.services,
             namespace_of_key=service.keys.namespace_of_key,
+            idempotency=service.idempotency,
         )
     # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
     from .librechat import install_librechat

@@ -45,6 +45,7 @@ from .errors import JSON_MEDIA_TYPE
 
 __all__ = [
     "IDEMPOTENCY_KEY_HEADER",
+    "IN_FLIGHT_RETRY_AFTER_S",
     "REPLAYED_HEADER",
     "Idempotency",
     "Claim",

@@ -53,6 +53,7 @@ from ..idempotency import (
     idempotency_key,
     replayed,
 )
+from ..stream import run_until_disconnect
 from .auth import Caller, LibreChatAuth
 from .errors import ExecutionTimeoutError, librechat_json
 from .exec_once import ExecOnce
@@ -262,11 +263,17 @@ class LibreChatApi(FileRoutes):
         # An error is not kept: the claim is dropped and a retry runs again. Outputs
         # ``collect`` stored for a run that then failed (a timeout, a commit that
         # could not be written, a client that left) are removed: no answer names them.
-        kept_body = await claim.kept(
+        run_kept = claim.kept(
             answered(),
             stored=lambda answer: (200, answer),
             unanswered=lambda: self._drop_outputs(caller, session_id, outputs),
         )
+        # A caller that leaves takes its run with it (the job is stopped, a session
+        # keeps what it wrote until then), as on /v1/exec: nobody reads the answer.
+        # A keyed run goes on to its end, for the retry its client said would come.
+        kept_body = await run_until_disconnect(request, run_kept, detached=claim.key is not None)
+        if kept_body is None:
+            return Response(status_code=499)
         return Response(kept_body, media_type=JSON_MEDIA_TYPE)
 
     async def _drop_outputs(
