@@ -133,19 +133,21 @@ class SpawnHelper:
             fds.append(request.netns_fd)
         self._seq += 1
         seq = self._seq
+        # Plain str and int only: marshal refuses their subclasses (an IntEnum, a
+        # StrEnum), where JSON wrote them out as their values.
         message = {
             "op": "spawn",
             "seq": seq,
-            "argv": list(request.argv),
-            "env": dict(request.env),
-            "targets": targets,
+            "argv": [str(arg) for arg in request.argv],
+            "env": {str(key): str(value) for key, value in request.env.items()},
+            "targets": [int(fd) for fd in targets],
             "join_paths": [str(path) for path in request.cgroup_tasks or ()],
             "join_fds": join_fds,
             "netns": netns,
-            "cwd": request.cwd,
-            "uid": request.user,
-            "gid": request.group,
-            "setsid": request.new_session,
+            "cwd": None if request.cwd is None else str(request.cwd),
+            "uid": None if request.user is None else int(request.user),
+            "gid": None if request.group is None else int(request.group),
+            "setsid": bool(request.new_session),
         }
         data = marshal.dumps(message)
         if len(data) > spawnd.MAX_MESSAGE_BYTES or len(fds) > spawnd.MAX_FDS:
@@ -167,7 +169,8 @@ class SpawnHelper:
     def signal(self, pid: int, signum: int, *, group: bool) -> None:
         if self._sock is None:
             return
-        message = {"op": "signal", "pid": pid, "signum": signum, "group": group}
+        # int(): a signal.Signals is an IntEnum, which marshal refuses.
+        message = {"op": "signal", "pid": int(pid), "signum": int(signum), "group": bool(group)}
         with contextlib.suppress(OSError):
             self._sock.send(marshal.dumps(message))
 
