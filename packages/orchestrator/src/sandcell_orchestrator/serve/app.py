@@ -116,6 +116,8 @@ class _Service:
             lambda: self.services.registry,
             result_ttl_s=settings.serve.idempotency_ttl_s,
             claim_ttl_s=settings.serve.idempotency_claim_ttl_s,
+            # A keyed stateless run's answer is kept in the snapshot store too.
+            persistence=lambda: self.services.manager.persistence,
         )
 
     @property
@@ -174,7 +176,11 @@ class _Service:
             await self.remember(session_id, namespace, call.user_id, hint)
         identity = Identity(namespace=namespace, user_id=call.user_id)
         claim = await self.idempotency.claim(
-            surface="v1/exec", namespace=namespace, key=key, body=body
+            surface="v1/exec",
+            namespace=namespace,
+            key=key,
+            body=body,
+            stateless=self.execution.runs_stateless(hint),
         )
         if isinstance(claim, IdempotencyConflict):
             return claim.response()

@@ -19,12 +19,24 @@ so a retry that reaches another worker sees it too. A pending claim expires
 after that runs again, since nothing was answered. An error answer is not
 kept: the claim is dropped and a retry runs again (an error means the turn was
 not acknowledged; the session kept the state of its last completed turn).
+
+A registry can forget (a Redis wiped, or restarted without persistence). A keyed
+session turn then finds itself applied in the snapshot store (``sessions/turn.py``).
+A keyed *stateless* run (``claim(stateless=True)``: no session, nothing restored)
+keeps its answer there itself: after its run, before it answers, the answer (with
+the body's fingerprint) goes to ``answers/<stored key>`` (``Persistence``), and a
+claim that finds no entry in the registry reads that object first: found, it is
+the replay (and the registry's answer again); missing, the call is a first one and
+runs. The cost: one store PUT per keyed stateless run, one GET per first keyed
+stateless call. A retry that arrives while the first still runs after a wipe finds
+neither a claim nor an object, and runs too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import re
@@ -34,13 +46,15 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from sandcell_protocol import ErrorCode, ProtocolError, encode, error_body
 
-from ..errors import RegistryError
+from ..errors import CheckpointError, RegistryError, SandboxUnavailableError
 from ..registry import IdempotentAnswer, SessionRegistry
+from ..sessions.persistence import Persistence
 from .errors import JSON_MEDIA_TYPE
 
 __all__ = [
@@ -62,6 +76,8 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 # Printable ASCII without spaces: UUIDs, ULIDs and E2B's [a-z0-9-] keys all fit.
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,255}")
 IN_FLIGHT_RETRY_AFTER_S = 1
+_STORE_TIMEOUT_S = 30.0
+"""How long a keyed stateless run waits to save its answer in the store (best effort)."""
 
 
 def idempotency_key(request: Request) -> str | None:
@@ -100,8 +116,18 @@ class Replay:
     body: bytes
 
 
+class _Saved(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A keyed stateless run's answer as the snapshot store keeps it."""
+
+    fingerprint: str
+    """The request body's sha256: another body with the key is still a 422."""
+    status: int
+    body: bytes
+
+
 T = TypeVar("T")
 Answer = Callable[[], Awaitable[Response]]
+Save = Callable[[int, bytes], Awaitable[None]]
 
 
 class Claim:
@@ -118,12 +144,14 @@ class Claim:
         *,
         claim_ttl_ms: int,
         result_ttl_ms: int,
+        save: Save | None = None,
     ) -> None:
         self._registry = registry
         self._key = key
         self._token = token
         self._claim_ttl_ms = claim_ttl_ms
         self._result_ttl_ms = result_ttl_ms
+        self._save = save
 
     @property
     def key(self) -> str | None:
@@ -196,6 +224,9 @@ class Claim:
             raise
         renewer.cancel()
         status, body = stored(result)
+        if self._save is not None:
+            # A stateless run's only copy outside the registry, saved before it answers.
+            await self._save(status, body)
         try:
             await registry.finish_idempotency(
                 self._key, token=self._token, status=status, body=body, ttl_ms=self._result_ttl_ms
@@ -242,10 +273,13 @@ class Idempotency:
         *,
         result_ttl_s: float = 24 * 3600,
         claim_ttl_s: float = 30,
+        persistence: Callable[[], Persistence] | None = None,
     ) -> None:
         self._registry = registry
         self._result_ttl_ms = int(result_ttl_s * 1000)
         self._claim_ttl_ms = int(claim_ttl_s * 1000)
+        self._persistence = persistence
+        """Where keyed stateless runs keep their answers (None: only in the registry)."""
 
     @staticmethod
     def scoped(surface: str, namespace: str, key: str) -> str:
@@ -253,12 +287,21 @@ class Idempotency:
         return hashlib.sha256(f"{surface}\0{namespace}\0{key}".encode()).hexdigest()
 
     async def claim(
-        self, *, surface: str, namespace: str, key: str | None, body: bytes
+        self,
+        *,
+        surface: str,
+        namespace: str,
+        key: str | None,
+        body: bytes,
+        stateless: bool = False,
     ) -> Claim | IdempotencyConflict | Replay:
         """Claim ``key`` for this request, or say why not (a conflict, or the stored answer).
 
         ``body`` is what must match for a replay: the request's bytes, or a
-        canonical encoding of what was decoded from them.
+        canonical encoding of what was decoded from them. ``stateless``: the request
+        runs in no session, so its answer is also kept in the snapshot store (see the
+        module's docstring); a store that cannot say whether it has one fails the
+        claim (retryable) rather than run the request a second time.
         """
         if key is None:
             return Claim(None, "", "", claim_ttl_ms=1, result_ttl_ms=1)
@@ -270,19 +313,23 @@ class Idempotency:
             stored_key, fingerprint=fingerprint, token=token, ttl_ms=self._claim_ttl_ms
         )
         if held is None:
+            persistence = self._persistence() if stateless and self._persistence else None
+            save = None
+            if persistence is not None:
+                found = await self._saved(registry, persistence, stored_key, token)
+                if found is not None:
+                    return await self._found(registry, found, stored_key, token, fingerprint)
+                save = functools.partial(_save, persistence, stored_key, fingerprint)
             return Claim(
                 registry,
                 stored_key,
                 token,
                 claim_ttl_ms=self._claim_ttl_ms,
                 result_ttl_ms=self._result_ttl_ms,
+                save=save,
             )
         if held.fingerprint != fingerprint:
-            return IdempotencyConflict(
-                422,
-                ErrorCode.IDEMPOTENCY_KEY_REUSED,
-                f"{IDEMPOTENCY_KEY_HEADER} was used for a request with another body",
-            )
+            return _reused()
         if not held.done:
             return IdempotencyConflict(
                 409,
@@ -290,6 +337,45 @@ class Idempotency:
                 f"the first request with this {IDEMPOTENCY_KEY_HEADER} is still running",
             )
         return Replay(status=held.status, body=held.body)
+
+    async def _saved(
+        self, registry: SessionRegistry, persistence: Persistence, stored_key: str, token: str
+    ) -> _Saved | None:
+        """The stateless answer the store keeps for ``stored_key`` (None: a first call)."""
+        try:
+            with anyio.fail_after(_STORE_TIMEOUT_S):
+                raw = await persistence.stateless_answer(stored_key)
+            return None if raw is None else msgspec.json.decode(raw, type=_Saved)
+        except (CheckpointError, TimeoutError, msgspec.DecodeError) as exc:
+            await _drop(registry, stored_key, token)
+            raise SandboxUnavailableError(
+                f"cannot read a keyed run's saved answer ({type(exc).__name__}); retry"
+            ) from exc
+
+    async def _found(
+        self,
+        registry: SessionRegistry,
+        found: _Saved,
+        stored_key: str,
+        token: str,
+        fingerprint: str,
+    ) -> IdempotencyConflict | Replay:
+        """A saved stateless answer, found by a claim the registry had forgotten: the
+        replay, and the registry's answer again (the next retry reads it there)."""
+        if found.fingerprint != fingerprint:
+            await _drop(registry, stored_key, token)
+            return _reused()
+        try:
+            await registry.finish_idempotency(
+                stored_key,
+                token=token,
+                status=found.status,
+                body=found.body,
+                ttl_ms=self._result_ttl_ms,
+            )
+        except RegistryError as exc:
+            log.warning("could not store an idempotent answer found in the store: %s", exc)
+        return Replay(status=found.status, body=found.body)
 
     async def once(
         self, *, surface: str, namespace: str, key: str | None, body: bytes, answer: Answer
@@ -317,6 +403,33 @@ class Idempotency:
             return await claim.kept(kept(), stored=_stored)
         except _NotKept as not_kept:
             return not_kept.response
+
+
+def _reused() -> IdempotencyConflict:
+    return IdempotencyConflict(
+        422,
+        ErrorCode.IDEMPOTENCY_KEY_REUSED,
+        f"{IDEMPOTENCY_KEY_HEADER} was used for a request with another body",
+    )
+
+
+async def _drop(registry: SessionRegistry, stored_key: str, token: str) -> None:
+    """Drop a claim this request made and will not run (best effort, shielded)."""
+    with contextlib.suppress(RegistryError), anyio.CancelScope(shield=True):
+        await registry.drop_idempotency(stored_key, token=token)
+
+
+async def _save(
+    persistence: Persistence, stored_key: str, fingerprint: str, status: int, body: bytes
+) -> None:
+    """Keep a keyed stateless run's answer in the store. Best effort: the registry has
+    it too, and only a registry that forgot it would need this copy."""
+    saved = msgspec.json.encode(_Saved(fingerprint=fingerprint, status=status, body=body))
+    try:
+        with anyio.fail_after(_STORE_TIMEOUT_S):
+            await persistence.save_stateless_answer(stored_key, saved)
+    except (CheckpointError, TimeoutError) as exc:
+        log.warning("a keyed stateless answer not saved in the store: %s", type(exc).__name__)
 
 
 class _NotKept(Exception):

@@ -189,6 +189,10 @@ class ExecutionService:
             saved=saved,
         )
 
+    def runs_stateless(self, hint: str | None) -> bool:
+        """Whether ``execute`` with ``hint`` runs statelessly (no session, nothing kept)."""
+        return self.mode == "stateless" or (hint is None and self.mode != "strict")
+
     def _spec_for(self, egress: EgressPolicy | None) -> SandboxSpec:
         return self.spec if egress is None else dataclasses.replace(self.spec, egress=egress)
 

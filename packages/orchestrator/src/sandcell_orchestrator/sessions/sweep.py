@@ -6,6 +6,8 @@
                     row marked suspended (the next turn restores)
     collection      superseded checkpoint objects deleted (a stale holder's upload,
                     the objects a newer checkpoint replaced)
+    answers         keyed stateless runs' saved answers (``answers/<key>``) past the
+                    grace period deleted: by age alone, nothing points at them
     remains         sandboxes whose runner is gone (or, on Docker, a session's
                     container) that no record points at (a worker killed between
                     launch and record write, a wiped Redis): removed, where the
@@ -49,6 +51,10 @@ class Sweeper:
     it anyway; this only tidies rows nobody uses."""
     collections_per_sweep = 64
     """How many sessions' objects one sweep lists and collects."""
+    answers_per_sweep = 1024
+    """How many stateless answers past the grace period one sweep deletes (one listing
+    of their prefix a round: as many objects as keyed stateless runs in one grace
+    period, a page of a thousand a request on S3)."""
 
     def __init__(self, manager: SandboxManager) -> None:
         self._manager = manager
@@ -79,8 +85,16 @@ class Sweeper:
             records = await manager.registry.list_records()  # the rows just suspended
         await self._forget_lost(records)
         await self._collect(records)
+        await self._collect_answers()
         await self._remove_remains(records)
         return count
+
+    async def _collect_answers(self) -> None:
+        persistence = self._manager.persistence
+        try:
+            await persistence.collect_stateless_answers(limit=self.answers_per_sweep)
+        except SandcellError as exc:
+            log.info("stateless answers not collected: %s", type(exc).__name__)
 
     async def _remove_remains(self, records: list[SessionRecord]) -> None:
         manager = self._manager

@@ -228,7 +228,12 @@ class LibreChatApi(FileRoutes):
         if caller.token_user is not None:
             scope = f"{caller.namespace}\0{caller.token_user}"
         claim = await self.idempotency.claim(
-            surface="librechat/exec", namespace=scope, key=idempotency_key(request), body=raw
+            surface="librechat/exec",
+            namespace=scope,
+            key=idempotency_key(request),
+            body=raw,
+            # Its answer's bytes (file ids and all) are kept in the store too.
+            stateless=self.execution.runs_stateless(hint),
         )
         if isinstance(claim, IdempotencyConflict):
             return claim.response()
