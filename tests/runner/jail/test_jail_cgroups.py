@@ -11,6 +11,8 @@ import asyncio
 import dataclasses
 import errno
 import os
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,3 +140,27 @@ def test_a_pooled_cgroup_reports_each_job_apart(
 def _needs_root() -> None:
     if os.geteuid() != 0:
         pytest.fail("the jail tests run as root, as CI does")
+
+
+def test_a_process_left_in_a_slot_is_killed_after_the_next_job(
+    jail_root: tuple[Jail, CgroupManager, Path],
+) -> None:
+    """Whatever is in a pooled cgroup when a job ends is SIGKILLed: the check that
+    usually finds nothing (one read of ``pids.current``) still sees a process there."""
+    jail, cgroups, root = jail_root
+
+    async def run(name: str) -> None:
+        outcome = await jail.run(_spec(root, name, "true"))
+        assert outcome.exit_code == 0, outcome.jail_log
+
+    asyncio.run(run("first"))
+    stray = subprocess.Popen(["/bin/sleep", "60"])
+    try:
+        for parent in cgroups._parents:
+            (parent / "job-pool-s0" / "cgroup.procs").write_text(str(stray.pid))
+        asyncio.run(run("second"))
+        assert stray.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()

@@ -297,10 +297,15 @@ class Jail:
                     # A writer is still open somewhere (nsjail's last child, exiting).
                     loop.add_reader(log_r, reader, log_r, jail_log, False)
             # Output written just before exit is still in the pipes; descendants are
-            # dead with the pid namespace, so EOF follows promptly.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2):
-                    await asyncio.gather(stdout.eof.wait(), stderr.eof.wait(), jail_log.eof.wait())
+            # dead with the pid namespace, so EOF follows promptly. Usually it already
+            # has (the pipes' readers ran before the exit report): then no timer and no
+            # tasks, where a gather made three tasks and a future per job.
+            pending = [c.eof for c in (stdout, stderr, jail_log) if not c.eof.is_set()]
+            if pending:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(2):
+                        for eof in pending:
+                            await eof.wait()
         except BaseException:
             kill()
             with contextlib.suppress(ChildProcessError):

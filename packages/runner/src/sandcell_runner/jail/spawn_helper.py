@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import marshal
 import os
 import resource
 import signal
@@ -96,12 +96,12 @@ class SpawnHelper:
             theirs.close()
         ours.settimeout(30)
         try:
-            ours.send(b'{"op":"ping"}')
+            ours.send(marshal.dumps({"op": "ping"}))
             answer = ours.recv(spawnd.MAX_MESSAGE_BYTES)
         except OSError as exc:
             ours.close()
             raise JailError(f"spawn helper did not start: {exc}") from None
-        if json.loads(answer or b"{}").get("op") != "pong":
+        if _loads(answer).get("op") != "pong":
             ours.close()
             raise JailError("spawn helper did not start")
         ours.setblocking(True)
@@ -133,21 +133,23 @@ class SpawnHelper:
             fds.append(request.netns_fd)
         self._seq += 1
         seq = self._seq
+        # Plain str and int only: marshal refuses their subclasses (an IntEnum, a
+        # StrEnum), where JSON wrote them out as their values.
         message = {
             "op": "spawn",
             "seq": seq,
-            "argv": list(request.argv),
-            "env": dict(request.env),
-            "targets": targets,
+            "argv": [str(arg) for arg in request.argv],
+            "env": {str(key): str(value) for key, value in request.env.items()},
+            "targets": [int(fd) for fd in targets],
             "join_paths": [str(path) for path in request.cgroup_tasks or ()],
             "join_fds": join_fds,
             "netns": netns,
-            "cwd": request.cwd,
-            "uid": request.user,
-            "gid": request.group,
-            "setsid": request.new_session,
+            "cwd": None if request.cwd is None else str(request.cwd),
+            "uid": None if request.user is None else int(request.user),
+            "gid": None if request.group is None else int(request.group),
+            "setsid": bool(request.new_session),
         }
-        data = json.dumps(message, separators=(",", ":")).encode()
+        data = marshal.dumps(message)
         if len(data) > spawnd.MAX_MESSAGE_BYTES or len(fds) > spawnd.MAX_FDS:
             raise JailError("job start request too large (environment or descriptors)")
         future: asyncio.Future[HelperProcess] = asyncio.get_running_loop().create_future()
@@ -167,9 +169,10 @@ class SpawnHelper:
     def signal(self, pid: int, signum: int, *, group: bool) -> None:
         if self._sock is None:
             return
-        message = {"op": "signal", "pid": pid, "signum": signum, "group": group}
+        # int(): a signal.Signals is an IntEnum, which marshal refuses.
+        message = {"op": "signal", "pid": int(pid), "signum": int(signum), "group": bool(group)}
         with contextlib.suppress(OSError):
-            self._sock.send(json.dumps(message, separators=(",", ":")).encode())
+            self._sock.send(marshal.dumps(message))
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -183,7 +186,7 @@ class SpawnHelper:
             if not data:
                 self._lost()
                 return
-            self._dispatch(json.loads(data))
+            self._dispatch(_loads(data))
 
     def _dispatch(self, message: dict[str, object]) -> None:
         op = message.get("op")
@@ -250,6 +253,16 @@ class SpawnHelper:
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout=5)
+
+
+def _loads(data: bytes) -> dict[str, object]:
+    """A helper message; an empty dict for anything that is not one (a helper that
+    died mid-start). marshal, not JSON: see ``spawnd.py``."""
+    try:
+        message = marshal.loads(data)  # noqa: S302 (from our own helper: no code runs)
+    except (EOFError, ValueError, TypeError):
+        return {}
+    return message if isinstance(message, dict) else {}
 
 
 def _kill_when_started(future: asyncio.Future[HelperProcess]) -> None:

@@ -11,7 +11,7 @@ cheap ``vfork()`` of ``setpriv --pdeathsig``, an extra exec per job (~1.5 ms and
 and the child does the UID switch, the death signal, the cgroup join and the
 namespace join in a few system calls before it execs nsjail directly.
 
-The runner hands it requests (JSON) and the job's descriptors (``SCM_RIGHTS``) over
+The runner hands it requests (``marshal``) and the job's descriptors (``SCM_RIGHTS``) over
 a ``SOCK_SEQPACKET`` socketpair; it answers each with the child's pid (or why it
 could not start), reaps its children and reports each exit with its rusage. It
 owns its children until they are reaped, so signals go through it too: a pid is
@@ -30,13 +30,21 @@ writes ``0`` to ``cgroup.procs`` descriptors the runner passed.
 
 Nothing of the runner's environment reaches it (started with an empty one), and a
 child's environment is exactly the request's.
+
+Why ``marshal`` and not JSON on the socket: both ends are the same interpreter
+(the runner starts the helper with its own), the peer is the runner, and ``json``
+brings in ``re`` and its compiled patterns: 0.4 MiB of the helper's 5.35 MiB of
+anonymous memory, whose page tables every ``fork`` copies and whose pages then
+take copy-on-write faults. Measured here (500 spawns of ``/bin/true`` straight
+to the helper, 6 alternating pairs): helper CPU per spawn 0.85 -> 0.74 ms median
+(-13%), its children's unchanged; loads and dumps are cheaper on both sides too.
 """
 
 from __future__ import annotations
 
 import ctypes
 import fcntl
-import json
+import marshal
 import os
 import resource
 import select
@@ -189,7 +197,7 @@ class Helper:
         self.pid = os.getpid()
 
     def send(self, message: dict[str, object]) -> None:
-        self.sock.send(json.dumps(message, separators=(",", ":")).encode())
+        self.sock.send(marshal.dumps(message))
 
     def serve(self) -> None:
         while True:
@@ -212,7 +220,7 @@ class Helper:
                 os.close(fd)
             return False
         try:
-            request = json.loads(data)
+            request = marshal.loads(data)  # noqa: S302 (from the runner, our parent)
             op = request.get("op") if isinstance(request, dict) else None
             if op == "spawn":
                 self.spawn(request, fds)
