@@ -11,12 +11,19 @@
 - per-turn checkpoint time and bytes
 
 Usage: .venv/bin/python scripts/bench_orchestrator.py [--turns 40]
+       .venv/bin/python scripts/bench_orchestrator.py --cold-only 20 [--env NAME=VALUE ...]
+
+``--cold-only N``: only the cold rows, N sessions, with the CPU each start cost (the
+whole process tree's: this process, its runners, their helpers, a zygote). A
+``PYTHONPATH`` in the environment reaches the runners too, so an A/B against another
+tree's packages (``PYTHONPATH=/other/packages/orchestrator/src:...``) runs its runner.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -26,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import psutil  # noqa: E402
 from tests.fixtures.paths import traversable_dir  # noqa: E402
 
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings  # noqa: E402
@@ -59,11 +67,13 @@ async def timed(coro: object) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-async def main(turns: int) -> None:
+async def main(turns: int, settings: dict[str, bool]) -> None:
     with traversable_dir("benchorch-") as root:
         store = DirectorySnapshotStore(root / "snapshots")
         env = {"SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB": "1024"}
-        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt", runner_env={**env}))
+        provider = LocalProvider(
+            LocalSettings(runtime_dir=root / "rt", runner_env={**env}, **settings)
+        )
         service = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
         try:
             # Warm session vs direct client on the same runner.
@@ -148,7 +158,60 @@ async def main(turns: int) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
+def tree_cpu_ms() -> float:
+    """CPU of this process and every live descendant, with the children each has reaped."""
+    total = 0.0
+    me = psutil.Process()
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            t = process.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total * 1000
+
+
+async def cold_only(sessions: int, extra_env: dict[str, str], settings: dict[str, bool]) -> None:
+    """Cold sessions to first result, each one's latency and whole-tree CPU."""
+    with traversable_dir("benchcold-") as root:
+        env = {"SANDCELL_RUNNER_WORKSPACE_QUOTA_MIB": "1024", **extra_env}
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt", runner_env=env, **settings))
+        store = DirectorySnapshotStore(root / "snapshots")
+        service = ExecutionService(provider=provider, registry=InProcessRegistry(), store=store)
+        try:
+            # As in the full run: a session first (a zygote, where there is one, starts now).
+            await service.execute(NOOP, WHO, hint="first")
+            await asyncio.sleep(1.0)
+            cold, cpu = [], []
+            for i in range(sessions):
+                before = tree_cpu_ms()
+                cold.append(await timed(service.execute(NOOP, WHO, hint=f"cold-{i}")))
+                cpu.append(tree_cpu_ms() - before)
+        finally:
+            await service.aclose(destroy_sandboxes=True)
+            await provider.close()
+    print(
+        f"cold session to first result: p50 {statistics.median(cold):.0f} ms,"
+        f" p95 {pct(cold, 95):.0f} ms; whole-tree CPU per session p50"
+        f" {statistics.median(cpu):.0f} ms (n={sessions})"
+    )
+    print("samples ms:", " ".join(f"{v:.0f}" for v in cold))
+    print("samples cpu-ms:", " ".join(f"{v:.0f}" for v in cpu))
+    print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=40)
-    asyncio.run(main(parser.parse_args().turns))
+    parser.add_argument("--cold-only", type=int, default=0, metavar="N")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--zygote", choices=("0", "1"), help="LocalSettings.zygote (default: its own)"
+    )
+    args = parser.parse_args()
+    chosen = {} if args.zygote is None else {"zygote": args.zygote == "1"}
+    if args.cold_only:
+        extra = dict(item.split("=", 1) for item in args.env)
+        asyncio.run(cold_only(args.cold_only, extra, chosen))
+    else:
+        asyncio.run(main(args.turns, chosen))

@@ -46,8 +46,10 @@ async def test_a_dead_runners_pid_reused_by_another_runner_is_not_that_sandbox()
                 _state(runtime, a.sandbox_id)["started"] != _state(runtime, b.sandbox_id)["started"]
             )
             await a.runner.close()
+            # Held before the kill: whoever reaps it may do so at once (a zygote's runner).
+            a_process = psutil.Process(a_pid)
             os.killpg(a_pid, signal.SIGKILL)
-            psutil.Process(a_pid).wait(timeout=30)
+            a_process.wait(timeout=30)
             _rewrite(runtime, a.sandbox_id, pid=b_pid)
 
             with pytest.raises(SandboxNotFoundError):

@@ -25,8 +25,9 @@ async def test_a_pooled_runner_that_died_is_not_handed_out() -> None:
             await provider.start_pool()
             (pooled,) = [path.name for path in runtime.iterdir()]
             pid = int(str(_state(runtime, pooled)["pid"]))
+            process = psutil.Process(pid)  # before the kill: it may be reaped at once
             os.killpg(pid, signal.SIGKILL)
-            psutil.Process(pid).wait(timeout=30)
+            process.wait(timeout=30)
             handle = await provider.create(SandboxSpec())
             made.append(handle.sandbox_id)
             assert handle.sandbox_id != pooled

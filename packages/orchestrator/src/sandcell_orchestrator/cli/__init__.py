@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -40,6 +41,7 @@ from sandcell_protocol import ProtocolError
 
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
+from ..providers.local_settings import LocalSettings
 from . import exec as exec_command
 from . import files as files_command
 from . import instances as instances_command
@@ -92,6 +94,8 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
             # A client of a running serve: no local services, no settings needed.
             return instances_command.run_instances(args, environ, sys.stdout, sys.stderr)
         settings = OrchestratorSettings.from_env(environ)
+        if args.command != "serve":
+            settings = _one_shot(settings)
         if args.command == "serve":
             return serve_command.run_serve(args, settings)
         if args.command == "files":
@@ -115,6 +119,16 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         if environ.get("SANDCELL_DEBUG") == "1":
             raise
         return _fail(f"internal error ({type(exc).__name__}); SANDCELL_DEBUG=1 shows a traceback")
+
+
+def _one_shot(settings: OrchestratorSettings) -> OrchestratorSettings:
+    """Settings for a command that launches a runner or two and exits: no runner zygote
+    (its imports would cost as much as the plain launches it could replace)."""
+    if isinstance(settings.provider, LocalSettings):
+        return dataclasses.replace(
+            settings, provider=dataclasses.replace(settings.provider, zygote=False)
+        )
+    return settings
 
 
 def _fail(message: str) -> int:

@@ -11,7 +11,8 @@ to unmount their workspaces.
 ``pause_resume`` is False: the manager suspends a session by checkpointing its
 runner into the snapshot store and destroying the process, and resumes it in a
 new runner it restores into. An optional warm pool of pre-started runners hides the Python
-start-up from ``create``.
+start-up from ``create``; without one, runners are forked from a pre-imported zygote
+(``local_zygote.py``) once it is up, which hides most of it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +48,7 @@ from .base import (
     sandbox_session_id,
 )
 from .local_settings import LocalSettings, default_runtime_dir
+from .local_zygote import ForkedRunner, RunnerZygote, ZygoteError
 from .runner_roots import detach_runner_mounts, reap_runner_cgroups, remove_runner_root
 
 __all__ = ["LocalProvider", "LocalSettings", "default_runtime_dir"]
@@ -85,6 +88,13 @@ class LocalProvider:
         self._pool: list[_Runner] = []
         self._fill: asyncio.Task[None] | None = None
         self._closed = False
+        # Detached runners outlive this process, which then launches one or two: a
+        # zygote's imports would only add to that.
+        self._zygote = (
+            RunnerZygote(python=settings.python, env=_base_env(settings.runner_env))
+            if settings.zygote and settings.detached_idle_s is None
+            else None
+        )
         settings.runtime_dir.mkdir(parents=True, exist_ok=True)
         for directory in (settings.runtime_dir, *settings.runtime_dir.parents):
             if directory == Path("/"):
@@ -94,7 +104,7 @@ class LocalProvider:
 
     # -- launching ------------------------------------------------------------
 
-    async def _launch(self) -> _Runner:
+    async def _launch(self, *, plain: bool = False) -> _Runner:
         sandbox_id = "local-" + secrets.token_hex(8)
         root = self._settings.runtime_dir / sandbox_id
         await asyncio.to_thread(root.mkdir, 0o711)
@@ -117,17 +127,29 @@ class LocalProvider:
         if self._settings.detached_idle_s is not None:
             env["SANDCELL_RUNNER_IDLE_EXIT_S"] = str(self._settings.detached_idle_s)
         env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+        process: subprocess.Popen[bytes] | ForkedRunner | None = None
         try:
-            process = self._spawn(env, root, token, listener)
+            process = None if plain else await self._fork(env, root, token, listener)
+            if process is None:
+                process = self._spawn(env, root, token, listener)
+        except ZygoteError as exc:
+            # Lost mid-request, the zygote may have forked a child holding this root,
+            # listener and token before it went: start afresh rather than share them.
+            log.warning("%s; launching plainly", exc)
+            listener.close()
+            await asyncio.to_thread(remove_runner_root, root)
+            return await self._launch(plain=True)
         except OSError as exc:  # the configured interpreter cannot be run
             await asyncio.to_thread(remove_runner_root, root)
             raise SandboxUnavailableError(f"local runner could not start: {exc}") from None
         finally:
             listener.close()  # the runner's copy is the only one: its exit refuses clients
-        # Read now: an unreaped child's pid cannot have been reused yet.
-        runner = _Runner(
-            sandbox_id, process.pid, port, token, root, started=_start_ticks(process.pid)
-        )
+        # Read now: an unreaped child's pid cannot have been reused yet. A forked one is
+        # reaped by the zygote: its pidfd says whether the pid still names it.
+        started = _start_ticks(process.pid)
+        if isinstance(process, ForkedRunner) and process.poll() is not None:
+            started = -1  # matches no process: nothing signals whoever has the pid now
+        runner = _Runner(sandbox_id, process.pid, port, token, root, started=started)
         client = RunnerClient(runner.url, token=token)
         try:
             await _ready_unless_exited(client, process, self._settings.ready_timeout_s)
@@ -145,8 +167,34 @@ class LocalProvider:
             with anyio.CancelScope(shield=True):
                 await client.close()
         await asyncio.to_thread(_write_state, runner)
-        _reap_in_background(process)
+        if isinstance(process, ForkedRunner):
+            process.close()  # the zygote reaps it
+        else:
+            _reap_in_background(process)
         return runner
+
+    async def _fork(
+        self, env: dict[str, str], root: Path, token: str, listener: socket.socket
+    ) -> ForkedRunner | None:
+        """The runner forked from the zygote; None (launch plainly) while none is ready.
+
+        The first launch starts the zygote and does not wait for it.
+        """
+        if self._zygote is None or not self._zygote.fits(env):
+            return None
+        self._zygote.start()  # from the loop's thread, like a plain launch; no-op if up
+        read_fd, write_fd = os.pipe()
+        try:
+            try:
+                os.write(write_fd, token.encode())  # ~43 bytes: never blocks
+            finally:
+                os.close(write_fd)
+            with (root / "runner.log").open("ab") as log_file:
+                return await self._zygote.fork(
+                    env, log_fd=log_file.fileno(), token_fd=read_fd, listener_fd=listener.fileno()
+                )
+        finally:
+            os.close(read_fd)
 
     def _spawn(
         self, env: dict[str, str], root: Path, token: str, listener: socket.socket
@@ -256,8 +304,10 @@ class LocalProvider:
             await asyncio.to_thread(detach_runner_mounts, root)
 
     async def close(self) -> None:
-        """Stop refilling and destroy pooled (never handed out) runners."""
+        """Stop refilling, destroy pooled (never handed out) runners, stop the zygote."""
         self._closed = True
+        if self._zygote is not None:
+            await self._zygote.aclose()
         if self._fill is not None:
             self._fill.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -342,7 +392,9 @@ class LocalProvider:
             await asyncio.sleep(0.02)
         return await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
 
-    async def _discard_spawned(self, runner: _Runner, process: subprocess.Popen[bytes]) -> None:
+    async def _discard_spawned(
+        self, runner: _Runner, process: subprocess.Popen[bytes] | ForkedRunner
+    ) -> None:
         """A launch that failed: its runner killed and waited for, its root removed.
 
         No ``sandbox.json`` names it yet, so only the sweeper (which ``sandcell exec``
@@ -351,9 +403,14 @@ class LocalProvider:
         there stays (its name finds them), its mounts detached.
         """
         clean = await self._kill(runner)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+        # A forked one is the zygote's child, reaped by it: its pid is ours to signal
+        # only while its pidfd says it has not exited.
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         await asyncio.to_thread(process.wait)
+        if isinstance(process, ForkedRunner):
+            process.close()
         if not clean:  # the runner was still dying: reaped now, so try once more
             clean = await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
         if clean:
@@ -363,7 +420,7 @@ class LocalProvider:
 
 
 async def _ready_unless_exited(
-    client: RunnerClient, process: subprocess.Popen[bytes], timeout_s: float
+    client: RunnerClient, process: subprocess.Popen[bytes] | ForkedRunner, timeout_s: float
 ) -> None:
     """``wait_ready``, given up once the runner has exited (a configuration error, a
     crash): it will never answer, and waiting out ``timeout_s`` (30 s) kept a cold
@@ -371,7 +428,12 @@ async def _ready_unless_exited(
     scope = anyio.CancelScope()
     loop = asyncio.get_running_loop()
     try:
-        pidfd = os.pidfd_open(process.pid)
+        # A forked runner is not our child: only the zygote's pidfd surely names it.
+        pidfd = (
+            os.dup(process.pidfd)
+            if isinstance(process, ForkedRunner)
+            else os.pidfd_open(process.pid)
+        )
     except OSError:  # a kernel before 5.3: only the timeout ends the wait
         pidfd = -1
 
@@ -401,6 +463,11 @@ def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
     ResourceWarning, and a provider instance may never be the one that destroys it.
     """
     threading.Thread(target=process.wait, name=f"reap-{process.pid}", daemon=True).start()
+
+
+def _base_env(runner_env: Mapping[str, str]) -> dict[str, str]:
+    """The zygote's environment: what every runner gets, before its own variables."""
+    return {**runner_env, "PATH": runner_env.get("PATH", os.environ.get("PATH", "/usr/bin:/bin"))}
 
 
 def _die_with_parent() -> None:

@@ -51,6 +51,10 @@ class LocalSettings:
     it (another process reaches them through ``connect``) and exit by themselves
     after that many seconds without a request. ``sandcell run`` keeps its session's
     code contexts warm between calls this way."""
+    zygote: bool = True
+    """Fork runners from a pre-imported zygote once it is up (``local_zygote.py``);
+    False: every runner is a fresh ``python -m sandcell_runner``. Never for detached
+    runners."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> LocalSettings:
@@ -59,6 +63,7 @@ class LocalSettings:
         return cls(
             runtime_dir=read.path("SANDCELL_LOCAL_RUNTIME_DIR", default_runtime_dir()),
             pool_size=int(read.number("SANDCELL_LOCAL_POOL_SIZE", 0.0, minimum=0)),
+            zygote=read.choice("SANDCELL_LOCAL_ZYGOTE", ("1", "0"), "1") == "1",
             # Runner limits and jail settings pass through unchanged.
             runner_env=read.passthrough(("SANDCELL_RUNNER_",), names=_INHERITED, exclude=_OWN_ENV),
         )
