@@ -31,7 +31,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,46 +183,28 @@ class LocalProvider:
         if self._zygote is None or not self._zygote.fits(env):
             return None
         self._zygote.start()  # from the loop's thread, like a plain launch; no-op if up
-        read_fd, write_fd = os.pipe()
-        try:
-            try:
-                os.write(write_fd, token.encode())  # ~43 bytes: never blocks
-            finally:
-                os.close(write_fd)
-            with (root / "runner.log").open("ab") as log_file:
-                return await self._zygote.fork(
-                    env, log_fd=log_file.fileno(), token_fd=read_fd, listener_fd=listener.fileno()
-                )
-        finally:
-            os.close(read_fd)
+        with _token_pipe(token) as read_fd, (root / "runner.log").open("ab") as log_file:
+            return await self._zygote.fork(
+                env, log_fd=log_file.fileno(), token_fd=read_fd, listener_fd=listener.fileno()
+            )
 
     def _spawn(
         self, env: dict[str, str], root: Path, token: str, listener: socket.socket
     ) -> subprocess.Popen[bytes]:
         # Forked from the event loop's thread on purpose: PR_SET_PDEATHSIG follows the
         # forking *thread*, and worker threads come and go. The fork costs ~1 ms.
-        # The token goes on a pipe, not into the runner's environment block (which
-        # /proc/<pid>/environ shows for its whole life; given one, it re-execs itself).
-        read_fd, write_fd = os.pipe()
-        try:
-            try:
-                os.write(write_fd, token.encode())  # ~43 bytes: never blocks
-            finally:
-                os.close(write_fd)
-            with (root / "runner.log").open("ab") as log_file:
-                return subprocess.Popen(
-                    [self._settings.python, "-m", "sandcell_runner"],
-                    env={**env, "SANDCELL_RUNNER_TOKEN_FILE": f"/dev/fd/{read_fd}"},
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    # A detached runner outlives this process and ends itself when idle.
-                    preexec_fn=_die_with_parent if self._settings.detached_idle_s is None else None,
-                    pass_fds=(read_fd, listener.fileno()),
-                )
-        finally:
-            os.close(read_fd)
+        with _token_pipe(token) as read_fd, (root / "runner.log").open("ab") as log_file:
+            return subprocess.Popen(
+                [self._settings.python, "-m", "sandcell_runner"],
+                env={**env, "SANDCELL_RUNNER_TOKEN_FILE": f"/dev/fd/{read_fd}"},
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # A detached runner outlives this process and ends itself when idle.
+                preexec_fn=_die_with_parent if self._settings.detached_idle_s is None else None,
+                pass_fds=(read_fd, listener.fileno()),
+            )
 
     def _handle(self, runner: _Runner, session_id: str | None) -> SandboxHandle:
         return SandboxHandle(
@@ -454,6 +436,24 @@ async def _ready_unless_exited(
             loop.remove_reader(pidfd)
             os.close(pidfd)
     raise SandboxUnavailableError(f"the runner exited ({process.poll()}) before it was ready")
+
+
+@contextlib.contextmanager
+def _token_pipe(token: str) -> Iterator[int]:
+    """The read end of a pipe holding ``token``, closed on exit (the runner has its copy).
+
+    The token goes on a pipe, not into the runner's environment block (which
+    /proc/<pid>/environ shows for its whole life; given one, it re-execs itself).
+    """
+    read_fd, write_fd = os.pipe()
+    try:
+        try:
+            os.write(write_fd, token.encode())  # ~43 bytes: never blocks
+        finally:
+            os.close(write_fd)
+        yield read_fd
+    finally:
+        os.close(read_fd)
 
 
 def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
