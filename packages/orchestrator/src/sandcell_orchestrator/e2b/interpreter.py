@@ -25,7 +25,6 @@ import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import anyio
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -45,6 +44,7 @@ from ..serve.idempotency import (
     idempotency_key,
     replayed,
 )
+from ..serve.stream import Turn
 from .errors import E2bError, e2b_error_response, read_message
 from .sandboxes import E2bSandbox
 
@@ -270,12 +270,13 @@ async def _kept_stream(claim: Claim, start: Callable[[], Awaitable[Started]]) ->
             queue.put_nowait(lines[-1])
         return b"".join(lines)
 
-    task = asyncio.ensure_future(claim.kept(run_all(), stored=lambda answer: (200, answer)))
+    running = Turn(claim.kept(run_all(), stored=lambda answer: (200, answer)))
+    task = running.task
     task.add_done_callback(lambda _: queue.put_nowait(None))
     try:
         first = await queue.get()
     except BaseException:
-        await _outlived(task)
+        await running.finish(detached=True)
         raise
     if first is None:
         task.result()  # refused before the cell ran: the usual error answer
@@ -289,17 +290,9 @@ async def _kept_stream(claim: Claim, start: Callable[[], Awaitable[Started]]) ->
                 line = await queue.get()
             task.result()  # a stream cut short (the runner failed) ends in an error
         finally:
-            await _outlived(task)
+            await running.finish(detached=True)
 
     return StreamingResponse(lines(), media_type=_NDJSON)
-
-
-async def _outlived(task: asyncio.Future[bytes]) -> None:
-    """Wait for the keyed cell's task to end, whatever cancels its caller."""
-    with anyio.CancelScope(shield=True):
-        await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # retrieved: its caller has read it, or is gone
 
 
 async def create_context(request: Request, sandbox: E2bSandbox) -> Response:

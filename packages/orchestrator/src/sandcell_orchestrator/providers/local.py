@@ -116,7 +116,7 @@ class LocalProvider:
         listener = socket.create_server(("127.0.0.1", 0), backlog=128)
         port = listener.getsockname()[1]
         env = {
-            **self._settings.runner_env,
+            **_base_env(self._settings.runner_env),
             "SANDCELL_RUNNER_HOST": "127.0.0.1",
             "SANDCELL_RUNNER_PORT": str(port),
             "SANDCELL_RUNNER_LISTEN_FD": str(listener.fileno()),
@@ -126,7 +126,6 @@ class LocalProvider:
         }
         if self._settings.detached_idle_s is not None:
             env["SANDCELL_RUNNER_IDLE_EXIT_S"] = str(self._settings.detached_idle_s)
-        env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
         process: subprocess.Popen[bytes] | ForkedRunner | None = None
         try:
             process = None if plain else await self._fork(env, root, token, listener)
@@ -466,7 +465,7 @@ def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
 
 
 def _base_env(runner_env: Mapping[str, str]) -> dict[str, str]:
-    """The zygote's environment: what every runner gets, before its own variables."""
+    """What every runner gets before its own variables (the zygote's environment too)."""
     return {**runner_env, "PATH": runner_env.get("PATH", os.environ.get("PATH", "/usr/bin:/bin"))}
 
 

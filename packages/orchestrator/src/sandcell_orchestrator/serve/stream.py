@@ -41,7 +41,7 @@ from sandcell_protocol import (
 from ..sessions.output import OnOutput
 from .errors import map_error
 
-__all__ = ["ClientGoneError", "run_until_disconnect", "stream_turn", "wants_stream"]
+__all__ = ["ClientGoneError", "Turn", "run_until_disconnect", "stream_turn", "wants_stream"]
 
 T = TypeVar("T")
 _Item = TurnEvent | None
@@ -51,7 +51,7 @@ class ClientGoneError(Exception):
     """The turn was cancelled because its client disconnected."""
 
 
-class _Turn(Generic[T]):
+class Turn(Generic[T]):
     """A turn running in its own task, cancellable only through an anyio scope.
 
     A native ``task.cancel()`` passes through anyio's shields, so a second one
@@ -96,7 +96,7 @@ async def run_until_disconnect(
     ``detached``: a client that goes away does not cancel it (a keyed call).
     The body has been read, so the next ASGI message is ``http.disconnect``.
     """
-    turn = _Turn(work)
+    turn = Turn(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait(
@@ -124,7 +124,7 @@ async def stream_turn(
     ``detached``: a client that goes away does not cancel the turn (a keyed call).
     """
     queue: asyncio.Queue[_Item] = asyncio.Queue()
-    running = _Turn(turn(queue.put_nowait))
+    running = Turn(turn(queue.put_nowait))
     running.task.add_done_callback(lambda _: queue.put_nowait(None))
     # Starlette notices a gone client only when a write fails (ASGI 2.4), and a
     # quiet job writes nothing: watch for the disconnect ourselves.
@@ -151,7 +151,7 @@ async def stream_turn(
 async def _lines(
     first: _Item,
     queue: asyncio.Queue[_Item],
-    running: _Turn[ExecuteResult],
+    running: Turn[ExecuteResult],
     watcher: asyncio.Future[None],
     *,
     detached: bool,

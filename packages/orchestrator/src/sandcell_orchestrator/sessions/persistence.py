@@ -240,13 +240,20 @@ class Persistence:
                 break
             if entry.modified_at_s > cutoff:
                 continue
-            try:
-                await self.store.delete(entry.key)
-            except CheckpointError as exc:
-                log.info("collecting %s failed (%s); kept for now", entry.key, type(exc).__name__)
-                continue
-            deleted += 1
+            deleted += await self._collected(entry.key)
         return deleted
+
+    async def _collected(self, key: str, *, before: str | None = None) -> bool:
+        """Delete ``before`` (if any), then ``key``; False if the store failed (logged:
+        the object is kept for the next round, as collection is best effort)."""
+        try:
+            if before is not None:
+                await self.store.delete(before)
+            await self.store.delete(key)
+        except CheckpointError as exc:
+            log.info("collecting %s failed (%s); kept for now", key, type(exc).__name__)
+            return False
+        return True
 
     async def _read(self, key: str) -> bytes:
         chunks: list[bytes] = []
@@ -303,16 +310,9 @@ class Persistence:
                 continue
             if item.modified_at_s > cutoff:
                 continue
-            try:
-                # The result first: a checkpoint left without one is collected next
-                # time, a result left without its checkpoint would never be.
-                if item.result_key is not None:
-                    await self.store.delete(item.result_key)
-                await self.store.delete(item.key)
-            except CheckpointError as exc:
-                log.info("collecting %s failed (%s); kept for now", item.key, type(exc).__name__)
-                continue
-            deleted += 1
+            # The result first: a checkpoint left without one is collected next
+            # time, a result left without its checkpoint would never be.
+            deleted += await self._collected(item.key, before=item.result_key)
         return deleted
 
     async def delete_all(self, session_id: str, *, also: str | None = None) -> None:
