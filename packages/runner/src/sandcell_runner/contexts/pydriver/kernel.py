@@ -73,7 +73,9 @@ class Kernel:
         status = "ok"
         self.shown = set()
         try:
-            self.interrupts.pending = False
+            # An interrupt that came since the runner sent this run (while the frame was
+            # read, before the cell began) is this run's: reopen raises it. Only what
+            # came after the last run ended is stale, and that was dropped at its end.
             self.interrupts.reopen()
             try:
                 self._execute(code, filename)
@@ -86,6 +88,7 @@ class Kernel:
             self._error(exc)
         finally:
             self.interrupts.allowed = False
+            self.interrupts.pending = False
             for key, old in saved.items():
                 if old is None:
                     os.environ.pop(key, None)
