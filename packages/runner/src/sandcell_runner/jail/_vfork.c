@@ -132,13 +132,13 @@ child_exec(const struct job *job, struct report *report)
         if (sigaction(sig, NULL, &now) != 0) {
             continue;
         }
-        void *handler = (now.sa_flags & SA_SIGINFO) ? (void *)now.sa_sigaction
-                                                    : (void *)now.sa_handler;
-        int ignored_by_python = sig == SIGPIPE || sig == SIGXFSZ;
-        if (handler == (void *)SIG_DFL || (handler == (void *)SIG_IGN && !ignored_by_python)) {
-            continue;
+        /* (A SA_SIGINFO handler is always a function: resetting it is harmless anyway.) */
+        int handled = (now.sa_flags & SA_SIGINFO) ||
+                      (now.sa_handler != SIG_DFL && now.sa_handler != SIG_IGN);
+        int ignored_by_python = (sig == SIGPIPE || sig == SIGXFSZ) && now.sa_handler == SIG_IGN;
+        if (handled || ignored_by_python) {
+            (void)sigaction(sig, &dfl, NULL);
         }
-        (void)sigaction(sig, &dfl, NULL);
     }
     if (sigprocmask(SIG_SETMASK, job->old_mask, NULL) != 0) {
         child_failed(report, STEP_SETUP, errno);
@@ -222,9 +222,10 @@ __attribute__((noinline)) static pid_t
 do_vfork(const struct job *job, struct report *report)
 {
     /* The child writes *report on a path that never returns here, which lets the
-       compiler prove the parent's later reads unchanged (GCC 12 dropped them, so a
-       failed step read as success): make the report escape to memory before the
-       call, and read it afresh after. */
+       compiler prove the parent's later reads unchanged: a first version, with all
+       of this inline in vfork_spawn, had GCC 12 -O2 drop them (volatile or not), so
+       every failed step read as success. The functions are kept apart and the report
+       escapes to memory before the call and is read afresh after it. */
     __asm__ __volatile__("" : : "r"(report) : "memory");
     pid_t pid = vfork();
     if (pid == 0) {
