@@ -15,6 +15,7 @@ import httpx
 import psutil
 import pytest
 
+from sandcell_runner.errors import JailError
 from sandcell_runner.jail.spawn_helper import SpawnHelper
 from sandcell_runner.jail.spawner import SpawnRequest
 from tests.runner.conftest import StartRunner
@@ -232,6 +233,8 @@ async def test_a_failed_step_is_raised_with_its_name(method: str) -> None:
             (_sleeper(netns_fd=not_a_netns), OSError, "setns: .*Invalid argument"),
             (_sleeper(argv=["/nonexistent/bin"]), FileNotFoundError, "exec: .*'/nonexistent/bin'"),
             (_sleeper(argv=["/"]), PermissionError, "exec: .*Permission denied"),
+            # (uid_t)-1 would mean "leave it": the child would run as root.
+            (_sleeper(user=2**32 - 1), JailError, "bad request: uid or gid out of range"),
         ]
         for failing, error, message in cases:
             with pytest.raises(error, match=message):
