@@ -29,13 +29,32 @@ LIMITS = JobLimits(
 )
 
 
+SPAWN_METHODS = ("vfork", "fork")
+"""The spawn helper's two ways to start a child (``_vfork.c``, and ``fork`` in Python)."""
+
+
+def spawn_helper(method: str) -> SpawnHelper:
+    """A helper that starts children by ``method``; fails if ``vfork`` is not built."""
+    helper = SpawnHelper(vfork=method == "vfork")
+    if helper.spawn_method != method:
+        helper.close()
+        pytest.fail(f"the spawn helper uses {helper.spawn_method}, not {method} (built?)")
+    return helper
+
+
+def helper_method(helper_pid: int) -> str:
+    """How a running helper starts children: whether it has the extension mapped."""
+    with open(f"/proc/{helper_pid}/maps") as maps:
+        return "vfork" if "/_vfork." in maps.read() else "fork"
+
+
 @contextlib.contextmanager
-def real_jail(prefix: str) -> Iterator[tuple[Jail, CgroupManager, Path]]:
+def real_jail(prefix: str, *, method: str = "vfork") -> Iterator[tuple[Jail, CgroupManager, Path]]:
     with traversable_dir(prefix) as root:
         cgroups = CgroupManager(f"test-{os.getpid()}-{root.name}")
         if not cgroups.available:
             pytest.fail("this test needs writable cgroups (run as root, as CI does)")
-        spawner = SpawnHelper()
+        spawner = spawn_helper(method)
         jail = Jail(nsjail=_find_nsjail(None), cgroups=cgroups, spawner=spawner)
         try:
             yield jail, cgroups, root

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from sandcell_runner.jail.cgroups import CGROUP_ROOT
 from sandcell_runner.service import instance_key
 from tests.fixtures.runner_process import RunnerProcess, start_runner
 from tests.runner.conftest import StartRunner
 from tests.runner.helpers import execute, unb64
+from tests.runner.jail.real_jail import SPAWN_METHODS, helper_method
 
 
 def test_fork_bomb_is_contained_and_runner_stays_healthy(runner: RunnerProcess) -> None:
@@ -243,8 +245,11 @@ def test_busy_past_max_jobs(runner_factory: StartRunner) -> None:
     assert int(response.headers["retry-after"]) >= 1
 
 
-def test_sigkill_of_runner_leaves_no_jail_behind(runner_factory: StartRunner) -> None:
-    runner = runner_factory()
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+def test_sigkill_of_runner_leaves_no_jail_behind(runner_factory: StartRunner, method: str) -> None:
+    """The runner's death kills its helper, whose death kills every nsjail (death
+    signals both), on both of the helper's paths."""
+    runner = runner_factory(SANDCELL_RUNNER_SPAWN_VFORK="1" if method == "vfork" else "0")
     with httpx.stream(
         "POST",
         runner.url + "/v1/execute",
@@ -260,6 +265,8 @@ def test_sigkill_of_runner_leaves_no_jail_behind(runner_factory: StartRunner) ->
         parent = psutil.Process(runner.process.pid)
         descendants = parent.children(recursive=True)
         assert any("nsjail" in " ".join(_cmdline(p)) for p in descendants)
+        (helper,) = [p for p in parent.children() if "spawnd.py" in " ".join(_cmdline(p))]
+        assert helper_method(helper.pid) == method
         os.kill(runner.process.pid, signal.SIGKILL)
         runner.process.wait(timeout=10)
     deadline = time.monotonic() + 10

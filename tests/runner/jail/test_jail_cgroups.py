@@ -22,14 +22,15 @@ from sandcell_runner.errors import JailError
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
 from sandcell_runner.jail.spec import JobSpec
-from tests.runner.jail.real_jail import real_jail, shell_job
+from tests.runner.jail.real_jail import SPAWN_METHODS, real_jail, shell_job
 
 UID = 61_234
 
 
-@pytest.fixture
-def jail_root() -> Iterator[tuple[Jail, CgroupManager, Path]]:
-    with real_jail("jail-") as made:
+@pytest.fixture(params=SPAWN_METHODS)
+def jail_root(request: pytest.FixtureRequest) -> Iterator[tuple[Jail, CgroupManager, Path]]:
+    """On both of the spawn helper's paths (the child joins the cgroup either way)."""
+    with real_jail("jail-", method=request.param) as made:
         yield made
 
 

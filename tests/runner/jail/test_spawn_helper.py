@@ -1,4 +1,6 @@
-"""The resident spawn helper (``jail/spawnd.py``): what it holds, and what losing it costs."""
+"""The resident spawn helper (``jail/spawnd.py``): what it holds, what losing it costs,
+and what its children get, on both of its paths (``vfork`` through ``_vfork.c``, and
+``fork`` in Python: ``SANDCELL_RUNNER_SPAWN_VFORK``)."""
 
 from __future__ import annotations
 
@@ -7,15 +9,20 @@ import dataclasses
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+from sandcell_runner.errors import JailError
 from sandcell_runner.jail.spawn_helper import SpawnHelper
 from sandcell_runner.jail.spawner import SpawnRequest
 from tests.runner.conftest import StartRunner
 from tests.runner.helpers import execute
+from tests.runner.jail.real_jail import SPAWN_METHODS, helper_method, spawn_helper
+
+ENV_OF = {"vfork": "1", "fork": "0"}
 
 
 def _helpers(runner_pid: int) -> list[psutil.Process]:
@@ -26,11 +33,13 @@ def _helpers(runner_pid: int) -> list[psutil.Process]:
     ]
 
 
-def test_helper_holds_nothing_of_the_runner(runner_factory: StartRunner) -> None:
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+def test_helper_holds_nothing_of_the_runner(runner_factory: StartRunner, method: str) -> None:
     """The helper has no environment (so no token), and no descriptor but its socket and
     stdio; a job it starts runs as its own UID with only its three standard streams."""
-    runner = runner_factory()
+    runner = runner_factory(SANDCELL_RUNNER_SPAWN_VFORK=ENV_OF[method])
     (helper,) = _helpers(runner.process.pid)
+    assert helper_method(helper.pid) == method
     assert helper.environ() == {}
     assert runner.token not in " ".join(helper.cmdline())
     links = {
@@ -52,11 +61,15 @@ def test_helper_holds_nothing_of_the_runner(runner_factory: StartRunner) -> None
     assert runner.token not in result["stdout"]
 
 
-def test_a_lost_helper_ends_its_jobs_and_is_replaced(runner_factory: StartRunner) -> None:
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+def test_a_lost_helper_ends_its_jobs_and_is_replaced(
+    runner_factory: StartRunner, method: str
+) -> None:
     """SIGKILL of the helper kills the jobs it started (their death signal), their
     requests are answered, not left hanging, and the next job gets a new helper."""
-    runner = runner_factory()
+    runner = runner_factory(SANDCELL_RUNNER_SPAWN_VFORK=ENV_OF[method])
     (helper,) = _helpers(runner.process.pid)
+    assert helper_method(helper.pid) == method
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         pending = pool.submit(
             httpx.post,
@@ -81,12 +94,14 @@ def test_a_lost_helper_ends_its_jobs_and_is_replaced(runner_factory: StartRunner
     assert again["stdout"] == "again\n"
     (replacement,) = _helpers(runner.process.pid)
     assert replacement.pid != helper.pid
+    assert helper_method(replacement.pid) == method
 
 
-async def test_helper_reports_exits_and_refusals() -> None:
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_helper_reports_exits_and_refusals(method: str) -> None:
     """Straight to the helper: a process's exit status and rusage come back, descriptors
     land at the numbers asked for, and an exec that fails is raised as its OSError."""
-    helper = SpawnHelper()
+    helper = spawn_helper(method)
     try:
         read_end, write_end = os.pipe()
         with open(os.devnull, "rb") as null:
@@ -115,3 +130,145 @@ async def test_helper_reports_exits_and_refusals() -> None:
                 await helper.spawn(missing)
     finally:
         helper.close()
+
+
+def _sleeper(**changes: object) -> SpawnRequest:
+    null = os.open(os.devnull, os.O_RDONLY)  # the caller closes it
+    request = SpawnRequest(
+        argv=["/bin/sleep", "100"],
+        stdin=null,
+        stdout=null,
+        stderr=null,
+        env={"PATH": "/usr/bin:/bin", "ONLY": "this"},
+    )
+    return dataclasses.replace(request, **changes)  # type: ignore[arg-type]
+
+
+def _asleep(pid: int) -> None:
+    """Wait until ``sleep`` sleeps: at start-up it opens (and closes) locale files."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/wchan") as wchan:
+            if "nanosleep" in wchan.read():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"{pid} never went to sleep")
+
+
+def _status_field(pid: int, name: str) -> str:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(name + ":"):
+                return line.split()[1]
+    raise AssertionError(f"no {name} in /proc/{pid}/status")
+
+
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_a_child_gets_its_targets_its_env_and_nothing_else(method: str) -> None:
+    """The child has exactly the descriptors asked for, at their numbers, none of the
+    request's others (a cgroup file, a namespace, the sources as they arrived) nor the
+    helper's socket; exactly the request's environment; no signal ignored or blocked
+    (Python ignores SIGPIPE and SIGXFSZ, and an ignored one would survive the exec);
+    its own session; the UID and GID asked for with no supplementary groups."""
+    helper = spawn_helper(method)
+    read_end, write_end = os.pipe()
+    netns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    extra = os.open(os.devnull, os.O_WRONLY)  # an unused cgroup fd would leak the same way
+    target = 47
+    request = _sleeper(pass_fds=[write_end], netns_fd=netns, user=61_237, group=61_238)
+    try:
+        process = await helper.spawn(dataclasses.replace(request, cgroup_fds=[extra]))
+        pid = process.pid
+        # Not the one this process has at that number: the child's own pass-through.
+        moved = dataclasses.replace(request, pass_fds=[target])
+        os.dup2(write_end, target)
+        second = await helper.spawn(moved)
+        try:
+            _asleep(pid)
+            _asleep(second.pid)
+            fds = {
+                int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")
+            }
+            assert sorted(fds) == [0, 1, 2, write_end], fds
+            assert fds[0] == fds[1] == fds[2] == os.devnull
+            assert fds[write_end] == os.readlink(f"/proc/self/fd/{write_end}")
+            assert sorted(os.listdir(f"/proc/{second.pid}/fd")) == ["0", "1", "2", str(target)]
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                assert environ.read() == b"PATH=/usr/bin:/bin\0ONLY=this\0"
+            assert int(_status_field(pid, "SigIgn"), 16) == 0
+            assert int(_status_field(pid, "SigBlk"), 16) == 0
+            assert os.getsid(pid) == pid
+            assert _status_field(pid, "Uid") == "61237"
+            assert _status_field(pid, "Gid") == "61238"
+            with open(f"/proc/{pid}/status") as status:
+                groups = next(line for line in status if line.startswith("Groups:"))
+            assert groups.split() == ["Groups:"]
+            assert _status_field(pid, "PPid") == str(_helper_pid(helper))
+        finally:
+            for started in (process, second):
+                started.send_signal(signal.SIGKILL, group=True)
+                status, _ = await started.wait()
+                assert os.WTERMSIG(status) == signal.SIGKILL
+    finally:
+        helper.close()
+        for fd in (read_end, write_end, netns, extra, target, request.stdin):
+            os.close(fd)
+
+
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_a_failed_step_is_raised_with_its_name(method: str) -> None:
+    """A child that cannot start is reported (and reaped) with the step that failed and
+    its errno, the same on both paths; the helper goes on serving."""
+    helper = spawn_helper(method)
+    not_a_netns = os.open(os.devnull, os.O_RDONLY)
+    request = _sleeper()
+    try:
+        cases = [
+            (_sleeper(cwd="/nonexistent/dir"), FileNotFoundError, "chdir: .*'/nonexistent/dir'"),
+            (
+                _sleeper(cgroup_tasks=[Path("/nonexistent/tasks")]),
+                FileNotFoundError,
+                "cgroup: .*'/nonexistent/tasks'",
+            ),
+            (_sleeper(netns_fd=not_a_netns), OSError, "setns: .*Invalid argument"),
+            (_sleeper(argv=["/nonexistent/bin"]), FileNotFoundError, "exec: .*'/nonexistent/bin'"),
+            (_sleeper(argv=["/"]), PermissionError, "exec: .*Permission denied"),
+            # (uid_t)-1 would mean "leave it": the child would run as root.
+            (_sleeper(user=2**32 - 1), JailError, "bad request: uid or gid out of range"),
+        ]
+        for failing, error, message in cases:
+            with pytest.raises(error, match=message):
+                await helper.spawn(failing)
+            os.close(failing.stdin)
+        process = await helper.spawn(dataclasses.replace(request, argv=["/bin/true"]))
+        status, _ = await process.wait()
+        assert os.waitstatus_to_exitcode(status) == 0
+        # Every failed child was reaped by the helper: none is left a zombie.
+        assert not psutil.Process(_helper_pid(helper)).children()
+    finally:
+        helper.close()
+        os.close(not_a_netns)
+        os.close(request.stdin)
+
+
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_a_child_dies_with_the_helper(method: str) -> None:
+    """The death signal, on both paths: SIGKILL of the helper kills what it started,
+    even a child that ignores every catchable signal and runs as another UID."""
+    helper = spawn_helper(method)
+    request = _sleeper(user=61_239, group=61_239)
+    try:
+        process = await helper.spawn(request)
+        child = psutil.Process(process.pid)
+        assert child.uids().real == 61_239
+        os.kill(_helper_pid(helper), signal.SIGKILL)
+        _, alive = psutil.wait_procs([child], timeout=10)
+        assert not alive, alive
+    finally:
+        helper.close()
+        os.close(request.stdin)
+
+
+def _helper_pid(helper: SpawnHelper) -> int:
+    assert helper.pid is not None
+    return helper.pid

@@ -93,6 +93,9 @@ class RunnerSettings:
     idle_exit_s: int = 0
     """Exit (gracefully) after this long without a request; 0: never. For runners that
     outlive the process that started them (the CLI's warm code contexts)."""
+    spawn_vfork: bool = True
+    """The spawn helper starts jobs through its compiled vfork path when that was built
+    (``jail/_vfork.c``); False: always its pure-Python fork path (an escape hatch)."""
 
     @property
     def auth_required(self) -> bool:
@@ -248,6 +251,7 @@ class RunnerSettings:
             context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
             context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),
             idle_exit_s=reader.integer("SANDCELL_RUNNER_IDLE_EXIT_S", 0, minimum=0),
+            spawn_vfork=reader.flag("SANDCELL_RUNNER_SPAWN_VFORK", default=True),
         )
 
 

@@ -97,7 +97,7 @@ class RunnerService:
             if reaped:
                 log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
         # The one forker of jailed processes (jail/spawner.py says why there is no other).
-        self._spawner = SpawnHelper()
+        self._spawner = SpawnHelper(vfork=settings.spawn_vfork)
         nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
         job_user_refused = None
         if nsjail is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import marshal
 import os
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+from importlib.machinery import ExtensionFileLoader
 from pathlib import Path
 
 from ..errors import JailError
@@ -63,8 +65,13 @@ class HelperProcess:
 class SpawnHelper:
     """Starts and talks to one helper process; restarts it when it was lost."""
 
-    def __init__(self, *, python: str = sys.executable) -> None:
+    def __init__(self, *, python: str = sys.executable, vfork: bool = True) -> None:
+        """``vfork``: start children through the compiled ``_vfork`` module when it was
+        built (``SANDCELL_RUNNER_SPAWN_VFORK``); False, or not built: the fork path."""
         self._python = python
+        self._vfork = vfork
+        self.spawn_method = "fork"
+        """How the helper starts children: ``vfork`` (``_vfork.c``) or ``fork`` (Python)."""
         self._process: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -74,10 +81,13 @@ class SpawnHelper:
         self._start()
 
     def _start(self) -> None:
+        extension = _vfork_extension() if self._vfork else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [self._python, "-I", "-S", str(Path(spawnd.__file__))]
             argv += [str(theirs.fileno()), str(os.getpid())]
+            if extension is not None:
+                argv.append(extension)
             # Its own session (a signal to the runner's group is the runner's to
             # handle); no environment of the runner's; only its end of the socket.
             self._process = subprocess.Popen(
@@ -101,11 +111,20 @@ class SpawnHelper:
         except OSError as exc:
             ours.close()
             raise JailError(f"spawn helper did not start: {exc}") from None
-        if _loads(answer).get("op") != "pong":
+        pong = _loads(answer)
+        if pong.get("op") != "pong":
             ours.close()
             raise JailError("spawn helper did not start")
+        self.spawn_method = "vfork" if pong.get("spawn") == "vfork" else "fork"
+        if extension is not None and self.spawn_method != "vfork":
+            log.warning("spawn helper could not load %s; it forks in Python", extension)
         ours.setblocking(True)
         self._sock = ours
+
+    @property
+    def pid(self) -> int | None:
+        """The helper process's pid; None once it is lost (until the next spawn)."""
+        return None if self._process is None else self._process.pid
 
     def _attach(self) -> socket.socket:
         loop = asyncio.get_running_loop()
@@ -253,6 +272,14 @@ class SpawnHelper:
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout=5)
+
+
+def _vfork_extension() -> str | None:
+    """The built ``_vfork`` extension's file (the helper loads it by path), if any."""
+    spec = importlib.util.find_spec(f"{__package__}._vfork")
+    if spec is None or spec.origin is None or not isinstance(spec.loader, ExtensionFileLoader):
+        return None
+    return spec.origin
 
 
 def _loads(data: bytes) -> dict[str, object]:
