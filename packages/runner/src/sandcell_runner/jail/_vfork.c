@@ -29,7 +29,9 @@
  * Measured (scripts/bench_spawn.py: 500 spawns of /bin/true straight to the helper,
  * 6 alternating pairs, 2 shared cores at load 2.1-2.9, 2026-12-03 08:52 UTC, commit
  * 85776e2): helper CPU per spawn 1.16 ms (fork) -> 0.30 ms (vfork), its children's
- * 2.42 -> 0.86 ms (medians); 2.29-2.76 CPU-ms less per spawn in every pair.
+ * 2.42 -> 0.86 ms (medians); 2.29-2.76 CPU-ms less per spawn in every pair. Through
+ * the runner (bench_breakdown.py --b-tree main 1ceb787, 3 rounds, load 1-2.3): the
+ * tree's CPU per `bash: true` 19.6 -> 18.3 ms (helper 1.40 -> 0.60).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

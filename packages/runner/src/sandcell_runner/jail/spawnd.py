@@ -39,7 +39,10 @@ child's Python runs, and tears the copy down at exec. Measured (``scripts/bench_
 500 spawns of ``/bin/true`` straight to the helper, 6 alternating pairs, 2 shared
 cores at load 2.1-2.9, 2026-12-03 08:52 UTC, commit 85776e2): helper CPU per spawn
 1.16 -> 0.30 ms, its children's 2.42 -> 0.86 ms (medians); 2.29-2.76 CPU-ms less per
-spawn in every pair.
+spawn in every pair. By component through the runner (``scripts/bench_breakdown.py
+--count 100 --rounds 3 --b-tree`` main 1ceb787, load 1-2.3, 10:08 UTC, medians, ms CPU
+per ``bash: true``): helper 0.60 against 1.40, nsjail+job 14.9 against 15.5, tree
+18.3 against 19.6.
 
 Nothing of the runner's environment reaches it (started with an empty one), and a
 child's environment is exactly the request's.
