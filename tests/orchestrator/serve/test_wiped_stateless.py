@@ -25,7 +25,7 @@ import pytest
 from sandcell_orchestrator.bootstrap import Services, open_services
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.serve.app import create_app
-from sandcell_orchestrator.sessions.persistence import STATELESS_ANSWERS_PREFIX
+from sandcell_orchestrator.sessions.stateless_answers import STATELESS_ANSWERS_PREFIX
 from sandcell_orchestrator.snapshots import SnapshotStore, SnapshotUnavailableError
 from sandcell_orchestrator.testing import clean_environ
 from tests.orchestrator.apps.http_server import serve_asgi
