@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sandcell_protocol import (
@@ -52,6 +52,7 @@ from sandcell_protocol import (
 from ..errors import CheckpointError
 from ..handle import SandboxHandle
 from ..snapshots import SnapshotEntry, SnapshotInfo, SnapshotNotFoundError, SnapshotStore
+from ..snapshots.whole import put_whole, read_whole
 
 __all__ = [
     "Persistence",
@@ -119,10 +120,6 @@ def turn_result_key(checkpoint: str, turn_key: str) -> str:
     return f"{checkpoint}{_TURN_MARK}{turn_key}"
 
 
-async def _one(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
 class Persistence:
     """Checkpoint and restore through one ``SnapshotStore``, and its per-session listing."""
 
@@ -164,8 +161,11 @@ class Persistence:
         Saved before the checkpoint itself: a checkpoint without its result would be a
         keyed turn applied that nobody can recognise (a holder cancelled right after
         the upload, its lock lost); a result without its checkpoint names nothing."""
-        await self.store.put(
-            turn_result_key(checkpoint, turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
+        await put_whole(
+            self.store,
+            turn_result_key(checkpoint, turn_key),
+            body,
+            max_bytes=_TURN_RESULT_MAX_BYTES,
         )
 
     async def turn_result(self, item: StoredCheckpoint) -> bytes | None:
@@ -187,8 +187,8 @@ class Persistence:
 
         Written after the commit, never before: the object says the turn is applied
         in the session's state, whatever checkpoint a later holder restores."""
-        await self.store.put(
-            answer_key(session_id, turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
+        await put_whole(
+            self.store, answer_key(session_id, turn_key), body, max_bytes=_TURN_RESULT_MAX_BYTES
         )
 
     async def answer(self, session_id: str, turn_key: str) -> bytes | None:
@@ -211,11 +211,7 @@ class Persistence:
         return True
 
     async def _read(self, key: str) -> bytes:
-        chunks: list[bytes] = []
-        async with self.store.get(key, max_bytes=_TURN_RESULT_MAX_BYTES) as found:
-            async for chunk in found.chunks:
-                chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_whole(self.store, key, max_bytes=_TURN_RESULT_MAX_BYTES)
 
     async def restore(
         self, handle: SandboxHandle, *, session_id: str, key: str, timeout_s: float | None

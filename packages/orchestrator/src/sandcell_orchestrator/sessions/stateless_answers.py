@@ -22,12 +22,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import msgspec
 
 from ..errors import CheckpointError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
+from ..snapshots.whole import put_whole, read_whole
 
 __all__ = [
     "STATELESS_ANSWERS_PREFIX",
@@ -61,10 +62,6 @@ class StatelessAnswer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     body: bytes
 
 
-async def _one(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
 class StatelessAnswers:
     """Keyed stateless runs' answers under ``answers/`` of one ``SnapshotStore``."""
 
@@ -85,9 +82,10 @@ class StatelessAnswers:
     async def put_result(self, stored_key: str, answer: StatelessAnswer) -> None:
         """Store the answer of the keyed stateless run ``stored_key`` (``CheckpointError``
         if the store failed)."""
-        await self.store.put(
+        await put_whole(
+            self.store,
             stateless_answer_key(stored_key),
-            _one(msgspec.json.encode(answer)),
+            msgspec.json.encode(answer),
             max_bytes=_ANSWER_MAX_BYTES,
         )
 
@@ -98,15 +96,12 @@ class StatelessAnswers:
         caller cannot tell whether the run was answered.
         """
         key = stateless_answer_key(stored_key)
-        chunks: list[bytes] = []
         try:
-            async with self.store.get(key, max_bytes=_ANSWER_MAX_BYTES) as found:
-                async for chunk in found.chunks:
-                    chunks.append(chunk)
+            raw = await read_whole(self.store, key, max_bytes=_ANSWER_MAX_BYTES)
         except SnapshotNotFoundError:
             return None
         try:
-            return msgspec.json.decode(b"".join(chunks), type=StatelessAnswer)
+            return msgspec.json.decode(raw, type=StatelessAnswer)
         except msgspec.DecodeError as exc:
             raise CheckpointError(f"{key} does not hold a saved answer") from exc
 
