@@ -15,9 +15,19 @@ cgroup; the raw jail's jobs run in a cpu cgroup of their own with the same quota
 With the runner's default of one core on this 2-core machine its jobs could use
 half of what the raw jail's used, and that quota, not the runner's overhead, was
 most of the 16-way gap: ``--b-env SANDCELL_RUNNER_CPU_MILLICORES=1000`` measures it.
+Measured so on a3ce0d3 (3 rounds, 2026-12-03 17:08 UTC, raw ceiling 159/s): at 16
+clients `bash: true` 0.64x [0.64-0.81] of the raw jail with the same 2-core budget
+against 0.47x [0.39-0.56] under the default quota, `python: pass` 0.76x [0.72-0.82]
+against 0.46x [0.45-0.46] (B/A 0.61x for both), with the default's windows 31-36%
+idle and its jobs throttled for 69-76% of them, where the same-budget windows were
+0-1% idle. The whole tree's CPU per execution was the same both ways (16.4 / 16.6 ms
+for `true`, 1.58x / 1.49x the raw jail's 11.1 ms): what is left of the gap is that.
 The jobs' share of the CPU also stays comparable when neighbours load the machine:
-in one cgroup, a runner's sixteen jobs weigh as one scheduling entity, where the
-raw jail's, each with a session (an autogroup) of its own, weighed sixteen.
+nsjail gives each job a session, and so (``kernel.sched_autogroup_enabled``) a
+scheduling entity of its own, but only outside a cpu cgroup; a runner's sixteen
+jobs in their group weighed as one against the raw jail's sixteen. Now each side's
+jobs weigh as one (the raw side's spawning threads are in its group too, where a
+runner's process and spawn helper are a second entity, their session's).
 Where a quota throttled the jobs during a window, (f) says for how long.
 
 Figures are ratios against baselines measured in the same run, because these
@@ -129,7 +139,7 @@ def percentile(values: list[float], q: float) -> float:
 class RawJail:
     """nsjail with exactly the runner's configuration, spawned directly."""
 
-    def __init__(self, root: Path, *, cpu: CpuGroup) -> None:
+    def __init__(self, root: Path, *, cpu: CpuGroup | None = None) -> None:
         settings = RunnerSettings.from_env({"SANDCELL_RUNNER_INSECURE_NO_AUTH": "1"})
         assert settings.nsjail_path is not None
         self.nsjail = settings.nsjail_path
@@ -137,7 +147,7 @@ class RawJail:
             assert binary.read(4) == b"\x7fELF", f"{self.nsjail} is not the ELF nsjail"
         self.jail = Jail(nsjail=self.nsjail, cgroups=CgroupManager("bench-raw"), spawner=None)  # type: ignore[arg-type]
         self.root = root
-        self.cpu = cpu
+        self.cpu = cpu or CpuGroup(Path("/nonexistent/cpu"), millicores=None)
         self.uid = 20_999
         limits = settings.limits
         self.limits = JobLimits(
