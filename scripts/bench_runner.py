@@ -26,8 +26,10 @@ The jobs' share of the CPU also stays comparable when neighbours load the machin
 nsjail gives each job a session, and so (``kernel.sched_autogroup_enabled``) a
 scheduling entity of its own, but only outside a cpu cgroup; a runner's sixteen
 jobs in their group weighed as one against the raw jail's sixteen. Now each side's
-jobs weigh as one (the raw side's spawning threads are in its group too, where a
-runner's process and spawn helper are a second entity, their session's).
+jobs weigh as one; the raw side's spawning threads are in its group too, where a
+runner's process and spawn helper are a second entity (their session's), so a
+loaded machine now flatters the runner a little: (f)'s ``rest`` (neighbours, wrk)
+near zero and a raw ceiling near its quiet figure say a run was quiet.
 Where a quota throttled the jobs during a window, (f) says for how long.
 
 Figures are ratios against baselines measured in the same run, because these
