@@ -74,6 +74,10 @@ class _Image:
     handed: Snapshot | None = None
     """Its ``ws`` as handed out (while taken) or as kept (while ready); None: no
     ``ws`` (while ready), or one not to be kept (a bind, which is never reused)."""
+    fresh: Snapshot | None = None
+    """Its first ``ws`` as made: the inode flags and xattrs every later one is made
+    with too (the kernel gives them from the image's root, which nothing changes;
+    were they ever to differ, the check fails and the ``ws`` is wiped, never kept)."""
 
 
 class ImagePool:
@@ -151,7 +155,10 @@ class ImagePool:
             if kept is None:
                 workspace.mkdir(mode=0o700)
                 os.chown(workspace, uid, gid)
-                kept = snapshot(workspace)
+                if image.fresh is None:
+                    kept = image.fresh = snapshot(workspace)
+                else:  # a stat, not the ioctls and listxattr of a snapshot
+                    kept = image.fresh.made(os.stat(workspace, follow_symlinks=False))
             if bind_at is not None:
                 _mount(str(workspace), bind_at, None, _MS_BIND, None)
                 workspace = bind_at

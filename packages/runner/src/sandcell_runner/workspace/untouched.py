@@ -59,13 +59,17 @@ class Snapshot:
             and st.st_ctime_ns == self.ctime_ns
         )
 
+    def made(self, st: os.stat_result) -> Snapshot:
+        """A directory made as this one was (same flags and xattrs), whose ``stat`` is ``st``."""
+        return dataclasses.replace(
+            self, identity=_identity(st), owner=(st.st_uid, st.st_gid), ctime_ns=st.st_ctime_ns
+        )
+
     def owned(self, st: os.stat_result) -> Snapshot | None:
         """This snapshot after a ``chown`` whose ``stat`` was ``st``: owner, group and
         ctime move, nothing else does (a directory keeps its mode bits); None if
         anything else moved too."""
-        if _identity(st) != self.identity:
-            return None
-        return dataclasses.replace(self, owner=(st.st_uid, st.st_gid), ctime_ns=st.st_ctime_ns)
+        return self.made(st) if _identity(st) == self.identity else None
 
 
 def snapshot(path: Path) -> Snapshot:
@@ -86,15 +90,21 @@ def snapshot(path: Path) -> Snapshot:
 
 def untouched(path: Path, handed: Snapshot) -> bool:
     """Whether ``path`` is the empty directory ``handed`` describes, in every respect
-    listed in the module docstring; False too when it cannot be looked at."""
+    listed in the module docstring; False too when it cannot be looked at.
+
+    The ``stat`` comes first: a job that left something is told by it alone (one
+    call), before the directory is opened. Nothing can swap the directory between
+    the two: its parent is the runner's, and the job's processes are dead.
+    """
     try:
+        if not handed.matches(os.stat(path, follow_symlinks=False)):
+            return False
         fd = os.open(path, _DIR_FLAGS)
     except OSError:
         return False
     try:
         return (
-            handed.matches(os.fstat(fd))
-            and _flags(fd) == handed.flags
+            _flags(fd) == handed.flags
             and tuple(sorted(os.listxattr(fd))) == handed.xattrs
             and not os.listdir(fd)
         )
