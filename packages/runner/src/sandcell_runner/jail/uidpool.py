@@ -63,10 +63,13 @@ class UidPool:
         if self.shared:
             return self._free[0]
         if self._kept:
-            # Why it pays: no open/flock/close per job; and the same UID as the last
-            # job means the workspace it left untouched needs no chown either
-            # (``workspace/images.py``). bench_runner.py A/B, one run, 2026-12-03:
-            # see the report; runner CPU per request fell with levers 1-3 together.
+            # Why it pays: no open/flock/close per job (allocate + release 12-17 us
+            # re-leasing, 0.2 us kept: a timing loop of 5 x 5000, two runs,
+            # 2026-12-03), and the same UID as the last job means the workspace it
+            # left untouched needs no chown either (``workspace/images.py``). With the
+            # other two levers (bench_runner.py --b-tree main, two runs of 3 rounds,
+            # load 13-18 on 2 CPUs): runner CPU per request main/this 1.07-1.19x at
+            # 1 client, 1.32-1.39x at 16 clients (``bash: true``).
             uid = self._kept.pop()
             self._in_use.add(uid)
             return uid

@@ -234,8 +234,11 @@ class ImagePool:
 
         Why it pays: the common one-shot job leaves nothing, and for it the wipe and
         re-make (a ``statvfs``, ``rmtree`` of the empty ``ws``, then ``mkdir`` and
-        ``chown``) were most of a workspace's cost. ``bench_workspace.py``, one run,
-        2026-12-03: take + give of an empty workspace 102-143 us wiped, 52-61 us kept.
+        ``chown``) were most of a workspace's cost. ``bench_workspace.py`` (row
+        "left empty"), this tree and main's run in turn twice, 2026-12-03, load 8-13
+        on 2 CPUs: take + give of a workspace left empty 58-85 us wiped and re-made
+        (main), 21-31 us kept (the same UID), 35-45 us kept for another UID (a chown);
+        one a job wrote a file into, wiped as before, 125-162 us against 126-154 us.
         """
         if image.handed is not None and untouched(image.mount / "ws", image.handed):
             return True
