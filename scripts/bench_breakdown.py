@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import ctypes
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -48,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import httpx  # noqa: E402
-from bench_runner import RawJail, tree  # noqa: E402
+from bench_runner import RawJail, kthreads_by_pid, tree  # noqa: E402
 from tests.fixtures.paths import traversable_dir  # noqa: E402
 from tests.fixtures.runner_process import RunnerProcess, start_runner, tree_python  # noqa: E402
 
@@ -66,22 +64,6 @@ def stat(pid: int) -> tuple[float, float, float, float]:
 
 KTHREADS: collections.Counter[str] = collections.Counter()
 """Per kernel-thread name (digits dropped), CPU ms summed over the windows of the current label."""
-
-
-def kthreads_by_pid() -> dict[int, tuple[str, float]]:
-    """Each kernel thread (a child of kthreadd, pid 2): its name (digits as N; a
-    kworker's name says the work it last did) and its CPU so far in ms."""
-    found: dict[int, tuple[str, float]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            head, tail = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)
-            fields = tail.split()
-            if fields[1] == "2" or entry.name == "2":
-                name = re.sub(r"[0-9]+", "N", head.split("(", 1)[1])
-                found[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) * TICK_MS)
-    return found
 
 
 class Kthreads:

@@ -8,6 +8,30 @@
 (c) the same for `python: pass` against raw jailed `python3 -c pass`
 (d) executions per second at 1, 4 and 16 clients against the raw jail's parallel ceiling
 
+Both sides get the same CPU budget. A runner puts every job of its sandbox under
+one CPU quota (``SANDCELL_RUNNER_CPU_MILLICORES``, default one core) and one cpu
+cgroup; the raw jail's jobs run in a cpu cgroup of their own with the same quota
+(``--cpu-millicores``, default every CPU of the machine, given to the runners too).
+With the runner's default of one core on this 2-core machine its jobs could use
+half of what the raw jail's used, and that quota, not the runner's overhead, was
+most of the 16-way gap: ``--b-env SANDCELL_RUNNER_CPU_MILLICORES=1000`` measures it.
+Measured so on a3ce0d3 (3 rounds, 2026-12-03 17:08 UTC, raw ceiling 159/s): at 16
+clients `bash: true` 0.64x [0.64-0.81] of the raw jail with the same 2-core budget
+against 0.47x [0.39-0.56] under the default quota, `python: pass` 0.76x [0.72-0.82]
+against 0.46x [0.45-0.46] (B/A 0.61x for both), with the default's windows 31-36%
+idle and its jobs throttled for 69-76% of them, where the same-budget windows were
+0-1% idle. The whole tree's CPU per execution was the same both ways (16.4 / 16.6 ms
+for `true`, 1.58x / 1.49x the raw jail's 11.1 ms): what is left of the gap is that.
+The jobs' share of the CPU also stays comparable when neighbours load the machine:
+nsjail gives each job a session, and so (``kernel.sched_autogroup_enabled``) a
+scheduling entity of its own, but only outside a cpu cgroup; a runner's sixteen
+jobs in their group weighed as one against the raw jail's sixteen. Now each side's
+jobs weigh as one; the raw side's spawning threads are in its group too, where a
+runner's process and spawn helper are a second entity (their session's), so a
+loaded machine now flatters the runner a little: (f)'s ``rest`` (neighbours, wrk)
+near zero and a raw ceiling near its quiet figure say a run was quiet.
+Where a quota throttled the jobs during a window, (f) says for how long.
+
 Figures are ratios against baselines measured in the same run, because these
 machines are noisy. More than that: the noise comes in phases (a neighbour's
 load lasts tens of seconds), so raw and runner windows alternate, round after
@@ -24,6 +48,12 @@ runner: the runner, its spawn helper, nsjail and the job), and the CPU per
 execution of the whole tree is printed too: on a shared machine that is the
 steadier predictor of the 16-way ratio, which is CPU-bound here (kernel threads,
 such as a loop device's, are in neither).
+
+Each load window also reads ``/proc/stat`` and every kernel thread's CPU, so the
+16-way rows say whether the CPUs were saturated (idle share of the window) and what
+ran outside both trees: the system's busy CPU per execution, the part of it that is
+kernel threads (by name: kworkers, loop devices, rcu, ksoftirqd), and the rest
+(interrupts, wrk, neighbours).
 
 ``--b-env NAME=VALUE`` (repeatable) starts a second runner, B, with those variables
 added, and runs each of its load windows right after A's, so a configuration
@@ -59,6 +89,7 @@ from tests.fixtures.paths import traversable_dir  # noqa: E402
 from tests.fixtures.runner_process import start_runner, tree_python  # noqa: E402
 
 from sandcell_runner.config import RunnerSettings  # noqa: E402
+from sandcell_runner.jail.cgroup_reaper import instance_key  # noqa: E402
 from sandcell_runner.jail.cgroups import CgroupManager  # noqa: E402
 from sandcell_runner.jail.nsjail import Jail  # noqa: E402
 from sandcell_runner.jail.spec import JobLimits, JobSpec  # noqa: E402
@@ -110,7 +141,7 @@ def percentile(values: list[float], q: float) -> float:
 class RawJail:
     """nsjail with exactly the runner's configuration, spawned directly."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, cpu: CpuGroup | None = None) -> None:
         settings = RunnerSettings.from_env({"SANDCELL_RUNNER_INSECURE_NO_AUTH": "1"})
         assert settings.nsjail_path is not None
         self.nsjail = settings.nsjail_path
@@ -118,6 +149,7 @@ class RawJail:
             assert binary.read(4) == b"\x7fELF", f"{self.nsjail} is not the ELF nsjail"
         self.jail = Jail(nsjail=self.nsjail, cgroups=CgroupManager("bench-raw"), spawner=None)  # type: ignore[arg-type]
         self.root = root
+        self.cpu = cpu or CpuGroup(Path("/nonexistent/cpu"), millicores=None)
         self.uid = 20_999
         limits = settings.limits
         self.limits = JobLimits(
@@ -162,9 +194,18 @@ class RawJail:
 
     def latency(self, argv: list[str], *, count: int) -> list[float]:
         config = self.config(0)
-        for _ in range(5):
-            self.run_once(config, argv)
-        return [self.run_once(config, argv) for _ in range(count)]
+        samples: list[float] = []
+
+        def work() -> None:
+            self.cpu.join_thread()  # its children start in the group
+            for _ in range(5):
+                self.run_once(config, argv)
+            samples.extend(self.run_once(config, argv) for _ in range(count))
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        return samples
 
     def ceiling(self, argv: list[str], *, workers: int, seconds: float) -> tuple[float, int]:
         configs = [self.config(i) for i in range(workers)]
@@ -172,6 +213,7 @@ class RawJail:
         deadline = time.monotonic() + seconds
 
         def work(i: int) -> None:
+            self.cpu.join_thread()
             while time.monotonic() < deadline:
                 self.run_once(configs[i], argv)
                 counts[i] += 1
@@ -183,6 +225,42 @@ class RawJail:
         for thread in threads:
             thread.join()
         return sum(counts) / (time.monotonic() - started), sum(counts)
+
+
+class CpuGroup:
+    """A cpu cgroup with a quota (cgroup v1), as a runner's instance has; or a runner's
+    own instance group, only read. Without the controller (or root), nothing."""
+
+    def __init__(self, path: Path, *, millicores: int | None) -> None:
+        usable = os.geteuid() == 0 and (path.parent / "cgroup.procs").exists()
+        self.path = path if usable else None
+        self.made = False
+        if self.path is not None and millicores is not None:
+            self.path.mkdir(exist_ok=True)
+            self.made = True
+            (self.path / "cpu.cfs_period_us").write_text("100000")
+            (self.path / "cpu.cfs_quota_us").write_text(str(millicores * 100))
+
+    def join_thread(self) -> None:
+        """Move the calling thread in (v1 ``tasks``): the processes it starts are in it."""
+        if self.made and self.path is not None:
+            (self.path / "tasks").write_text("0")
+
+    def throttled_ms(self) -> float:
+        """How long the quota has held the group back so far (all CPUs), in ms."""
+        if self.path is None:
+            return float("nan")
+        try:
+            stat = (self.path / "cpu.stat").read_text().split()
+        except OSError:
+            return float("nan")
+        fields = dict(zip(stat[::2], stat[1::2], strict=True))
+        return int(fields.get("throttled_time", 0)) / 1e6
+
+    def close(self) -> None:
+        if self.made and self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
 
 
 class CpuAccount:
@@ -217,6 +295,66 @@ class CpuAccount:
         for group in [*self.groups, self.base]:
             with contextlib.suppress(OSError):
                 group.rmdir()
+
+
+TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def kthreads_by_pid() -> dict[int, tuple[str, float]]:
+    """Each kernel thread (a child of kthreadd, pid 2): its name (digits as N; a
+    kworker's name says the work it last did) and its CPU so far in ms."""
+    found: dict[int, tuple[str, float]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            head, tail = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)
+            fields = tail.split()
+            if fields[1] == "2" or entry.name == "2":
+                name = re.sub(r"[0-9]+", "N", head.split("(", 1)[1])
+                found[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) * TICK_MS)
+    return found
+
+
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def proc_stat_ms() -> dict[str, float]:
+    """The first eight fields of /proc/stat's ``cpu`` line (all CPUs), in ms."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = stat.readline().split()[1:9]
+    return {name: int(value) * TICK_MS for name, value in zip(_STAT_FIELDS, fields, strict=True)}
+
+
+class SystemWindow:
+    """What the whole machine did over one load window: /proc/stat and kernel threads."""
+
+    def __init__(self) -> None:
+        self.stat = proc_stat_ms()
+        self.kthreads = kthreads_by_pid()
+        self.started = time.monotonic()
+
+    def done(self, executions: int, *, throttled_ms: float = 0.0) -> dict[str, float]:
+        """Shares of the window (``idle``, ``iowait``, ``softirq``, ``system``; the jobs'
+        ``throttled`` time, ``throttled_ms`` of the window's, over its wall time) and, per
+        execution, the busy CPU (``busy_ms``) and kernel threads' (``kthreads_ms``, and
+        ``k:NAME`` for each name)."""
+        wall_ms = (time.monotonic() - self.started) * 1000
+        stat = proc_stat_ms()
+        delta = {k: stat[k] - self.stat[k] for k in stat}
+        total = sum(delta.values()) or 1.0
+        per = max(1, executions)
+        out = {k: delta[k] / total for k in ("idle", "iowait", "softirq", "system")}
+        out["throttled"] = throttled_ms / max(1.0, wall_ms)
+        out["busy_ms"] = (total - delta["idle"] - delta["iowait"]) / per
+        names: dict[str, float] = collections.defaultdict(float)
+        for pid, (name, ms) in kthreads_by_pid().items():
+            names[name] += ms - self.kthreads.get(pid, (name, 0.0))[1]
+        out["kthreads_ms"] = sum(names.values()) / per
+        for name, ms in names.items():
+            if ms > 0:
+                out[f"k:{name}"] = ms / per
+        return out
 
 
 def tree(pid: int) -> list[int]:
@@ -287,6 +425,12 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=60, help="raw spawns per latency window")
     parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--b-tree", type=Path, metavar="DIR", help="B runs DIR's code")
+    parser.add_argument(
+        "--cpu-millicores",
+        type=int,
+        default=(os.cpu_count() or 1) * 1000,
+        help="the jobs' CPU quota, both sides (default: every CPU)",
+    )
     args = parser.parse_args()
     b_env = dict(item.split("=", 1) for item in args.b_env)
     binary = ensure_wrk()
@@ -311,12 +455,21 @@ def main() -> int:
     cpu_ms: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)
     # The whole tree's CPU per execution (cpuacct), per side and window kind.
     tree_ms: dict[tuple[str, str, int], list[float]] = collections.defaultdict(list)
+    # The machine over the same windows (``SystemWindow.done``), per side and window kind.
+    machine: dict[tuple[str, str, int], list[dict[str, float]]] = collections.defaultdict(list)
     account = CpuAccount()
     with traversable_dir("bench-") as base:
         raw_dir = base / "raw"
         raw_dir.mkdir(mode=0o711)
-        raw = RawJail(raw_dir)
-        env = {"SANDCELL_RUNNER_MAX_JOBS": "64"}
+        raw_cpu = CpuGroup(
+            Path(f"/sys/fs/cgroup/cpu/sandcell-bench-{os.getpid()}"),
+            millicores=args.cpu_millicores,
+        )
+        raw = RawJail(raw_dir, cpu=raw_cpu)
+        env = {
+            "SANDCELL_RUNNER_MAX_JOBS": "64",
+            "SANDCELL_RUNNER_CPU_MILLICORES": str(args.cpu_millicores),
+        }
         runners = {"A": start_runner(base / "runner", env=env)}
         try:
             if with_b:
@@ -331,12 +484,23 @@ def main() -> int:
                     wrk(binary, runner.url, runner.token, body, clients=16, seconds=1)
             for side, runner in runners.items():
                 account.join(side, tree(runner.process.pid))
+            # Each runner's instance group, where its quota sits (only read).
+            instance_cpu = {
+                side: CpuGroup(
+                    Path("/sys/fs/cgroup/cpu/sandcell")
+                    / instance_key(Path(runner.env["SANDCELL_WORKSPACE_ROOT"])),
+                    millicores=None,
+                )
+                for side, runner in runners.items()
+            }
             account.join("raw", [os.getpid()])
 
             def load(side: str, name: str, clients: int) -> list[float]:
                 runner = runners[side]
                 cpu_before = runner_cpu_s(runner.process.pid)
                 tree_before = account.ms(side)
+                throttled_before = instance_cpu[side].throttled_ms()
+                system = SystemWindow()
                 figures, latencies = wrk(
                     binary,
                     runner.url,
@@ -344,6 +508,10 @@ def main() -> int:
                     bodies[name],
                     clients=clients,
                     seconds=args.seconds,
+                )
+                throttled = instance_cpu[side].throttled_ms() - throttled_before
+                machine[(side, name, clients)].append(
+                    system.done(int(figures["requests"]), throttled_ms=throttled)
                 )
                 rates[(side, name, clients)].append(figures["rps"])
                 cpu_s = runner_cpu_s(runner.process.pid) - cpu_before
@@ -357,14 +525,24 @@ def main() -> int:
             for _ in range(args.rounds):
                 for name, argv in argvs.items():
                     before = account.ms("raw")
+                    throttled = raw_cpu.throttled_ms()
+                    system = SystemWindow()
                     raw_latency[name].append(raw.latency(argv, count=args.count))
+                    throttled = raw_cpu.throttled_ms() - throttled
+                    machine[("raw", name, 1)].append(
+                        system.done(args.count + 5, throttled_ms=throttled)
+                    )
                     spent_ms = account.ms("raw") - before
                     tree_ms[("raw", name, 1)].append(spent_ms / (args.count + 5))
                     for side in sides:
                         runner_latency[(side, name)].append(load(side, name, 1))
                 for name, argv in argvs.items():
                     before = account.ms("raw")
+                    throttled = raw_cpu.throttled_ms()
+                    system = SystemWindow()
                     rate, done = raw.ceiling(argv, workers=16, seconds=args.seconds)
+                    throttled = raw_cpu.throttled_ms() - throttled
+                    machine[("raw", name, 16)].append(system.done(done, throttled_ms=throttled))
                     ceilings[name].append(rate)
                     tree_ms[("raw", name, 16)].append((account.ms("raw") - before) / max(1, done))
                     for clients in (4, 16):
@@ -374,6 +552,7 @@ def main() -> int:
             for runner in runners.values():
                 runner.stop()
             account.close()
+            raw_cpu.close()
 
     def spread(values: list[float]) -> str:
         return f"{statistics.median(values):5.2f}x [{min(values):.2f}-{max(values):.2f}]"
@@ -395,7 +574,8 @@ def main() -> int:
     print(f"{args.rounds} rounds; raw and runner windows alternate; latencies pooled")
     print(
         f"load average at the end {load_now:.1f} on {os.cpu_count()} CPUs; B env {b_env or '-'}"
-        f"; B tree {args.b_tree or '-'}"
+        f"; B tree {args.b_tree or '-'}; jobs' CPU quota {args.cpu_millicores} millicores"
+        " both sides (B env may change B's)"
     )
     print("(a)+(b) bash:true through the runner, one client, vs raw jailed bash -c true")
     latency_rows("true")
@@ -429,6 +609,37 @@ def main() -> int:
                         f"  {side}      {name:<6} {clients:>2} clients {median_ms:6.2f} ms"
                         f"  vs raw {spread(ratios)}"
                     )
+    print(
+        "(f) the machine over the same windows (/proc/stat, kernel threads), medians:"
+        " shares of all CPUs' time; per execution: busy CPU, the tree's (cpuacct),"
+        " kernel threads', and the rest (irq, wrk, neighbours)"
+    )
+    for name in argvs:
+        for clients in (1, 16):
+            for side in ["raw", *sides]:
+                windows = machine[(side, name, clients)]
+                if not windows:
+                    continue
+
+                def med(key: str, windows: list[dict[str, float]] = windows) -> float:
+                    return statistics.median(w.get(key, 0.0) for w in windows)
+
+                tree_part = (
+                    statistics.median(tree_ms[(side, name, clients)])
+                    if account.base is not None
+                    else float("nan")
+                )
+                names = {k for w in windows for k in w if k.startswith("k:")}
+                top = sorted(names, key=med, reverse=True)[:4]
+                print(
+                    f"  {side:<4} {name:<6} {clients:>2}-way  idle {med('idle'):4.0%}"
+                    f" iowait {med('iowait'):4.0%} softirq {med('softirq'):4.0%}"
+                    f" sys {med('system'):4.0%} throttled {med('throttled'):4.0%}"
+                    f"  busy {med('busy_ms'):6.2f} ms"
+                    f"  tree {tree_part:6.2f}  kthreads {med('kthreads_ms'):5.2f}"
+                    f"  rest {med('busy_ms') - tree_part - med('kthreads_ms'):5.2f}  "
+                    + ", ".join(f"{k[2:]} {med(k):.2f}" for k in top)
+                )
     if with_b:
         print("B/A per round, median [range]")
         for name in argvs:

@@ -19,11 +19,8 @@ import pytest
 
 from sandcell_orchestrator.errors import SandboxUnavailableError
 from sandcell_orchestrator.providers.base import SandboxSpec
-from sandcell_orchestrator.providers.local import (
-    LocalProvider,
-    LocalSettings,
-    _ready_unless_exited,
-)
+from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
+from sandcell_orchestrator.providers.local_ready import wait_ready_unless_exited
 from sandcell_orchestrator.runner.client import RunnerClient
 from tests.fixtures.paths import traversable_dir
 
@@ -69,7 +66,7 @@ async def test_a_runner_slow_to_accept_gets_one_request_and_the_ready_timeout_bo
     try:
         started = time.monotonic()
         with pytest.raises(SandboxUnavailableError, match=r"not ready in 4\.5s"):
-            await _ready_unless_exited(client, process, 4.5)
+            await wait_ready_unless_exited(client, process, timeout_s=4.5)
         assert 4.4 <= time.monotonic() - started < 30
         queued = _queued(listener)
         assert len(queued) == 1
@@ -92,7 +89,7 @@ async def test_a_runner_that_exits_first_leaves_its_request_closed(
     try:
         started = time.monotonic()
         with pytest.raises(SandboxUnavailableError, match="exited"):
-            await _ready_unless_exited(client, process, 60)
+            await wait_ready_unless_exited(client, process, timeout_s=60)
         assert time.monotonic() - started < 30
         await asyncio.sleep(0.1)  # the close's FIN to arrive
         assert [closed for _, closed in _queued(listener)] == [True]

@@ -25,7 +25,7 @@ import pytest
 from sandcell_orchestrator.bootstrap import Services, open_services
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.serve.app import create_app
-from sandcell_orchestrator.sessions.persistence import STATELESS_ANSWERS_PREFIX
+from sandcell_orchestrator.sessions.stateless_answers import STATELESS_ANSWERS_PREFIX
 from sandcell_orchestrator.snapshots import SnapshotStore, SnapshotUnavailableError
 from sandcell_orchestrator.testing import clean_environ
 from tests.orchestrator.apps.http_server import serve_asgi
@@ -183,7 +183,7 @@ async def test_saved_stateless_answers_are_collected_after_the_grace_period(
         (made,) = await saved(services)
         await services.execution.sweep_idle(idle_s=3600)
         assert await saved(services) == [made]
-        services.manager.persistence.grace_s = 0
+        services.manager.stateless_answers.grace_s = 0
         await services.execution.sweep_idle(idle_s=3600)
         assert await saved(services) == []
         await wipe(env["SANDCELL_REGISTRY_URL"])
@@ -215,9 +215,9 @@ async def test_a_store_that_cannot_say_fails_the_keyed_call_retryably(
     once the store answers the call runs."""
     key = uuid.uuid4().hex
     async with worker(env) as (client, services):
-        persistence = services.manager.persistence
-        blinking = _AnswersUnreadable(persistence.store)
-        persistence.store = blinking  # type: ignore[assignment]
+        answers = services.manager.stateless_answers
+        blinking = _AnswersUnreadable(answers.store)
+        answers.store = blinking  # type: ignore[assignment]
         refused = await keyed(client, key)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["retryable"] is True

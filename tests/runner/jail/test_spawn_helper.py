@@ -272,3 +272,36 @@ async def test_a_child_dies_with_the_helper(method: str) -> None:
 def _helper_pid(helper: SpawnHelper) -> int:
     assert helper.pid is not None
     return helper.pid
+
+
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_a_signal_the_runners_launcher_ignored_is_not_the_jobs(method: str) -> None:
+    """``nohup`` ignores SIGHUP and a non-interactive shell's ``&`` SIGINT and SIGQUIT;
+    ignored dispositions survive fork and exec, but a job (and a code context, whose
+    interrupt is a SIGINT) starts with every signal at its default."""
+    launched_with = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+    before = {signum: signal.signal(signum, signal.SIG_IGN) for signum in launched_with}
+    try:
+        helper = spawn_helper(method)  # inherits this process's ignores, as from nohup
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    try:
+        with open(f"/proc/{_helper_pid(helper)}/status") as status:
+            ignored = next(line for line in status if line.startswith("SigIgn:"))
+        inherited = int(ignored.split()[1], 16)
+        request = _sleeper()
+        try:
+            process = await helper.spawn(request)
+            try:
+                _asleep(process.pid)
+                assert int(_status_field(process.pid, "SigIgn"), 16) == 0
+            finally:
+                process.send_signal(signal.SIGKILL, group=True)
+                await process.wait()
+        finally:
+            os.close(request.stdin)
+    finally:
+        helper.close()
+    # Python's own two are all the helper ignores: the launcher's three are gone.
+    assert inherited == (1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1))

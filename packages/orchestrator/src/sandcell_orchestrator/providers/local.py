@@ -13,6 +13,11 @@ runner into the snapshot store and destroying the process, and resumes it in a
 new runner it restores into. An optional warm pool of pre-started runners hides the Python
 start-up from ``create``; without one, runners are forked from a pre-imported zygote
 (``local_zygote.py``) once it is up, which hides most of it.
+
+This module launches runners, keeps the pool and destroys sandboxes; beside it,
+``local_state.py`` keeps a runner's facts (``sandbox.json``) and tells whether its
+pid still names it, ``local_ready.py`` waits for a launched runner to answer, and
+``local_reaping.py`` stops runners and reaps their processes, cgroups and roots.
 """
 
 from __future__ import annotations
@@ -22,21 +27,17 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
-import json
 import logging
 import os
 import secrets
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-import psutil
 
 from ..errors import SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
@@ -47,7 +48,18 @@ from .base import (
     SandboxSpec,
     sandbox_session_id,
 )
+from .local_ready import runner_log_tail, wait_ready_unless_exited
+from .local_reaping import discard_launch, reap_in_background, stop_runner
 from .local_settings import LocalSettings, default_runtime_dir
+from .local_state import (
+    LaunchedProcess,
+    LocalRunner,
+    forget_state,
+    read_state,
+    runner_alive,
+    start_ticks,
+    write_state,
+)
 from .local_zygote import ForkedRunner, RunnerZygote, ZygoteError
 from .runner_roots import detach_runner_mounts, reap_runner_cgroups, remove_runner_root
 
@@ -58,25 +70,6 @@ log = logging.getLogger(__name__)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-@dataclass(frozen=True, slots=True)
-class _Runner:
-    sandbox_id: str
-    pid: int
-    port: int
-    token: str = field(repr=False)
-    root: Path
-    session_id: str | None = None
-    started: int | None = None
-    """The process's start time (``/proc/<pid>/stat`` field 22, clock ticks since boot):
-    with the pid, what names *this* runner. A pid alone is reused, maybe by another
-    sandbox's runner, which the cmdline check passes. None in a ``sandbox.json`` written
-    before it was recorded: then only the cmdline check is made."""
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
 class LocalProvider:
     """Sandboxes as local runner processes."""
 
@@ -85,7 +78,7 @@ class LocalProvider:
 
     def __init__(self, settings: LocalSettings) -> None:
         self._settings = settings
-        self._pool: list[_Runner] = []
+        self._pool: list[LocalRunner] = []
         self._fill: asyncio.Task[None] | None = None
         self._closed = False
         # Detached runners outlive this process, which then launches one or two: a
@@ -104,7 +97,7 @@ class LocalProvider:
 
     # -- launching ------------------------------------------------------------
 
-    async def _launch(self, *, plain: bool = False) -> _Runner:
+    async def _launch(self, *, plain: bool = False) -> LocalRunner:
         sandbox_id = "local-" + secrets.token_hex(8)
         root = self._settings.runtime_dir / sandbox_id
         await asyncio.to_thread(root.mkdir, 0o711)
@@ -126,7 +119,7 @@ class LocalProvider:
         }
         if self._settings.detached_idle_s is not None:
             env["SANDCELL_RUNNER_IDLE_EXIT_S"] = str(self._settings.detached_idle_s)
-        process: subprocess.Popen[bytes] | ForkedRunner | None = None
+        process: LaunchedProcess | None = None
         try:
             process = None if plain else await self._fork(env, root, token, listener)
             if process is None:
@@ -145,31 +138,33 @@ class LocalProvider:
             listener.close()  # the runner's copy is the only one: its exit refuses clients
         # Read now: an unreaped child's pid cannot have been reused yet. A forked one is
         # reaped by the zygote: its pidfd says whether the pid still names it.
-        started = _start_ticks(process.pid)
+        started = start_ticks(process.pid)
         if isinstance(process, ForkedRunner) and process.poll() is not None:
             started = -1  # matches no process: nothing signals whoever has the pid now
-        runner = _Runner(sandbox_id, process.pid, port, token, root, started=started)
+        runner = LocalRunner(sandbox_id, process.pid, port, token, root, started=started)
         client = RunnerClient(runner.url, token=token)
         try:
-            await _ready_unless_exited(client, process, self._settings.ready_timeout_s)
+            await wait_ready_unless_exited(
+                client, process, timeout_s=self._settings.ready_timeout_s
+            )
         except SandboxUnavailableError:
-            said = _tail(root / "runner.log")[-300:]
+            said = runner_log_tail(root)
             with anyio.CancelScope(shield=True):
-                await self._discard_spawned(runner, process)
+                await discard_launch(runner, process, python=self._settings.python)
             raise SandboxUnavailableError(f"local runner did not become ready: {said}") from None
         except BaseException:
             # Cancelled mid-launch: the process exists but nobody will own it.
             with anyio.CancelScope(shield=True):
-                await self._discard_spawned(runner, process)
+                await discard_launch(runner, process, python=self._settings.python)
             raise
         finally:
             with anyio.CancelScope(shield=True):
                 await client.close()
-        await asyncio.to_thread(_write_state, runner)
+        await asyncio.to_thread(write_state, runner)
         if isinstance(process, ForkedRunner):
             process.close()  # the zygote reaps it
         else:
-            _reap_in_background(process)
+            reap_in_background(process)
         return runner
 
     async def _fork(
@@ -205,7 +200,7 @@ class LocalProvider:
                 pass_fds=(read_fd, listener.fileno()),
             )
 
-    def _handle(self, runner: _Runner, session_id: str | None) -> SandboxHandle:
+    def _handle(self, runner: LocalRunner, session_id: str | None) -> SandboxHandle:
         return SandboxHandle(
             sandbox_id=runner.sandbox_id,
             provider=self.name,
@@ -226,12 +221,12 @@ class LocalProvider:
         if self._settings.pool_size and (self._fill is None or self._fill.done()):
             self._fill = asyncio.create_task(self._refill(), name="sandcell-local-pool")
 
-    async def _pooled(self) -> _Runner | None:
+    async def _pooled(self) -> LocalRunner | None:
         """A live pooled runner; dead ones (crashed, OOM-killed, or idle-exited when
         detached) are destroyed, not handed out to fail the session's first request."""
         while self._pool:
             runner = self._pool.pop(0)
-            if _alive(runner):
+            if runner_alive(runner):
                 return runner
             log.warning("warm pool: runner %s had exited; destroying it", runner.sandbox_id)
             await self.destroy(runner.sandbox_id)
@@ -250,12 +245,12 @@ class LocalProvider:
         if session_id is not None:
             # Recorded so that connect() from another process binds to the same session.
             runner = dataclasses.replace(runner, session_id=session_id)
-            await asyncio.to_thread(_write_state, runner)
+            await asyncio.to_thread(write_state, runner)
         return self._handle(runner, session_id)
 
     async def connect(self, sandbox_id: str) -> SandboxHandle:
         runner = await asyncio.to_thread(self._read_state, sandbox_id)
-        if runner is None or not _alive(runner):
+        if runner is None or not runner_alive(runner):
             raise SandboxNotFoundError(f"local sandbox {sandbox_id} is gone")
         return self._handle(runner, runner.session_id)
 
@@ -264,7 +259,7 @@ class LocalProvider:
         root = self._root(sandbox_id)
         clean = True
         if runner is not None:
-            clean = await self._kill(runner)
+            clean = await stop_runner(runner, python=self._settings.python)
         elif root is not None and await asyncio.to_thread(root.is_dir):
             # No state: the runner's worker died while launching it (the state is written
             # once the runner answers), and the runner went too, maybe after pre-creating
@@ -281,7 +276,7 @@ class LocalProvider:
             # the runner was signalled, and its pid, by a later round maybe another
             # process's, must not be signalled again (a state written before start times
             # were recorded cannot tell another runner from this one).
-            await asyncio.to_thread(_forget_state, root)
+            await asyncio.to_thread(forget_state, root)
             await asyncio.to_thread(detach_runner_mounts, root)
 
     async def close(self) -> None:
@@ -311,7 +306,7 @@ class LocalProvider:
                 if self._root(entry.name) is None:
                     continue
                 runner = self._read_state(entry.name)
-                if runner is not None and _alive(runner):
+                if runner is not None and runner_alive(runner):
                     continue
                 with contextlib.suppress(OSError):
                     found[entry.name] = max(0.0, now - entry.stat().st_mtime)
@@ -322,119 +317,9 @@ class LocalProvider:
             return None
         return self._settings.runtime_dir / sandbox_id
 
-    def _read_state(self, sandbox_id: str) -> _Runner | None:
+    def _read_state(self, sandbox_id: str) -> LocalRunner | None:
         root = self._root(sandbox_id)
-        if root is None:
-            return None
-        try:
-            data = json.loads((root / "sandbox.json").read_text())
-            session = data.get("session_id")
-            started = data.get("started")
-            return _Runner(
-                sandbox_id,
-                int(data["pid"]),
-                int(data["port"]),
-                str(data["token"]),
-                root,
-                str(session) if session is not None else None,
-                int(started) if started is not None else None,
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    async def _kill(self, runner: _Runner) -> bool:
-        """Stop the runner and reap its cgroups; False when some are still there.
-
-        Reaped however it ended: gone before us (crashed, killed), SIGKILLed here, and
-        also after a "graceful" stop, which is no proof: a runner SIGKILLed by someone
-        else while this waited, or one whose own removal met a busy cgroup, left its
-        job-pool cgroups, and nothing would find them once the root is gone.
-        """
-        if _alive(runner):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(runner.pid, signal.SIGTERM)
-            # A runner mid-job drains for up to its graceful-shutdown timeout; destroy
-            # does not need the drain, only the runner's own unmounts, so wait briefly.
-            for _ in range(40):
-                if not _alive(runner):
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(runner.pid, signal.SIGKILL)
-        return await self._reap_cgroups(runner)
-
-    async def _reap_cgroups(self, runner: _Runner) -> bool:
-        # Dying, or a zombie (which still counts as a member of its cgroups, so rmdir
-        # says EBUSY until whoever started it reaps it): wait for that, briefly.
-        for _ in range(100):
-            if not (_alive(runner) or _is_zombie_runner(runner)):
-                break
-            await asyncio.sleep(0.02)
-        return await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
-
-    async def _discard_spawned(
-        self, runner: _Runner, process: subprocess.Popen[bytes] | ForkedRunner
-    ) -> None:
-        """A launch that failed: its runner killed and waited for, its root removed.
-
-        No ``sandbox.json`` names it yet, so only the sweeper (which ``sandcell exec``
-        has not) would find the root: each failed start left one, with whatever tmpfs
-        workspaces it had mounted. As in ``destroy``, a root whose cgroups are still
-        there stays (its name finds them), its mounts detached.
-        """
-        clean = await self._kill(runner)
-        # A forked one is the zygote's child, reaped by it: its pid is ours to signal
-        # only while its pidfd says it has not exited.
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        await asyncio.to_thread(process.wait)
-        if isinstance(process, ForkedRunner):
-            process.close()
-        if not clean:  # the runner was still dying: reaped now, so try once more
-            clean = await asyncio.to_thread(reap_runner_cgroups, self._settings.python, runner.root)
-        if clean:
-            await asyncio.to_thread(remove_runner_root, runner.root)
-        else:
-            await asyncio.to_thread(detach_runner_mounts, runner.root)
-
-
-async def _ready_unless_exited(
-    client: RunnerClient, process: subprocess.Popen[bytes] | ForkedRunner, timeout_s: float
-) -> None:
-    """``wait_ready``, given up once the runner has exited (a configuration error, a
-    crash): it will never answer, and waiting out ``timeout_s`` (30 s) kept a cold
-    session from hearing so. A pidfd says when (no polling; it is close-on-exec)."""
-    scope = anyio.CancelScope()
-    loop = asyncio.get_running_loop()
-    try:
-        # A forked runner is not our child: only the zygote's pidfd surely names it.
-        pidfd = (
-            os.dup(process.pidfd)
-            if isinstance(process, ForkedRunner)
-            else os.pidfd_open(process.pid)
-        )
-    except OSError:  # a kernel before 5.3: only the timeout ends the wait
-        pidfd = -1
-
-    def exited() -> None:
-        loop.remove_reader(pidfd)
-        scope.cancel()
-
-    if pidfd >= 0:
-        loop.add_reader(pidfd, exited)
-    try:
-        with scope:
-            # One try as long as the whole wait: the backlog holds it until the runner
-            # accepts it, where shorter tries each queued one more request to serve.
-            await client.wait_ready(timeout_s=timeout_s, interval_s=0.01, attempt_s=timeout_s)
-            return
-    finally:
-        if pidfd >= 0:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-    raise SandboxUnavailableError(f"the runner exited ({process.poll()}) before it was ready")
+        return None if root is None else read_state(sandbox_id, root)
 
 
 @contextlib.contextmanager
@@ -455,15 +340,6 @@ def _token_pipe(token: str) -> Iterator[int]:
         os.close(read_fd)
 
 
-def _reap_in_background(process: subprocess.Popen[bytes]) -> None:
-    """Wait for the runner in a daemon thread, whoever ends it (this or another process).
-
-    No Popen is kept per sandbox: one left un-waited becomes a zombie and a
-    ResourceWarning, and a provider instance may never be the one that destroys it.
-    """
-    threading.Thread(target=process.wait, name=f"reap-{process.pid}", daemon=True).start()
-
-
 def _base_env(runner_env: Mapping[str, str]) -> dict[str, str]:
     """What every runner gets before its own variables (the zygote's environment too)."""
     return {**runner_env, "PATH": runner_env.get("PATH", os.environ.get("PATH", "/usr/bin:/bin"))}
@@ -471,69 +347,3 @@ def _base_env(runner_env: Mapping[str, str]) -> dict[str, str]:
 
 def _die_with_parent() -> None:
     _libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def _is_zombie_runner(runner: _Runner) -> bool:
-    try:
-        return (
-            _is_this_runner(runner) and psutil.Process(runner.pid).status() == psutil.STATUS_ZOMBIE
-        )
-    except psutil.Error:
-        return False
-
-
-def _alive(runner: _Runner) -> bool:
-    try:
-        process = psutil.Process(runner.pid)
-        return (
-            _is_this_runner(runner)
-            and process.status() != psutil.STATUS_ZOMBIE
-            and "sandcell_runner" in " ".join(process.cmdline())
-        )
-    except psutil.Error:
-        return False
-
-
-def _is_this_runner(runner: _Runner) -> bool:
-    """The pid's process started when this runner did (True when that was not recorded)."""
-    return runner.started is None or _start_ticks(runner.pid) == runner.started
-
-
-def _start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat``, exact (psutil's ``create_time`` is a float
-    derived from it and the boot time); None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            # The command name (field 2) may hold spaces and parentheses: split after it.
-            fields = stat.read().rpartition(b")")[2].split()
-        return int(fields[19])  # fields[0] is field 3
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _write_state(runner: _Runner) -> None:
-    path = runner.root / "sandbox.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(
-            {
-                "pid": runner.pid,
-                "port": runner.port,
-                "token": runner.token,
-                "session_id": runner.session_id,
-                "started": runner.started,
-            },
-            out,
-        )
-
-
-def _forget_state(root: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (root / "sandbox.json").unlink()
-
-
-def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-2000:]
-    except OSError:
-        return ""

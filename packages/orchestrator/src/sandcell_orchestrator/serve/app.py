@@ -117,7 +117,7 @@ class _Service:
             result_ttl_s=settings.serve.idempotency_ttl_s,
             claim_ttl_s=settings.serve.idempotency_claim_ttl_s,
             # A keyed stateless run's answer is kept in the snapshot store too.
-            persistence=lambda: self.services.manager.persistence,
+            answers=lambda: self.services.manager.stateless_answers,
         )
 
     @property

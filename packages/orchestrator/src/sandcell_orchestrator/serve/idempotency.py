@@ -24,12 +24,14 @@ A registry can forget (a Redis wiped, or restarted without persistence). A keyed
 session turn then finds itself applied in the snapshot store (``sessions/turn.py``).
 A keyed *stateless* run (``claim(stateless=True)``: no session, nothing restored)
 keeps its answer there itself: after its run, before it answers, the answer (with
-the body's fingerprint) goes to ``answers/<stored key>`` (``Persistence``), and a
-claim that finds no entry in the registry reads that object first: found, it is
-the replay (and the registry's answer again); missing, the call is a first one and
-runs. The cost: one store PUT per keyed stateless run, one GET per first keyed
-stateless call. A retry that arrives while the first still runs after a wipe finds
-neither a claim nor an object, and runs too.
+the body's fingerprint) goes to ``answers/<stored key>`` (``StatelessAnswers``, in
+``sessions/stateless_answers.py``, keeps those objects), and a claim that finds no
+entry in the registry reads that object first: found, it is the replay (and the
+registry's answer again); missing, the call is a first one and runs. The cost: one
+store PUT per keyed stateless run, one GET per first keyed stateless call. A retry
+that arrives while the first still runs after a wipe finds neither a claim nor an
+object, and runs too. What a store failure means is decided here: a read that
+fails fails the claim (retryable), a save that fails is only logged.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -54,7 +55,7 @@ from sandcell_protocol import ErrorCode, ProtocolError, encode, error_body
 
 from ..errors import CheckpointError, RegistryError, SandboxUnavailableError
 from ..registry import IdempotentAnswer, SessionRegistry
-from ..sessions.persistence import Persistence
+from ..sessions.stateless_answers import StatelessAnswer, StatelessAnswers
 from .errors import JSON_MEDIA_TYPE
 
 __all__ = [
@@ -77,7 +78,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 _KEY_RE = re.compile(r"[\x21-\x7e]{1,255}")
 IN_FLIGHT_RETRY_AFTER_S = 1
 _STORE_TIMEOUT_S = 30.0
-"""How long a keyed stateless run waits to save its answer in the store (best effort)."""
+"""How long a keyed stateless claim waits for the store to read or save its answer."""
 
 
 def idempotency_key(request: Request) -> str | None:
@@ -112,15 +113,6 @@ class IdempotencyConflict:
 class Replay:
     """A stored answer."""
 
-    status: int
-    body: bytes
-
-
-class _Saved(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A keyed stateless run's answer as the snapshot store keeps it."""
-
-    fingerprint: str
-    """The request body's sha256: another body with the key is still a 422."""
     status: int
     body: bytes
 
@@ -273,13 +265,14 @@ class Idempotency:
         *,
         result_ttl_s: float = 24 * 3600,
         claim_ttl_s: float = 30,
-        persistence: Callable[[], Persistence] | None = None,
+        answers: Callable[[], StatelessAnswers] | None = None,
     ) -> None:
         self._registry = registry
         self._result_ttl_ms = int(result_ttl_s * 1000)
         self._claim_ttl_ms = int(claim_ttl_s * 1000)
-        self._persistence = persistence
-        """Where keyed stateless runs keep their answers (None: only in the registry)."""
+        self._answers = answers
+        """Where keyed stateless runs keep a copy of their answers (None: only in the
+        registry)."""
 
     @staticmethod
     def scoped(surface: str, namespace: str, key: str) -> str:
@@ -313,13 +306,13 @@ class Idempotency:
             stored_key, fingerprint=fingerprint, token=token, ttl_ms=self._claim_ttl_ms
         )
         if held is None:
-            persistence = self._persistence() if stateless and self._persistence else None
+            answers = self._answers() if stateless and self._answers else None
             save = None
-            if persistence is not None:
-                found = await self._saved(registry, persistence, stored_key, token)
-                if found is not None:
-                    return await self._found(registry, found, stored_key, token, fingerprint)
-                save = functools.partial(_save, persistence, stored_key, fingerprint)
+            if answers is not None:
+                saved = await _read_saved(registry, answers, stored_key, token)
+                if saved is not None:
+                    return await self._replay_saved(registry, saved, stored_key, token, fingerprint)
+                save = functools.partial(_save_copy, answers, stored_key, fingerprint)
             return Claim(
                 registry,
                 stored_key,
@@ -338,24 +331,10 @@ class Idempotency:
             )
         return Replay(status=held.status, body=held.body)
 
-    async def _saved(
-        self, registry: SessionRegistry, persistence: Persistence, stored_key: str, token: str
-    ) -> _Saved | None:
-        """The stateless answer the store keeps for ``stored_key`` (None: a first call)."""
-        try:
-            with anyio.fail_after(_STORE_TIMEOUT_S):
-                raw = await persistence.stateless_answer(stored_key)
-            return None if raw is None else msgspec.json.decode(raw, type=_Saved)
-        except (CheckpointError, TimeoutError, msgspec.DecodeError) as exc:
-            await _drop(registry, stored_key, token)
-            raise SandboxUnavailableError(
-                f"cannot read a keyed run's saved answer ({type(exc).__name__}); retry"
-            ) from exc
-
-    async def _found(
+    async def _replay_saved(
         self,
         registry: SessionRegistry,
-        found: _Saved,
+        found: StatelessAnswer,
         stored_key: str,
         token: str,
         fingerprint: str,
@@ -419,15 +398,32 @@ async def _drop(registry: SessionRegistry, stored_key: str, token: str) -> None:
         await registry.drop_idempotency(stored_key, token=token)
 
 
-async def _save(
-    persistence: Persistence, stored_key: str, fingerprint: str, status: int, body: bytes
+async def _read_saved(
+    registry: SessionRegistry, answers: StatelessAnswers, stored_key: str, token: str
+) -> StatelessAnswer | None:
+    """The stateless answer the store keeps for ``stored_key`` (None: a first call).
+
+    A store that cannot say fails the claim (dropped, retryable) rather than run the
+    request a second time."""
+    try:
+        with anyio.fail_after(_STORE_TIMEOUT_S):
+            return await answers.read_result(stored_key)
+    except (CheckpointError, TimeoutError) as exc:
+        await _drop(registry, stored_key, token)
+        raise SandboxUnavailableError(
+            f"cannot read a keyed run's saved answer ({type(exc).__name__}); retry"
+        ) from exc
+
+
+async def _save_copy(
+    answers: StatelessAnswers, stored_key: str, fingerprint: str, status: int, body: bytes
 ) -> None:
     """Keep a keyed stateless run's answer in the store. Best effort: the registry has
     it too, and only a registry that forgot it would need this copy."""
-    saved = msgspec.json.encode(_Saved(fingerprint=fingerprint, status=status, body=body))
+    answer = StatelessAnswer(fingerprint=fingerprint, status=status, body=body)
     try:
         with anyio.fail_after(_STORE_TIMEOUT_S):
-            await persistence.save_stateless_answer(stored_key, saved)
+            await answers.put_result(stored_key, answer)
     except (CheckpointError, TimeoutError) as exc:
         log.warning("a keyed stateless answer not saved in the store: %s", type(exc).__name__)
 

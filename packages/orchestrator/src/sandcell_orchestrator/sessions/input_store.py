@@ -11,22 +11,17 @@ and the scoped storage session keeps each tenant under its own prefix.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from sandcell_protocol import FileRef, ProtocolError, validate_input_ref
 
 from ..errors import InputMissingError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.keys import KEY_COMPONENT
+from ..snapshots.whole import put_whole, read_whole
 
 __all__ = ["INPUTS_PREFIX", "SnapshotInputStore"]
 
 INPUTS_PREFIX = "inputs"
 DEFAULT_MAX_OBJECT_BYTES = 1 << 30
-
-
-async def _one(data: bytes) -> AsyncIterator[bytes]:
-    yield data
 
 
 class SnapshotInputStore:
@@ -67,8 +62,7 @@ class SnapshotInputStore:
         if key is None:
             return None
         try:
-            async with self._store.get(key, max_bytes=self._max_object_bytes) as snapshot:
-                return b"".join([chunk async for chunk in snapshot.chunks])
+            return await read_whole(self._store, key, max_bytes=self._max_object_bytes)
         except SnapshotNotFoundError:
             return None
 
@@ -76,7 +70,7 @@ class SnapshotInputStore:
         key = self._key(storage_session, object_id)
         if key is None:
             raise ProtocolError("object_id: must not start with '-' in this store")
-        await self._store.put(key, _one(data), max_bytes=self._max_object_bytes)
+        await put_whole(self._store, key, data, max_bytes=self._max_object_bytes)
 
     async def names(self, storage_session: str) -> list[str]:
         prefix = self._key(storage_session, "x")

@@ -26,8 +26,9 @@ at any step leaves the session resumable.
 The parts it is made of, each its own module: ``Holds`` (lock and generation),
 ``Attacher`` (which sandbox serves a hold, restored first), ``TurnCommits`` (the
 fenced writes that commit a turn), ``SessionRecords`` (the one row writer),
-``Sandboxes`` (the provider side), ``Persistence`` (checkpoints in the store) and
-``Sweeper``. This module wires them and holds the lifecycle by session id.
+``Sandboxes`` (the provider side), ``Persistence`` (checkpoints in the store),
+``StatelessAnswers`` (keyed stateless runs' answers in the store) and ``Sweeper``.
+This module wires them and holds the lifecycle by session id.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .holds import Holds
 from .persistence import Persistence, PersistentWorkspace, TurnResult
 from .records import SessionRecords
 from .sandboxes import Attached, Hold, Sandboxes, labelled, rebind, sandbox_session_key
+from .stateless_answers import StatelessAnswers
 from .sweep import Sweeper
 
 __all__ = ["Attached", "Hold", "SandboxManager", "rebind", "sandbox_session_key"]
@@ -82,6 +84,11 @@ class SandboxManager:
         self.metrics = metrics or Metrics()
         self.persistence = Persistence(
             store, max_bytes=checkpoint_max_bytes, grace_s=checkpoint_grace_s, wall_clock=wall_clock
+        )
+        # Kept for the checkpoints' grace, as a keyed session turn's answer object is:
+        # only a registry wiped within it needs them.
+        self.stateless_answers = StatelessAnswers(
+            store, grace_s=checkpoint_grace_s, wall_clock=wall_clock
         )
         self.sandboxes = Sandboxes(provider, budgets=self.budgets, metrics=self.metrics)
         self.records = SessionRecords(registry, provider_name=provider.name, wall_clock=wall_clock)

@@ -11,6 +11,7 @@ moves checkpoint bytes. Keys come from the protocol:
     checkpoints/<rt>.tar.gz                     the old mutable key: read, never written
     snapshots/<rt>.tar.gz                       the old app-sandbox key: read via a record
     answers/<key>                               a keyed stateless run's answer, by key
+                                                (not this module's: ``stateless_answers.py``)
 
 Fencing at the store: a holder writes only under its own generation's key, so a
 holder paused past its lock cannot replace anybody's object; the fenced registry
@@ -32,22 +33,13 @@ header, under the session's own prefix), once its commit is written and before
 it answers: that object exists only for a committed turn, whichever checkpoint a
 retry restores. It is collected like a superseded checkpoint, once older than the
 grace period (``collect``), and goes with the session (``delete_all``).
-
-A keyed stateless run (no session: nothing to restore, no checkpoint to carry a
-result) saves its answer under ``answers/<key>`` (the stored idempotency key: a hash
-of surface, tenant and header, so tenants never meet; a prefix of its own, beside
-``checkpoints/`` and ``inputs/``, so no session's listing or collection sees it)
-before it answers, and a retry the registry has no claim for reads it first
-(``save_stateless_answer``, ``stateless_answer``). These are collected by age alone
-once older than the grace period (``collect_stateless_answers``, the sweeper's).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sandcell_protocol import (
@@ -60,6 +52,7 @@ from sandcell_protocol import (
 from ..errors import CheckpointError
 from ..handle import SandboxHandle
 from ..snapshots import SnapshotEntry, SnapshotInfo, SnapshotNotFoundError, SnapshotStore
+from ..snapshots.whole import put_whole, read_whole
 
 __all__ = [
     "Persistence",
@@ -67,7 +60,6 @@ __all__ = [
     "StoredCheckpoint",
     "TurnResult",
     "answer_key",
-    "stateless_answer_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -115,16 +107,6 @@ _TURN_RESULT_MAX_BYTES = 64 << 20
 
 
 _ANSWER_MARK = "answer-"
-STATELESS_ANSWERS_PREFIX = "answers/"
-_STORED_KEY = re.compile(r"[0-9a-f]{64}")
-
-
-def stateless_answer_key(turn_key: str) -> str:
-    """The key of the keyed stateless run ``turn_key``'s answer (a stored idempotency
-    key: 64 hex digits, never what a client sent)."""
-    if not _STORED_KEY.fullmatch(turn_key):
-        raise ValueError("a stored idempotency key is 64 hex digits")
-    return f"{STATELESS_ANSWERS_PREFIX}{turn_key}"
 
 
 def answer_key(session_id: str, turn_key: str) -> str:
@@ -136,10 +118,6 @@ def turn_result_key(checkpoint: str, turn_key: str) -> str:
     """The key of the result of the keyed turn ``turn_key`` (a stored idempotency key,
     64 hex digits) saved with ``checkpoint``."""
     return f"{checkpoint}{_TURN_MARK}{turn_key}"
-
-
-async def _one(data: bytes) -> AsyncIterator[bytes]:
-    yield data
 
 
 class Persistence:
@@ -183,8 +161,11 @@ class Persistence:
         Saved before the checkpoint itself: a checkpoint without its result would be a
         keyed turn applied that nobody can recognise (a holder cancelled right after
         the upload, its lock lost); a result without its checkpoint names nothing."""
-        await self.store.put(
-            turn_result_key(checkpoint, turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
+        await put_whole(
+            self.store,
+            turn_result_key(checkpoint, turn_key),
+            body,
+            max_bytes=_TURN_RESULT_MAX_BYTES,
         )
 
     async def turn_result(self, item: StoredCheckpoint) -> bytes | None:
@@ -206,8 +187,8 @@ class Persistence:
 
         Written after the commit, never before: the object says the turn is applied
         in the session's state, whatever checkpoint a later holder restores."""
-        await self.store.put(
-            answer_key(session_id, turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
+        await put_whole(
+            self.store, answer_key(session_id, turn_key), body, max_bytes=_TURN_RESULT_MAX_BYTES
         )
 
     async def answer(self, session_id: str, turn_key: str) -> bytes | None:
@@ -216,32 +197,6 @@ class Persistence:
             return await self._read(answer_key(session_id, turn_key))
         except SnapshotNotFoundError:
             return None
-
-    async def save_stateless_answer(self, turn_key: str, body: bytes) -> None:
-        """Store the answer of the keyed stateless run ``turn_key``, before it answers."""
-        await self.store.put(
-            stateless_answer_key(turn_key), _one(body), max_bytes=_TURN_RESULT_MAX_BYTES
-        )
-
-    async def stateless_answer(self, turn_key: str) -> bytes | None:
-        """The saved answer of the keyed stateless run ``turn_key``; None: none saved."""
-        try:
-            return await self._read(stateless_answer_key(turn_key))
-        except SnapshotNotFoundError:
-            return None
-
-    async def collect_stateless_answers(self, *, limit: int) -> int:
-        """Delete up to ``limit`` saved stateless answers older than the grace period
-        (one listing of the prefix); returns how many went. Best effort, as ``collect``."""
-        cutoff = self._now() - self.grace_s
-        deleted = 0
-        for entry in await self.store.list(STATELESS_ANSWERS_PREFIX):
-            if deleted >= limit:
-                break
-            if entry.modified_at_s > cutoff:
-                continue
-            deleted += await self._collected(entry.key)
-        return deleted
 
     async def _collected(self, key: str, *, before: str | None = None) -> bool:
         """Delete ``before`` (if any), then ``key``; False if the store failed (logged:
@@ -256,11 +211,7 @@ class Persistence:
         return True
 
     async def _read(self, key: str) -> bytes:
-        chunks: list[bytes] = []
-        async with self.store.get(key, max_bytes=_TURN_RESULT_MAX_BYTES) as found:
-            async for chunk in found.chunks:
-                chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_whole(self.store, key, max_bytes=_TURN_RESULT_MAX_BYTES)
 
     async def restore(
         self, handle: SandboxHandle, *, session_id: str, key: str, timeout_s: float | None

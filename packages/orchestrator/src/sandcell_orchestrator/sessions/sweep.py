@@ -90,9 +90,9 @@ class Sweeper:
         return count
 
     async def _collect_answers(self) -> None:
-        persistence = self._manager.persistence
+        answers = self._manager.stateless_answers
         try:
-            await persistence.collect_stateless_answers(limit=self.answers_per_sweep)
+            await answers.collect_older(limit=self.answers_per_sweep)
         except SandcellError as exc:
             log.info("stateless answers not collected: %s", type(exc).__name__)
 

@@ -11,8 +11,9 @@
  *   - every Python argument is turned into C arrays BEFORE vfork;
  *   - all signals are blocked around vfork; the child resets every signal with a
  *     handler to SIG_DFL (a handler would run the parent's code on the parent's
- *     memory), SIGPIPE and SIGXFSZ too (Python ignores them, and an ignored
- *     disposition survives exec), then restores the mask;
+ *     memory), and every ignored one too (Python ignores SIGPIPE and SIGXFSZ, a
+ *     launcher may leave others, and an ignored disposition survives exec), then
+ *     restores the mask;
  *   - the UID/GID switch uses raw ``syscall(SYS_setres[ug]id, SYS_setgroups)``: glibc's
  *     wrappers broadcast the change to every thread of the process (the parent's
  *     thread list, in a child that shares its memory);
@@ -136,11 +137,10 @@ child_exec(const struct job *job, struct report *report)
         if (sigaction(sig, NULL, &now) != 0) {
             continue;
         }
-        /* (A SA_SIGINFO handler is always a function: resetting it is harmless anyway.) */
-        int handled = (now.sa_flags & SA_SIGINFO) ||
-                      (now.sa_handler != SIG_DFL && now.sa_handler != SIG_IGN);
-        int ignored_by_python = (sig == SIGPIPE || sig == SIGXFSZ) && now.sa_handler == SIG_IGN;
-        if (handled || ignored_by_python) {
+        /* Handled or ignored alike: an ignored disposition survives exec, and no job
+           starts with one (Python's SIGPIPE and SIGXFSZ, or a launcher's nohup).
+           (A SA_SIGINFO handler is always a function.) */
+        if ((now.sa_flags & SA_SIGINFO) || now.sa_handler != SIG_DFL) {
             (void)sigaction(sig, &dfl, NULL);
         }
     }

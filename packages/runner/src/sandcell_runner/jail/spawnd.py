@@ -438,7 +438,27 @@ def _load_vfork(path: str) -> VforkSpawn | None:
     return spawn
 
 
+def _forget_inherited_ignores() -> None:
+    """Default every signal this helper's launcher left ignored, before any child.
+
+    An ignored disposition survives fork and exec, so a runner started under
+    ``nohup`` (SIGHUP) or by a non-interactive shell's ``&`` (SIGINT, SIGQUIT)
+    would hand it to every job, and a code context's interrupt is a SIGINT.
+    SIGPIPE and SIGXFSZ are Python's own (the children's set-up defaults those).
+    """
+    keep = {signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ}
+    for signum in signal.valid_signals():
+        if signum in keep:
+            continue
+        try:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # one glibc keeps for itself
+            continue
+
+
 def main(argv: list[str]) -> int:
+    _forget_inherited_ignores()
     sock = socket.socket(fileno=int(argv[1]))
     os.set_inheritable(sock.fileno(), False)  # inherited from the runner: not the children's
     if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
