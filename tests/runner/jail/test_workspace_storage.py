@@ -65,6 +65,17 @@ def test_a_full_workspace_is_disk_limit_not_memory(session: SessionClient) -> No
     assert session.execute("print('next')")["stdout"] == "next\n"
 
 
+def test_a_job_that_exits_0_on_a_full_workspace_is_ok(session: SessionClient) -> None:
+    """The full disk is named only as the cause of a failure (the runner looks at the
+    disk only after a non-zero exit): a job that caught its ENOSPC and exited 0 is ok,
+    and the same full workspace fails the next job that exits non-zero as disk_limit."""
+    caught = session.execute(FILL.replace("    raise\n", "") + "print('handled')\n", limits=MEMORY)
+    assert caught["status"] == "ok", caught
+    assert caught["stdout"].split()[1:] == ["ENOSPC", "handled"], caught
+    failed = session.execute("open('more.bin', 'wb').write(b'x' * (16 << 20))", limits=MEMORY)
+    assert failed["status"] == "disk_limit", failed
+
+
 def test_kept_bytes_do_not_shrink_a_later_jobs_memory(
     small_runner: RunnerProcess, session: SessionClient
 ) -> None:

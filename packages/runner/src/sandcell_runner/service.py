@@ -121,7 +121,7 @@ class RunnerService:
             spawner=self._spawner,
             as_job_user=job_user_refused is None,
         )
-        self._uids = UidPool(settings.uid_min, settings.uid_max)
+        self._uids = UidPool(settings.uid_min, settings.uid_max, keep_leased=settings.max_jobs)
         self.languages = (
             languages if languages is not None else discover_languages(jailed=self._jail.jailed)
         )
@@ -420,6 +420,7 @@ class RunnerService:
         self._outputs.close()
         with contextlib.suppress(Exception):
             await asyncio.to_thread(self._workspaces.close)
+        self._uids.close()
         self._lease.release()
 
 

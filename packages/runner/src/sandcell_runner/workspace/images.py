@@ -13,7 +13,8 @@ filesystem never outlives the runner), attached to a loop device with direct I/O
 away with the last unmount, even when the runner was killed and someone else
 unmounts), and mounted once under the pool directory. A workspace *takes* an
 image (a directory ``ws`` in it, owned by the job's UID: the job's workspace is
-that path, no mount per job) and *gives* it back (what the job left is removed);
+that path, no mount per job) and *gives* it back (what the job left is removed,
+or, when it left ``ws`` exactly as handed out, ``ws`` is kept for the next job);
 images are reused, so the ~50 ms of mkfs and mount are paid once per image, not
 per job. A full image is wiped like any other: deleting needs no free block.
 
@@ -35,6 +36,8 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from .untouched import Snapshot, snapshot, untouched
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,13 @@ SMALL_BLOCKS = 64
 class _Image:
     file: Path
     mount: Path
+    handed: Snapshot | None = None
+    """Its ``ws`` as handed out (while taken) or as kept (while ready); None: no
+    ``ws`` (while ready), or one not to be kept (a bind, which is never reused)."""
+    fresh: Snapshot | None = None
+    """Its first ``ws`` as made: the inode flags and xattrs every later one is made
+    with too (the kernel gives them from the image's root, which nothing changes;
+    were they ever to differ, the check fails and the ``ws`` is wiped, never kept)."""
 
 
 class ImagePool:
@@ -123,7 +133,7 @@ class ImagePool:
         """``take`` of an image already made (no bind), or None when none is ready.
 
         Safe on the event loop: a ready image costs a ``mkdir`` and a ``chown``
-        (~30 us), never the 50-250 ms of making one.
+        (~30 us), or nothing when its ``ws`` was kept, never the 50-250 ms of making one.
         """
         with self._lock:
             image = self._ready.pop() if self._ready else None
@@ -134,12 +144,26 @@ class ImagePool:
     def _hand_out(self, image: _Image, *, uid: int, gid: int, bind_at: Path | None) -> Path:
         self._refill_soon()
         workspace = image.mount / "ws"
+        kept, image.handed = image.handed, None
         try:
-            workspace.mkdir(mode=0o700)
-            os.chown(workspace, uid, gid)
+            if kept is not None and kept.owner != (uid, gid):
+                # The ``ws`` a job left untouched (``give``), for another UID: a chown.
+                os.chown(workspace, uid, gid)
+                kept = kept.owned(os.stat(workspace, follow_symlinks=False))
+                if kept is None:  # more than the owner moved: made anew
+                    _empty(image.mount)
+            if kept is None:
+                workspace.mkdir(mode=0o700)
+                os.chown(workspace, uid, gid)
+                if image.fresh is None:
+                    kept = image.fresh = snapshot(workspace)
+                else:  # a stat, not the ioctls and listxattr of a snapshot
+                    kept = image.fresh.made(os.stat(workspace, follow_symlinks=False))
             if bind_at is not None:
                 _mount(str(workspace), bind_at, None, _MS_BIND, None)
                 workspace = bind_at
+            else:
+                image.handed = kept
         except BaseException:
             self._give_back(image)
             raise
@@ -159,17 +183,10 @@ class ImagePool:
         keep the workspace they started with across a restore (as a detached tmpfs
         did), so a session's image is retired instead: detached and unlinked, it
         lives on while they hold it and is never handed to another workspace.
+        An image's own ``ws`` that the job left exactly as handed out is kept, not
+        wiped (``_untouched``).
         """
-        with self._lock:
-            image = self._taken.pop(workspace, None)
-        if image is None:
-            return
-        if workspace != image.mount / "ws":
-            _umount(workspace)
-        if reuse:
-            self._give_back(image)
-        else:
-            self._discard(image)
+        self._give(workspace, reuse=reuse, kept=None)
 
     def give_small(self, workspace: Path) -> bool:
         """``give(workspace, reuse=True)`` if it is small (``SMALL_INODES``,
@@ -177,22 +194,59 @@ class ImagePool:
 
         Its wipe is a few ``unlink`` and one ``rmdir`` that never wait on the device
         (no online discard: see ``_attach_and_mount``), cheaper on the event loop
-        than the thread hop; a bigger one is the thread's (``give``).
+        than the thread hop; a bigger one is the thread's (``give``). One left as
+        handed out is not wiped at all.
         """
         with self._lock:
             image = self._taken.get(workspace)
         if image is None or workspace != image.mount / "ws":
             return False
-        try:
-            st = os.statvfs(image.mount)
-        except OSError:
-            return False
-        if st.f_files - st.f_ffree > SMALL_INODES or st.f_blocks - st.f_bfree > SMALL_BLOCKS:
-            return False
-        self.give(workspace, reuse=True)
+        kept = self._untouched(image)
+        if not kept:
+            try:
+                st = os.statvfs(image.mount)
+            except OSError:
+                return False
+            if st.f_files - st.f_ffree > SMALL_INODES or st.f_blocks - st.f_bfree > SMALL_BLOCKS:
+                return False
+        self._give(workspace, reuse=True, kept=kept)
         return True
 
+    def _give(self, workspace: Path, *, reuse: bool, kept: bool | None) -> None:
+        """``give``; ``kept``: what ``_untouched`` said of it already (None: ask it)."""
+        with self._lock:
+            image = self._taken.pop(workspace, None)
+        if image is None:
+            return
+        if workspace != image.mount / "ws":
+            _umount(workspace)
+        if not reuse:
+            self._discard(image)
+        elif kept if kept is not None else self._untouched(image):
+            with self._lock:
+                self._ready.append(image)
+        else:
+            self._give_back(image)
+
+    def _untouched(self, image: _Image) -> bool:
+        """Whether the job left the image's ``ws`` exactly as handed out (``untouched.py``
+        says how that is judged); if not, ``image.handed`` is cleared (it is to be wiped).
+
+        Why it pays: the common one-shot job leaves nothing, and for it the wipe and
+        re-make (a ``statvfs``, ``rmtree`` of the empty ``ws``, then ``mkdir`` and
+        ``chown``) were most of a workspace's cost. ``bench_workspace.py`` (row
+        "left empty"), this tree and main's run in turn twice, 2026-12-03, load 8-13
+        on 2 CPUs: take + give of a workspace left empty 58-85 us wiped and re-made
+        (main), 21-31 us kept (the same UID), 35-45 us kept for another UID (a chown);
+        one a job wrote a file into, wiped as before, 125-162 us against 126-154 us.
+        """
+        if image.handed is not None and untouched(image.mount / "ws", image.handed):
+            return True
+        image.handed = None
+        return False
+
     def _give_back(self, image: _Image) -> None:
+        image.handed = None  # its ``ws`` goes with the wipe
         try:
             st = os.statvfs(image.mount)
             if st.f_files - st.f_ffree > _REFORMAT_INODES:
