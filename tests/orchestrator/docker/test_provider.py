@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,7 +20,7 @@ from sandcell_orchestrator.errors import (
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
-from sandcell_orchestrator.providers.base import SESSION_LABEL, SandboxSpec
+from sandcell_orchestrator.providers.base import SESSION_LABEL, ResourceLimits, SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, sandbox_session_id
 from sandcell_orchestrator.registry import InProcessRegistry
 from sandcell_orchestrator.sessions.manager import SandboxManager
@@ -76,6 +77,35 @@ async def test_container_shape(engine: Engine, provider: DockerProvider, spec: S
         await handle.close()
         await provider.destroy(handle.sandbox_id)
     assert await engine.inspect(handle.sandbox_id) is None
+
+
+def _env(info: dict[str, Any]) -> dict[str, str]:
+    return dict(entry.partition("=")[::2] for entry in info["Config"]["Env"])
+
+
+async def test_the_runners_jobs_get_the_containers_cpus(
+    engine: Engine, make_provider: MakeProvider, spec: SandboxSpec
+) -> None:
+    """The runner's one job quota follows the container's CPUs (its own default is one
+    core): from the spec, else the provider's setting; an operator's runner_env wins."""
+    two = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, cpus=2.0))
+    for provider, sandbox, quota in (
+        (make_provider(), two, "2000"),
+        (make_provider(cpus=0.5), dataclasses.replace(spec, limits=ResourceLimits()), "500"),
+        (make_provider(runner_env={"SANDCELL_RUNNER_CPU_MILLICORES": "700"}), two, "700"),
+    ):
+        handle = await provider.create(sandbox)
+        try:
+            info = await engine.inspect(handle.sandbox_id)
+            assert info is not None
+            assert _env(info)["SANDCELL_RUNNER_CPU_MILLICORES"] == quota
+            assert info["HostConfig"]["NanoCpus"] == int((sandbox.limits.cpus or 0.5) * 1e9)
+            # The runner took it (it refuses a bad value at start-up) and runs jobs.
+            done = await handle.runner.execute(ExecuteRequest(language="bash", code="echo up"))
+            assert done.stdout == "up\n", done.stderr
+        finally:
+            await handle.close()
+            await provider.destroy(handle.sandbox_id)
 
 
 async def test_runner_isolation_is_complete(provider: DockerProvider, spec: SandboxSpec) -> None:

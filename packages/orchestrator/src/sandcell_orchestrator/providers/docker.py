@@ -197,6 +197,10 @@ class DockerProvider:
             raise ConfigError(f"SandboxSpec.env: {reserved[0]} is set by the docker provider")
         token = secrets.token_urlsafe(32)
         env = {
+            # The runner's jobs share one CPU quota, by default one core: the container's
+            # own share instead, or a sandbox given two CPUs would run its code on one.
+            # An operator's runner_env or the spec's env may still set another.
+            "SANDCELL_RUNNER_CPU_MILLICORES": str(max(10, round(self._cpus(spec) * 1000))),
             **self._settings.runner_env,
             **spec.env,
             "SANDCELL_RUNNER_TOKEN": token,
@@ -239,7 +243,7 @@ class DockerProvider:
 
     def _limits(self, spec: SandboxSpec) -> dict[str, int]:
         memory_mib = spec.limits.memory_mib or self._settings.memory_mib
-        cpus = spec.limits.cpus or self._settings.cpus
+        cpus = self._cpus(spec)
         return {
             "Memory": memory_mib * 1024 * 1024,
             # Equal to Memory: no swap on top of the limit.
@@ -247,6 +251,9 @@ class DockerProvider:
             "PidsLimit": spec.limits.pids or self._settings.pids,
             "NanoCpus": int(cpus * 1e9),
         }
+
+    def _cpus(self, spec: SandboxSpec) -> float:
+        return spec.limits.cpus or self._settings.cpus
 
     async def _engine_traits(self) -> EngineTraits:
         if self._traits is None:
