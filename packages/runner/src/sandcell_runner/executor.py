@@ -220,8 +220,7 @@ class Executor:
         # names a full disk only as the cause of a non-zero exit (or a signal), so a
         # job that exited 0 has no use for it. Why it pays: a statvfs of an image is
         # 4-5 us on the event loop (a timing loop, 2026-12-03), for every job that
-        # succeeds; with the UID lease and kept-workspace levers, runner CPU per
-        # request main/this 1.07-1.19x at 1 client, 1.32-1.39x at 16 (bench_runner.py).
+        # succeeds. The three levers together: ``ImagePool._untouched`` (images.py).
         failed = outcome.exit_code != 0
         collected = await self._outputs.collect(
             workspace,

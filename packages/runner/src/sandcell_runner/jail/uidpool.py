@@ -66,10 +66,8 @@ class UidPool:
             # Why it pays: no open/flock/close per job (allocate + release 12-17 us
             # re-leasing, 0.2 us kept: a timing loop of 5 x 5000, two runs,
             # 2026-12-03), and the same UID as the last job means the workspace it
-            # left untouched needs no chown either (``workspace/images.py``). With the
-            # other two levers (bench_runner.py --b-tree main, two runs of 3 rounds,
-            # load 13-18 on 2 CPUs): runner CPU per request main/this 1.07-1.19x at
-            # 1 client, 1.32-1.39x at 16 clients (``bash: true``).
+            # left untouched needs no chown either. The three levers together,
+            # through the runner: ``ImagePool._untouched`` (workspace/images.py).
             uid = self._kept.pop()
             self._in_use.add(uid)
             return uid
