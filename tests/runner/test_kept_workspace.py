@@ -13,6 +13,7 @@ given back last, and the test waits for the first job's removal before the secon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -100,12 +101,12 @@ def _images(root: Path) -> list[Path]:
     return [mnt for mnt in (root / "workspace-images").glob("*.mnt") if os.path.ismount(mnt)]
 
 
-@pytest.fixture(scope="module")
-def runner() -> Iterator[RunnerProcess]:
-    """A runner of this module's own, whose image pool has settled: images are made
-    ahead while the pool runs empty, and a pair of jobs compared must run on one."""
+@contextlib.contextmanager
+def _settled_runner(env: dict[str, str] | None = None) -> Iterator[RunnerProcess]:
+    """A runner whose image pool has settled: images are made ahead while the pool
+    runs empty, and a pair of jobs compared must run on one."""
     with traversable_dir() as root:
-        process = start_runner(root)
+        process = start_runner(root, env=env)
         try:
             assert _images(root), "the runner has no workspace images (ext4 backend)"
             _probe(process)  # takes the one image made at start: a second is made ahead
@@ -118,6 +119,25 @@ def runner() -> Iterator[RunnerProcess]:
             yield process
         finally:
             process.stop()
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[RunnerProcess]:
+    """A runner of this module's own, its pool settled."""
+    with _settled_runner() as process:
+        yield process
+
+
+def test_jobs_on_the_hosts_network_never_get_a_kept_workspace() -> None:
+    """With SANDCELL_RUNNER_ALLOW_NETWORK=1 jobs share the host's abstract unix sockets
+    and could pass a descriptor of their workspace on: none is kept, however untouched."""
+    with _settled_runner({"SANDCELL_RUNNER_ALLOW_NETWORK": "1"}) as shared:
+        first = _probe(shared)
+        second = _probe(shared)
+    assert first["inode"][0] == second["inode"][0]  # one image: the pair is comparable
+    assert first["inode"][1] != second["inode"][1]  # but its ws was made anew
+    assert second["entries"] == [], second
+    assert second["owner"] == second["me"], second
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,12 @@ class RunnerService:
             quota_bytes=settings.limits.workspace_quota_mib * MIB,
             inodes=settings.limits.workspace_inodes,
             image_dir=settings.image_dir,
+            # A kept workspace is the same directory for the next job, maybe another
+            # tenant's: a descriptor to it that outlived its job would reach into the
+            # next one. Jobs in the host's network namespace share its abstract unix
+            # sockets and so can pass descriptors to each other (or to a host process):
+            # then every workspace is wiped and made anew.
+            keep_untouched=not settings.allow_network,
         )
         self._workspaces.prepare()
         instance = instance_key(settings.workspace_root)

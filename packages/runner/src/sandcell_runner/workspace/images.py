@@ -83,8 +83,12 @@ class _Image:
 class ImagePool:
     """Loop-mounted ext4 images of ``size_bytes`` with ``inodes`` inodes, reused."""
 
-    def __init__(self, directory: Path, *, size_bytes: int, inodes: int) -> None:
+    def __init__(
+        self, directory: Path, *, size_bytes: int, inodes: int, keep_untouched: bool = True
+    ) -> None:
         self.directory = directory
+        self.keep_untouched = keep_untouched
+        """Whether a ``ws`` left as handed out may be kept for the next job (``_untouched``)."""
         self.size_bytes = size_bytes
         self.inodes = inodes
         self._mkfs = shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin")
@@ -246,7 +250,11 @@ class ImagePool:
         An A/A run straight after (this tree against itself) gave 1.00x / 1.16x and
         1.04x / 0.98x: B's windows carry that much bias, so the gain is about 1.2x.
         """
-        if image.handed is not None and untouched(image.mount / "ws", image.handed):
+        if (
+            self.keep_untouched
+            and image.handed is not None
+            and untouched(image.mount / "ws", image.handed)
+        ):
             return True
         image.handed = None
         return False

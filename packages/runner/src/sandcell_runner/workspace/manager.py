@@ -67,7 +67,10 @@ class WorkspaceManager:
         quota_bytes: int,
         inodes: int | None = None,
         image_dir: Path | None = None,
+        keep_untouched: bool = True,
     ) -> None:
+        """``keep_untouched``: a one-shot job's workspace left exactly as handed out may
+        serve the next job as it is (``ImagePool._untouched``)."""
         self.root = root
         self.quota_bytes = quota_bytes
         self.quota_enforced = mounts.can_mount()
@@ -77,7 +80,9 @@ class WorkspaceManager:
         if self.quota_enforced and image_dir is not None:
             # At most one inode per 4 KiB block: mkfs refuses more.
             count = min(inodes or quota_bytes >> 14, max(256, quota_bytes >> 12))
-            self.images = ImagePool(image_dir, size_bytes=quota_bytes, inodes=count)
+            self.images = ImagePool(
+                image_dir, size_bytes=quota_bytes, inodes=count, keep_untouched=keep_untouched
+            )
         self.images_refused = ""
         """Why there is no image pool (empty when there is one, or no root)."""
         self.backend = "plain"
