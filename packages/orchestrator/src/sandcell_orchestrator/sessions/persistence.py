@@ -37,7 +37,6 @@ grace period (``collect``), and goes with the session (``delete_all``).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,9 +48,9 @@ from sandcell_protocol import (
     parse_checkpoint_key,
 )
 
-from ..errors import CheckpointError
 from ..handle import SandboxHandle
 from ..snapshots import SnapshotEntry, SnapshotInfo, SnapshotNotFoundError, SnapshotStore
+from ..snapshots.collection import collect_key
 from ..snapshots.whole import put_whole, read_whole
 
 __all__ = [
@@ -61,8 +60,6 @@ __all__ = [
     "TurnResult",
     "answer_key",
 ]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,18 +195,6 @@ class Persistence:
         except SnapshotNotFoundError:
             return None
 
-    async def _collected(self, key: str, *, before: str | None = None) -> bool:
-        """Delete ``before`` (if any), then ``key``; False if the store failed (logged:
-        the object is kept for the next round, as collection is best effort)."""
-        try:
-            if before is not None:
-                await self.store.delete(before)
-            await self.store.delete(key)
-        except CheckpointError as exc:
-            log.info("collecting %s failed (%s); kept for now", key, type(exc).__name__)
-            return False
-        return True
-
     async def _read(self, key: str) -> bytes:
         return await read_whole(self.store, key, max_bytes=_TURN_RESULT_MAX_BYTES)
 
@@ -263,7 +248,7 @@ class Persistence:
                 continue
             # The result first: a checkpoint left without one is collected next
             # time, a result left without its checkpoint would never be.
-            deleted += await self._collected(item.key, before=item.result_key)
+            deleted += await collect_key(self.store, item.key, before=item.result_key)
         return deleted
 
     async def delete_all(self, session_id: str, *, also: str | None = None) -> None:

@@ -19,7 +19,6 @@ sweeper's), which is the checkpoints' grace (``SANDCELL_CHECKPOINT_GRACE_S``).
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import msgspec
 
 from ..errors import CheckpointError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
+from ..snapshots.collection import collect_key
 from ..snapshots.whole import put_whole, read_whole
 
 __all__ = [
@@ -36,8 +36,6 @@ __all__ = [
     "StatelessAnswers",
     "stateless_answer_key",
 ]
-
-log = logging.getLogger(__name__)
 
 STATELESS_ANSWERS_PREFIX = "answers/"
 _STORED_KEY = re.compile(r"[0-9a-f]{64}")
@@ -116,10 +114,5 @@ class StatelessAnswers:
                 break
             if entry.modified_at_s > cutoff:
                 continue
-            try:
-                await self.store.delete(entry.key)
-            except CheckpointError as exc:
-                log.info("collecting %s failed (%s); kept for now", entry.key, type(exc).__name__)
-                continue
-            deleted += 1
+            deleted += await collect_key(self.store, entry.key)
         return deleted
