@@ -1,9 +1,9 @@
 """A reused job directory's entry file keeps its inode from job to job.
 
-``empty_job_dir`` empties a finished job's directory but keeps one regular file with
-no content; ``write_entry`` writes the next job's entry over it (renamed when the
-language names its entry otherwise) instead of unlinking and creating a file, whose
-inode search is what costs on ext4 without a journal. Each check holds the kept
+``recycle_job_dir`` empties a finished job's directory but for one regular file;
+``write_entry`` writes the next job's entry over it (renamed when the language names
+its entry otherwise) and cuts it to its length, instead of unlinking and creating a
+file, whose inode search is what costs on ext4 without a journal. Each check holds the kept
 file open: the same inode then shows the new bytes through that descriptor, where a
 file made anew (even one the filesystem gave the same inode number) would not.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandcell_runner.workspace.entry import empty_job_dir, write_entry
+from sandcell_runner.workspace.entry import recycle_job_dir, write_entry
 from tests.fixtures.paths import traversable_dir
 
 
@@ -30,11 +30,11 @@ def job_dir() -> Iterator[Path]:
 
 
 def _finished_job(job_dir: Path, name: str, code: bytes) -> int:
-    """A job's entry as the runner writes it, emptied for the next job; a descriptor
-    held on its inode."""
+    """A job's entry as the runner writes it, its directory recycled for the next job;
+    a descriptor held on its inode."""
     write_entry(job_dir, name, code, mode=0o444)
     held = os.open(job_dir / name, os.O_RDONLY)
-    empty_job_dir(job_dir)
+    recycle_job_dir(job_dir)
     return held
 
 
@@ -42,11 +42,11 @@ def test_the_next_job_of_the_same_language_writes_over_the_kept_inode(job_dir: P
     held = _finished_job(job_dir, "main.sh", b"echo a long first job's code")
     try:
         assert os.listdir(job_dir) == ["main.sh"]
-        assert os.fstat(held).st_size == 0  # nothing of the first job's code is left
 
         write_entry(job_dir, "main.sh", b"true", mode=0o444)
 
-        assert os.pread(held, 100, 0) == b"true"  # the same inode: reused, not made anew
+        # The same inode, reused, not made anew; and nothing of the longer first code.
+        assert os.pread(held, 100, 0) == b"true"
         st = os.stat(job_dir / "main.sh")
         assert st.st_ino == os.fstat(held).st_ino
         assert stat.S_IMODE(st.st_mode) == 0o444
@@ -67,25 +67,25 @@ def test_another_language_renames_the_kept_file_and_sees_only_its_entry(job_dir:
         os.close(held)
 
 
-def test_emptying_keeps_one_file_and_removes_everything_else(job_dir: Path) -> None:
+def test_recycling_keeps_one_file_and_removes_everything_else(job_dir: Path) -> None:
     write_entry(job_dir, "main.sh", b"true", mode=0o444)
     (job_dir / "other").write_bytes(b"x")
     (job_dir / "sub").mkdir()
     (job_dir / "sub" / "deep").write_bytes(b"y")
     (job_dir / "link").symlink_to("/etc/hostname")
 
-    empty_job_dir(job_dir)
+    recycle_job_dir(job_dir)
 
     left = os.listdir(job_dir)
     assert len(left) == 1
     assert left[0] in ("main.sh", "other")
-    assert (job_dir / left[0]).stat().st_size == 0
     write_entry(job_dir, "main.py", b"pass", mode=0o444)
     assert os.listdir(job_dir) == ["main.py"]
+    assert (job_dir / "main.py").read_bytes() == b"pass"
 
 
 @pytest.mark.parametrize("what", ["symlink", "directory", "two files"])
-def test_what_was_not_kept_by_emptying_is_replaced_not_followed(
+def test_what_recycling_did_not_keep_is_replaced_not_followed(
     job_dir: Path, tmp_path: Path, what: str
 ) -> None:
     target = tmp_path / "outside"

@@ -1,23 +1,28 @@
 """A job directory's entry file, written over the one the reused directory kept.
 
 A one-shot job's ``jobs/<id>/job`` serves job after job (``WorkspaceManager._recycle``),
-and so does the inode of its entry file: emptied when the directory is recycled
-(``empty_job_dir``), written over by the next job (``write_entry``; renamed first
-when that job's language names its entry otherwise), never unlinked and created
-again.
+and so does the inode of its entry file: kept when the directory is recycled
+(``recycle_job_dir``), written over by the next job (``write_entry``: its bytes from
+offset 0, then cut to their length; renamed first when that job's language names
+its entry otherwise), never unlinked and created again, never emptied.
 
-Why: on ext4 without a journal (the root filesystem of this machine and of many a
-container host) a new inode is looked for past every inode of the group freed in
-the last ``vm.dirty_expire_centisecs`` (ext4's ``find_inode_bit`` skips each one
-``recently_deleted``), so at N jobs a second every create walks some 30 x N freed
-inodes, a cost that grows with the rate, and with every other writer's deletions
-on the filesystem. Measured (``perf record -a -g``, 16 clients of ``bash: true``
-at ~100 jobs/s, 2026-12-04): 0.33 CPU-ms a job in the runner's
-``openat(O_CREAT)`` of ``main.sh``, a fifth of the runner's own CPU per request.
+Why not a new file: on ext4 without a journal (the root filesystem of this machine
+and of many a container host) a new inode is looked for past every inode of the
+group freed in the last ``vm.dirty_expire_centisecs`` (ext4's ``find_inode_bit``
+skips each one ``recently_deleted``), so the cost of a create grows with the rate
+of deletions on the filesystem, the runner's own and every neighbour's. Why not
+``O_TRUNC``: ext4 flushes a file truncated to zero and written again when it is
+closed (``auto_da_alloc``), a block write per job. Measured (2026-12-04, this
+machine's root ext4, no journal, ``discard``): create + write + unlink 32-170 us
+of CPU, truncate to zero + write 66-75 us, write over + ``ftruncate`` 8 us; and by
+``perf record -a -g`` under 16 clients of ``bash: true`` at ~100 jobs/s, 0.33
+CPU-ms a job in the runner's ``openat(O_CREAT)`` of ``main.sh`` (``recently_deleted``),
+a fifth of the runner's own CPU per request.
 
 The job directory is the runner's own (root's, read-only in the jail): no job can
 have put a link or a hard link in it, unlike a workspace (``fsops.write_file``, which
-unlinks rather than truncates for that reason). Links are still never followed.
+unlinks rather than truncates for that reason), and no job sees a kept file before
+the next ``write_entry`` has replaced every byte of it. Links are still never followed.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import stat
 from pathlib import Path
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_REUSE_FLAGS = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_REUSE_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -37,11 +42,13 @@ def write_entry(job_dir: Path, name: str, data: bytes, *, mode: int) -> None:
     """Write ``data`` as ``job_dir/name`` with ``mode``, over the file the directory kept.
 
     ``name`` is a single component (a language's entry name). What else the directory
-    held is gone after this: a kept file of another name becomes ``name``.
+    held is gone after this: a kept file of another name becomes ``name``, and holds
+    ``data`` and nothing else.
     """
     dir_fd = os.open(job_dir, _DIR_FLAGS)
     try:
         fd = _reuse(dir_fd, name)
+        reused = fd is not None
         if fd is None:
             fd = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
         try:
@@ -49,6 +56,8 @@ def write_entry(job_dir: Path, name: str, data: bytes, *, mode: int) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
+            if reused:
+                os.ftruncate(fd, len(data))  # the kept file's bytes past ours
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
@@ -57,7 +66,7 @@ def write_entry(job_dir: Path, name: str, data: bytes, *, mode: int) -> None:
 
 
 def _reuse(dir_fd: int, name: str) -> int | None:
-    """The kept file, as ``name``, open for writing and empty; None: create one."""
+    """The kept file, as ``name``, open for writing at offset 0; None: create one."""
     try:
         return os.open(name, _REUSE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -90,26 +99,18 @@ def _remove(dir_fd: int, name: str) -> None:
             os.unlink(name, dir_fd=dir_fd)
 
 
-def empty_job_dir(job_dir: Path) -> None:
-    """Empty a finished job's directory for the next one: every entry removed but one
-    regular file, kept with no content for ``write_entry`` to write over."""
+def recycle_job_dir(job_dir: Path) -> None:
+    """Ready a finished job's directory for the next one: every entry removed but one
+    regular file, kept as it is for ``write_entry`` to write over."""
     kept = False
     with os.scandir(job_dir) as entries:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
-            elif not kept and entry.is_file(follow_symlinks=False) and _truncate(entry.path):
+            elif not kept and entry.is_file(follow_symlinks=False):
                 kept = True
             else:
                 os.unlink(entry.path)
 
 
-def _truncate(path: str) -> bool:
-    try:
-        os.close(os.open(path, _REUSE_FLAGS))
-    except OSError:
-        return False
-    return True
-
-
-__all__ = ["empty_job_dir", "write_entry"]
+__all__ = ["recycle_job_dir", "write_entry"]

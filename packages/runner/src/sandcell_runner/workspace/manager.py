@@ -27,7 +27,7 @@ from sandcell_protocol import SurfacedOutput
 from ..config import MIB
 from ..errors import ConfigError
 from . import mounts
-from .entry import empty_job_dir
+from .entry import recycle_job_dir
 from .images import ImagePool
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class WorkspaceManager:
         two ``mkdir`` and two ``rmdir`` less per job, which under 16 concurrent jobs
         waited on the kernel in the runner's worker threads (``remove_job`` was the
         largest item of a 16-client py-spy profile). Its job directory was emptied
-        (its entry file kept with no content, for ``entry.write_entry``), and it is the
+        (but for its entry file, which ``entry.write_entry`` writes over), and it is the
         runner's alone (read-only in the jail, never the workspace).
         """
         with self._free_lock:
@@ -268,11 +268,11 @@ class WorkspaceManager:
     def _recycle(self, base: Path) -> bool:
         """Put ``base`` in the free list if it now holds only its job directory's files.
 
-        The job directory is emptied, but its entry file is kept, with no content, for
-        the next job to write over (``entry.py``: a create costs more than a write)."""
+        The job directory is emptied but for its entry file, kept for the next job to
+        write over (``entry.py``: a create costs more than a write)."""
         if len(self._free_jobs) >= _FREE_JOBS or os.listdir(base) != ["job"]:
             return False
-        empty_job_dir(base / "job")
+        recycle_job_dir(base / "job")
         with self._free_lock:
             if len(self._free_jobs) >= _FREE_JOBS:
                 return False
