@@ -1,6 +1,6 @@
 """A reused job directory's entry file keeps its inode from job to job.
 
-``recycle_job_dir`` empties a finished job's directory but for one regular file;
+``recycle_job_dir`` empties a finished job's directory but for one regular file (mode 0);
 ``write_entry`` writes the next job's entry over it (renamed when the language names
 its entry otherwise) and cuts it to its length, instead of unlinking and creating a
 file, whose inode search is what costs on ext4 without a journal. Each check holds the kept
@@ -42,6 +42,8 @@ def test_the_next_job_of_the_same_language_writes_over_the_kept_inode(job_dir: P
     held = _finished_job(job_dir, "main.sh", b"echo a long first job's code")
     try:
         assert os.listdir(job_dir) == ["main.sh"]
+        # Kept, the last job's code is root's alone until the next job's replaces it.
+        assert stat.S_IMODE(os.stat(job_dir / "main.sh").st_mode) == 0
 
         write_entry(job_dir, "main.sh", b"true", mode=0o444)
 

@@ -22,7 +22,8 @@ a fifth of the runner's own CPU per request.
 The job directory is the runner's own (root's, read-only in the jail): no job can
 have put a link or a hard link in it, unlike a workspace (``fsops.write_file``, which
 unlinks rather than truncates for that reason), and no job sees a kept file before
-the next ``write_entry`` has replaced every byte of it. Links are still never followed.
+the next ``write_entry`` has replaced every byte of it (until then it has mode 0).
+Links are still never followed.
 """
 
 from __future__ import annotations
@@ -101,13 +102,16 @@ def _remove(dir_fd: int, name: str) -> None:
 
 def recycle_job_dir(job_dir: Path) -> None:
     """Ready a finished job's directory for the next one: every entry removed but one
-    regular file, kept as it is for ``write_entry`` to write over."""
+    regular file, kept for ``write_entry`` to write over, with mode 0 until then (its
+    bytes, the last job's code, are root's alone to read; and a kept file is told
+    from one in use)."""
     kept = False
     with os.scandir(job_dir) as entries:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path)
             elif not kept and entry.is_file(follow_symlinks=False):
+                os.chmod(entry.path, 0)
                 kept = True
             else:
                 os.unlink(entry.path)
