@@ -302,6 +302,23 @@ class E2bSandboxes:
                 log.warning("e2b sandbox %s: timeout action failed: %s", row.sandbox_id, exc)
         return len(due)
 
+    # -- network ----------------------------------------------------------------------------
+
+    async def set_network(self, sandbox: E2bSandbox, policy: EgressPolicy | None) -> None:
+        """Replace the sandbox's egress policy (None: its template's): on its runner at
+        once when it runs, and in its row, so a resume (on any worker) launches with it."""
+        async with sandbox.lock:
+            await self.views.refresh(sandbox)
+            wanted = self._spec(msgspec.structs.replace(sandbox.row, egress=policy))
+            if sandbox.state == "running":
+                # The runner first: if it refuses, the sandbox keeps the policy it has.
+                await self.manager.set_egress(sandbox.session_id, wanted.egress or EgressPolicy())
+            await self.views.change(
+                sandbox, lambda row: msgspec.structs.replace(row, egress=policy)
+            )
+            sandbox.spec = self._spec(sandbox.row)
+        log.info("e2b sandbox %s: egress policy replaced", sandbox.sandbox_id)
+
     # -- pause, connect, kill ------------------------------------------------------------
 
     async def pause(self, sandbox: E2bSandbox) -> bool:
