@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute, Route
 from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol.env_vars import validate_env
 
-from .egress import egress_policy
+from .egress import egress_policy, public_traffic
 from .errors import E2bError, e2b_error_response, read_message
 from .sandboxes import E2bSandbox, E2bSandboxes
 from .wire import (
@@ -169,6 +169,7 @@ class ControlPlane:
             auto_pause=bool(new.autoPause),
             idempotency_key=request.headers.get("idempotency-key"),
             egress=egress_policy(new.allow_internet_access, new.network),
+            public_traffic=public_traffic(new.network),
         )
         return _json(self._created(sandbox), 201)
 
