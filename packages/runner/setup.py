@@ -14,6 +14,10 @@ setup(
             ["src/sandcell_runner/jail/_vfork.c"],
             extra_compile_args=["-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
             optional=True,
+            # Stable ABI (``Py_LIMITED_API`` in the source): the wheel
+            # scripts/build-runner-image builds on the host serves the image's Python too.
+            py_limited_api=True,
         )
-    ]
+    ],
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )

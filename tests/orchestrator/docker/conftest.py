@@ -78,6 +78,20 @@ class Engine:
             info: dict[str, Any] = response.json()
             return info
 
+    async def exec(self, container_id: str, argv: list[str]) -> str:
+        """What ``argv`` run in the container prints (stdout and stderr, on a terminal)."""
+        async with self.client() as client:
+            made = await client.post(
+                f"/containers/{container_id}/exec",
+                json={"Cmd": argv, "AttachStdout": True, "AttachStderr": True, "Tty": True},
+            )
+            made.raise_for_status()
+            started = await client.post(
+                f"/exec/{made.json()['Id']}/start", json={"Detach": False, "Tty": True}
+            )
+            started.raise_for_status()
+            return started.text
+
 
 def _ping(socket_path: str) -> bool:
     # Probe the socket ourselves first: httpcore leaks the socket of a refused unix

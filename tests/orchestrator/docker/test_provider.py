@@ -108,6 +108,41 @@ async def test_the_runners_jobs_get_the_containers_cpus(
             await provider.destroy(handle.sandbox_id)
 
 
+_SPAWN_HELPER_ARGS = """
+from pathlib import Path
+for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+    try:
+        argv = cmdline.read_bytes().decode().split("\\0")[:-1]
+    except OSError:
+        continue
+    if len(argv) > 3 and argv[3].endswith("/spawnd.py"):
+        print("helper:", *argv[4:])
+"""
+
+
+async def test_the_images_runner_starts_jobs_through_the_vfork_path(
+    engine: Engine, provider: DockerProvider, spec: SandboxSpec
+) -> None:
+    """The image carries the spawn helper's compiled vfork path: scripts/build-runner-image
+    builds the runner's wheel on the host (the image has no compiler, and built there
+    the runner would fall back to forking the helper for every job)."""
+    handle = await provider.create(spec)
+    try:
+        done = await handle.runner.execute(ExecuteRequest(language="bash", code="echo up"))
+        assert done.stdout == "up\n", done.stderr
+        printed = await engine.exec(
+            handle.sandbox_id, ["/opt/sandcell/bin/python", "-c", _SPAWN_HELPER_ARGS]
+        )
+        # <socket fd> <runner pid> <_vfork extension>: the helper was handed the extension.
+        helper = [line.split() for line in printed.splitlines() if line.startswith("helper:")]
+        assert len(helper) == 1, printed
+        assert len(helper[0]) == 4, printed
+        assert helper[0][3].endswith(".so"), printed
+    finally:
+        await handle.close()
+        await provider.destroy(handle.sandbox_id)
+
+
 async def test_runner_isolation_is_complete(provider: DockerProvider, spec: SandboxSpec) -> None:
     """With CAP_SYS_ADMIN and /proc unmasked the runner reports no weakened isolation:
     jobs run jailed as an unprivileged UID, and per-job memory cgroups catch an OOM."""

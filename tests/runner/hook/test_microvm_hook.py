@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
 
-from sandcell_runner.microvm_hook import HookState, launch_runner, make_handler, parse_payload
+from sandcell_runner.microvm_hook import (
+    HookState,
+    launch_runner,
+    make_handler,
+    parse_payload,
+    runner_environment,
+)
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import free_port
 
@@ -95,6 +103,14 @@ def test_run_hook_starts_runner_with_token(hook: tuple[str, HookState, int]) -> 
         headers={"Authorization": f"Bearer {token}"},
     )
     assert ok.json()["stdout"] == "hooked\n"
+    # Alone in its VM, the runner's jobs get every vCPU, not the one-core default.
+    environ = dict(
+        entry.split("=", 1)
+        for entry in Path(f"/proc/{state.runner.pid}/environ").read_text().split("\0")
+        if "=" in entry
+    )
+    assert environ["SANDCELL_RUNNER_CPU_MILLICORES"] == str(len(os.sched_getaffinity(0)) * 1000)
+    assert token not in "".join(environ.values())
     wrong = httpx.post(
         base + "/v1/execute",
         json={"language": "bash", "code": "echo no"},
@@ -102,3 +118,17 @@ def test_run_hook_starts_runner_with_token(hook: tuple[str, HookState, int]) -> 
     )
     assert wrong.status_code == 401
     assert httpx.post(url + "/suspend").status_code == 200
+
+
+def test_the_images_own_cpu_quota_and_no_token_reach_the_runner() -> None:
+    base = {
+        "PATH": "/usr/bin:/bin",
+        "SANDCELL_RUNNER_CPU_MILLICORES": "1500",
+        "SANDCELL_RUNNER_TOKEN": "a" * 64,
+        "SANDCELL_RUNNER_TOKEN_FILE": "/run/token",
+    }
+    env = runner_environment(base)
+    assert env == {"PATH": "/usr/bin:/bin", "SANDCELL_RUNNER_CPU_MILLICORES": "1500"}
+    assert runner_environment({"PATH": "/bin"})["SANDCELL_RUNNER_CPU_MILLICORES"] == str(
+        len(os.sched_getaffinity(0)) * 1000
+    )

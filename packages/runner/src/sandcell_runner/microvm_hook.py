@@ -35,6 +35,7 @@ _TOKEN_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_PAYLOAD_BYTES = 64 * 1024
 _ACKNOWLEDGED = ("/resume", "/suspend", "/terminate")
 _HOOK_PREFIX = "/aws/lambda-microvms/runtime/v1"
+CPU_MILLICORES_VARIABLE = "SANDCELL_RUNNER_CPU_MILLICORES"
 
 RunnerLauncher = Callable[[str], subprocess.Popen[bytes]]
 
@@ -59,11 +60,24 @@ def parse_payload(body: bytes) -> str:
     return token
 
 
+def runner_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The runner's environment: the image's, without any token, with the job CPU quota
+    set to the VM's CPUs unless the image sets one.
+
+    The runner's own default quota is one core, right for a runner sharing a host with
+    others; in a MicroVM it is alone, and one core would leave the VM's other vCPUs idle
+    while its jobs queue for the first (the Docker provider does the same from the
+    container's CPUs).
+    """
+    child_env = {k: v for k, v in base.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
+    child_env.setdefault(CPU_MILLICORES_VARIABLE, str(len(os.sched_getaffinity(0)) * 1000))
+    return child_env
+
+
 def launch_runner(token: str, *, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start the runner with ``token`` on a pipe; its other settings come from the image's
-    environment."""
-    base = env if env is not None else os.environ
-    child_env = {k: v for k, v in base.items() if k not in (TOKEN_VARIABLE, TOKEN_FILE_VARIABLE)}
+    environment (``runner_environment``)."""
+    child_env = runner_environment(env if env is not None else os.environ)
     read_fd, write_fd = os.pipe()
     try:
         try:

@@ -143,24 +143,27 @@ class LocalProvider:
             started = -1  # matches no process: nothing signals whoever has the pid now
         runner = LocalRunner(sandbox_id, process.pid, port, token, root, started=started)
         client = RunnerClient(runner.url, token=token)
+        # Until ``create`` returns its handle nobody else knows this runner: whatever
+        # ends the launch from here on (a cancelled caller, a timed-out launch budget)
+        # must stop it, the state write included, or it runs with no one to stop it.
         try:
-            await wait_ready_unless_exited(
-                client, process, timeout_s=self._settings.ready_timeout_s
-            )
+            try:
+                await wait_ready_unless_exited(
+                    client, process, timeout_s=self._settings.ready_timeout_s
+                )
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await client.close()
+            await _write_state_to_the_end(runner)
         except SandboxUnavailableError:
             said = runner_log_tail(root)
             with anyio.CancelScope(shield=True):
                 await discard_launch(runner, process, python=self._settings.python)
             raise SandboxUnavailableError(f"local runner did not become ready: {said}") from None
         except BaseException:
-            # Cancelled mid-launch: the process exists but nobody will own it.
             with anyio.CancelScope(shield=True):
                 await discard_launch(runner, process, python=self._settings.python)
             raise
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client.close()
-        await asyncio.to_thread(write_state, runner)
         if isinstance(process, ForkedRunner):
             process.close()  # the zygote reaps it
         else:
@@ -245,7 +248,13 @@ class LocalProvider:
         if session_id is not None:
             # Recorded so that connect() from another process binds to the same session.
             runner = dataclasses.replace(runner, session_id=session_id)
-            await asyncio.to_thread(write_state, runner)
+            try:
+                await _write_state_to_the_end(runner)
+            except BaseException:
+                # Cancelled before its handle reached anyone: nobody else would stop it.
+                with anyio.CancelScope(shield=True):
+                    await self.destroy(runner.sandbox_id)
+                raise
         return self._handle(runner, session_id)
 
     async def connect(self, sandbox_id: str) -> SandboxHandle:
@@ -320,6 +329,19 @@ class LocalProvider:
     def _read_state(self, sandbox_id: str) -> LocalRunner | None:
         root = self._root(sandbox_id)
         return None if root is None else read_state(sandbox_id, root)
+
+
+async def _write_state_to_the_end(runner: LocalRunner) -> None:
+    """``write_state`` in a thread, awaited to its end even when the caller is cancelled
+    (the cancellation is passed on after): a thread cannot be stopped, and a write that
+    landed after the runner's stop would bring back the state of a stopped runner."""
+    write = asyncio.ensure_future(asyncio.to_thread(write_state, runner))
+    try:
+        await asyncio.shield(write)
+    except asyncio.CancelledError:
+        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+            await write
+        raise
 
 
 @contextlib.contextmanager

@@ -34,6 +34,10 @@
  * the runner (bench_breakdown.py --b-tree main 1ceb787, 3 rounds, load 1-2.3): the
  * tree's CPU per `bash: true` 19.6 -> 18.3 ms (helper 1.40 -> 0.60).
  */
+/* The stable ABI (3.11 and later): one build serves every Python the runner runs on, so
+ * scripts/build-runner-image builds it on the host (which has a compiler) for an image
+ * whose Python is another minor version (and has none). */
+#define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -248,14 +252,14 @@ bytes_array(PyObject *list, const char *what)
         PyErr_Format(PyExc_TypeError, "%s must be a list of bytes", what);
         return NULL;
     }
-    Py_ssize_t count = PyList_GET_SIZE(list);
+    Py_ssize_t count = PyList_Size(list);
     char **array = PyMem_Calloc((size_t)count + 1, sizeof(char *));
     if (array == NULL) {
         PyErr_NoMemory();
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(list, i);
+        PyObject *item = PyList_GetItem(list, i);
         char *data;
         Py_ssize_t size;
         if (!PyBytes_Check(item) || PyBytes_AsStringAndSize(item, &data, &size) != 0) {
@@ -281,14 +285,14 @@ int_array(PyObject *list, const char *what, Py_ssize_t *count)
         PyErr_Format(PyExc_TypeError, "%s must be a list of int", what);
         return NULL;
     }
-    *count = PyList_GET_SIZE(list);
+    *count = PyList_Size(list);
     int *array = PyMem_Calloc((size_t)*count + 1, sizeof(int));
     if (array == NULL) {
         PyErr_NoMemory();
         return NULL;
     }
     for (Py_ssize_t i = 0; i < *count; i++) {
-        long value = PyLong_AsLong(PyList_GET_ITEM(list, i));
+        long value = PyLong_AsLong(PyList_GetItem(list, i));
         if (value == -1 && PyErr_Occurred()) {
             PyMem_Free(array);
             return NULL;
@@ -333,7 +337,7 @@ vfork_spawn(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "uid or gid out of range");
         return NULL;
     }
-    if (PyList_GET_SIZE(argv_list) == 0) {
+    if (PyList_Size(argv_list) == 0) {
         PyErr_SetString(PyExc_ValueError, "argv must not be empty");
         return NULL;
     }
@@ -357,8 +361,8 @@ vfork_spawn(PyObject *module, PyObject *args)
         goto done;
     }
     if (cwd_obj != Py_None) {
-        cwd = PyBytes_AS_STRING(cwd_obj);
-        if ((Py_ssize_t)strlen(cwd) != PyBytes_GET_SIZE(cwd_obj)) {
+        cwd = PyBytes_AsString(cwd_obj);
+        if ((Py_ssize_t)strlen(cwd) != PyBytes_Size(cwd_obj)) {
             PyErr_SetString(PyExc_ValueError, "embedded null byte in cwd");
             goto done;
         }
@@ -381,7 +385,7 @@ vfork_spawn(PyObject *module, PyObject *args)
         .targets = targets,
         .target_count = target_count,
         .join_paths = (const char *const *)join_paths,
-        .join_path_count = PyList_GET_SIZE(paths_list),
+        .join_path_count = PyList_Size(paths_list),
         .join_fds = join_fds,
         .join_fd_count = join_fd_count,
         .netns_fd = netns_fd,
