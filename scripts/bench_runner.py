@@ -61,8 +61,11 @@ change is measured A/B in one run: B's rows and B/A ratios are printed too.
 ``--b-tree DIR`` makes B run the code of DIR (a checkout of another commit, e.g.
 ``git archive main packages | tar -x -C DIR``), for an A/B of a code change.
 
+``--perf`` adds (g): each side's CPU per execution in its 16-way windows by process
+name, split kernel / dynamic linker / rest of user space (``PerfSplit``).
+
 Usage: .venv/bin/python scripts/bench_runner.py [--rounds 5] [--seconds 3] [--count 60]
-       [--b-env SANDCELL_RUNNER_EVENT_LOOP=asyncio] [--b-tree DIR]
+       [--b-env SANDCELL_RUNNER_EVENT_LOOP=asyncio] [--b-tree DIR] [--perf]
 """
 
 from __future__ import annotations
@@ -74,12 +77,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -357,6 +362,149 @@ class SystemWindow:
         return out
 
 
+class PerfSplit:
+    """``--perf``: where each side's CPU went over its 16-way windows, by process name.
+
+    ``perf record -a --all-cgroups`` (cpu-clock samples) runs over each such window;
+    each side's processes sit in a cgroup2 group of their own (the unified hierarchy
+    carries perf's cgroup ids; v1 here has no perf_event controller), so samples are
+    told apart by side, not by pid. Each process name's samples are split by where
+    they ran: the kernel, the dynamic linker (``ld.so``) and the rest of user space.
+    The dynamic linker's share is a yardstick: nsjail's and the job's linking are the
+    same instructions on both sides, so a side whose ``ld.so`` costs more per
+    execution ran the same work slower (the machine, or the runner's own process
+    interleaved with the jobs on the CPUs), not more of it. perf's sampling (1 kHz a
+    CPU) slows every side's windows a little: compare (d) and (e) across runs made
+    with the same flags.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.perf = shutil.which("perf")
+        unified = next(
+            (
+                Path(line.split()[1])
+                for line in Path("/proc/self/mounts").read_text().splitlines()
+                if line.split()[2] == "cgroup2"
+            ),
+            None,
+        )
+        self.root = unified
+        self.base = None if unified is None else unified / f"sandcell-bench-{os.getpid()}"
+        self.windows: dict[tuple[str, str], list[dict[str, float]]] = collections.defaultdict(list)
+        if self.perf is None or self.base is None or os.geteuid() != 0:
+            print("--perf: needs perf, a cgroup2 mount and root; no perf split", file=sys.stderr)
+            self.base = None
+            return
+        self.base.mkdir(exist_ok=True)
+
+    def join(self, side: str, pids: list[int]) -> None:
+        """Move ``pids`` into ``side``'s group."""
+        if self.base is None:
+            return
+        group = self.base / side
+        group.mkdir(exist_ok=True)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                (group / "cgroup.procs").write_text(str(pid))
+
+    def leave(self, pids: list[int]) -> None:
+        """Move ``pids`` back to the hierarchy's root (in no side)."""
+        if self.base is None or self.root is None:
+            return
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                (self.root / "cgroup.procs").write_text(str(pid))
+
+    @contextlib.contextmanager
+    def window(self, side: str, name: str, executions: list[int]) -> Iterator[None]:
+        """Record over the block; ``executions`` (filled in by it) divides the samples."""
+        if self.base is None or self.perf is None:
+            yield
+            return
+        data = self.directory / f"{side}-{name}-{len(self.windows[(side, name)])}.data"
+        argv = [self.perf, "record", "-a", "--all-cgroups", "-e", "cpu-clock", "-F", "999"]
+        recorder = subprocess.Popen(
+            [*argv, "-o", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        # Out of the raw side's cpuacct group, which it inherited from this process.
+        with contextlib.suppress(OSError):
+            Path("/sys/fs/cgroup/cpuacct/cgroup.procs").write_text(str(recorder.pid))
+        time.sleep(0.3)  # perf's own start-up, outside the window
+        try:
+            yield
+        finally:
+            recorder.send_signal(signal.SIGINT)
+            recorder.wait()
+        report = subprocess.run(
+            [
+                self.perf,
+                "report",
+                "-i",
+                str(data),
+                "--sort",
+                "cgroup,comm,dso",
+                "-g",
+                "none",
+                "--stdio",
+                "-n",
+                "--percent-limit",
+                "0",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
+        data.unlink(missing_ok=True)
+        group = f"/{self.base.name}/{side}"
+        split: dict[str, float] = collections.defaultdict(float)
+        per_sample_ms = 1000 / 999 / max(1, executions[0] if executions else 1)
+        for line in report.splitlines():
+            fields = line.split()
+            if len(fields) < 5 or line.startswith("#") or fields[2] != group:
+                continue
+            comm, dso = fields[3], fields[4]
+            where = "k" if dso == "[kernel.kallsyms]" else "ld" if dso.startswith("ld-") else "u"
+            split[f"{comm}:{where}"] += int(fields[1]) * per_sample_ms
+        self.windows[(side, name)].append(split)
+
+    def close(self) -> None:
+        if self.base is None:
+            return
+        for group in [*self.base.iterdir(), self.base]:
+            if group.is_dir():
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+
+    def print(self, sides: list[str], names: list[str]) -> None:
+        if self.base is None:
+            return
+        print(
+            "(g) perf split of the 16-way windows (--perf), CPU-ms per execution, median of"
+            " windows: process name kernel/ld.so/other user; `ld` is the same work on every side"
+        )
+        for name in names:
+            for side in ["raw", *sides]:
+                windows = self.windows[(side, name)]
+                if not windows:
+                    continue
+                comms = sorted(
+                    {k.split(":")[0] for w in windows for k in w},
+                    key=lambda c: (
+                        -sum(w.get(f"{c}:{x}", 0) for w in windows for x in ("k", "ld", "u"))
+                    ),
+                )
+
+                def med(key: str, windows: list[dict[str, float]] = windows) -> float:
+                    return statistics.median(w.get(key, 0.0) for w in windows)
+
+                total = statistics.median(sum(w.values()) for w in windows)
+                parts = [
+                    f"{c} {med(c + ':k'):.2f}/{med(c + ':ld'):.2f}/{med(c + ':u'):.2f}"
+                    for c in comms[:4]
+                ]
+                print(f"  {side:<4} {name:<6} total {total:6.2f}  " + "  ".join(parts))
+
+
 def tree(pid: int) -> list[int]:
     """``pid`` and its descendants (the runner's spawn helper)."""
     found, frontier = [pid], [pid]
@@ -426,6 +574,9 @@ def main() -> int:
     parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--b-tree", type=Path, metavar="DIR", help="B runs DIR's code")
     parser.add_argument(
+        "--perf", action="store_true", help="perf split of the 16-way windows (PerfSplit)"
+    )
+    parser.add_argument(
         "--cpu-millicores",
         type=int,
         default=(os.cpu_count() or 1) * 1000,
@@ -459,6 +610,8 @@ def main() -> int:
     machine: dict[tuple[str, str, int], list[dict[str, float]]] = collections.defaultdict(list)
     account = CpuAccount()
     with traversable_dir("bench-") as base:
+        (base / "perf").mkdir()
+        split = PerfSplit(base / "perf") if args.perf else None
         raw_dir = base / "raw"
         raw_dir.mkdir(mode=0o711)
         raw_cpu = CpuGroup(
@@ -484,6 +637,8 @@ def main() -> int:
                     wrk(binary, runner.url, runner.token, body, clients=16, seconds=1)
             for side, runner in runners.items():
                 account.join(side, tree(runner.process.pid))
+                if split is not None:
+                    split.join(side, tree(runner.process.pid))
             # Each runner's instance group, where its quota sits (only read).
             instance_cpu = {
                 side: CpuGroup(
@@ -501,14 +656,22 @@ def main() -> int:
                 tree_before = account.ms(side)
                 throttled_before = instance_cpu[side].throttled_ms()
                 system = SystemWindow()
-                figures, latencies = wrk(
-                    binary,
-                    runner.url,
-                    runner.token,
-                    bodies[name],
-                    clients=clients,
-                    seconds=args.seconds,
+                done: list[int] = []
+                recorded = (
+                    split.window(side, name, done)
+                    if split is not None and clients == 16
+                    else contextlib.nullcontext()
                 )
+                with recorded:
+                    figures, latencies = wrk(
+                        binary,
+                        runner.url,
+                        runner.token,
+                        bodies[name],
+                        clients=clients,
+                        seconds=args.seconds,
+                    )
+                    done.append(int(figures["requests"]))
                 throttled = instance_cpu[side].throttled_ms() - throttled_before
                 machine[(side, name, clients)].append(
                     system.done(int(figures["requests"]), throttled_ms=throttled)
@@ -540,7 +703,18 @@ def main() -> int:
                     before = account.ms("raw")
                     throttled = raw_cpu.throttled_ms()
                     system = SystemWindow()
-                    rate, done = raw.ceiling(argv, workers=16, seconds=args.seconds)
+                    executions: list[int] = []
+                    with (
+                        split.window("raw", name, executions) if split else contextlib.nullcontext()
+                    ):
+                        # This process (its spawning threads, their nsjails) while the
+                        # window lasts: perf started before, wrk later, are in no side.
+                        if split is not None:
+                            split.join("raw", [os.getpid()])
+                        rate, done = raw.ceiling(argv, workers=16, seconds=args.seconds)
+                        executions.append(done)
+                        if split is not None:
+                            split.leave([os.getpid()])
                     throttled = raw_cpu.throttled_ms() - throttled
                     machine[("raw", name, 16)].append(system.done(done, throttled_ms=throttled))
                     ceilings[name].append(rate)
@@ -553,6 +727,8 @@ def main() -> int:
                 runner.stop()
             account.close()
             raw_cpu.close()
+            if split is not None:
+                split.close()
 
     def spread(values: list[float]) -> str:
         return f"{statistics.median(values):5.2f}x [{min(values):.2f}-{max(values):.2f}]"
@@ -640,6 +816,8 @@ def main() -> int:
                     f"  rest {med('busy_ms') - tree_part - med('kthreads_ms'):5.2f}  "
                     + ", ".join(f"{k[2:]} {med(k):.2f}" for k in top)
                 )
+    if split is not None:
+        split.print(sides, list(argvs))
     if with_b:
         print("B/A per round, median [range]")
         for name in argvs:

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 from e2b import ALL_TRAFFIC, Sandbox
-from e2b.exceptions import InvalidArgumentException, SandboxException
+from e2b.exceptions import InvalidArgumentException, NotFoundException, SandboxException
 
 from sandcell_orchestrator.e2b.egress import egress_policy
 from sandcell_orchestrator.e2b.errors import E2bError
 from sandcell_protocol import EgressPolicy
-from tests.e2b_api.conftest import E2bServe, start_serve, stop_serve
+from tests.e2b_api.conftest import KEY_B, E2bServe, start_serve, stop_serve
 from tests.fixtures.egress_remote import RemoteNetwork
 from tests.fixtures.paths import traversable_dir
 from tests.orchestrator.cli.conftest import stop_leftovers
@@ -50,7 +50,7 @@ def served() -> Iterator[tuple[E2bServe, RemoteNetwork]]:
             remote.close()
 
 
-def _probe(sandbox: Sandbox, remote: RemoteNetwork) -> list[str]:
+def probe(sandbox: Sandbox, remote: RemoteNetwork) -> list[str]:
     sandbox.files.write("ca.pem", remote.ca.read_bytes())
     return sandbox.commands.run(PROBE, timeout=60).stdout.split()
 
@@ -61,7 +61,7 @@ def test_network_allow_out_opens_only_those_hosts(served: tuple[E2bServe, Remote
         network={"allow_out": [ALLOWED], "deny_out": [ALL_TRAFFIC]}, **service.opts()
     )
     try:
-        assert _probe(sandbox, remote) == ["200/200", "000/403"]
+        assert probe(sandbox, remote) == ["200/200", "000/403"]
     finally:
         sandbox.kill()
 
@@ -72,9 +72,40 @@ def test_internet_on_and_off(served: tuple[E2bServe, RemoteNetwork]) -> None:
     for access, expected in ((True, ["200/200", "200/200"]), (False, ["000/000", "000/000"])):
         sandbox = Sandbox.create(allow_internet_access=access, **service.opts())
         try:
-            assert _probe(sandbox, remote) == expected
+            assert probe(sandbox, remote) == expected
         finally:
             sandbox.kill()
+
+
+def test_update_network_replaces_the_policy_and_a_resume_keeps_it(
+    served: tuple[E2bServe, RemoteNetwork],
+) -> None:
+    """``update_network`` replaces the running sandbox's egress at once; a paused and
+    resumed sandbox (launched again) keeps the new policy; an update that gives nothing
+    clears it to sandcell's default (no egress); another tenant's update is a 404."""
+    service, remote = served
+    sandbox = Sandbox.create(allow_internet_access=False, **service.opts())
+    try:
+        assert probe(sandbox, remote) == ["000/000", "000/000"]
+        sandbox.update_network({"allow_out": [ALLOWED], "deny_out": [ALL_TRAFFIC]})
+        assert probe(sandbox, remote) == ["200/200", "000/403"]
+        with pytest.raises(NotFoundException):
+            Sandbox.update_network(
+                sandbox.sandbox_id, {"allow_internet_access": True}, **service.opts(KEY_B)
+            )
+        assert sandbox.pause() is True
+        sandbox = Sandbox.connect(sandbox.sandbox_id, **service.opts())
+        assert probe(sandbox, remote) == ["200/200", "000/403"]
+        sandbox.update_network({"allow_internet_access": True})
+        assert probe(sandbox, remote) == ["200/200", "200/200"]
+        sandbox.update_network({})
+        # Refused by the sandbox's egress proxy now (its link stays up: 403 to CONNECT),
+        # where a sandbox created without egress has no route at all (000).
+        assert probe(sandbox, remote) == ["000/403", "000/403"]
+        with pytest.raises((InvalidArgumentException, SandboxException), match="not supported"):
+            sandbox.update_network({"dns_servers": ["1.1.1.1"]})
+    finally:
+        sandbox.kill()
 
 
 def test_unsupported_network_settings_are_refused(served: tuple[E2bServe, RemoteNetwork]) -> None:

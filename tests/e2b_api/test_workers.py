@@ -15,11 +15,13 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from e2b import NotFoundException, Sandbox, SandboxState
+from e2b import ALL_TRAFFIC, NotFoundException, Sandbox, SandboxState
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from tests.e2b_api.conftest import KEY_B, E2bServe, start_serve, stop_serve
 from tests.e2b_api.test_execute_once import execute, runs, stdout_of
+from tests.e2b_api.test_sdk_egress import ALLOWED, probe
+from tests.fixtures.egress_remote import RemoteNetwork
 from tests.fixtures.paths import traversable_dir
 from tests.orchestrator.cli.conftest import stop_leftovers
 from tests.orchestrator.conftest import redis_url, running_s3
@@ -29,23 +31,37 @@ __all__ = ["redis_url"]
 
 
 @pytest.fixture(scope="module")
-def workers(redis_url: str) -> Iterator[tuple[E2bServe, E2bServe]]:
+def fleet(redis_url: str) -> Iterator[tuple[E2bServe, E2bServe, RemoteNetwork]]:
     with running_s3() as s3, traversable_dir("e2b-fleet-") as base:
-        env = fleet_env(redis_url, s3, prefix="e2b")
-        shared = base / "sandboxes"
-        one = start_serve(base / "w1", env=env, runtime_dir=shared)
+        remote = RemoteNetwork(base)
         try:
-            two = start_serve(base / "w2", env=env, runtime_dir=shared)
+            env = {
+                **fleet_env(redis_url, s3, prefix="e2b"),
+                # The test's own namespace as the runners' allowed network and resolver.
+                "SANDCELL_RUNNER_EGRESS_DNS": remote.address,
+                "SANDCELL_RUNNER_EGRESS_ALLOW_NETS": remote.network,
+            }
+            shared = base / "sandboxes"
+            one = start_serve(base / "w1", env=env, runtime_dir=shared)
             try:
-                yield one, two
+                two = start_serve(base / "w2", env=env, runtime_dir=shared)
+                try:
+                    yield one, two, remote
+                finally:
+                    stop_serve(two)
             finally:
-                stop_serve(two)
+                stop_serve(one)
+                # With a shared registry sandboxes outlive a worker by design: the test
+                # killed its own above, so none may be left.
+                leftovers = stop_leftovers(shared)
+                assert not leftovers, f"sandbox processes left behind: {leftovers}"
         finally:
-            stop_serve(one)
-            # With a shared registry sandboxes outlive a worker by design: the test
-            # killed its own above, so none may be left.
-            leftovers = stop_leftovers(shared)
-            assert not leftovers, f"sandbox processes left behind: {leftovers}"
+            remote.close()
+
+
+@pytest.fixture
+def workers(fleet: tuple[E2bServe, E2bServe, RemoteNetwork]) -> tuple[E2bServe, E2bServe]:
+    return fleet[0], fleet[1]
 
 
 def test_a_sandbox_made_on_one_worker_is_used_through_the_other(
@@ -136,6 +152,23 @@ def test_paused_on_one_worker_resumed_on_the_other(workers: tuple[E2bServe, E2bS
         back = Sandbox.connect(made.sandbox_id, **one.opts())
         assert back.commands.run("cat keep.txt").stdout == "kept across workers"
         assert Sandbox.get_info(made.sandbox_id, **one.opts()).state == SandboxState.RUNNING
+    finally:
+        Sandbox.kill(made.sandbox_id, **one.opts())
+
+
+def test_a_network_update_on_one_worker_holds_when_the_other_resumes(
+    fleet: tuple[E2bServe, E2bServe, RemoteNetwork],
+) -> None:
+    """Worker two has seen the sandbox before worker one replaces its egress policy and
+    pauses it: two's resume launches it with the new policy, not the one it had seen."""
+    one, two, remote = fleet
+    made = Sandbox.create(allow_internet_access=False, **one.opts())
+    try:
+        assert Sandbox.get_info(made.sandbox_id, **two.opts()).state == SandboxState.RUNNING
+        made.update_network({"allow_out": [ALLOWED], "deny_out": [ALL_TRAFFIC]})
+        assert made.pause() is True
+        resumed = Sandbox.connect(made.sandbox_id, **two.opts())
+        assert probe(resumed, remote) == ["200/200", "000/403"]
     finally:
         Sandbox.kill(made.sandbox_id, **one.opts())
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,10 +88,12 @@ def _probe(runner: RunnerProcess, leave: str = "") -> dict[str, Any]:
 
 def _settle(runner: RunnerProcess) -> None:
     """Wait for the last job's removal (its image given back, then its job directory
-    emptied), so the next job takes that image."""
+    recycled: emptied but for its entry file, kept with mode 0), so the next job takes
+    that image."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if not any(any(job.iterdir()) for job in (runner.workspace_root / "jobs").glob("*/job")):
+        jobs = (runner.workspace_root / "jobs").glob("*/job/*")
+        if all(stat.S_IMODE(kept.lstat().st_mode) == 0 for kept in jobs):
             return
         time.sleep(0.01)
     pytest.fail("the last job's directories were not removed in 10 s")

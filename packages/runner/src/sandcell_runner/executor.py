@@ -34,6 +34,7 @@ from .jail.spec import JobLimits, JobSpec
 from .languages import LANGUAGE_ALIASES, LanguageSpec, resolve_language
 from .outputs import Collected, OutputCollector
 from .workspace import fsops
+from .workspace.entry import write_entry
 from .workspace.manager import JobWorkspace, WorkspaceManager
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,8 @@ class Executor:
     def write_inputs(self, prepared: PreparedRequest, workspace: JobWorkspace) -> None:
         """Write the entry file and inline files (blocking: run in a thread)."""
         language = prepared.language
-        fsops.write_file(
+        # Over the emptied entry file a reused job directory kept (``entry.py``).
+        write_entry(
             workspace.job_dir,
             language.entry_name,
             prepared.request.code.encode("utf-8"),

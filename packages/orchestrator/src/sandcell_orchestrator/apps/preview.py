@@ -25,19 +25,15 @@ Apps must use relative URLs (or the forwarded prefix) to stay under the prefix.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from sandcell_protocol import ErrorCode, encode, error_body
 from sandcell_protocol.app_messages import (
@@ -47,59 +43,21 @@ from sandcell_protocol.app_messages import (
 )
 
 from ..errors import SandcellError
+from ..runner.port_forward import (
+    connect_upstream,
+    downstream_response,
+    pump,
+    stays_in_port_route,
+    upstream_headers,
+)
 from .instances import AppInstances, Instance
 from .preview_log import Kind, UpstreamFailures
-
-if TYPE_CHECKING:
-    from websockets.asyncio.client import ClientConnection
 
 __all__ = ["COOKIE_NAME", "PreviewProxy", "RedactPreviewTokens", "redact_access_logs"]
 
 
 COOKIE_NAME = "sandcell_preview"
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# Never forwarded upstream: ours (auth, the runner's protocol headers, the MicroVM
-# proxy's routing and auth) or rebuilt here.
-_DROPPED_REQUEST = _HOP_BY_HOP | {
-    "host",
-    "authorization",
-    "cookie",
-    "x-runtime-session-id",
-    "x-sandcell-protocol",
-    "x-request-id",
-    "x-forwarded-prefix",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-forwarded-for",
-    "x-aws-proxy-auth",
-    "x-aws-proxy-port",
-    "x-amz-security-token",
-}
-_WS_MAX_BYTES = 16 << 20
-
-
-class _QuietHandshake(logging.Filter):
-    """websockets logs handshake headers at DEBUG; ours carry the runner's token."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(("> ", "< "))
-
-
-_WS_LOG = logging.getLogger(__name__ + ".websocket")
-_WS_LOG.addFilter(_QuietHandshake())
 _TOKEN_QUERY_RE = re.compile(r"((?:^|[?&])token=)[^&\s\"]*")
 
 
@@ -141,11 +99,7 @@ def _forward_path(raw_path: bytes, instance_id: str) -> str | None:
     if not path.startswith(prefix):
         return None
     rest = path[len(prefix) :]
-    # The runner resolves dot segments: '..' (however encoded) could climb out of
-    # the ports route into the runner's own routes with our token.
-    if any(unquote(part) in (".", "..") for part in rest.split("/")):
-        return None
-    return rest
+    return rest if stays_in_port_route(rest) else None
 
 
 def _forward_query(raw_query: bytes) -> str:
@@ -233,17 +187,15 @@ class PreviewProxy:
             return _json_error(400, ErrorCode.INVALID_PATH, "preview path may not contain . or ..")
         instances = self._instances()
         instances.touch(instance)
-        upstream_headers = {
-            k: v for k, v in request.headers.items() if k.lower() not in _DROPPED_REQUEST
-        }
+        forwarded = upstream_headers(request.headers)
         cookies = _cookie_header(request.headers.get("cookie"))
         if cookies:
-            upstream_headers["cookie"] = cookies
-        upstream_headers[FORWARDED_PREFIX_HEADER.lower()] = instance.preview_prefix
-        upstream_headers[LIVE_RELOAD_HEADER.lower()] = "1" if instance.manifest.live_reload else "0"
-        upstream_headers["x-forwarded-proto"] = request.url.scheme
+            forwarded["cookie"] = cookies
+        forwarded[FORWARDED_PREFIX_HEADER.lower()] = instance.preview_prefix
+        forwarded[LIVE_RELOAD_HEADER.lower()] = "1" if instance.manifest.live_reload else "0"
+        forwarded["x-forwarded-proto"] = request.url.scheme
         if "host" in request.headers:
-            upstream_headers["x-forwarded-host"] = request.headers["host"]
+            forwarded["x-forwarded-host"] = request.headers["host"]
         has_body = request.method not in ("GET", "HEAD") or "content-length" in request.headers
         try:
             upstream = await instance.runner.port_request(
@@ -251,7 +203,7 @@ class PreviewProxy:
                 instance.manifest.preview_port,
                 path,
                 query=_forward_query(request.scope.get("query_string", b"")),
-                request_headers=upstream_headers,
+                request_headers=forwarded,
                 content=request.stream() if has_body else None,
             )
         except SandcellError as exc:
@@ -260,19 +212,7 @@ class PreviewProxy:
                 502, ErrorCode.BUSY, "the instance's sandbox did not answer; retry shortly"
             )
         self._failures.succeeded(instance.instance_id, "http")
-        headers = {
-            k: v
-            for k, v in upstream.headers.multi_items()
-            if k.lower() not in _HOP_BY_HOP and k.lower() != "set-cookie"
-        }
-        response = StreamingResponse(
-            upstream.aiter_raw(),
-            status_code=upstream.status_code,
-            headers=headers,
-            background=BackgroundTask(upstream.aclose),
-        )
-        for value in upstream.headers.get_list("set-cookie"):
-            response.raw_headers.append((b"set-cookie", value.encode("latin-1")))
+        response = downstream_response(upstream)
         if via_query:
             response.set_cookie(
                 COOKIE_NAME,
@@ -302,7 +242,6 @@ class PreviewProxy:
         instances = self._instances()
         instances.touch(instance)
         # Imported here: only WebSocket previews need the library.
-        from websockets.asyncio.client import connect
         from websockets.exceptions import WebSocketException
 
         try:
@@ -318,15 +257,7 @@ class PreviewProxy:
             return
         subprotocols = websocket.scope.get("subprotocols") or None
         try:
-            upstream = await connect(
-                upgrade.url,
-                additional_headers=upgrade.headers,
-                subprotocols=subprotocols,
-                proxy=None,
-                max_size=_WS_MAX_BYTES,
-                logger=_WS_LOG,
-                open_timeout=10,
-            )
+            upstream = await connect_upstream(upgrade, subprotocols)
         except (OSError, TimeoutError, WebSocketException) as exc:
             # The usual one: the dev server is not listening yet and a hot-reload
             # client retries every second (the runner's 502, InvalidStatus here).
@@ -336,47 +267,4 @@ class PreviewProxy:
         self._failures.succeeded(instance_id, "websocket")
         async with upstream:
             await websocket.accept(subprotocol=upstream.subprotocol)
-            await _pump(websocket, upstream, touch=lambda: instances.touch(instance))
-
-
-async def _pump(
-    websocket: WebSocket, upstream: ClientConnection, *, touch: Callable[[], None]
-) -> None:
-    async def downstream_to_upstream() -> None:
-        try:
-            while True:
-                message = await websocket.receive()
-                if message["type"] == "websocket.disconnect":
-                    return
-                touch()
-                if message.get("text") is not None:
-                    await upstream.send(message["text"])
-                elif message.get("bytes") is not None:
-                    await upstream.send(message["bytes"])
-        except WebSocketDisconnect:
-            return
-
-    from websockets.exceptions import ConnectionClosed
-
-    async def upstream_to_downstream() -> None:
-        with contextlib.suppress(ConnectionClosed):
-            async for data in upstream:
-                touch()
-                if isinstance(data, str):
-                    await websocket.send_text(data)
-                else:
-                    await websocket.send_bytes(data)
-
-    tasks = [
-        asyncio.create_task(downstream_to_upstream()),
-        asyncio.create_task(upstream_to_downstream()),
-    ]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        code = upstream.close_code or 1000
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await websocket.close(code=code if code != 1006 else 1011)
+            await pump(websocket, upstream, touch=lambda: instances.touch(instance))

@@ -6,6 +6,7 @@
     GET    /e2b/sandboxes/{id}               SandboxDetail
     DELETE /e2b/sandboxes/{id}               204
     POST   /e2b/sandboxes/{id}/timeout       SetTimeout -> 204
+    PUT    /e2b/sandboxes/{id}/network       UpdateNetwork -> 204 (the egress policy, replaced)
     POST   /e2b/sandboxes/{id}/pause         PauseSandbox -> 204 (409 if already paused)
     POST   /e2b/v2/sandboxes/{id}/connect    ConnectSandbox -> 200 (running) / 201 (resumed)
     POST   /e2b/sandboxes/{id}/resume        ConnectSandbox -> 201 (the older resume call)
@@ -30,7 +31,7 @@ from starlette.routing import BaseRoute, Route
 from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol.env_vars import validate_env
 
-from .egress import egress_policy
+from .egress import egress_policy, public_traffic
 from .errors import E2bError, e2b_error_response, read_message
 from .sandboxes import E2bSandbox, E2bSandboxes
 from .wire import (
@@ -41,6 +42,7 @@ from .wire import (
     SandboxCreated,
     SandboxDetail,
     SetTimeout,
+    UpdateNetwork,
 )
 
 __all__ = ["ENVD_VERSION", "ControlPlane"]
@@ -86,6 +88,7 @@ class ControlPlane:
             Route(one, g(self.detail), methods=["GET"]),
             Route(one, g(self.kill), methods=["DELETE"]),
             Route(one + "/timeout", g(self.set_timeout), methods=["POST"]),
+            Route(one + "/network", g(self.update_network), methods=["PUT"]),
             Route(one + "/pause", g(self.pause), methods=["POST"]),
             Route(one + "/resume", g(self.resume), methods=["POST"]),
             Route(prefix + "/v2/sandboxes/{sandbox_id}/connect", g(self.connect), methods=["POST"]),
@@ -166,6 +169,7 @@ class ControlPlane:
             auto_pause=bool(new.autoPause),
             idempotency_key=request.headers.get("idempotency-key"),
             egress=egress_policy(new.allow_internet_access, new.network),
+            public_traffic=public_traffic(new.network),
         )
         return _json(self._created(sandbox), 201)
 
@@ -226,6 +230,13 @@ class ControlPlane:
         sandbox = await self._one(request)
         message = await read_message(request, SetTimeout)
         await self._sandboxes().set_timeout(sandbox, message.timeout)
+        return Response(status_code=204)
+
+    async def update_network(self, request: Request) -> Response:
+        sandbox = await self._one(request)
+        message = await read_message(request, UpdateNetwork, empty_ok=True)
+        policy = egress_policy(message.allow_internet_access, message.network())
+        await self._sandboxes().set_network(sandbox, policy)
         return Response(status_code=204)
 
     async def pause(self, request: Request) -> Response:

@@ -68,4 +68,14 @@ def egress_policy(
     return EgressPolicy(mode="allow_all", deny=deny)
 
 
-__all__ = ["ALL_TRAFFIC", "egress_policy"]
+def public_traffic(network: dict[str, Any] | None) -> bool:
+    """Whether the sandbox's ports answer without its traffic token: only when its
+    creator says so (``allowPublicTraffic: true``). E2B's default is public; sandcell's
+    is the token, as its egress default is none."""
+    value = (network or {}).get("allowPublicTraffic")
+    if value is not None and not isinstance(value, bool):
+        raise E2bError(400, "bad_request", "network.allowPublicTraffic: must be a boolean")
+    return value is True
+
+
+__all__ = ["ALL_TRAFFIC", "egress_policy", "public_traffic"]

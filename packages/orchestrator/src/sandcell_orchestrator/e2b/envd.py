@@ -14,8 +14,8 @@ the request to:
 
 Port 49983 is envd; port 49999 is the code interpreter (``interpreter.py``), which
 also takes the sandbox's traffic token (``E2B-Traffic-Access-Token``: the
-``e2b-code-interpreter`` SDK sends no envd token on its context calls). Other
-ports are not served (502, as for a closed port).
+``e2b-code-interpreter`` SDK sends no envd token on its context calls). Any other
+port is a server in the sandbox (``ports.py``), over HTTP and WebSocket.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,6 +34,7 @@ from .envd_http import read_file, write_files
 from .errors import E2bError, e2b_error_response, sandbox_gone_response
 from .filesystem import filesystem_app
 from .interpreter import INTERPRETER_PORT, interpreter_route
+from .ports import SandboxPorts, user_port
 from .process import process_app
 from .sandboxes import E2bSandbox, E2bSandboxes
 
@@ -62,6 +64,7 @@ class EnvdApp:
             "/process.Process/": process_app(self._sandbox_of),
             "/filesystem.Filesystem/": filesystem_app(self._sandbox_of),
         }
+        self._ports = SandboxPorts(sandboxes)
 
     async def _lookup(self, headers: Callable[[str], str | None]) -> E2bSandbox | None:
         return await self._sandboxes().for_envd(
@@ -79,12 +82,23 @@ class EnvdApp:
         return found
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
+            return
+        headers = Headers(scope=scope)
+        port = headers.get(SANDBOX_PORT_HEADER, str(ENVD_PORT))
+        own = user_port(port)
+        if own is not None and own not in (ENVD_PORT, INTERPRETER_PORT):
+            if scope["type"] == "websocket":
+                await self._ports.websocket(own, scope, receive, send)
+            else:
+                await self._ports.http(own, scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # envd serves none
             return
         request = Request(scope, receive)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         sandbox_id = request.headers.get(SANDBOX_ID_HEADER)
-        port = request.headers.get(SANDBOX_PORT_HEADER, str(ENVD_PORT))
         if port == str(INTERPRETER_PORT):
             await self._interpreter(request, path, scope, receive, send)
             return

@@ -158,6 +158,21 @@ class E2bSandboxes:
             return None
         return await self.views.attach(await self.views.view(row))
 
+    async def for_port(
+        self, sandbox_id: str | None, traffic_token: str | None
+    ) -> E2bSandbox | None:
+        """The sandbox named by a request to one of its own servers, with a handle when it
+        runs: for anyone if it was created public, else with its traffic token."""
+        row = None
+        if sandbox_id is not None and valid_sandbox_id(sandbox_id):
+            row = await self.registry.e2b_sandbox(sandbox_id)
+            if row is None:
+                await self.views.forget(sandbox_id)
+        tokened = token_ok(row, None, traffic_token or "")
+        if row is None or not (row.public_traffic or tokened):
+            return None
+        return await self.views.attach(await self.views.view(row))
+
     def known_for_envd(self, sandbox_id: str | None, token: str | None) -> E2bSandbox | None:
         """``for_envd`` from what this worker already read (the RPC handlers' synchronous
         lookup, after the request's ``for_envd`` brought it up to date)."""
@@ -182,9 +197,11 @@ class E2bSandboxes:
         auto_pause: bool,
         idempotency_key: str | None = None,
         egress: EgressPolicy | None = None,
+        public_traffic: bool = False,
     ) -> E2bSandbox:
         """Acquire a sandbox for ``owner`` from ``template`` (a retry with the same
-        ``idempotency_key``, on any worker, answers the sandbox the first call made)."""
+        ``idempotency_key``, on any worker, answers the sandbox the first call made);
+        ``public_traffic``: its ports answer without the traffic token."""
         check_create_key(idempotency_key)
         spec = self.templates.get(template)
         if spec is None:
@@ -204,6 +221,7 @@ class E2bSandboxes:
                     env=env,
                     auto_pause=auto_pause,
                     egress=egress,
+                    public_traffic=public_traffic,
                     sandbox_id=sandbox_id,
                 )
             return made  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
@@ -235,6 +253,7 @@ class E2bSandboxes:
         env: Mapping[str, str],
         auto_pause: bool,
         egress: EgressPolicy | None = None,
+        public_traffic: bool = False,
         sandbox_id: str | None = None,
     ) -> E2bSandbox:
         now = self._now()
@@ -252,6 +271,7 @@ class E2bSandboxes:
             end_at_s=now + timeout_s,
             auto_pause=auto_pause,
             state="running",
+            public_traffic=public_traffic,
         )
         sandbox = E2bSandbox(row=row, spec=self._spec(row))
         handle = await self.manager.acquire(row.session_id, sandbox.spec, owner=owner)
@@ -301,6 +321,23 @@ class E2bSandboxes:
                 self._retry_at[row.sandbox_id] = self._now() + _RETRY_EXPIRY_S
                 log.warning("e2b sandbox %s: timeout action failed: %s", row.sandbox_id, exc)
         return len(due)
+
+    # -- network ----------------------------------------------------------------------------
+
+    async def set_network(self, sandbox: E2bSandbox, policy: EgressPolicy | None) -> None:
+        """Replace the sandbox's egress policy (None: its template's): on its runner at
+        once when it runs, and in its row, so a resume (on any worker) launches with it."""
+        async with sandbox.lock:
+            await self.views.refresh(sandbox)
+            wanted = self._spec(msgspec.structs.replace(sandbox.row, egress=policy))
+            if sandbox.state == "running":
+                # The runner first: if it refuses, the sandbox keeps the policy it has.
+                await self.manager.set_egress(sandbox.session_id, wanted.egress or EgressPolicy())
+            await self.views.change(
+                sandbox, lambda row: msgspec.structs.replace(row, egress=policy)
+            )
+            sandbox.spec = self._spec(sandbox.row)
+        log.info("e2b sandbox %s: egress policy replaced", sandbox.sandbox_id)
 
     # -- pause, connect, kill ------------------------------------------------------------
 

@@ -71,6 +71,7 @@ class SandboxViews:
             self._local[row.sandbox_id] = found
         elif row.revision >= found.row.revision:
             found.row = row
+            found.spec = self._spec_of(row)  # its egress may have changed on another worker
         stale = found.row.state != "running" or found.handle_resumes != found.row.resumes
         if found.handle is not None and stale:
             await self.close_handle(found)

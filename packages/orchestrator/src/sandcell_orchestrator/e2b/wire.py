@@ -24,6 +24,7 @@ __all__ = [
     "SandboxDetail",
     "SetTimeout",
     "State",
+    "UpdateNetwork",
 ]
 
 State = Literal["running", "paused"]
@@ -69,6 +70,29 @@ class SetTimeout(_Request, frozen=True, kw_only=True):
     """``POST /sandboxes/{id}/timeout``: the sandbox ends ``timeout`` seconds from now."""
 
     timeout: TimeoutSeconds
+
+
+class UpdateNetwork(_Request, frozen=True, kw_only=True):
+    """``PUT /sandboxes/{id}/network``: the running sandbox's egress settings, replaced
+    whole (an omitted field is cleared), in the create's ``network`` names."""
+
+    allowOut: list[str] | None = None
+    denyOut: list[str] | None = None
+    dnsServers: list[str] | None = None
+    egressProxy: Any = None
+    rules: Any = None
+    allow_internet_access: bool | None = None
+
+    def network(self) -> dict[str, Any]:
+        """The fields given, as a create's ``network`` object."""
+        given = {
+            "allowOut": self.allowOut,
+            "denyOut": self.denyOut,
+            "dnsServers": self.dnsServers,
+            "egressProxy": self.egressProxy,
+            "rules": self.rules,
+        }
+        return {key: value for key, value in given.items() if value is not None}
 
 
 class PauseSandbox(_Request, frozen=True, kw_only=True):

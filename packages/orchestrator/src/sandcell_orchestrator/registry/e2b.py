@@ -54,6 +54,9 @@ class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     state: E2bSandboxState
     resumes: int = 0
     """How often it was resumed: a worker's handle from before a resume is stale."""
+    public_traffic: bool = False
+    """Its ports (other than envd's) answer without the traffic token
+    (``network.allowPublicTraffic: true`` at create)."""
     revision: int = 1
 
     def __post_init__(self) -> None:

@@ -99,28 +99,14 @@ def render_config(spec: JobSpec, *, cgroups_available: bool) -> str:
     for key, value in spec.env.items():
         lines.append(f"envar: {_quote(f'{key}={value}')}")
     lines.append("mount_proc: true")
-    for source, mandatory in _SYSTEM_MOUNTS:
-        lines.append(_bind(source, source, rw=False, mandatory=mandatory))
+    lines += _SYSTEM_BINDS
     if spec.network:
-        for source in _NETWORK_MOUNTS:
-            lines.append(_bind(source, source, rw=False, mandatory=False))
+        lines += _NETWORK_BINDS
     elif spec.netns_fd is not None:
         # Without it "localhost" does not resolve, and dev servers bind to it.
-        lines.append(_bind("/etc/hosts", "/etc/hosts", rw=False, mandatory=False))
+        lines.append(_HOSTS_BIND)
+    lines += _DEV_MOUNTS
     lines += [
-        'mount { dst: "/dev" fstype: "tmpfs" options: "size=1048576,mode=755" rw: true '
-        "nosuid: true noexec: true }",
-        'mount { src: "/dev/null" dst: "/dev/null" is_bind: true rw: true }',
-        'mount { src: "/dev/zero" dst: "/dev/zero" is_bind: true rw: true }',
-        'mount { src: "/dev/full" dst: "/dev/full" is_bind: true rw: true mandatory: false }',
-        'mount { src: "/dev/urandom" dst: "/dev/urandom" is_bind: true rw: false }',
-        'mount { src: "/dev/urandom" dst: "/dev/random" is_bind: true rw: false }',
-        f'mount {{ dst: "/dev/shm" fstype: "tmpfs" options: "size={16 * MIB}" rw: true '
-        "nosuid: true nodev: true }",
-        'mount { src: "/proc/self/fd" dst: "/dev/fd" is_symlink: true }',
-        'mount { src: "/proc/self/fd/0" dst: "/dev/stdin" is_symlink: true }',
-        'mount { src: "/proc/self/fd/1" dst: "/dev/stdout" is_symlink: true }',
-        'mount { src: "/proc/self/fd/2" dst: "/dev/stderr" is_symlink: true }',
         f'mount {{ dst: "/tmp" fstype: "tmpfs" options: "size={limits.tmp_mib * MIB}" '
         "rw: true nosuid: true nodev: true }",
         _bind(str(spec.job_dir), JOB_DIR, rw=False),
@@ -140,7 +126,7 @@ def render_config(spec: JobSpec, *, cgroups_available: bool) -> str:
             'options: "newinstance,ptmxmode=0666,mode=0620" rw: true nosuid: true noexec: true }'
         )
         lines.append('mount { src: "/dev/pts/ptmx" dst: "/dev/ptmx" is_symlink: true }')
-    lines += [f"seccomp_string: {_quote(rule)}" for rule in SECCOMP_POLICY]
+    lines += _SECCOMP_LINES
     return "\n".join(lines) + "\n"
 
 
@@ -170,5 +156,31 @@ def _quote(value: str) -> str:
     out.append('"')
     return "".join(out)
 
+
+# The lines every job's configuration shares, rendered once: quoting them for each
+# job was two thirds of ``render_config`` (32 ``_quote`` calls a job, 9 now).
+_SYSTEM_BINDS = tuple(
+    _bind(source, source, rw=False, mandatory=mandatory) for source, mandatory in _SYSTEM_MOUNTS
+)
+_NETWORK_BINDS = tuple(
+    _bind(source, source, rw=False, mandatory=False) for source in _NETWORK_MOUNTS
+)
+_HOSTS_BIND = _bind("/etc/hosts", "/etc/hosts", rw=False, mandatory=False)
+_DEV_MOUNTS = (
+    'mount { dst: "/dev" fstype: "tmpfs" options: "size=1048576,mode=755" rw: true '
+    "nosuid: true noexec: true }",
+    'mount { src: "/dev/null" dst: "/dev/null" is_bind: true rw: true }',
+    'mount { src: "/dev/zero" dst: "/dev/zero" is_bind: true rw: true }',
+    'mount { src: "/dev/full" dst: "/dev/full" is_bind: true rw: true mandatory: false }',
+    'mount { src: "/dev/urandom" dst: "/dev/urandom" is_bind: true rw: false }',
+    'mount { src: "/dev/urandom" dst: "/dev/random" is_bind: true rw: false }',
+    f'mount {{ dst: "/dev/shm" fstype: "tmpfs" options: "size={16 * MIB}" rw: true '
+    "nosuid: true nodev: true }",
+    'mount { src: "/proc/self/fd" dst: "/dev/fd" is_symlink: true }',
+    'mount { src: "/proc/self/fd/0" dst: "/dev/stdin" is_symlink: true }',
+    'mount { src: "/proc/self/fd/1" dst: "/dev/stdout" is_symlink: true }',
+    'mount { src: "/proc/self/fd/2" dst: "/dev/stderr" is_symlink: true }',
+)
+_SECCOMP_LINES = tuple(f"seccomp_string: {_quote(rule)}" for rule in SECCOMP_POLICY)
 
 __all__ = ["MIB", "SECCOMP_POLICY", "render_config"]

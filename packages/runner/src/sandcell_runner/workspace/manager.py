@@ -27,6 +27,7 @@ from sandcell_protocol import SurfacedOutput
 from ..config import MIB
 from ..errors import ConfigError
 from . import mounts
+from .entry import recycle_job_dir
 from .images import ImagePool
 
 log = logging.getLogger(__name__)
@@ -189,8 +190,9 @@ class WorkspaceManager:
         The ``jobs/<id>`` of a finished one-shot job is reused when there is one:
         two ``mkdir`` and two ``rmdir`` less per job, which under 16 concurrent jobs
         waited on the kernel in the runner's worker threads (``remove_job`` was the
-        largest item of a 16-client py-spy profile). Its job directory was emptied,
-        and it is the runner's alone (read-only in the jail, never the workspace).
+        largest item of a 16-client py-spy profile). Its job directory was emptied
+        (but for its entry file, which ``entry.write_entry`` writes over), and it is the
+        runner's alone (read-only in the jail, never the workspace).
         """
         with self._free_lock:
             base = self._free_jobs.pop() if self._free_jobs else None
@@ -264,16 +266,13 @@ class WorkspaceManager:
         return True
 
     def _recycle(self, base: Path) -> bool:
-        """Put ``base`` in the free list if it now holds only its job directory's files."""
+        """Put ``base`` in the free list if it now holds only its job directory's files.
+
+        The job directory is emptied but for its entry file, kept for the next job to
+        write over (``entry.py``: a create costs more than a write)."""
         if len(self._free_jobs) >= _FREE_JOBS or os.listdir(base) != ["job"]:
             return False
-        job_dir = base / "job"
-        with os.scandir(job_dir) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    os.unlink(entry.path)
+        recycle_job_dir(base / "job")
         with self._free_lock:
             if len(self._free_jobs) >= _FREE_JOBS:
                 return False

@@ -1,0 +1,148 @@
+"""A sandbox's own servers: E2B's ``https://<port>-<sandboxID>.<domain>/…`` (``get_host``).
+
+Any ``E2b-Sandbox-Port`` other than envd's (49983) and the code interpreter's (49999)
+names a port a process in the sandbox listens on (a dev server started with
+``commands.run(..., background=True)``). Requests and WebSockets go to the runner's
+``/v1/session/ports/{port}/…``, which connects inside the sandbox's jail
+(``runner/port_forward.py`` has what is forwarded and what is not).
+
+Access: the sandbox's traffic token in ``E2b-Traffic-Access-Token`` (the SDK's
+``sandbox.traffic_access_token``), or nothing when the sandbox was created with
+``network.allowPublicTraffic: true``. E2B's default is public; sandcell's is the token,
+as a sandbox reaches out only when its creator asked. A missing, paused or foreign
+sandbox, a wrong token and a bad port all get E2B's proxy answer (502, "not found");
+a port nothing listens on is the runner's 502 ``app_not_responding``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from ..errors import SandcellError
+from ..runner.port_forward import (
+    connect_upstream,
+    downstream_response,
+    pump,
+    stays_in_port_route,
+    upstream_headers,
+)
+from .errors import E2bError, e2b_error_response, sandbox_gone_response
+from .sandboxes import E2bSandbox, E2bSandboxes
+
+__all__ = ["SandboxPorts", "user_port"]
+
+log = logging.getLogger(__name__)
+
+_ROUTING_HEADERS = frozenset(
+    {"e2b-sandbox-id", "e2b-sandbox-port", "e2b-traffic-access-token", "x-access-token"}
+)
+"""Ours, never the app's."""
+
+
+def user_port(raw: str | None) -> int | None:
+    """The port a header names, if it is one (1..65535, digits only)."""
+    if raw is None or not raw.isdigit() or len(raw) > 5:
+        return None
+    port = int(raw)
+    return port if 1 <= port <= 65535 else None
+
+
+def _forward_path(scope: Scope) -> str | None:
+    """The still-encoded path under the mount, without its leading slash; None if it
+    could leave the runner's ports route."""
+    root = scope.get("root_path", "").encode()
+    raw: bytes = scope.get("raw_path") or scope["path"].encode()
+    rest = raw.removeprefix(root).decode("latin-1").removeprefix("/")
+    return rest if stays_in_port_route(rest) else None
+
+
+class SandboxPorts:
+    """HTTP and WebSocket forwarding to the servers in every sandbox of one table."""
+
+    def __init__(self, sandboxes: Callable[[], E2bSandboxes]) -> None:
+        self._sandboxes = sandboxes
+
+    async def _sandbox(self, sandbox_id: str | None, token: str | None) -> E2bSandbox | None:
+        sandbox = await self._sandboxes().for_port(sandbox_id, token)
+        if sandbox is None or sandbox.handle is None:
+            return None
+        return sandbox
+
+    async def http(self, port: int, scope: Scope, receive: Receive, send: Send) -> None:
+        """Forward one request to ``port`` in the sandbox the headers name."""
+        request = Request(scope, receive)
+        headers = request.headers
+        sandbox = await self._sandbox(
+            headers.get("e2b-sandbox-id"), headers.get("e2b-traffic-access-token")
+        )
+        if sandbox is None or sandbox.handle is None:
+            await sandbox_gone_response(headers.get("e2b-sandbox-id"))(scope, receive, send)
+            return
+        path = _forward_path(scope)
+        if path is None:
+            refused = E2bError(400, "bad_request", "a path may not contain . or .. segments")
+            await e2b_error_response(refused)(scope, receive, send)
+            return
+        forwarded = upstream_headers(headers, dropped=_ROUTING_HEADERS)
+        if "cookie" in headers:
+            forwarded["cookie"] = headers["cookie"]  # no cookie of ours to strip here
+        if "host" in headers:
+            forwarded["x-forwarded-host"] = headers["host"]
+        forwarded["x-forwarded-proto"] = request.url.scheme
+        has_body = request.method not in ("GET", "HEAD") or "content-length" in headers
+        handle = sandbox.handle
+        try:
+            upstream = await handle.runner.port_request(
+                request.method,
+                port,
+                path,
+                session_id=handle.session_id or sandbox.session_id,
+                query=scope.get("query_string", b"").decode("latin-1"),
+                request_headers=forwarded,
+                content=request.stream() if has_body else None,
+            )
+        except SandcellError as exc:
+            response: Response = e2b_error_response(exc)
+        else:
+            response = downstream_response(upstream)
+        await response(scope, receive, send)
+
+    async def websocket(self, port: int, scope: Scope, receive: Receive, send: Send) -> None:
+        """Relay a WebSocket to ``port`` in the sandbox the headers name."""
+        websocket = WebSocket(scope, receive, send)
+        headers = websocket.headers
+        sandbox = await self._sandbox(
+            headers.get("e2b-sandbox-id"), headers.get("e2b-traffic-access-token")
+        )
+        path = _forward_path(scope)
+        if sandbox is None or sandbox.handle is None or path is None:
+            await websocket.close(code=1008)
+            return
+        # Imported here: only WebSocket forwarding needs the library.
+        from websockets.exceptions import WebSocketException
+
+        handle = sandbox.handle
+        try:
+            upgrade = await handle.runner.websocket_upgrade(
+                port,
+                path,
+                session_id=handle.session_id or sandbox.session_id,
+                query=scope.get("query_string", b"").decode("latin-1"),
+            )
+            upstream = await connect_upstream(upgrade, scope.get("subprotocols") or None)
+        except (SandcellError, OSError, TimeoutError, WebSocketException) as exc:
+            # Mostly a server not listening yet, whose client retries.
+            log.info(
+                "e2b sandbox %s port %d: no websocket upstream: %r", sandbox.sandbox_id, port, exc
+            )
+            await websocket.close(code=1011)
+            return
+        async with upstream:
+            await websocket.accept(subprotocol=upstream.subprotocol)
+            await pump(websocket, upstream, touch=lambda: None)
