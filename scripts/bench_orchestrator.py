@@ -14,7 +14,11 @@ Usage: .venv/bin/python scripts/bench_orchestrator.py [--turns 40]
        .venv/bin/python scripts/bench_orchestrator.py --cold-only 20 [--env NAME=VALUE ...]
 
 ``--cold-only N``: only the cold rows, N sessions, with the CPU each start cost (the
-whole process tree's: this process, its runners, their helpers, a zygote). A
+whole process tree's: this process, its runners, their helpers, a zygote), and the
+CPU time of a fixed loop (``speed_probe_ms``) run before each session: on this kind of
+machine (2 vCPUs of a shared host) it swings between ~9.5 and ~18 ms from one second
+to the next, whatever this machine runs, and every CPU and latency figure with it. A
+run whose probe p50 is high ran on a slow host; compare A/B rounds by it. A
 ``PYTHONPATH`` in the environment reaches the runners too, so an A/B against another
 tree's packages (``PYTHONPATH=/other/packages/orchestrator/src:...``) runs its runner.
 """
@@ -158,6 +162,15 @@ async def main(turns: int, settings: dict[str, bool]) -> None:
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
+def speed_probe_ms() -> float:
+    """CPU time of a fixed pure-Python loop on this thread: the host's speed just now."""
+    started = time.thread_time()
+    total = 0
+    for i in range(300_000):
+        total += i * i
+    return (time.thread_time() - started) * 1000
+
+
 def tree_cpu_ms() -> float:
     """CPU of this process and every live descendant, with the children each has reaped."""
     total = 0.0
@@ -182,8 +195,9 @@ async def cold_only(sessions: int, extra_env: dict[str, str], settings: dict[str
             # As in the full run: a session first (a zygote, where there is one, starts now).
             await service.execute(NOOP, WHO, hint="first")
             await asyncio.sleep(1.0)
-            cold, cpu = [], []
+            cold, cpu, probe = [], [], []
             for i in range(sessions):
+                probe.append(speed_probe_ms())
                 before = tree_cpu_ms()
                 cold.append(await timed(service.execute(NOOP, WHO, hint=f"cold-{i}")))
                 cpu.append(tree_cpu_ms() - before)
@@ -197,6 +211,11 @@ async def cold_only(sessions: int, extra_env: dict[str, str], settings: dict[str
     )
     print("samples ms:", " ".join(f"{v:.0f}" for v in cold))
     print("samples cpu-ms:", " ".join(f"{v:.0f}" for v in cpu))
+    slow = sum(v > 1.4 * min(probe) for v in probe)
+    print(
+        f"speed probe p50 {statistics.median(probe):.1f} ms (min {min(probe):.1f});"
+        f" {slow} of {sessions} sessions began on a slow host (> 1.4x the min)"
+    )
     print(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 

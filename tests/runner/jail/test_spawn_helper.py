@@ -305,3 +305,35 @@ async def test_a_signal_the_runners_launcher_ignored_is_not_the_jobs(method: str
         helper.close()
     # Python's own two are all the helper ignores: the launcher's three are gone.
     assert inherited == (1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1))
+
+
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_a_helper_launched_without_waiting_answers_at_its_first_spawn(method: str) -> None:
+    """``wait=False`` (the runner's start-up, which does its other set-up meanwhile):
+    the helper is running when the constructor returns, its way of starting children is
+    known only once it answered, and the first spawn waits for that answer itself."""
+    helper = SpawnHelper(vfork=method == "vfork", wait=False)
+    request = _sleeper()
+    try:
+        assert helper.pid is not None
+        assert psutil.Process(helper.pid).is_running()
+        assert helper.spawn_method == "fork"  # not answered yet: the default
+        process = await helper.spawn(request)
+        assert helper.spawn_method == method == helper_method(_helper_pid(helper))
+        process.send_signal(signal.SIGKILL, group=True)
+        status, _ = await process.wait()
+        assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    finally:
+        helper.close()
+        os.close(request.stdin)
+
+
+def test_a_helper_closed_before_it_answered_exits() -> None:
+    """A start-up that failed after the launch closes the helper: it sees EOF and exits
+    (none is left behind for the process's lifetime)."""
+    helper = SpawnHelper(wait=False)
+    child = psutil.Process(_helper_pid(helper))
+    helper.close()
+    _, alive = psutil.wait_procs([child], timeout=10)
+    assert not alive, alive
+    helper.wait_started()  # nothing to wait for once closed

@@ -4,6 +4,7 @@ point of the HTTP layer."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -82,45 +83,18 @@ class RunnerService:
     ) -> None:
         self.settings = settings
         self.warnings: list[str] = []
-        self._workspaces = WorkspaceManager(
-            settings.workspace_root,
-            quota_bytes=settings.limits.workspace_quota_mib * MIB,
-            inodes=settings.limits.workspace_inodes,
-            image_dir=settings.image_dir,
-            # A kept workspace is the same directory for the next job, maybe another
-            # tenant's: a descriptor to it that outlived its job would reach into the
-            # next one. Jobs in the host's network namespace share its abstract unix
-            # sockets and so can pass descriptors to each other (or to a host process):
-            # then every workspace is wiped and made anew.
-            keep_untouched=not settings.allow_network,
-        )
-        self._workspaces.prepare()
-        instance = instance_key(settings.workspace_root)
-        self._lease = InstanceLease(instance)
-        self._cgroups = CgroupManager(instance, cpu_millicores=settings.cpu_millicores)
-        if self._lease.held:
-            reaped = self._cgroups.reap_leftovers()
-            if reaped:
-                log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
-        # The one forker of jailed processes (jail/spawner.py says why there is no other).
-        self._spawner = SpawnHelper(vfork=settings.spawn_vfork)
         nsjail = settings.nsjail_path if settings.jail_mode == "nsjail" else None
-        job_user_refused = None
-        if nsjail is not None:
-            needs = required_limits(
-                max_jobs=settings.max_jobs,
-                max_pids=settings.limits.max_pids,
-                open_files=settings.limits.open_files,
-                session_processes=MAX_RUNNING_PROCESSES if settings.sessions_enabled else 0,
-            )
-            self.warnings += apply_host_limits(needs, may_raise=os.geteuid() == 0)
-        if nsjail is not None and os.geteuid() == 0:
-            job_user_refused = probe_job_user_nsjail(nsjail, settings.uid_max)
-            if job_user_refused is not None:
-                self.warnings.append(
-                    "nsjail runs as root, so jobs' inotify and namespace budgets are "
-                    f"root's, shared by every job ({job_user_refused})"
-                )
+        # The one forker of jailed processes (jail/spawner.py says why there is no other).
+        # Launched first and awaited last: its interpreter start (~25 ms), the job-user
+        # probe (an nsjail run, ~12 ms) and the first workspace image (mkfs and mount,
+        # 8-45 ms) were one after another on every cold session's path. Launched from
+        # this thread, which its death signal follows.
+        self._spawner = SpawnHelper(vfork=settings.spawn_vfork, wait=False)
+        try:
+            job_user_refused = self._prepare_host(settings, nsjail)
+        except BaseException:
+            self._spawner.close()
+            raise
         self._jail = Jail(
             nsjail=nsjail,
             cgroups=self._cgroups,
@@ -205,6 +179,53 @@ class RunnerService:
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._jobs = JobWorkspaces(self._workspaces, self._uids, self.sessions)
         self._collect_warnings()
+
+    def _prepare_host(self, settings: RunnerSettings, nsjail: Path | None) -> str | None:
+        """Workspaces, cgroups and host limits, with the job-user probe beside them and
+        the spawn helper's answer awaited last; why jobs cannot run as their own UID
+        (None: they can)."""
+        probe: concurrent.futures.Future[str | None] | None = None
+        if nsjail is not None:
+            needs = required_limits(
+                max_jobs=settings.max_jobs,
+                max_pids=settings.limits.max_pids,
+                open_files=settings.limits.open_files,
+                session_processes=MAX_RUNNING_PROCESSES if settings.sessions_enabled else 0,
+            )
+            # First: the probe needs the user-namespace budget raised.
+            self.warnings += apply_host_limits(needs, may_raise=os.geteuid() == 0)
+        if nsjail is not None and os.geteuid() == 0:
+            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandcell-probe")
+            probe = pool.submit(probe_job_user_nsjail, nsjail, settings.uid_max)
+            pool.shutdown(wait=False)  # its one thread ends with the probe
+        self._workspaces = WorkspaceManager(
+            settings.workspace_root,
+            quota_bytes=settings.limits.workspace_quota_mib * MIB,
+            inodes=settings.limits.workspace_inodes,
+            image_dir=settings.image_dir,
+            # A kept workspace is the same directory for the next job, maybe another
+            # tenant's: a descriptor to it that outlived its job would reach into the
+            # next one. Jobs in the host's network namespace share its abstract unix
+            # sockets and so can pass descriptors to each other (or to a host process):
+            # then every workspace is wiped and made anew.
+            keep_untouched=not settings.allow_network,
+        )
+        self._workspaces.prepare()
+        instance = instance_key(settings.workspace_root)
+        self._lease = InstanceLease(instance)
+        self._cgroups = CgroupManager(instance, cpu_millicores=settings.cpu_millicores)
+        if self._lease.held:
+            reaped = self._cgroups.reap_leftovers()
+            if reaped:
+                log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
+        self._spawner.wait_started()
+        refused = probe.result() if probe is not None else None
+        if refused is not None:
+            self.warnings.append(
+                "nsjail runs as root, so jobs' inotify and namespace budgets are "
+                f"root's, shared by every job ({refused})"
+            )
+        return refused
 
     def _session_netns(self) -> SessionNetns | None:
         """A bound session's namespace, linked for egress when the policy lets anything out."""

@@ -196,6 +196,11 @@ def become_runner(child: Fork) -> int:
     os.dup2(child.log_fd, 1)
     os.dup2(child.log_fd, 2)
     os.close(child.log_fd)
+    # Now, with one thread, the token unread and the zygote's environment: the runner's
+    # restore fork server, forked instead of started afresh (``extractor_prefork.py``).
+    from .checkpoint import extractor_prefork
+
+    extractor_prefork.prefork()
     sys.argv = sys.argv[:1]
     env = {
         **child.env,

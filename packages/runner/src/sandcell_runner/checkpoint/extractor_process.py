@@ -34,7 +34,7 @@ import msgspec
 
 from ..errors import ArchiveRejectedError
 from ..jail.capabilities import CAP_SYS_NICE, holds
-from . import extractor_server
+from . import extractor_prefork, extractor_server
 from .extractor_child import ExtractorArgs
 from .extractor_server import ForkRequest, Reply
 
@@ -99,7 +99,7 @@ class ExtractorServer:
     """One fork server per runner: started ahead, restarted when lost, stopped by ``aclose``."""
 
     def __init__(self) -> None:
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: subprocess.Popen[bytes] | extractor_prefork.PreforkedServer | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[None] | None = None
@@ -114,10 +114,25 @@ class ExtractorServer:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> None:
-        """Start the server unless it runs; needs a running loop."""
+        """Start the server unless it runs; needs a running loop. The first one of a
+        runner forked from the zygote was forked already (``extractor_prefork.py``)."""
         if self._sock is not None or self._closed:
             return
         loop = asyncio.get_running_loop()
+        preforked = extractor_prefork.take()
+        if preforked is not None:
+            self._process, ours = preforked, preforked.sock  # its imports are done
+        else:
+            ours = self._launch()
+        ours.setblocking(False)
+        self._sock = ours
+        self._loop = loop
+        self._ready = loop.create_future()
+        loop.add_reader(ours.fileno(), self._on_readable)
+        if preforked is None:
+            self._set_nice(_SPARE_NICE)
+
+    def _launch(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._process = subprocess.Popen(
@@ -134,12 +149,7 @@ class ExtractorServer:
             raise
         finally:
             theirs.close()
-        ours.setblocking(False)
-        self._sock = ours
-        self._loop = loop
-        self._ready = loop.create_future()
-        loop.add_reader(ours.fileno(), self._on_readable)
-        self._set_nice(_SPARE_NICE)
+        return ours
 
     async def extract(self, args: ExtractorArgs, fds: Sequence[int]) -> ExtractorProcess:
         """Fork a child for one restore: ``fds`` are the archive pipe, the staging

@@ -65,9 +65,13 @@ class HelperProcess:
 class SpawnHelper:
     """Starts and talks to one helper process; restarts it when it was lost."""
 
-    def __init__(self, *, python: str = sys.executable, vfork: bool = True) -> None:
+    def __init__(
+        self, *, python: str = sys.executable, vfork: bool = True, wait: bool = True
+    ) -> None:
         """``vfork``: start children through the compiled ``_vfork`` module when it was
-        built (``SANDCELL_RUNNER_SPAWN_VFORK``); False, or not built: the fork path."""
+        built (``SANDCELL_RUNNER_SPAWN_VFORK``); False, or not built: the fork path.
+        ``wait=False``: return once the helper is launched; ``wait_started`` (or the first
+        spawn) waits for its answer, so the caller's own start-up runs meanwhile."""
         self._python = python
         self._vfork = vfork
         self.spawn_method = "fork"
@@ -78,10 +82,19 @@ class SpawnHelper:
         self._seq = 0
         self._pending: dict[int, asyncio.Future[HelperProcess]] = {}
         self._running: dict[int, HelperProcess] = {}
-        self._start()
+        self._starting: socket.socket | None = None
+        """Our end of a launched helper's socket until its ``pong`` has been read."""
+        self._extension: str | None = None
+        self._launch()
+        if wait:
+            self.wait_started()
 
     def _start(self) -> None:
-        extension = _vfork_extension() if self._vfork else None
+        self._launch()
+        self.wait_started()
+
+    def _launch(self) -> None:
+        self._extension = extension = _vfork_extension() if self._vfork else None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             argv = [self._python, "-I", "-S", str(Path(spawnd.__file__))]
@@ -107,6 +120,18 @@ class SpawnHelper:
         ours.settimeout(30)
         try:
             ours.send(marshal.dumps({"op": "ping"}))
+        except OSError as exc:
+            ours.close()
+            raise JailError(f"spawn helper did not start: {exc}") from None
+        self._starting = ours
+
+    def wait_started(self) -> None:
+        """Wait for a launched helper's answer (a no-op once it came); ``JailError`` if
+        it did not start."""
+        ours, self._starting = self._starting, None
+        if ours is None:
+            return
+        try:
             answer = ours.recv(spawnd.MAX_MESSAGE_BYTES)
         except OSError as exc:
             ours.close()
@@ -116,8 +141,8 @@ class SpawnHelper:
             ours.close()
             raise JailError("spawn helper did not start")
         self.spawn_method = "vfork" if pong.get("spawn") == "vfork" else "fork"
-        if extension is not None and self.spawn_method != "vfork":
-            log.warning("spawn helper could not load %s; it forks in Python", extension)
+        if self._extension is not None and self.spawn_method != "vfork":
+            log.warning("spawn helper could not load %s; it forks in Python", self._extension)
         ours.setblocking(True)
         self._sock = ours
 
@@ -128,6 +153,7 @@ class SpawnHelper:
 
     def _attach(self) -> socket.socket:
         loop = asyncio.get_running_loop()
+        self.wait_started()
         if self._sock is None:
             log.warning("spawn helper was lost; starting a new one")
             self._start()
@@ -262,6 +288,12 @@ class SpawnHelper:
         Safe from any thread: the socket is shut down, not closed, so the loop's
         reader sees the end and cleans up on the loop's own thread.
         """
+        if self._starting is not None:
+            self._starting.close()  # never waited for: the helper sees EOF and exits
+            self._starting = None
+            if self._process is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._process.wait(timeout=5)
         if self._sock is None:
             return
         if self._loop is None or self._loop.is_closed():
