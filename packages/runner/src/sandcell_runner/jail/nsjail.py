@@ -42,6 +42,7 @@ from .outcome import (
 )
 from .spawner import ProcessSpawner, SpawnRequest
 from .spec import JobLimits, JobSpec
+from .stdin import sealed_memfd
 
 
 class Jail:
@@ -399,7 +400,10 @@ class Jail:
         if spec.stdin is None:
             return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         # A file, not a pipe: no writer task to manage, and a job that never reads
-        # its stdin cannot block the runner.
+        # its stdin cannot block the runner. A memfd where the kernel has them
+        # (``stdin.py``: no inode on the workspace root's filesystem, sealed).
+        with contextlib.suppress(OSError):
+            return sealed_memfd(spec.stdin)
         path = spec.job_dir.parent / f"{spec.job_dir.name}.stdin"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.unlink(path)

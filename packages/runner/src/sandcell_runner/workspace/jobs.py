@@ -119,13 +119,21 @@ class JobWorkspaces:
     ) -> AsyncIterator[JobWorkspace]:
         """The bound session's workspace and pinned UID, holding the session lock.
 
-        ``fill`` (blocking) writes into it in the same thread hop that makes the job directory.
+        ``fill`` (blocking) writes into it in the same thread hop that makes the job directory,
+        the turn's entry file first (``Executor.write_inputs``): so such a turn may take a
+        finished turn's job directory (``create_session_job_dir``), and its job must be
+        over (``Jail.run``) when this exits.
         """
         async with self.sessions.locked(session_id) as state:
             made: list[Path] = []
+            # A turn that writes its entry file (``fill``) may take a kept directory.
+            reuse = fill is not None
+            remove = (
+                self._workspaces.remove_session_job_dir if reuse else self._workspaces.remove_dir
+            )
 
             def create() -> JobWorkspace:
-                job_dir = self._workspaces.create_session_job_dir()
+                job_dir = self._workspaces.create_session_job_dir(reuse=reuse)
                 made.append(job_dir)
                 workspace = JobWorkspace(
                     path=state.workspace,
@@ -151,6 +159,6 @@ class JobWorkspaces:
                 yield workspace
             finally:
                 try:
-                    await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
+                    await asyncio.shield(asyncio.to_thread(remove, job_dir))
                 finally:
                     self._job_done(job_dir)  # as in ``_remove_fresh``: a failed removal too

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 _FREE_JOBS = 64
 """Emptied job directories kept for reuse (more than a runner's concurrent jobs)."""
 
+_FREE_SESSION_JOBS = 4
+"""Emptied session job directories kept for reuse (a session's turns run one at a time)."""
+
 
 @dataclass(frozen=True, slots=True)
 class JobDirs:
@@ -90,6 +93,8 @@ class WorkspaceManager:
         """Where workspace bytes live: ``ext4`` (disk), ``tmpfs`` (memory) or ``plain``."""
         self._free_jobs: list[Path] = []
         """Emptied ``jobs/<id>`` directories (each holding an empty ``job``), reused."""
+        self._free_session_jobs: list[Path] = []
+        """Emptied ``session/job-<id>`` directories, reused (``create_session_job_dir``)."""
         self._free_lock = threading.Lock()
 
     def prepare(self) -> None:
@@ -279,11 +284,49 @@ class WorkspaceManager:
             self._free_jobs.append(base)
         return True
 
-    def create_session_job_dir(self) -> Path:
-        """A job directory for one session turn (the workspace is the session's)."""
-        path = self.session / f"job-{int(time.time())}-{secrets.token_hex(6)}"
-        path.mkdir(mode=0o755)
+    def create_session_job_dir(self, *, reuse: bool = False) -> Path:
+        """A job directory for one session turn (the workspace is the session's).
+
+        ``reuse``: the caller writes the turn's entry file (``entry.write_entry``)
+        before anything runs, so a finished turn's directory will do when
+        ``remove_session_job_dir`` kept one: a ``mkdir``, a create of the entry file
+        and their two deletions less per turn, each of which pays ext4's walk past
+        recently freed inodes (``entry.py``). It holds at most the last turn's entry
+        file, root's with mode 0 (perhaps another session's code: hence only for a
+        caller that writes over it; its size would show in a ``stat``).
+        """
+        path = None
+        if reuse:
+            with self._free_lock:
+                path = self._free_session_jobs.pop() if self._free_session_jobs else None
+        if path is not None:
+            try:
+                os.utime(path)  # the reaper goes by age: a reused one is as new as its turn
+            except FileNotFoundError:
+                path = None
+        if path is None:
+            path = self.session / f"job-{int(time.time())}-{secrets.token_hex(6)}"
+            path.mkdir(mode=0o755)
         return path
+
+    def remove_session_job_dir(self, path: Path) -> None:
+        """Done with a session turn's job directory (``create_session_job_dir``'s with
+        ``reuse``): emptied but for its entry file and kept for the next turn, or removed.
+
+        Only for a turn whose processes are all gone (a job ``Jail.run`` waited for):
+        the directory's next user writes its code there."""
+        with contextlib.suppress(FileNotFoundError):
+            if len(self._free_session_jobs) < _FREE_SESSION_JOBS:
+                try:
+                    recycle_job_dir(path)
+                except OSError:
+                    pass
+                else:
+                    with self._free_lock:
+                        if len(self._free_session_jobs) < _FREE_SESSION_JOBS:
+                            self._free_session_jobs.append(path)
+                            return
+            shutil.rmtree(path)
 
     def remove_dir(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -300,7 +343,7 @@ class WorkspaceManager:
         now = time.time() if now is None else now
         removed: list[Path] = []
         with self._free_lock:
-            keep = keep | set(self._free_jobs)
+            keep = keep | set(self._free_jobs) | set(self._free_session_jobs)
         for parent in (self.jobs, self.session):
             if not parent.is_dir():
                 continue
