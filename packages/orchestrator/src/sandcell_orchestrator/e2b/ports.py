@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ..errors import SandcellError
+from ..handle import SandboxHandle
 from ..runner.port_forward import (
     connect_upstream,
     downstream_response,
@@ -68,22 +70,25 @@ class SandboxPorts:
     def __init__(self, sandboxes: Callable[[], E2bSandboxes]) -> None:
         self._sandboxes = sandboxes
 
-    async def _sandbox(self, sandbox_id: str | None, token: str | None) -> E2bSandbox | None:
-        sandbox = await self._sandboxes().for_port(sandbox_id, token)
+    async def _reached(self, headers: Headers) -> tuple[E2bSandbox, SandboxHandle] | None:
+        """The sandbox the headers name and its handle, if this caller may reach it and
+        it runs (a paused one has no handle)."""
+        sandbox = await self._sandboxes().for_port(
+            headers.get("e2b-sandbox-id"), headers.get("e2b-traffic-access-token")
+        )
         if sandbox is None or sandbox.handle is None:
             return None
-        return sandbox
+        return sandbox, sandbox.handle
 
     async def http(self, port: int, scope: Scope, receive: Receive, send: Send) -> None:
         """Forward one request to ``port`` in the sandbox the headers name."""
         request = Request(scope, receive)
         headers = request.headers
-        sandbox = await self._sandbox(
-            headers.get("e2b-sandbox-id"), headers.get("e2b-traffic-access-token")
-        )
-        if sandbox is None or sandbox.handle is None:
+        reached = await self._reached(headers)
+        if reached is None:
             await sandbox_gone_response(headers.get("e2b-sandbox-id"))(scope, receive, send)
             return
+        sandbox, handle = reached
         path = _forward_path(scope)
         if path is None:
             refused = E2bError(400, "bad_request", "a path may not contain . or .. segments")
@@ -96,7 +101,6 @@ class SandboxPorts:
             forwarded["x-forwarded-host"] = headers["host"]
         forwarded["x-forwarded-proto"] = request.url.scheme
         has_body = request.method not in ("GET", "HEAD") or "content-length" in headers
-        handle = sandbox.handle
         try:
             upstream = await handle.runner.port_request(
                 request.method,
@@ -116,18 +120,15 @@ class SandboxPorts:
     async def websocket(self, port: int, scope: Scope, receive: Receive, send: Send) -> None:
         """Relay a WebSocket to ``port`` in the sandbox the headers name."""
         websocket = WebSocket(scope, receive, send)
-        headers = websocket.headers
-        sandbox = await self._sandbox(
-            headers.get("e2b-sandbox-id"), headers.get("e2b-traffic-access-token")
-        )
+        reached = await self._reached(websocket.headers)
         path = _forward_path(scope)
-        if sandbox is None or sandbox.handle is None or path is None:
+        if reached is None or path is None:
             await websocket.close(code=1008)
             return
+        sandbox, handle = reached
         # Imported here: only WebSocket forwarding needs the library.
         from websockets.exceptions import WebSocketException
 
-        handle = sandbox.handle
         try:
             upgrade = await handle.runner.websocket_upgrade(
                 port,

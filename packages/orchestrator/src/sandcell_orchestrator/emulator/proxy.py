@@ -17,28 +17,15 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ..runner.port_forward import HOP_BY_HOP
 from .vm import TERMINAL, EmulatedVm, EmulatorClock, Faults, MicrovmFleet, VmState
 
 __all__ = ["PROXY_METHODS", "ProxyTokens", "VmProxy"]
 
 PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 _DEFAULT_PORT = 8080
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "x-aws-proxy-auth",
-        "x-aws-proxy-port",
-    }
-)
+# Not forwarded to the VM: hop-by-hop headers and the proxy's own routing and auth.
+_HOP_BY_HOP = HOP_BY_HOP | {"host", "x-aws-proxy-auth", "x-aws-proxy-port"}
 
 
 @dataclass(frozen=True, slots=True)
