@@ -488,6 +488,9 @@ async def test_idle_sweeper_suspends_and_forgets_lost_sandboxes(
     os.kill(int(state["pid"]), signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(int(state["pid"]), 0)
+    # A forked runner is the zygote's child, not ours: it is dead only once the kernel
+    # has torn it down (a zombie, or reaped). Before that the sweep rightly sees it alive.
+    await _until_dead(int(state["pid"]))
     suspended = await service.sweep_idle(idle_s=60)
     assert suspended == 0  # nothing idle for a minute yet
     idle_record = await registry.get(idle_id)
@@ -566,3 +569,16 @@ async def test_a_failing_destroy_skips_one_row_not_the_round(
     assert stuck_now is not None
     assert stuck_now.state == "suspended"
     await service.aclose(destroy_sandboxes=True)
+
+
+async def _until_dead(pid: int) -> None:
+    import psutil
+
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.NoSuchProcess:
+                return
+            await asyncio.sleep(0.02)
