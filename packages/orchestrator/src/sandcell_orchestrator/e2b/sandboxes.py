@@ -364,7 +364,7 @@ class E2bSandboxes:
             end = self._now() + self._timeout(timeout_s)
             if sandbox.state == "paused":
                 await self._check_room(sandbox.owner)
-                handle = await self.manager.resume(sandbox.session_id, sandbox.spec)
+                handle = (await self.manager.resume(sandbox.session_id, sandbox.spec)).handle
                 try:
                     await self.views.change(
                         sandbox,
