@@ -314,14 +314,18 @@ class SandboxManager:
                 raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
             return await self.checkpoint(hold, Attached(handle), workspace=workspace)
 
-    async def resume(self, session_id: str, spec: SandboxSpec) -> SandboxHandle:
-        """The session's sandbox, brought back if suspended (the caller owns the handle)."""
+    async def resume(self, session_id: str, spec: SandboxSpec) -> Attached:
+        """The session's sandbox, brought back if suspended (the caller owns the handle).
+
+        ``launched``: a new sandbox of ``spec``, restored. Otherwise the live one was
+        reused or the provider resumed it in place: it has what it had, its egress
+        policy too, not necessarily ``spec``'s."""
         async with self.hold(session_id) as hold:
             if hold.record is None:
                 raise SandboxNotFoundError(f"session {session_id[:11]} is not registered")
             attached = await self.attach(hold, spec)
         self.sandboxes.release(session_id)
-        return attached.handle
+        return attached
 
     async def replace_lost(self, session_id: str, spec: SandboxSpec) -> SandboxHandle:
         """Rebuild a sandbox that stopped answering from its last checkpoint.
