@@ -390,7 +390,13 @@ class SandboxManager:
         """Destroy the session's sandbox, its checkpoints and its row; whether it had a row."""
         async with self.hold(session_id) as hold:
             record = hold.record
-            await self.sandboxes.forget(session_id)
+            cached = self.sandboxes.take(session_id)
+            if cached is not None and (record is None or cached.sandbox_id != record.sandbox_id):
+                # No record points at this process's sandbox of the session (a wiped
+                # registry lost it): nothing else would ever remove it.
+                await self.sandboxes.discard(cached)
+            elif cached is not None:
+                await cached.close()
             if record is not None and record.provider == self.provider.name:
                 await self.provider.destroy(record.sandbox_id)
             await self.persistence.delete_all(
