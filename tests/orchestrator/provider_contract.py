@@ -157,9 +157,11 @@ async def suspend_resume_continues(target: ContractTarget) -> None:
             assert await target.store.exists(record.checkpoint_key)
             with pytest.raises(SandboxNotFoundError):
                 await provider.connect(handle.sandbox_id)
-        resumed = await manager.resume(session_id, target.spec)
+        attached = await manager.resume(session_id, target.spec)
+        resumed = attached.handle
         try:
             assert (resumed.sandbox_id == handle.sandbox_id) == native
+            assert attached.launched != native  # resumed in place, or launched and restored
             assert resumed.session_id == session_id
             await _python(resumed, "open('state.txt', 'a').write(', turn 2')")
             result = await _python(resumed, "print(open('state.txt').read())")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sandcell_orchestrator.e2b.sandboxes import E2bSandboxes
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.registry import InProcessRegistry
@@ -83,3 +84,39 @@ async def test_the_connector_outside_and_the_policy_inside(
         assert (OTHER, 443) in refused
     finally:
         await manager.discard(handle)
+
+
+async def test_an_e2b_update_while_suspended_in_place_reaches_the_resumed_vm(
+    emulator: MicrovmEmulator, provider_factory: ProviderFactory, tmp_path: Path
+) -> None:
+    """An E2B sandbox paused on Lambda is suspended in place: its runner keeps the policy
+    it had (the emulator SIGSTOPs it). A network update while it is paused only writes
+    the row, so the resume must set the row's policy on the resumed VM itself."""
+    manager = SandboxManager(
+        provider_factory(), InProcessRegistry(), DirectorySnapshotStore(tmp_path / "snapshots")
+    )
+    sandboxes = E2bSandboxes(manager)
+    new = EgressPolicy(mode="allow", allow=(ALLOWED,))
+    try:
+        made = await sandboxes.create(
+            owner="tenant-a",
+            template="base",
+            timeout_s=600,
+            metadata={},
+            env={},
+            auto_pause=False,
+            egress=EgressPolicy(mode="deny_all"),
+        )
+        assert await sandboxes.pause(made) is True
+        record = await manager.record(made.session_id)
+        assert record is not None
+        assert emulator.fleet.vms[record.sandbox_id.rpartition("~")[0]].state.value == "SUSPENDED"
+        await sandboxes.set_network(made, new)
+        await sandboxes.connect(made, timeout_s=None)
+        resumed = await manager.record(made.session_id)
+        assert resumed is not None
+        assert resumed.sandbox_id == record.sandbox_id  # the same VM, resumed in place
+        assert (await manager.egress_status(made.session_id)).policy == new
+    finally:
+        await sandboxes.aclose()
+        await manager.aclose(destroy_sandboxes=False)

@@ -121,7 +121,7 @@ async def test_an_app_sandbox_saved_under_the_old_snapshots_key_is_resumed(
     await registry.release(lease)
 
     manager = SandboxManager(local_provider, registry, dir_store)
-    handle = await manager.resume(session_id, SandboxSpec())
+    handle = (await manager.resume(session_id, SandboxSpec())).handle
     try:
         assert await handle.files.read("app.py") == "print(1)"
     finally:

@@ -65,7 +65,9 @@ async def test_acquire_suspend_resume_destroy(
         await manager.connect(session_id)
     assert not await manager.suspend(session_id)  # nothing active to suspend
 
-    resumed = await manager.resume(session_id, SandboxSpec())
+    attached = await manager.resume(session_id, SandboxSpec())
+    assert attached.launched  # a new sandbox, restored (not resumed in place)
+    resumed = attached.handle
     assert resumed.sandbox_id != first_id  # the provider id changes; the session does not
     assert await resumed.files.read("notes/todo.txt") == "ship it"
     listing = {entry.name: entry for entry in await resumed.files.list()}
@@ -122,7 +124,7 @@ async def test_suspend_keeps_only_the_persistent_workspace(
     await handle.files.write("cache/blob.bin", "dropped")
     await manager.suspend(session_id, workspace=PersistentWorkspace(exclude=("cache",)))
     await handle.close()
-    resumed = await manager.resume(session_id, SandboxSpec())
+    resumed = (await manager.resume(session_id, SandboxSpec())).handle
     names = {entry.name for entry in await resumed.files.list()}
     assert names == {"keep"}
     await resumed.close()

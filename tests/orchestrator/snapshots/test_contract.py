@@ -264,6 +264,42 @@ async def test_list_never_shows_a_deleted_or_half_written_object(store: Snapshot
     assert [entry.key for entry in await store.list(checkpoint_prefix(session))] == [kept]
 
 
+async def test_list_reads_one_page_after_a_marker(store: SnapshotStore) -> None:
+    """``start_after`` and ``limit`` cut a page out of the listing, by key: the keys after
+    the marker (which need not exist), at most ``limit`` of them; paging by the last key
+    seen reads every key once."""
+    session = runtime_session_id("tenant", "user", uuid.uuid4().hex)
+    keys = [checkpoint_key(session, g) for g in range(1, 8)]
+    for key in keys:
+        await store.put(key, stream_of(b"x"), max_bytes=CAP)
+    prefix = checkpoint_prefix(session)
+
+    first = await store.list(prefix, limit=3)
+    assert [entry.key for entry in first] == keys[:3]
+    after = await store.list(prefix, start_after=keys[3], limit=2)
+    assert [entry.key for entry in after] == keys[4:6]
+    assert [e.key for e in await store.list(prefix, start_after=keys[5])] == keys[6:]
+    assert [e.key for e in await store.list(prefix, start_after=prefix + "0")] == keys
+    assert await store.list(prefix, start_after=keys[-1], limit=5) == []
+    seen: list[str] = []
+    marker: str | None = None
+    while page := await store.list(prefix, start_after=marker, limit=3):
+        seen += [entry.key for entry in page]
+        marker = page[-1].key
+    assert seen == keys
+
+
+async def test_list_refuses_a_marker_outside_the_prefix_and_a_bad_limit(
+    store: SnapshotStore,
+) -> None:
+    prefix = checkpoint_prefix(runtime_session_id("tenant", "user", uuid.uuid4().hex))
+    with pytest.raises(CheckpointError, match="start_after"):
+        await store.list(prefix, start_after="checkpoints/")
+    for limit in (0, -1, True):
+        with pytest.raises(ValueError, match="limit"):
+            await store.list(prefix, limit=limit)
+
+
 @pytest.mark.parametrize("prefix", ["", "/", "../x", "a//b", ".staging/", "/abs"])
 async def test_list_refuses_a_bad_prefix(store: SnapshotStore, prefix: str) -> None:
     with pytest.raises(CheckpointError, match="snapshot"):

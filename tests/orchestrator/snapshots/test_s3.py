@@ -9,6 +9,7 @@ import sys
 import time
 import traceback
 import tracemalloc
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +25,7 @@ from sandcell_orchestrator.snapshots import (
     SnapshotUnavailableError,
 )
 from sandcell_orchestrator.snapshots.s3 import translate_error
+from sandcell_protocol import checkpoint_key, checkpoint_prefix, runtime_session_id
 from tests.orchestrator.snapshots import MIB, new_key, payload, read_all, stream_of
 from tests.orchestrator.snapshots.conftest import (
     ACCESS_KEY,
@@ -285,11 +287,14 @@ class RecordingPoolManager(urllib3.PoolManager):
     def __init__(self) -> None:
         super().__init__()
         self.requests: list[tuple[str, str]] = []
+        self.queries: list[str] = []
 
     def urlopen(  # type: ignore[override]  # as urllib3's own PoolManager.urlopen
         self, method: str, url: str, redirect: bool = True, **kw: Any
     ) -> urllib3.BaseHTTPResponse:
-        self.requests.append((method, urllib3.util.parse_url(url).path or ""))
+        parsed = urllib3.util.parse_url(url)
+        self.requests.append((method, parsed.path or ""))
+        self.queries.append(parsed.query or "")
         return super().urlopen(method, url, redirect=redirect, **kw)
 
 
@@ -306,6 +311,26 @@ async def test_over_cap_get_sends_no_get_request(s3_settings: S3Settings) -> Non
                 pytest.fail("entered an over-cap snapshot")
 
     assert [method for method, _ in transport.requests] == ["HEAD"]
+
+
+async def test_a_page_is_one_list_request_from_its_marker(s3_settings: S3Settings) -> None:
+    """A listing with ``limit`` (under S3's 1,000 keys a response) is one ListObjectsV2
+    request that starts after the marker: the keys before it are never sent."""
+    session = runtime_session_id("tenant", "user", uuid.uuid4().hex)
+    keys = [checkpoint_key(session, g) for g in range(1, 6)]
+    transport = RecordingPoolManager()
+    async with S3SnapshotStore(s3_settings, http_client=transport) as store:
+        for key in keys:
+            await store.put(key, stream_of(b"x"), max_bytes=CAP)
+        transport.requests.clear()
+        transport.queries.clear()
+        page = await store.list(checkpoint_prefix(session), start_after=keys[1], limit=2)
+
+    assert [entry.key for entry in page] == keys[2:4]
+    assert [method for method, _ in transport.requests] == ["GET"]
+    (query,) = transport.queries
+    assert "start-after=" in query
+    assert "list-type=2" in query
 
 
 async def test_sha256_is_object_metadata_and_staging_is_cleaned(

@@ -28,6 +28,7 @@ from .sessions.execution import ExecutionService
 from .sessions.input_store import SnapshotInputStore
 from .sessions.inputs import DirectoryInputSource, InputStore
 from .sessions.manager import SandboxManager
+from .sessions.owners import SessionOwners
 from .snapshots import SnapshotStore, open_snapshot_store
 
 __all__ = ["Services", "open_provider", "open_registry", "open_services"]
@@ -49,6 +50,8 @@ class Services:
     manager: SandboxManager
     """The one sandbox lifecycle every surface uses (turns, app instances, admin)."""
     execution: ExecutionService
+    owners: SessionOwners
+    """Whose each session is: the registry's session index, kept in the store too."""
 
 
 def open_registry(settings: OrchestratorSettings) -> SessionRegistry:
@@ -129,4 +132,5 @@ async def open_services(
             metrics=metrics,
             manager=manager,
             execution=execution,
+            owners=SessionOwners(registry, store),
         )

@@ -324,17 +324,48 @@ class E2bSandboxes:
 
     # -- network ----------------------------------------------------------------------------
 
+    # Why a running sandbox ends on its row's policy, however an update on one worker and
+    # a resume on another interleave (the per-sandbox lock is per worker; only the row's
+    # compare-and-set on ``revision`` orders them): both do their runner side *before*
+    # their write of the row, for the row that write replaces, and again for the fresh
+    # row after every conflict (``views.change``'s ``prepare``). A write that lands had
+    # its runner side done for the very row it replaced (no write came between), and a
+    # runner step another worker took after it belongs to a write not landed yet, which
+    # fails against the newer revision and is redone on top of it. So the last runner
+    # step is the last write's, and the runner holds the row's policy:
+    # - the update reads "paused", the resume launches with the old spec: whichever write
+    #   lands second re-reads; the update finds "running" and applies to the runner the
+    #   session record names (the resume recorded it before its write), or the resume
+    #   finds the new egress and applies it to the runner it launched;
+    # - two updates: the one that lands second applies its policy again, after the other;
+    # - a resume whose runner was not launched from the row it read (resumed in place, or
+    #   left running by a resume that never wrote the row) applies the row's policy even
+    #   at its first write.
+    # A pause suspends before its write; timeout and metadata writes touch no runner. An
+    # update answered with an error (its write never landed) may leave its policy on the
+    # runner until the next update or resume, as before.
+
+    def _egress(self, row: E2bSandboxRow) -> EgressPolicy:
+        """The policy a runner of ``row`` enforces (sandcell's default, ``deny_all``, when
+        neither the row nor its template names one: a runner launched without one)."""
+        return self._spec(row).egress or EgressPolicy()
+
     async def set_network(self, sandbox: E2bSandbox, policy: EgressPolicy | None) -> None:
         """Replace the sandbox's egress policy (None: its template's): on its runner at
         once when it runs, and in its row, so a resume (on any worker) launches with it."""
+
+        async def on_runner(row: E2bSandboxRow) -> None:
+            if row.state == "running":
+                # The runner first: if it refuses, the sandbox keeps the policy it has.
+                wanted = self._egress(msgspec.structs.replace(row, egress=policy))
+                await self.manager.set_egress(row.session_id, wanted)
+
         async with sandbox.lock:
             await self.views.refresh(sandbox)
-            wanted = self._spec(msgspec.structs.replace(sandbox.row, egress=policy))
-            if sandbox.state == "running":
-                # The runner first: if it refuses, the sandbox keeps the policy it has.
-                await self.manager.set_egress(sandbox.session_id, wanted.egress or EgressPolicy())
             await self.views.change(
-                sandbox, lambda row: msgspec.structs.replace(row, egress=policy)
+                sandbox,
+                lambda row: msgspec.structs.replace(row, egress=policy),
+                prepare=on_runner,
             )
             sandbox.spec = self._spec(sandbox.row)
         log.info("e2b sandbox %s: egress policy replaced", sandbox.sandbox_id)
@@ -364,13 +395,29 @@ class E2bSandboxes:
             end = self._now() + self._timeout(timeout_s)
             if sandbox.state == "paused":
                 await self._check_room(sandbox.owner)
-                handle = await self.manager.resume(sandbox.session_id, sandbox.spec)
+                attached = await self.manager.resume(sandbox.session_id, sandbox.spec)
+                handle = attached.handle
+                # What the runner enforces: the spec's if it was launched for this resume;
+                # unknown if it was resumed in place (a MicroVM keeps the policy it was
+                # suspended with) or was running (a resume that never wrote the row).
+                enforced = self._egress(sandbox.row) if attached.launched else None
+
+                async def align(row: E2bSandboxRow) -> None:
+                    # An update that landed since the spec was read (on any worker) left
+                    # this runner to us: see "network" above.
+                    nonlocal enforced
+                    wanted = self._egress(row)
+                    if wanted != enforced:
+                        await self.manager.apply_egress(handle, wanted)
+                        enforced = wanted
+
                 try:
                     await self.views.change(
                         sandbox,
                         lambda row: msgspec.structs.replace(
                             row, state="running", end_at_s=end, resumes=row.resumes + 1
                         ),
+                        prepare=align,
                     )
                 except BaseException:
                     with contextlib.suppress(SandcellError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -119,12 +119,23 @@ class SandboxViews:
                 await handle.close()
 
     async def change(
-        self, sandbox: E2bSandbox, change: Callable[[E2bSandboxRow], E2bSandboxRow]
+        self,
+        sandbox: E2bSandbox,
+        change: Callable[[E2bSandboxRow], E2bSandboxRow],
+        *,
+        prepare: Callable[[E2bSandboxRow], Awaitable[None]] | None = None,
     ) -> None:
         """Apply ``change`` to the stored row by compare-and-set, re-reading it when
-        another worker changed it meanwhile; a 404 once it is gone."""
+        another worker changed it meanwhile; a 404 once it is gone.
+
+        ``prepare`` is awaited before every attempt with the row that attempt would
+        replace: what the change does outside the row (a runner's egress) is done for
+        that row, and done again for the fresh one after a conflict, so a write that
+        lands never rests on a row another worker changed since its side was done."""
         for _ in range(_CHANGE_ATTEMPTS):
             current = sandbox.row
+            if prepare is not None:
+                await prepare(current)
             changed = msgspec.structs.replace(change(current), revision=current.revision + 1)
             if await self.registry.update_e2b_sandbox(changed):
                 sandbox.row = changed

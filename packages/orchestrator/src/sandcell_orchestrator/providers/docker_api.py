@@ -28,6 +28,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from ..errors import ConfigError, SandboxUnavailableError
+from ..runner.close_guard import CloseGuard
 
 __all__ = ["API_VERSION", "EngineAPIError", "EngineClient", "parse_docker_host"]
 
@@ -77,7 +78,9 @@ class EngineClient:
         self._client = httpx.AsyncClient(
             # The host part is a placeholder: the transport connects to the socket.
             base_url=f"http://docker/{API_VERSION}",
-            transport=transport or httpx.AsyncHTTPTransport(uds=socket_path),
+            # Guarded: a close() racing a request still connecting would leave that
+            # request's socket open (runner/close_guard.py).
+            transport=CloseGuard(transport or httpx.AsyncHTTPTransport(uds=socket_path)),
             timeout=httpx.Timeout(timeout_s, connect=5.0),
             trust_env=False,
         )

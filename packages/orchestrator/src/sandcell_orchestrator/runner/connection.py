@@ -41,6 +41,7 @@ from sandcell_protocol import (
 from sandcell_protocol import ProtocolMismatchError as WireMismatch
 
 from ..errors import ConfigError, ProtocolMismatchError, SandboxUnavailableError
+from .close_guard import CloseGuard
 from .errors import (
     HeaderGuard,
     Redactor,
@@ -112,16 +113,19 @@ class RunnerConnection:
         self._contact_lock = anyio.Lock()
         # What a request sent outside httpx (a WebSocket upgrade) could not go through.
         self.transport_injected = transport is not None
+        # Guarded: a close racing another task's connecting request must not leave
+        # that request's connection open (close_guard.py).
         self.http = httpx.AsyncClient(
             base_url=self.base_url,
-            transport=transport,
+            transport=CloseGuard(
+                transport or httpx.AsyncHTTPTransport(verify=_tls_context(), trust_env=False)
+            ),
             auth=HeaderGuard(auth),
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             headers={headers.PROTOCOL: PROTOCOL_VERSION},
             follow_redirects=False,
             # No proxy variables or .netrc: a token must go only where the caller sent it.
             trust_env=False,
-            verify=_tls_context(),
         )
 
     def __repr__(self) -> str:

@@ -19,7 +19,9 @@ comes from the key, never from the body, so one tenant cannot name another's
 session. Session records do not carry a namespace, so ``/v1/exec`` and
 ``/v1/run`` index each session they are given in the registry's session index
 (session id -> namespace, user, hint): with a Redis registry every worker lists
-and finds every session, whichever worker ran it.
+and finds every session, whichever worker ran it. The index is kept in the
+snapshot store too (``sessions/owners.py``), so a registry that lost its data
+still lists, and deletes, every session whose checkpoint the store holds.
 """
 
 from __future__ import annotations
@@ -247,20 +249,21 @@ class _Service:
             # Another tenant's session and an unknown one look alike.
             return error_response(404, ErrorCode.NOT_FOUND, "no such session")
         await self.execution.destroy_session(session_id)
-        await self.services.registry.unindex_session(session_id)
+        await self.services.owners.forget(self.keys.namespace(request), session_id)
         return Response(status_code=204)
 
     async def remember(self, session_id: str, namespace: str, user_id: str, hint: str) -> None:
         """Index a session a tenant named (``/v1/run`` does it like ``/v1/exec``).
 
-        The index is the registry's, so every worker on it lists and finds it.
+        The index is the registry's, so every worker on it lists and finds it, and is
+        kept in the snapshot store too, so a wiped registry still lists it
+        (``SessionOwners``).
         """
         owner = SessionOwner(session_id=session_id, namespace=namespace, user_id=user_id, hint=hint)
-        await self.services.registry.index_session(owner)
+        await self.services.owners.remember(owner)
 
-    async def owner_of(self, session_id: str) -> str | None:
-        owner = await self.services.registry.session_owner(session_id)
-        return owner.namespace if owner is not None else None
+    async def owns(self, namespace: str, session_id: str) -> bool:
+        return await self.services.owners.owns(namespace, session_id)
 
     async def owned_session(self, request: Request) -> str | None:
         """The path's session id if the caller's tenant owns it, else None: another
@@ -270,7 +273,7 @@ class _Service:
         session_id = str(request.path_params["session_id"])
         if not is_runtime_session_id(session_id):
             raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
-        return session_id if await self.owner_of(session_id) == namespace else None
+        return session_id if await self.owns(namespace, session_id) else None
 
     async def healthz(self, _request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON_MEDIA_TYPE)
@@ -302,7 +305,7 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         execution=lambda: service.execution,
         namespace_of=service.keys.namespace,
         remember=service.remember,
-        owner_of=service.owner_of,
+        owns=service.owns,
         idempotency=service.idempotency,
     ).routes()
     handlers: dict[Any, Any] = {HTTPException: http_error_response}

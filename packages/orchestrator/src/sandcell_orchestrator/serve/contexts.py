@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 Endpoint = Callable[[Request], Awaitable[Response]]
 Remember = Callable[[str, str, str, str], Awaitable[None]]
 """(session id, namespace, user id, hint): index a session this tenant named."""
-OwnerOf = Callable[[str], Awaitable[str | None]]
-"""session id -> the namespace that named it (None: unknown here)."""
+Owns = Callable[[str, str], Awaitable[bool]]
+"""(namespace, session id): whether that tenant named the session (else it is unknown)."""
 
 
 class _NoSuchSession(Exception):
@@ -89,14 +89,14 @@ class ContextRoutes:
         execution: Callable[[], ExecutionService],
         namespace_of: Callable[[Request], str],
         remember: Remember,
-        owner_of: OwnerOf,
+        owns: Owns,
         idempotency: Idempotency | None = None,
     ) -> None:
         self._idempotency = idempotency
         self._execution = execution
         self._namespace_of = namespace_of
         self._remember = remember
-        self._owner_of = owner_of
+        self._owns = owns
 
     def routes(self) -> list[BaseRoute]:
         def g(endpoint: Endpoint) -> Endpoint:
@@ -117,7 +117,7 @@ class ContextRoutes:
         session_id = str(request.path_params["session_id"])
         if not is_runtime_session_id(session_id):
             raise ProtocolError("session id: must be rt_ followed by 64 hex digits")
-        if await self._owner_of(session_id) != namespace:
+        if not await self._owns(namespace, session_id):
             raise _NoSuchSession
         return session_id
 

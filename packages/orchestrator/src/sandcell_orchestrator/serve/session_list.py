@@ -3,13 +3,18 @@
     GET /v1/sessions?limit=N&after=<session_id>
         {"sessions": [SessionInfo, ...], "next_after": "<session_id>"}
 
-Sessions come in session-id order. Each one listed costs a record read and a
-checkpoint lookup (a listing of its prefix on S3), so one request looks at no more
-than ``limit`` index entries (default 100, at most 1000): a tenant with many
-sessions is read page by page, never all at once. ``next_after`` (absent on the
-last page) is what the next request passes as ``after``; a page can hold fewer
-than ``limit`` sessions when index entries had nothing left to list (a session
-destroyed on another worker between the index read and the lookups).
+Sessions come in session-id order: those of the registry's session index and those
+whose owner the snapshot store keeps (``SessionOwners``), together, so a registry that
+lost its data (a Redis wiped or restarted without persistence) still lists every
+session the store can restore, as ``saved``, before its next turn. Each one listed
+costs a record read and a checkpoint lookup (a listing of its prefix on S3), and one
+of the store's alone a read of its owner; so one request looks at no more than
+``limit`` sessions (default 100, at most 1000) and one page of the tenant's owners in
+the store (``limit + 1`` keys): a tenant with many sessions is read page by page,
+never all at once. ``next_after`` (absent on the last page) is what the next request
+passes as ``after``; a page can hold fewer than ``limit`` sessions when entries had
+nothing left to list (a session destroyed on another worker between the index read
+and the lookups, a stored owner whose session has no checkpoint left).
 """
 
 from __future__ import annotations
@@ -68,13 +73,8 @@ def page_of(request: Request) -> tuple[int, str | None]:
 async def list_sessions(
     services: Services, namespace: str, *, limit: int, after: str | None
 ) -> SessionList:
-    """One page of ``namespace``'s sessions: at most ``limit`` index entries looked at."""
-    owners = [
-        owner
-        for owner in await services.registry.sessions_of(namespace)
-        if after is None or owner.session_id > after
-    ]
-    page, rest = owners[:limit], owners[limit:]
+    """One page of ``namespace``'s sessions: at most ``limit`` entries looked at."""
+    page, next_after = await services.owners.page(namespace, after=after, limit=limit)
     sessions: list[SessionInfo] = []
     for owner in page:
         session_id = owner.session_id
@@ -92,4 +92,4 @@ async def list_sessions(
                 updated_at_s=record.updated_at_s if record else None,
             )
         )
-    return SessionList(sessions=sessions, next_after=page[-1].session_id if rest else None)
+    return SessionList(sessions=sessions, next_after=next_after)

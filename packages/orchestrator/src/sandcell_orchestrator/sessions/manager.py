@@ -314,14 +314,18 @@ class SandboxManager:
                 raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
             return await self.checkpoint(hold, Attached(handle), workspace=workspace)
 
-    async def resume(self, session_id: str, spec: SandboxSpec) -> SandboxHandle:
-        """The session's sandbox, brought back if suspended (the caller owns the handle)."""
+    async def resume(self, session_id: str, spec: SandboxSpec) -> Attached:
+        """The session's sandbox, brought back if suspended (the caller owns the handle).
+
+        ``launched``: a new sandbox of ``spec``, restored. Otherwise the live one was
+        reused or the provider resumed it in place: it has what it had, its egress
+        policy too, not necessarily ``spec``'s."""
         async with self.hold(session_id) as hold:
             if hold.record is None:
                 raise SandboxNotFoundError(f"session {session_id[:11]} is not registered")
             attached = await self.attach(hold, spec)
         self.sandboxes.release(session_id)
-        return attached.handle
+        return attached
 
     async def replace_lost(self, session_id: str, spec: SandboxSpec) -> SandboxHandle:
         """Rebuild a sandbox that stopped answering from its last checkpoint.
@@ -386,7 +390,13 @@ class SandboxManager:
         """Destroy the session's sandbox, its checkpoints and its row; whether it had a row."""
         async with self.hold(session_id) as hold:
             record = hold.record
-            await self.sandboxes.forget(session_id)
+            cached = self.sandboxes.take(session_id)
+            if cached is not None and (record is None or cached.sandbox_id != record.sandbox_id):
+                # No record points at this process's sandbox of the session (a wiped
+                # registry lost it): nothing else would ever remove it.
+                await self.sandboxes.discard(cached)
+            elif cached is not None:
+                await cached.close()
             if record is not None and record.provider == self.provider.name:
                 await self.provider.destroy(record.sandbox_id)
             await self.persistence.delete_all(

@@ -12,6 +12,8 @@ moves checkpoint bytes. Keys come from the protocol:
     snapshots/<rt>.tar.gz                       the old app-sandbox key: read via a record
     answers/<key>                               a keyed stateless run's answer, by key
                                                 (not this module's: ``stateless_answers.py``)
+    owners/<sha256 of the namespace>/<rt>       whose the session is (not this module's:
+                                                ``owners.py``)
 
 Fencing at the store: a holder writes only under its own generation's key, so a
 holder paused past its lock cannot replace anybody's object; the fenced registry

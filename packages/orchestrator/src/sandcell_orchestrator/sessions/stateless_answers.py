@@ -15,6 +15,15 @@ The prefix is its own, beside ``checkpoints/`` and ``inputs/``, so no session's
 listing or collection sees these objects. Nothing points at them, so they are
 collected by age alone once older than the grace period (``collect_older``, the
 sweeper's), which is the checkpoints' grace (``SANDCELL_CHECKPOINT_GRACE_S``).
+
+Their keys are hashes, in no order of age, so no listing can be cut to the expired
+ones; instead each sweep reads one page of the prefix, from where the last sweep of
+this process stopped (S3's ``start-after``), deletes what is past the grace there,
+and starts again at the beginning once a page comes back short. Each round costs one
+listing request, whatever the prefix holds; each answer is looked at once every
+``ceil(answers / page)`` rounds, so one expired is deleted that many rounds late at
+most (as long as fewer answers are made a round than a page holds, which was already
+the bound on deletes a round).
 """
 
 from __future__ import annotations
@@ -73,6 +82,8 @@ class StatelessAnswers:
         self.store = store
         self.grace_s = grace_s
         self._now = wall_clock
+        self._cursor: str | None = None
+        """The last key the previous sweep looked at; None: start at the beginning."""
 
     def __repr__(self) -> str:
         return f"StatelessAnswers({self.store!r})"
@@ -104,15 +115,18 @@ class StatelessAnswers:
             raise CheckpointError(f"{key} does not hold a saved answer") from exc
 
     async def collect_older(self, *, limit: int) -> int:
-        """Delete up to ``limit`` saved answers older than the grace period (one listing
-        of the prefix); returns how many went. Best effort: a failed delete is logged and
-        the object kept for the next round."""
+        """Look at the next ``limit`` saved answers (one page of the prefix, after the
+        last sweep's) and delete those older than the grace period; returns how many
+        went. Best effort: a failed delete is logged and the object kept for the next
+        time round."""
         cutoff = self._now() - self.grace_s
+        page = await self.store.list(
+            STATELESS_ANSWERS_PREFIX, start_after=self._cursor, limit=limit
+        )
+        # A short page reached the end: the next sweep starts from the beginning.
+        self._cursor = page[-1].key if len(page) == limit else None
         deleted = 0
-        for entry in await self.store.list(STATELESS_ANSWERS_PREFIX):
-            if deleted >= limit:
-                break
-            if entry.modified_at_s > cutoff:
-                continue
-            deleted += await collect_key(self.store, entry.key)
+        for entry in page:
+            if entry.modified_at_s <= cutoff:
+                deleted += await collect_key(self.store, entry.key)
         return deleted

@@ -7,7 +7,8 @@
     collection      superseded checkpoint objects deleted (a stale holder's upload,
                     the objects a newer checkpoint replaced)
     answers         keyed stateless runs' saved answers (``answers/<key>``) past the
-                    grace period deleted: by age alone, nothing points at them
+                    grace period deleted: by age alone, nothing points at them; one
+                    page of their prefix a round, resumed where the last round stopped
     remains         sandboxes whose runner is gone (or, on Docker, a session's
                     container) that no record points at (a worker killed between
                     launch and record write, a wiped Redis): removed, where the
@@ -51,10 +52,10 @@ class Sweeper:
     it anyway; this only tidies rows nobody uses."""
     collections_per_sweep = 64
     """How many sessions' objects one sweep lists and collects."""
-    answers_per_sweep = 1024
-    """How many stateless answers past the grace period one sweep deletes (one listing
-    of their prefix a round: as many objects as keyed stateless runs in one grace
-    period, a page of a thousand a request on S3)."""
+    answers_per_sweep = 1000
+    """How many saved stateless answers one sweep looks at, deleting those past the grace
+    period: one page of their prefix (one S3 list request), after the last sweep's page,
+    so a round's cost does not grow with the keyed stateless runs of a grace period."""
 
     def __init__(self, manager: SandboxManager) -> None:
         self._manager = manager

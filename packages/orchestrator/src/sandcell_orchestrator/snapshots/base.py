@@ -103,9 +103,16 @@ class SnapshotStore(Protocol):
         """Whether a snapshot is stored under ``key``."""
         ...
 
-    async def list(self, prefix: str) -> list[SnapshotEntry]:
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[SnapshotEntry]:
         """The objects whose key starts with ``prefix`` (a string prefix, as S3 reads it),
-        sorted by key. ``prefix`` must be a key or a key followed by ``/``."""
+        sorted by key. ``prefix`` must be a key or a key followed by ``/``.
+
+        ``start_after`` (a key under ``prefix``) lists only keys after it, and ``limit``
+        at most that many: one page, for a caller that must not read a whole prefix a
+        time (S3 reads a page of up to 1,000 keys a request).
+        """
         ...
 
     async def close(self) -> None:
@@ -135,6 +142,14 @@ def _validate_prefix(prefix: str) -> str:
         raise CheckpointError("snapshot prefix: must name at least one key component")
     validate_snapshot_key(prefix[:-1] if prefix.endswith("/") else prefix)
     return prefix
+
+
+def _validate_page(prefix: str, start_after: str | None, limit: int | None) -> None:
+    """A page's marker is a key under its prefix; its limit a positive int."""
+    if start_after is not None and not start_after.startswith(prefix):
+        raise CheckpointError("snapshot listing: start_after must start with the prefix")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError("limit must be a positive int")
 
 
 def _enforce_cap(size: int, *, max_bytes: int, key: str) -> None:

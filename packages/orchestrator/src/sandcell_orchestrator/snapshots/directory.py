@@ -9,6 +9,7 @@ together in one rename and a crash never leaves a half-written object.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import hashlib
 import os
@@ -32,6 +33,7 @@ from .base import (
     _enforce_cap,
     _is_sha256_hex,
     _validate_max_bytes,
+    _validate_page,
     _validate_prefix,
     _VerifiedChunks,
 )
@@ -114,16 +116,24 @@ class DirectorySnapshotStore:
         path = self._path(key)
         return await anyio.to_thread.run_sync(_is_file, path, key)
 
-    async def list(self, prefix: str) -> list[SnapshotEntry]:
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[SnapshotEntry]:
         """Regular files under ``root`` whose key starts with ``prefix``, by key.
 
         Hidden names (temp files) and symlinks are never listed; only directories
-        a matching key could lie under are walked.
+        a matching key could lie under are walked. A page (``start_after``, ``limit``)
+        is cut from that walk: a local directory is read whole either way, but its
+        callers' work stays a page's.
         """
         _validate_prefix(prefix)
+        _validate_page(prefix, start_after, limit)
         if self._closed:
             raise CheckpointError("snapshot store is closed")
-        return await anyio.to_thread.run_sync(_list, self._root, prefix)
+        found = await anyio.to_thread.run_sync(_list, self._root, prefix)
+        if start_after is not None:
+            found = found[bisect.bisect_right([e.key for e in found], start_after) :]
+        return found if limit is None else found[:limit]
 
     async def close(self) -> None:
         """Mark the store closed; it holds no open resources between calls."""

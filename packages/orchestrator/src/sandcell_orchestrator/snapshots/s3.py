@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import logging
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator, Callable
@@ -41,6 +42,7 @@ from .base import (
     _enforce_cap,
     _is_sha256_hex,
     _validate_max_bytes,
+    _validate_page,
     _validate_prefix,
     _VerifiedChunks,
 )
@@ -188,28 +190,37 @@ class S3SnapshotStore:
             return False
         return True
 
-    async def list(self, prefix: str) -> list[SnapshotEntry]:
-        """ListObjectsV2 under ``prefix`` (all pages), by key; staging objects never show."""
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[SnapshotEntry]:
+        """ListObjectsV2 under ``prefix``, by key; staging objects never show.
+
+        Every page without ``limit``; with it, only the requests that ``limit`` keys
+        need (S3 answers up to 1,000 a request, from ``start_after`` on).
+        """
         _validate_prefix(prefix)
+        _validate_page(prefix, start_after, limit)
         full = self._object_name(prefix, validate=False)
+        after = None if start_after is None else self._object_name(start_after, validate=False)
         strip = len(self._settings.prefix) + 1 if self._settings.prefix else 0
 
-        def listing() -> list[tuple[str, int, float]]:
-            objects = self._client.list_objects(self._settings.bucket, prefix=full, recursive=True)
-            return [
-                (
-                    item.object_name or "",
+        def listing() -> list[SnapshotEntry]:
+            objects = self._client.list_objects(
+                self._settings.bucket, prefix=full, recursive=True, start_after=after
+            )
+            entries = (
+                SnapshotEntry(
+                    (item.object_name or "")[strip:],
                     item.size or 0,
                     item.last_modified.timestamp() if item.last_modified else 0.0,
                 )
                 for item in objects
-            ]
+            )
+            keys = (e for e in entries if e.key.startswith(prefix) and _is_key(e.key))
+            # minio's iterator asks for the next page only when it is read that far.
+            return list(itertools.islice(keys, limit))
 
-        found = []
-        for name, size, modified_at_s in await self._run("list", prefix, listing):
-            key = name[strip:]
-            if key.startswith(prefix) and _is_key(key):
-                found.append(SnapshotEntry(key, size, modified_at_s))
+        found = await self._run("list", prefix, listing)
         return sorted(found, key=lambda entry: entry.key)
 
     async def close(self) -> None:

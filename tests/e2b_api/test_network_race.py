@@ -1,0 +1,271 @@
+"""A network update on one worker racing a resume (or another update) on the other:
+the running sandbox ends on the newest policy its row holds, whatever the order.
+
+Two workers' ``E2bSandboxes`` in this process, as two ``sandcell serve`` processes
+have them: each its own ``SandboxManager``, local provider and registry client, over
+one redis-server and one S3 (moto's server), sharing the local runtime directory
+(so each reaches the runners the other launched). The per-sandbox lock is per
+worker, so nothing but the row's compare-and-set orders the two.
+
+Each test holds one worker at its critical point, the compare-and-set of the row
+(``_HeldRegistry`` is the real ``RedisRegistry`` with a gate before that one call),
+lets the other worker act meanwhile, then releases it. The policy checked is the
+one the runner itself reports (``GET /v1/egress``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+from sandcell_orchestrator.e2b.sandboxes import E2bSandboxes
+from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
+from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
+from sandcell_orchestrator.sessions.manager import SandboxManager
+from sandcell_orchestrator.snapshots import S3SnapshotStore
+from sandcell_protocol import EgressPolicy
+from tests.fixtures.paths import traversable_dir
+from tests.orchestrator.conftest import S3Server, redis_url, s3_server
+from tests.orchestrator.sessions.conftest import runner_pids
+
+__all__ = ["redis_url", "s3_server"]
+
+OWNER = "tenant-a"
+OLD = EgressPolicy(mode="deny_all")
+NEW = EgressPolicy(mode="allow", allow=("allowed.egress.test",))
+NEWER = EgressPolicy(mode="allow_all", deny=("other.egress.test",))
+_WAIT_S = 60.0
+"""A bound on each wait, so a broken run fails instead of hanging (not a timing check)."""
+
+
+@dataclass
+class _Gate:
+    """Holds the first row write ``matches`` picks: ``held`` is set when it arrives,
+    and it goes on to Redis once ``release`` is set."""
+
+    matches: Callable[[E2bSandboxRow], bool]
+    held: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _HeldRegistry(RedisRegistry):
+    """The real Redis registry; a gate set with ``hold`` stops one E2B row write
+    (``update_e2b_sandbox``, the compare-and-set) just before it is sent."""
+
+    _gate: _Gate | None = None
+
+    def hold(self, matches: Callable[[E2bSandboxRow], bool]) -> _Gate:
+        self._gate = _Gate(matches)
+        return self._gate
+
+    async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        gate = self._gate
+        if gate is not None and gate.matches(row):
+            self._gate = None
+            gate.held.set()
+            await gate.release.wait()
+        return await super().update_e2b_sandbox(row)
+
+
+@dataclass
+class _Worker:
+    sandboxes: E2bSandboxes
+    registry: _HeldRegistry
+
+    @property
+    def manager(self) -> SandboxManager:
+        return self.sandboxes.manager
+
+
+@contextlib.asynccontextmanager
+async def _worker(redis_url: str, prefix: str, s3: S3Server, rt: Path) -> AsyncIterator[_Worker]:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    registry = _HeldRegistry(client, prefix=prefix)
+    provider = LocalProvider(LocalSettings(runtime_dir=rt))
+    try:
+        async with S3SnapshotStore(s3.settings(prefix.rstrip(":"))) as store:
+            manager = SandboxManager(provider, registry, store)
+            # A shared registry: the sandboxes outlive a worker (the test kills its own).
+            sandboxes = E2bSandboxes(manager, keep_at_exit=True)
+            try:
+                yield _Worker(sandboxes, registry)
+            finally:
+                await sandboxes.aclose()
+                await manager.aclose(destroy_sandboxes=False)
+    finally:
+        await provider.close()
+        await client.aclose()
+
+
+@pytest.fixture
+async def workers(redis_url: str, s3_server: S3Server) -> AsyncIterator[tuple[_Worker, _Worker]]:
+    prefix = f"e2b-race-{uuid.uuid4().hex[:12]}:"
+    with traversable_dir("e2b-race-") as root:
+        rt = root / "rt"
+        try:
+            async with (
+                _worker(redis_url, prefix, s3_server, rt) as one,
+                _worker(redis_url, prefix, s3_server, rt) as two,
+            ):
+                yield one, two
+        finally:
+            leftovers = runner_pids(rt)
+            cleanup = LocalProvider(LocalSettings(runtime_dir=rt))
+            for child in rt.iterdir() if rt.exists() else []:
+                await cleanup.destroy(child.name)
+            await cleanup.close()
+            client = redis.asyncio.Redis.from_url(redis_url)
+            keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+            if keys:
+                await client.delete(*keys)
+            await client.aclose()
+        assert not leftovers, f"sandbox processes left behind: {leftovers}"
+
+
+async def _paused_sandbox(one: _Worker) -> str:
+    made = await one.sandboxes.create(
+        owner=OWNER,
+        template="base",
+        timeout_s=600,
+        metadata={},
+        env={},
+        auto_pause=False,
+        egress=OLD,
+    )
+    assert await one.sandboxes.pause(made) is True
+    return made.sandbox_id
+
+
+async def _enforced(worker: _Worker, sandbox_id: str) -> EgressPolicy:
+    """The policy the sandbox's running runner reports, and the row's."""
+    sandbox = await worker.sandboxes.get(sandbox_id, owner=OWNER)
+    assert sandbox.state == "running"
+    status = await worker.manager.egress_status(sandbox.session_id)
+    assert sandbox.row.egress == status.policy, (sandbox.row.egress, status.policy)
+    return status.policy
+
+
+async def _while_held(gate: _Gate, held: asyncio.Task[object]) -> None:
+    """Wait until ``held`` is stopped at ``gate`` (failing if it ended instead)."""
+    stopped = asyncio.create_task(gate.held.wait())
+    await asyncio.wait({stopped, held}, timeout=_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    assert gate.held.is_set(), held.exception() if held.done() else "never reached the gate"
+
+
+async def _released(gate: _Gate, held: asyncio.Task[object]) -> None:
+    gate.release.set()
+    async with asyncio.timeout(_WAIT_S):
+        await held
+
+
+async def test_an_update_lands_while_the_other_worker_resumes_with_the_old_spec(
+    workers: tuple[_Worker, _Worker],
+) -> None:
+    """Worker two's resume launches the sandbox with the old policy and is held before
+    its row write; worker one's update reads "paused", writes the row and returns (the
+    200); when two's write lands it meets the new row: the runner ends on the new policy."""
+    one, two = workers
+    sandbox_id = await _paused_sandbox(one)
+    try:
+        resuming = await two.sandboxes.get(sandbox_id, owner=OWNER)
+        gate = two.registry.hold(lambda row: row.state == "running")
+        resume = asyncio.create_task(two.sandboxes.connect(resuming, timeout_s=None))
+        await _while_held(gate, resume)
+
+        updating = await one.sandboxes.get(sandbox_id, owner=OWNER)
+        assert updating.state == "paused"
+        await one.sandboxes.set_network(updating, NEW)
+
+        await _released(gate, resume)
+        assert await _enforced(two, sandbox_id) == NEW
+        assert await _enforced(one, sandbox_id) == NEW
+    finally:
+        await one.sandboxes.kill(await one.sandboxes.get(sandbox_id, owner=OWNER))
+
+
+async def test_a_resume_lands_while_the_other_worker_updates_a_paused_sandbox(
+    workers: tuple[_Worker, _Worker],
+) -> None:
+    """Worker one's update reads "paused" (nothing to apply) and is held before its row
+    write; worker two resumes the sandbox with the old policy, to the end; when one's
+    write lands it meets a running sandbox: the runner ends on the new policy."""
+    one, two = workers
+    sandbox_id = await _paused_sandbox(one)
+    try:
+        updating = await one.sandboxes.get(sandbox_id, owner=OWNER)
+        gate = one.registry.hold(lambda row: row.egress == NEW)
+        update = asyncio.create_task(one.sandboxes.set_network(updating, NEW))
+        await _while_held(gate, update)
+
+        resumed = await two.sandboxes.connect(
+            await two.sandboxes.get(sandbox_id, owner=OWNER), timeout_s=None
+        )
+        assert resumed.state == "running"
+        assert (await two.manager.egress_status(resumed.session_id)).policy == OLD
+
+        await _released(gate, update)
+        assert await _enforced(one, sandbox_id) == NEW
+        assert await _enforced(two, sandbox_id) == NEW
+    finally:
+        await one.sandboxes.kill(await one.sandboxes.get(sandbox_id, owner=OWNER))
+
+
+async def test_two_updates_on_two_workers_end_on_the_one_written_last(
+    workers: tuple[_Worker, _Worker],
+) -> None:
+    """Worker one applies its policy to the running sandbox and is held before its row
+    write; worker two applies and writes another; one's write then lands last, so its
+    policy is the row's and must be the runner's too (it had been overwritten there)."""
+    one, two = workers
+    sandbox_id = await _paused_sandbox(one)
+    try:
+        await one.sandboxes.connect(
+            await one.sandboxes.get(sandbox_id, owner=OWNER), timeout_s=None
+        )
+        first = await one.sandboxes.get(sandbox_id, owner=OWNER)
+        gate = one.registry.hold(lambda row: row.egress == NEW)
+        update = asyncio.create_task(one.sandboxes.set_network(first, NEW))
+        await _while_held(gate, update)
+
+        await two.sandboxes.set_network(await two.sandboxes.get(sandbox_id, owner=OWNER), NEWER)
+
+        await _released(gate, update)
+        assert await _enforced(two, sandbox_id) == NEW
+    finally:
+        await one.sandboxes.kill(await one.sandboxes.get(sandbox_id, owner=OWNER))
+
+
+async def test_a_resume_that_gave_up_leaves_a_runner_the_next_resume_brings_in_line(
+    workers: tuple[_Worker, _Worker],
+) -> None:
+    """Worker two's resume launches the sandbox with the old policy and is cancelled
+    before its row write (its client went away): the runner stays up, the row says
+    paused. Worker one's update then writes only the row, and one's resume reuses that
+    live runner, which was not launched with the new spec: the resume must set it."""
+    one, two = workers
+    sandbox_id = await _paused_sandbox(one)
+    try:
+        gate = two.registry.hold(lambda row: row.state == "running")
+        resume = asyncio.create_task(
+            two.sandboxes.connect(await two.sandboxes.get(sandbox_id, owner=OWNER), timeout_s=None)
+        )
+        await _while_held(gate, resume)
+        resume.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await resume
+
+        updating = await one.sandboxes.get(sandbox_id, owner=OWNER)
+        assert updating.state == "paused"
+        await one.sandboxes.set_network(updating, NEW)
+        await one.sandboxes.connect(updating, timeout_s=None)
+        assert await _enforced(two, sandbox_id) == NEW
+    finally:
+        await one.sandboxes.kill(await one.sandboxes.get(sandbox_id, owner=OWNER))
