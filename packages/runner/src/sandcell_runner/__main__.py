@@ -35,6 +35,7 @@ def _serve(*, undumpable: bool) -> int:
     from .config import RunnerSettings
     from .errors import ConfigError
     from .http.app import create_app
+    from .http.coalescing import CoalescingHttpToolsProtocol
     from .service import RunnerService, raise_nofile_limit
 
     try:
@@ -70,9 +71,10 @@ def _serve(*, undumpable: bool) -> int:
         # uvloop (when installed): 3-15% less runner CPU per request (bench_runner
         # A/B). Its child spawning is a fork (~2.5 ms at the runner's RSS): jobs never
         # use it (the spawn helper forks them), the restore extractor and the apps'
-        # log filters do. httptools parses faster than h11.
+        # log filters do. httptools parses faster than h11; its protocol here sends
+        # a response's head and body as one write (``http/coalescing.py``).
         loop=settings.event_loop,
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,
         # The runner never uses the client's address; X-Forwarded-* parsing is
         # per-request work (and trust) with nothing to gain.
         proxy_headers=False,
