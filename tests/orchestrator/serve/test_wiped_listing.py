@@ -13,6 +13,8 @@ store and moto's S3.
 
 from __future__ import annotations
 
+import argparse
+import io
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +23,7 @@ from typing import Any
 import httpx
 
 from sandcell_orchestrator.bootstrap import Services, open_services
+from sandcell_orchestrator.cli.sessions import run_destroy
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.serve.app import create_app
 from sandcell_orchestrator.sessions.owners import OWNERS_PREFIX, owners_prefix
@@ -222,3 +225,21 @@ async def test_another_tenants_session_answers_as_a_missing_one_while_the_store_
         assert answers[0] == (503, "busy")  # the store's failure: retryable, not ours
         mine = await client.delete(f"/v1/sessions/{sid(hint)}", headers=AUTH)
         assert mine.status_code == 204, mine.text
+
+
+async def test_a_session_destroyed_by_the_cli_leaves_no_owner_object(
+    env: dict[str, str],
+) -> None:
+    """``sandcell sessions destroy rt_…`` on a session a serving surface made removes its
+    owner object too: else the listing would show it after a wipe, destroyed."""
+    hint = f"h-{uuid.uuid4().hex[:8]}"
+    async with worker(env) as (client, services):
+        assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == "1\n"
+        assert len(await services.store.list(owners_prefix("tenant-a"))) == 1
+        settings = OrchestratorSettings.from_env(clean_environ(**env))
+        out = io.StringIO()
+        assert await run_destroy(argparse.Namespace(session=sid(hint)), settings, out) == 0
+        assert out.getvalue() == f"destroyed {sid(hint)}\n"
+        assert await services.store.list(owners_prefix("tenant-a")) == []
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        assert (await listing(client))["sessions"] == []
