@@ -681,9 +681,13 @@ class Chaos:
             for session in self.sessions:
                 raw = db.get(f"sandcell:record:{session.session_id}")
                 pointer = SessionRecord.from_json(raw).checkpoint_key if raw else None
-                # Checkpoint objects only: the session's owner object (``owners/``,
-                # its listing's) is meant to live as long as the session.
-                mine = [o for o in objects if f"checkpoints/{session.session_id}" in o["Key"]]
+                # All but the session's owner object (``owners/``, its listing's),
+                # which is meant to live as long as the session.
+                mine = [
+                    o
+                    for o in objects
+                    if session.session_id in o["Key"] and "owners/" not in o["Key"]
+                ]
                 for item in mine:
                     # The record's checkpoint, and the result of the keyed turn that
                     # wrote it (``<checkpoint>.turn-<key>``), are referenced.

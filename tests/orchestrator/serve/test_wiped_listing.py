@@ -13,6 +13,8 @@ store and moto's S3.
 
 from __future__ import annotations
 
+import argparse
+import io
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,10 +23,11 @@ from typing import Any
 import httpx
 
 from sandcell_orchestrator.bootstrap import Services, open_services
+from sandcell_orchestrator.cli.sessions import run_destroy
 from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.serve.app import create_app
 from sandcell_orchestrator.sessions.owners import OWNERS_PREFIX, owners_prefix
-from sandcell_orchestrator.snapshots import SnapshotInfo, SnapshotStore
+from sandcell_orchestrator.snapshots import SnapshotInfo, SnapshotStore, SnapshotUnavailableError
 from sandcell_orchestrator.testing import clean_environ
 from sandcell_protocol import runtime_session_id
 from tests.orchestrator.apps.http_server import serve_asgi
@@ -186,3 +189,57 @@ async def test_the_owner_is_stored_when_indexed_anew_not_on_every_turn(
         (entry,) = await services.store.list(owners_prefix("tenant-a"))
         assert entry.key.endswith(sid(hint))
         assert (await client.delete(f"/v1/sessions/{sid(hint)}", headers=AUTH)).status_code == 204
+
+
+class _UnreachableOwners:
+    """The snapshot store, its owner lookups failing as an unreachable S3 would."""
+
+    def __init__(self, inner: SnapshotStore) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def exists(self, key: str) -> bool:
+        if key.startswith(OWNERS_PREFIX):
+            raise SnapshotUnavailableError("store unreachable")
+        return await self._inner.exists(key)
+
+
+async def test_another_tenants_session_answers_as_a_missing_one_while_the_store_fails(
+    env: dict[str, str],
+) -> None:
+    """Tenant B naming tenant A's session (indexed: the registry knows its owner) gets
+    what it gets for an id nobody has, even when the store cannot answer: had the
+    registry's "not yours" been answered without the store, A's would be a 404 where a
+    missing one is the store's failure, and B would learn which ids exist."""
+    hint = f"h-{uuid.uuid4().hex[:8]}"
+    async with worker(env) as (client, services):
+        assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == "1\n"
+        services.owners.store = _UnreachableOwners(services.owners.store)  # type: ignore[assignment]
+        answers = []
+        for session_id in (sid(hint), sid(f"nobody-{hint}")):
+            response = await client.delete(f"/v1/sessions/{session_id}", headers=AUTH_B)
+            answers.append((response.status_code, response.json()["error"]["code"]))
+        assert answers[0] == answers[1], answers
+        assert answers[0] == (503, "busy")  # the store's failure: retryable, not ours
+        mine = await client.delete(f"/v1/sessions/{sid(hint)}", headers=AUTH)
+        assert mine.status_code == 204, mine.text
+
+
+async def test_a_session_destroyed_by_the_cli_leaves_no_owner_object(
+    env: dict[str, str],
+) -> None:
+    """``sandcell sessions destroy rt_…`` on a session a serving surface made removes its
+    owner object too: else the listing would show it after a wipe, destroyed."""
+    hint = f"h-{uuid.uuid4().hex[:8]}"
+    async with worker(env) as (client, services):
+        assert stdout_of(await client.post("/v1/exec", content=call(hint), headers=AUTH)) == "1\n"
+        assert len(await services.store.list(owners_prefix("tenant-a"))) == 1
+        settings = OrchestratorSettings.from_env(clean_environ(**env))
+        out = io.StringIO()
+        assert await run_destroy(argparse.Namespace(session=sid(hint)), settings, out) == 0
+        assert out.getvalue() == f"destroyed {sid(hint)}\n"
+        assert await services.store.list(owners_prefix("tenant-a")) == []
+        await wipe(env["SANDCELL_REGISTRY_URL"])
+        assert (await listing(client))["sessions"] == []

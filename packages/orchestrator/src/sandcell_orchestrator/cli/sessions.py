@@ -70,7 +70,12 @@ async def run_destroy(args: argparse.Namespace, settings: OrchestratorSettings, 
     )
     async with open_services(settings) as services:
         had_checkpoint = await services.manager.current_checkpoint(session_id) is not None
+        # A session a serving surface indexed has its owner in the store as well
+        # (``sessions/owners.py``): without this its listing would outlive it.
+        owner = await services.owners.index.session_owner(session_id)
         had_record = await services.execution.destroy_session(session_id)
+        if owner is not None:
+            await services.owners.forget(owner.namespace, session_id)
     listed = await asyncio.to_thread(CliSessions(settings.home).remove, session_id)
     if not (had_checkpoint or had_record or listed):
         sys.stderr.write(f"sandcell: no session {raw}\n")

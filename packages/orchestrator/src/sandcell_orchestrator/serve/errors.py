@@ -193,7 +193,9 @@ def map_error(exc: BaseException) -> tuple[int, ErrorBody]:
         return 504, error_body(
             ErrorCode.BUSY, "the sandbox did not answer in time", retryable=False
         )
-    if isinstance(exc, CheckpointError):
+    if isinstance(exc, CheckpointError) and not exc.retryable:
+        # A store that cannot be reached right now (``SnapshotUnavailableError``) is
+        # not a fault of ours: it is answered below, a retryable 503.
         log.error("session state could not be restored: %s", exc)
         return 500, error_body(
             ErrorCode.INTERNAL, "the session's saved state could not be restored"

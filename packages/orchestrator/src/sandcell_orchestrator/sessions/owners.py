@@ -95,10 +95,15 @@ class SessionOwners:
 
     async def owns(self, namespace: str, session_id: str) -> bool:
         """Whether ``session_id`` is ``namespace``'s: the registry's entry, or, when the
-        registry has none (wiped), the store's object under ``namespace``'s own prefix."""
+        registry has none (wiped), the store's object under ``namespace``'s own prefix.
+
+        Another tenant's session takes the path of one nobody has (the caller's own
+        prefix is looked at): answered from the registry alone, it would come back
+        sooner, and as a 404 where the store's failure makes a missing one a 5xx, which
+        tells a tenant that the id it guessed exists (DESIGN rule 8)."""
         owner = await self.index.session_owner(session_id)
-        if owner is not None:
-            return owner.namespace == namespace
+        if owner is not None and owner.namespace == namespace:
+            return True
         return await self.store.exists(owner_key(namespace, session_id))
 
     async def page(
