@@ -70,17 +70,29 @@ async def _race(
         await request
 
 
+async def _leaked_turns(
+    counting: CountingServer, race: Callable[[int], Awaitable[None]]
+) -> list[int]:
+    """The loop turns after which a close raced against a request left a connection open."""
+    leaked = []
+    for turns in range(TURNS):
+        await race(turns)
+        if await counting.settled():
+            leaked.append(turns)
+    return leaked
+
+
 async def test_a_runner_client_closed_mid_connect_leaves_no_connection() -> None:
     counting = CountingServer()
     server = await asyncio.start_server(counting.serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        leaked = []
-        for turns in range(TURNS):
+
+        async def race(turns: int) -> None:
             client = RunnerClient(f"http://127.0.0.1:{port}", token=TOKEN)
-            await _race(lambda c=client: c.connection.http.get("/ping"), client.close, turns)
-            if await counting.settled():
-                leaked.append(turns)
+            await _race(lambda: client.connection.http.get("/ping"), client.close, turns)
+
+        leaked = await _leaked_turns(counting, race)
         assert leaked == [], f"connections left open when closed after {leaked} loop turns"
     finally:
         server.close()
@@ -92,12 +104,12 @@ async def test_an_engine_client_closed_mid_connect_leaves_no_connection(tmp_path
     path = tmp_path / "engine.sock"
     server = await asyncio.start_unix_server(counting.serve, path)
     try:
-        leaked = []
-        for turns in range(TURNS):
+
+        async def race(turns: int) -> None:
             client = EngineClient(f"unix://{path}")
             await _race(client.ping, client.close, turns)
-            if await counting.settled():
-                leaked.append(turns)
+
+        leaked = await _leaked_turns(counting, race)
         assert leaked == [], f"connections left open when closed after {leaked} loop turns"
     finally:
         server.close()

@@ -16,21 +16,17 @@ from __future__ import annotations
 import argparse
 import io
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterable
 from typing import Any
 
 import httpx
 
-from sandcell_orchestrator.bootstrap import Services, open_services
 from sandcell_orchestrator.cli.sessions import run_destroy
 from sandcell_orchestrator.config import OrchestratorSettings
-from sandcell_orchestrator.serve.app import create_app
 from sandcell_orchestrator.sessions.owners import OWNERS_PREFIX, owners_prefix
 from sandcell_orchestrator.snapshots import SnapshotInfo, SnapshotStore, SnapshotUnavailableError
 from sandcell_orchestrator.testing import clean_environ
 from sandcell_protocol import runtime_session_id
-from tests.orchestrator.apps.http_server import serve_asgi
 from tests.orchestrator.serve.test_wiped_registry import (
     AUTH,
     AUTH_B,
@@ -40,19 +36,9 @@ from tests.orchestrator.serve.test_wiped_registry import (
     stdout_of,
     wipe,
 )
+from tests.orchestrator.serve.test_wiped_stateless import worker
 
 __all__ = ["env", "private_redis"]
-
-
-@asynccontextmanager
-async def worker(env: dict[str, str]) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
-    settings = OrchestratorSettings.from_env(clean_environ(**env))
-    async with (
-        open_services(settings) as services,
-        serve_asgi(create_app(settings, services=services), lifespan="on") as url,
-        httpx.AsyncClient(base_url=url, timeout=120) as client,
-    ):
-        yield client, services
 
 
 def sid(hint: str, tenant: str = "tenant-a") -> str:
