@@ -317,7 +317,8 @@ class SandboxManager:
     async def resume(self, session_id: str, spec: SandboxSpec) -> Attached:
         """The session's sandbox, brought back if suspended (the caller owns the handle).
 
-        ``launched``: a new sandbox of ``spec``, restored. Otherwise the live one was
+        ``launched``: a new sandbox of ``spec`` (restored from the session's checkpoint
+        when it has one). Otherwise the live one was
         reused or the provider resumed it in place: it has what it had, its egress
         policy too, not necessarily ``spec``'s."""
         async with self.hold(session_id) as hold:
