@@ -725,7 +725,7 @@ class Chaos:
         }
         for what, found in (
             ("runner", [_describe(p) for p in runners]),
-            ("root", roots),
+            ("root", [self._describe_root(root) for root in roots]),
             ("mount", mounts),
             ("cgroup", cgroups),
             ("container", containers),
@@ -736,6 +736,28 @@ class Chaos:
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGKILL)
         psutil.wait_procs(runners, timeout=10)
+
+    def _describe_root(self, root: Path) -> str:
+        """A leftover root, for the report (CI keeps only the report): its age, what is
+        in it, its runner's last words and what the workers' logs say of it."""
+        try:
+            age_s = time.time() - root.stat().st_mtime
+            entries = sorted(entry.name for entry in root.iterdir())
+        except OSError as exc:
+            return f"{root}: {exc}"
+        said = ""
+        with contextlib.suppress(OSError):
+            said = (root / "runner.log").read_text(errors="replace")[-300:]
+        mentions = []
+        for worker in self.workers:
+            with contextlib.suppress(OSError):
+                for line in (worker.root / "serve.log").read_text(errors="replace").splitlines():
+                    if root.name in line:
+                        mentions.append(f"w{worker.index}: {line[-200:]}")
+        return (
+            f"{root} ({age_s:.1f} s old, {entries}); runner.log ends {said!r};"
+            f" the workers' logs: {mentions[-4:]}"
+        )
 
     def _cgroups(self) -> list[str]:
         """Job cgroups of this run's runners (named by their workspace roots)."""

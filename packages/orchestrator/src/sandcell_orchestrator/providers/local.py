@@ -98,6 +98,46 @@ class LocalProvider:
     # -- launching ------------------------------------------------------------
 
     async def _launch(self, *, plain: bool = False) -> LocalRunner:
+        # The root's mkdir and the zygote's fork run in threads, which a cancelled
+        # caller (a launch budget run out, as after a SIGSTOP) cannot stop: each went on
+        # to leave a root, and a forked runner nobody knew, listening until the zygote
+        # died. The start is therefore waited for to its end, then undone.
+        start = asyncio.ensure_future(self._start(plain=plain))
+        try:
+            runner, process = await asyncio.shield(start)
+        except asyncio.CancelledError:
+            await _undo_start(start, python=self._settings.python)
+            raise
+        client = RunnerClient(runner.url, token=runner.token)
+        # Until ``create`` returns its handle nobody else knows this runner: whatever
+        # ends the launch from here on (a cancelled caller, a timed-out launch budget)
+        # must stop it, the state write included, or it runs with no one to stop it.
+        try:
+            try:
+                await wait_ready_unless_exited(
+                    client, process, timeout_s=self._settings.ready_timeout_s
+                )
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await client.close()
+            await _write_state_to_the_end(runner)
+        except SandboxUnavailableError:
+            said = runner_log_tail(runner.root)
+            with anyio.CancelScope(shield=True):
+                await discard_launch(runner, process, python=self._settings.python)
+            raise SandboxUnavailableError(f"local runner did not become ready: {said}") from None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await discard_launch(runner, process, python=self._settings.python)
+            raise
+        if isinstance(process, ForkedRunner):
+            process.close()  # the zygote reaps it
+        else:
+            reap_in_background(process)
+        return runner
+
+    async def _start(self, *, plain: bool) -> tuple[LocalRunner, LaunchedProcess]:
+        """A new root and its runner's process, started (not yet answering)."""
         sandbox_id = "local-" + secrets.token_hex(8)
         root = self._settings.runtime_dir / sandbox_id
         await asyncio.to_thread(root.mkdir, 0o711)
@@ -130,7 +170,7 @@ class LocalProvider:
             log.warning("%s; launching plainly", exc)
             listener.close()
             await asyncio.to_thread(remove_runner_root, root)
-            return await self._launch(plain=True)
+            return await self._start(plain=True)
         except OSError as exc:  # the configured interpreter cannot be run
             await asyncio.to_thread(remove_runner_root, root)
             raise SandboxUnavailableError(f"local runner could not start: {exc}") from None
@@ -141,34 +181,7 @@ class LocalProvider:
         started = start_ticks(process.pid)
         if isinstance(process, ForkedRunner) and process.poll() is not None:
             started = -1  # matches no process: nothing signals whoever has the pid now
-        runner = LocalRunner(sandbox_id, process.pid, port, token, root, started=started)
-        client = RunnerClient(runner.url, token=token)
-        # Until ``create`` returns its handle nobody else knows this runner: whatever
-        # ends the launch from here on (a cancelled caller, a timed-out launch budget)
-        # must stop it, the state write included, or it runs with no one to stop it.
-        try:
-            try:
-                await wait_ready_unless_exited(
-                    client, process, timeout_s=self._settings.ready_timeout_s
-                )
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await client.close()
-            await _write_state_to_the_end(runner)
-        except SandboxUnavailableError:
-            said = runner_log_tail(root)
-            with anyio.CancelScope(shield=True):
-                await discard_launch(runner, process, python=self._settings.python)
-            raise SandboxUnavailableError(f"local runner did not become ready: {said}") from None
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await discard_launch(runner, process, python=self._settings.python)
-            raise
-        if isinstance(process, ForkedRunner):
-            process.close()  # the zygote reaps it
-        else:
-            reap_in_background(process)
-        return runner
+        return LocalRunner(sandbox_id, process.pid, port, token, root, started=started), process
 
     async def _fork(
         self, env: dict[str, str], root: Path, token: str, listener: socket.socket
@@ -342,6 +355,23 @@ async def _write_state_to_the_end(runner: LocalRunner) -> None:
         with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
             await write
         raise
+
+
+async def _undo_start(
+    start: asyncio.Future[tuple[LocalRunner, LaunchedProcess]], *, python: str
+) -> None:
+    """Wait for a start whose caller was cancelled, then stop its runner and remove its
+    root (a start that failed by itself removed its root already)."""
+    while not start.done():
+        # Cancelled again meanwhile: the caller is leaving anyway, and what the start
+        # makes must still go.
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({start})
+    if start.cancelled() or start.exception() is not None:
+        return
+    runner, process = start.result()
+    with anyio.CancelScope(shield=True):
+        await discard_launch(runner, process, python=python)
 
 
 @contextlib.contextmanager
