@@ -89,6 +89,8 @@ from moto.server import ThreadedMotoServer
 
 KEY = "chaos-key-0123456789abcdef"
 BUCKET = "sandcell-chaos"
+LAUNCH_BUDGET_S = 10.0 + 3.0
+"""The local workers' launch and health budgets together (their environment below)."""
 S3_ACCESS, S3_SECRET = "chaos-access", "chaos-secret-0123456789"
 FAULTS = (
     "kill_worker",
@@ -580,7 +582,7 @@ class Chaos:
             "SANDCELL_CHECKPOINT_GRACE_S": str(self.args.grace_s),
             "SANDCELL_SWEEP_INTERVAL_S": str(self.args.sweep_s),
             "SANDCELL_LAUNCH_TIMEOUT_S": "10",
-            "SANDCELL_HEALTH_TIMEOUT_S": "3",
+            "SANDCELL_HEALTH_TIMEOUT_S": "3",  # LAUNCH_BUDGET_S together
             "SANDCELL_EXECUTE_TIMEOUT_S": "30",
             "SANDCELL_CHECKPOINT_TIMEOUT_S": "10",
         }
@@ -649,6 +651,7 @@ class Chaos:
                     time.sleep(0.5)
         # Both sweepers pass once more (lost rows, collection) before the workers stop.
         time.sleep(2 * self.args.sweep_s)
+        self._wait_for_remains()
         for worker in self.workers:
             worker.stop_all()
         time.sleep(0.5)
@@ -700,6 +703,30 @@ class Chaos:
                             f"{session.hint}: {item['Key'].rsplit('/', 1)[-1]} unreferenced"
                             f" {age_s:.0f} s old"
                         )
+
+    def _wait_for_remains(self) -> None:
+        """Give the sweepers their window for what is left of dead sandboxes.
+
+        A destroy that finds a runner's cgroups still busy (its zombie not yet reaped)
+        leaves the root to the sweepers' remains check, which waits out a launch's
+        budget from the root's last change before it takes a root for dead: a root
+        left by the last DELETEs is gone only that long after them.
+        """
+        runtime = self.base / "sandboxes"
+        begun = time.monotonic()
+        first: list[str] | None = None
+        while time.monotonic() < begun + LAUNCH_BUDGET_S + 3 * self.args.sweep_s:
+            try:
+                left = sorted(entry.name for entry in runtime.iterdir())
+            except FileNotFoundError:  # no local sandbox ever (Docker)
+                return
+            first = left if first is None else first
+            if not left:
+                break
+            time.sleep(0.5)
+        if first:
+            waited_s = time.monotonic() - begun
+            self.report.timeline.append(f"end: waited {waited_s:.1f} s for the remains of {first}")
 
     def _check_leftovers(self) -> None:
         # A runner whose worker just stopped gets SIGTERM (PR_SET_PDEATHSIG) and drains
