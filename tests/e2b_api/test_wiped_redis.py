@@ -15,7 +15,6 @@ The E2B SDK against a real ``sandcell serve`` on a redis-server of the module's 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,9 +31,6 @@ from tests.fixtures.private_redis import private_redis_server
 from tests.orchestrator.cli.conftest import stop_leftovers
 from tests.orchestrator.conftest import BUCKET, S3_ACCESS, S3_SECRET, S3Server, running_s3
 from tests.orchestrator.serve.fleet import fleet_env
-
-TENANT_A = "tenant-a"
-"""What ``KEY_A`` names (``start_serve``'s ``SANDCELL_API_KEYS``)."""
 
 
 @dataclass
@@ -60,14 +56,14 @@ class Wiped:
         client.close()
         return [key for key in found if containing in key]
 
-    def kept(self, sandbox_id: str) -> dict[str, Any]:
-        """The row kept in S3 for a paused sandbox of tenant A."""
-        ns = hashlib.sha256(TENANT_A.encode()).hexdigest()
-        client = _s3(self.s3)
-        body = client.get_object(Bucket=BUCKET, Key=f"{self.prefix}/e2b/{ns}/{sandbox_id}")
-        row: dict[str, Any] = json.loads(body["Body"].read())
-        client.close()
-        return row
+    def session_of(self, sandbox_id: str) -> str:
+        """The manager session of a sandbox, from its registry row (before a wipe)."""
+        with redis.Redis.from_url(self.redis_url) as db:
+            (key,) = db.scan_iter(match=f"*e2b:{sandbox_id}")
+            raw = db.hget(key, "row")
+        assert isinstance(raw, bytes)
+        session_id: str = json.loads(raw)["session_id"]
+        return session_id
 
 
 def _s3(s3: S3Server) -> Any:
@@ -120,7 +116,7 @@ def test_a_paused_sandbox_is_listed_resumed_and_killed_after_a_wipe(wiped: Wiped
         made.files.write("keep.txt", "kept across the wipe")
         assert made.pause() is True
         before = Sandbox.get_info(sandbox_id, **serve.opts())
-        session_id = wiped.kept(sandbox_id)["session_id"]
+        session_id = wiped.session_of(sandbox_id)
         assert wiped.keys(containing=session_id), "the pause wrote no checkpoint"
 
         wiped.wipe()
@@ -171,7 +167,7 @@ def test_paused_sandboxes_are_paged_once_and_killed_while_paused_after_a_wipe(
         for sandbox in made:
             sandbox.files.write("f.txt", sandbox.sandbox_id)
             assert sandbox.pause() is True
-            sessions.append(wiped.kept(sandbox.sandbox_id)["session_id"])
+            sessions.append(wiped.session_of(sandbox.sandbox_id))
 
         wiped.wipe()
 
