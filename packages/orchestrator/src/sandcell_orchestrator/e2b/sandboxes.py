@@ -511,10 +511,15 @@ class E2bSandboxes:
             async with sandbox.lock:
                 if sandbox.gone:
                     return
-                # The kept row first: once it is gone no lookup rebuilds the row, and a
-                # store that fails fails the kill with nothing removed yet. Then the
-                # row: from here on no worker finds the sandbox.
-                await self.kept.drop(sandbox.owner, sandbox.sandbox_id)
+                # The kept row first: once it is gone no lookup rebuilds the row. A
+                # paused sandbox's kill fails when the store does, with nothing removed
+                # yet; a running one has a kept row only where a delete failed before,
+                # and is killed all the same (a timeout kill in an S3 outage). Then
+                # the row: from here on no worker finds the sandbox.
+                if sandbox.state == "paused":
+                    await self.kept.drop(sandbox.owner, sandbox.sandbox_id)
+                else:
+                    await self.kept.drop_quietly(sandbox.owner, sandbox.sandbox_id)
                 await self.registry.remove_e2b_sandbox(sandbox.sandbox_id)
                 await self.views.forget(sandbox.sandbox_id)
                 try:
