@@ -30,7 +30,7 @@ from .core import (
 )
 from .e2b import E2bSandboxRow, validate_e2b_sandbox_id
 from .idempotency import IdempotencyEntry, IdempotentAnswer, validate_idempotency_key
-from .index import SessionOwner
+from .index import SessionOwner, check_page_limit
 from .slots import validate_slot_scope
 
 __all__ = ["InProcessRegistry"]
@@ -186,10 +186,18 @@ class InProcessRegistry:
         await anyio.lowlevel.checkpoint()
         return self._owners.get(session_id)
 
-    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
-        """The namespace's sessions, by id."""
+    async def sessions_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[SessionOwner]:
+        """The namespace's sessions above ``after``, by id: the first ``limit``."""
+        check_page_limit(limit)
         await anyio.lowlevel.checkpoint()
-        return [o for _, o in sorted(self._owners.items()) if o.namespace == namespace]
+        owners = [
+            owner
+            for session_id, owner in sorted(self._owners.items())
+            if owner.namespace == namespace and (after is None or session_id > after)
+        ]
+        return owners if limit is None else owners[:limit]
 
     async def unindex_session(self, session_id: str) -> None:
         """Forget whose the session is."""
