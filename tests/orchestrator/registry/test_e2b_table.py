@@ -98,3 +98,17 @@ def test_a_row_hides_its_secrets() -> None:
     shown = repr(new_row())
     for secret in ("access-secret", "traffic-secret", "hush"):
         assert secret not in shown
+
+
+async def test_a_rebuilt_row_is_added_at_its_own_revision(registry: SessionRegistry) -> None:
+    """A row rebuilt from the store after a wipe goes on past its last revision: writes
+    based on any older revision are refused, the next one lands."""
+    row = msgspec.structs.replace(new_row(f"ns-{secrets.token_hex(4)}"), state="paused")
+    rebuilt = msgspec.structs.replace(row, revision=7)
+    assert await registry.add_e2b_sandbox(rebuilt)
+    assert await registry.e2b_sandbox(row.sandbox_id) == rebuilt
+    assert not await registry.update_e2b_sandbox(msgspec.structs.replace(row, revision=2))
+    assert not await registry.update_e2b_sandbox(msgspec.structs.replace(row, revision=7))
+    resumed = msgspec.structs.replace(rebuilt, state="running", revision=8)
+    assert await registry.update_e2b_sandbox(resumed)
+    assert await registry.e2b_sandbox(row.sandbox_id) == resumed

@@ -35,7 +35,7 @@ def validate_e2b_sandbox_id(sandbox_id: str) -> str:
 class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One E2B sandbox. Its tokens and env are secrets: ``repr`` leaves them out.
 
-    ``revision`` is 1 when added and one more at every update; timestamps are
+    ``revision`` is 1 when made and one more at every update; timestamps are
     wall-clock epoch seconds (rows are read on other hosts).
     """
 
@@ -98,7 +98,11 @@ class E2bSandboxTable(Protocol):
     """The fleet's E2B sandboxes. Ids are ``validate_e2b_sandbox_id`` ids (``ValueError``)."""
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row (its ``revision`` must be 1); ``False`` if the id is taken."""
+        """Store a row under an id the table does not hold; ``False`` if the id is taken.
+
+        ``revision`` is kept as given: 1 for a new sandbox; a row rebuilt from the
+        snapshot store after a wipe (``e2b/kept.py``) goes on past its last revision, so
+        no worker's older view of it can compare-and-set onto the rebuilt row."""
         ...
 
     async def e2b_sandbox(self, sandbox_id: str) -> E2bSandboxRow | None:

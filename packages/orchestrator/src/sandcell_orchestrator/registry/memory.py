@@ -264,9 +264,7 @@ class InProcessRegistry:
         return True
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row; ``False`` if the id is taken."""
-        if row.revision != 1:
-            raise ValueError("a new row's revision is 1")
+        """Store a row at its revision; ``False`` if the id is taken."""
         await anyio.lowlevel.checkpoint()
         if row.sandbox_id in self._e2b:
             return False

@@ -21,13 +21,14 @@ __all__ = ["ADD_E2B_LUA", "REMOVE_E2B_LUA", "UPDATE_E2B_LUA", "RedisE2bTable"]
 logger = logging.getLogger(__name__)
 
 # KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's zset
-# ARGV[1] row JSON, ARGV[2] started_at_s, ARGV[3] sandbox id, ARGV[4] namespace
+# ARGV[1] row JSON, ARGV[2] started_at_s, ARGV[3] sandbox id, ARGV[4] namespace,
+# ARGV[5] the row's revision
 # Returns 1 if added, 0 if the id is taken.
 ADD_E2B_LUA = """
 if redis.call('exists', KEYS[1]) == 1 then
     return 0
 end
-redis.call('hset', KEYS[1], 'rev', '1', 'ns', ARGV[4], 'row', ARGV[1])
+redis.call('hset', KEYS[1], 'rev', ARGV[5], 'ns', ARGV[4], 'row', ARGV[1])
 redis.call('zadd', KEYS[2], ARGV[2], ARGV[3])
 redis.call('zadd', KEYS[3], ARGV[2], ARGV[3])
 return 1
@@ -85,13 +86,18 @@ class RedisE2bTable(RedisDatabase):
         return f"{self._prefix}e2b_ns:{hashlib.sha256(namespace.encode()).hexdigest()}"
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row (``ADD_E2B_LUA``); ``False`` if the id is taken."""
-        if row.revision != 1:
-            raise ValueError("a new row's revision is 1")
+        """Store a row at its revision (``ADD_E2B_LUA``); ``False`` if the id is taken."""
         keys = [self._e2b_key(row.sandbox_id), self._e2b_all_key, self._e2b_ns_key(row.namespace)]
         with map_redis_errors("add_e2b_sandbox"):
             added = await self._add_e2b(
-                keys=keys, args=[row.to_json(), row.started_at_s, row.sandbox_id, row.namespace]
+                keys=keys,
+                args=[
+                    row.to_json(),
+                    row.started_at_s,
+                    row.sandbox_id,
+                    row.namespace,
+                    str(row.revision),
+                ],
             )
         return bool(added)
 

@@ -32,16 +32,14 @@ CREATE INDEX IF NOT EXISTS e2b_by_namespace ON e2b_sandboxes (namespace, started
 """
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row; ``False`` if the id is taken."""
-        if row.revision != 1:
-            raise ValueError("a new row's revision is 1")
+        """Store a row at its revision; ``False`` if the id is taken."""
         raw = row.to_json()
 
         def work() -> bool:
             with self._transaction(write=True) as db:
                 done = db.execute(
-                    "INSERT OR IGNORE INTO e2b_sandboxes VALUES (?, ?, 1, ?, ?)",
-                    (row.sandbox_id, row.namespace, row.started_at_s, raw),
+                    "INSERT OR IGNORE INTO e2b_sandboxes VALUES (?, ?, ?, ?, ?)",
+                    (row.sandbox_id, row.namespace, row.revision, row.started_at_s, raw),
                 )
                 return done.rowcount == 1
 
