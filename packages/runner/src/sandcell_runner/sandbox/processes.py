@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -39,6 +40,7 @@ from ..jail.launched import LaunchedJob, LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits, JobSpec
 from ..jail.stopping import end_within
+from ..threads import to_thread_to_the_end
 from ..workspace.cwd import require_dir
 from ..workspace.manager import WorkspaceManager
 from .env import process_env
@@ -149,7 +151,9 @@ class SandboxProcesses:
         cwd_inside = f"{home}/{relative}" if relative else home
         # A shell's pwd then names /home/user, not the link's target.
         env.setdefault("PWD", cwd_inside)
-        job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
+        job_dir = await to_thread_to_the_end(
+            self._workspaces.create_session_job_dir, undo=self._workspaces.remove_dir
+        )
         pid = self._new_pid()
         proc = _Process(
             pid=pid,
@@ -169,7 +173,7 @@ class SandboxProcesses:
         try:
             await self._launch(proc, request, target, env, cwd_inside, timeout_ms)
         except BaseException:
-            await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
             raise
         self._procs[pid] = proc
         log.info("sandbox process %d started", pid)
@@ -346,7 +350,7 @@ class SandboxProcesses:
             proc.publish(None)
             self._procs.pop(proc.pid, None)
             log.info("sandbox process %d ended (%s)", proc.pid, proc.ended.status)
-            await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, proc.job_dir))
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, proc.job_dir))
 
     # -- input, signals, terminal --------------------------------------------------------
 
