@@ -1,10 +1,12 @@
-"""A job cancelled while its workspace is made in a thread leaves nothing behind.
+"""A job cancelled while a thread makes its workspace or cgroup leaves nothing behind.
 
 The thread cannot be stopped: awaited plainly, the cancelled job's cleanup ran at
 once, before the thread had made anything, so it removed nothing and gave the UID
-back while the thread went on making a workspace owned by it (a fresh job), or a job
-directory after the session lock was released (a session job). The thread is held
-here until the cancellation has reached the job.
+back while the thread went on making a workspace owned by it (a fresh job), made a
+job directory after the session lock was released (a session job), or made a cgroup
+no one would destroy (a launched job). A second cancellation of a launched job's
+wait, while its cgroup's stats were read, skipped the cgroup's destroy. The thread
+is held here until the cancellation has reached the job.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from typing import Any, TypeVar
 
 import pytest
 
+from sandcell_runner.jail.cgroups import JobCgroup
+from sandcell_runner.jail.launched import LaunchedJob
 from sandcell_runner.jail.uidpool import UidPool
 from sandcell_runner.workspace.jobs import JobWorkspaces
 from sandcell_runner.workspace.manager import JobDirs, WorkspaceManager
 from sandcell_runner.workspace.session import SessionManager
 from tests.fixtures.paths import traversable_dir, unmount_all
+from tests.runner.jail.real_jail import real_jail, shell_job
 
 SESSION = "rt_" + "c" * 64
 T = TypeVar("T")
@@ -125,3 +130,61 @@ async def test_a_session_job_cancelled_while_its_job_dir_is_made_removes_it(
     assert not state.lock.locked()
     assert not jobs.busy()
     await sessions.release(SESSION)
+
+
+async def test_a_launch_cancelled_while_its_cgroup_is_made_destroys_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with real_jail("launchcg-") as (jail, cgroups, root):
+        held = _Held(cgroups.create)
+        monkeypatch.setattr(cgroups, "create", held)
+        spec = shell_job(root / "ws", root / "job", "true", uid=20_930)
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        output_r, output_w = os.pipe()
+        try:
+            task = asyncio.create_task(jail.launch(spec, stdin_fd=stdin, output_fd=output_w))
+            await _cancel_while_held(held, task, lambda: None)
+        finally:
+            for fd in (stdin, output_r, output_w):
+                os.close(fd)
+        cgroup = held.made
+        assert isinstance(cgroup, JobCgroup)
+        assert _left_destroyed(cgroup) == [], "the cgroup the thread made was left"
+
+
+async def test_a_launched_jobs_wait_cancelled_twice_still_destroys_its_cgroup() -> None:
+    with real_jail("waitcg-") as (jail, _, root):
+        spec = shell_job(root / "ws", root / "job", "sleep 60", uid=20_931)
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        output_r, output_w = os.pipe()
+        try:
+            job = await jail.launch(spec, stdin_fd=stdin, output_fd=output_w)
+        finally:
+            for fd in (stdin, output_w):
+                os.close(fd)
+        try:
+            cgroup = job._cgroup
+            assert cgroup is not None
+            # The first cancellation kills the job; its ``finally`` reads the cgroup's
+            # stats in a thread, held there while the second one comes.
+            held = _Held(cgroup.stats)
+            cgroup.stats = held  # type: ignore[method-assign]
+            task: asyncio.Task[None] = asyncio.create_task(_wait(job))
+            for _ in range(10):
+                await asyncio.sleep(0)
+            task.cancel()
+            await _cancel_while_held(held, task, lambda: None)
+        finally:
+            os.close(output_r)
+        assert _left_destroyed(cgroup) == [], "the job's cgroup was left"
+
+
+async def _wait(job: LaunchedJob) -> None:
+    await job.wait()
+
+
+def _left_destroyed(cgroup: JobCgroup) -> list[Path]:
+    """The cgroup's directories still there, which are then removed (the test's own)."""
+    left = [d for d in cgroup._dirs if d.exists()]
+    cgroup.destroy()
+    return left
