@@ -64,6 +64,14 @@ class _Held:
             self.finished.set()
 
 
+def _jobs(base: Path, *, sessions: bool) -> tuple[JobWorkspaces, WorkspaceManager, UidPool]:
+    workspaces = WorkspaceManager(base / "root", quota_bytes=16 << 20)
+    workspaces.prepare()
+    uids = UidPool(20_910, 20_919, lease_dir=base / "uid-leases")
+    manager = SessionManager(enabled=sessions, workspaces=workspaces, uids=uids, wait_ms=100)
+    return JobWorkspaces(workspaces, uids, manager), workspaces, uids
+
+
 async def _cancel_while_held(held: _Held, task: asyncio.Task[None], probe: Callable[[], T]) -> T:
     """Cancel ``task`` while ``held`` runs in its thread; ``probe()`` once the cancellation
     has reached it; then let the thread end and wait for both."""
@@ -82,11 +90,7 @@ async def _cancel_while_held(held: _Held, task: asyncio.Task[None], probe: Calla
 async def test_a_fresh_job_cancelled_while_its_workspace_is_made_removes_it_before_its_uid_goes(
     base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    workspaces = WorkspaceManager(base / "root", quota_bytes=16 << 20)
-    workspaces.prepare()
-    uids = UidPool(20_910, 20_919, lease_dir=base / "uid-leases")
-    sessions = SessionManager(enabled=False, workspaces=workspaces, uids=uids, wait_ms=100)
-    jobs = JobWorkspaces(workspaces, uids, sessions)
+    jobs, workspaces, uids = _jobs(base, sessions=False)
     held = _Held(workspaces.create_job)
     monkeypatch.setattr(workspaces, "create_job", held)
 
@@ -107,11 +111,8 @@ async def test_a_fresh_job_cancelled_while_its_workspace_is_made_removes_it_befo
 async def test_a_session_job_cancelled_while_its_job_dir_is_made_removes_it(
     base: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    workspaces = WorkspaceManager(base / "root", quota_bytes=16 << 20)
-    workspaces.prepare()
-    uids = UidPool(20_920, 20_929, lease_dir=base / "uid-leases")
-    sessions = SessionManager(enabled=True, workspaces=workspaces, uids=uids, wait_ms=100)
-    jobs = JobWorkspaces(workspaces, uids, sessions)
+    jobs, workspaces, _ = _jobs(base, sessions=True)
+    sessions = jobs.sessions
     await sessions.bind(SESSION)
     held = _Held(workspaces.create_session_job_dir)
     monkeypatch.setattr(workspaces, "create_session_job_dir", held)
