@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -258,6 +259,47 @@ async def test_a_cancelled_create_leaves_no_container(
         await provider.create(labelled)
         pytest.fail("create finished before the cancellation; nothing was tested")
     assert await engine.containers(**{UUID_LABEL: sandbox_uuid}) == []
+
+
+async def test_a_create_cancelled_again_while_it_removes_its_container_removes_it(
+    engine: Engine, provider: DockerProvider, spec: SandboxSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while waiting for /health, the create removes its container: under an
+    anyio shield only, a second native cancellation stopped the removal and left the
+    container running. The removal is held here until the second cancellation came."""
+    sandbox_uuid = uuid.uuid4().hex
+    labelled = _with(spec, **{UUID_LABEL: sandbox_uuid})
+    waiting, removing, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_remove = provider._engine.remove_container
+
+    async def never_ready(*_: Any, **__: Any) -> None:
+        waiting.set()
+        await asyncio.Event().wait()
+
+    async def held_remove(container_id: str) -> bool:
+        removing.set()
+        await go_on.wait()
+        return await real_remove(container_id)
+
+    monkeypatch.setattr(provider, "_wait_ready", never_ready)
+    monkeypatch.setattr(provider._engine, "remove_container", held_remove)
+    create = asyncio.create_task(provider.create(labelled))
+    try:
+        with anyio.fail_after(600):
+            await waiting.wait()
+        create.cancel()
+        with anyio.fail_after(60):
+            await removing.wait()
+        create.cancel()  # again, while the first one's removal runs
+        for _ in range(10):
+            await asyncio.sleep(0)
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await create
+        left = await engine.containers(**{UUID_LABEL: sandbox_uuid})
+    finally:
+        go_on.set()
+    assert left == [], "the container was left"
 
 
 async def test_missing_image_is_a_config_error(provider: DockerProvider, spec: SandboxSpec) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator, VmState
@@ -171,3 +174,43 @@ async def test_the_tps_budget_spaces_control_plane_calls(
     # Three RunMicrovm at 2/s with a burst of 2: the third waits ~0.5 s.
     assert emulator.clock() - started >= 0.45
     assert not any(call.throttled for call in emulator.calls)
+
+
+async def test_a_launch_cancelled_again_while_it_terminates_its_vm_terminates_it(
+    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its VM boots, the launch terminates it: under an anyio shield
+    only, a second native cancellation stopped the TerminateMicrovm and the VM ran on
+    until its idle policy ended it. The terminate is held until the second one came."""
+    booting, terminating, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_terminate = provider._api.terminate
+
+    async def never_attached(*_: Any, **__: Any) -> SandboxHandle:
+        booting.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never attached")
+
+    async def held_terminate(vm_id: str) -> None:
+        terminating.set()
+        await go_on.wait()
+        await real_terminate(vm_id)
+
+    monkeypatch.setattr(provider, "_attach", never_attached)
+    monkeypatch.setattr(provider._api, "terminate", held_terminate)
+    create = asyncio.create_task(provider.create(SandboxSpec()))
+    try:
+        async with asyncio.timeout(60):
+            await booting.wait()
+        create.cancel()
+        async with asyncio.timeout(60):
+            await terminating.wait()
+        create.cancel()  # again, while the first one's terminate runs
+        for _ in range(10):
+            await asyncio.sleep(0)
+        go_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await create
+    finally:
+        go_on.set()
+    assert len(operations(emulator, "RunMicrovm")) == 1
+    assert [vm.state for vm in emulator.fleet.vms.values()] == [VmState.TERMINATED]
