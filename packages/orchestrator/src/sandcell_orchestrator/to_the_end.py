@@ -12,7 +12,8 @@ of cancellations, which are passed on once it has ended.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
@@ -21,14 +22,21 @@ __all__ = ["to_the_end"]
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 
 async def to_the_end(
-    work: Coroutine[Any, Any, T], *, keep: set[asyncio.Task[Any]] | None = None
+    work: Coroutine[Any, Any, T],
+    *,
+    keep: set[asyncio.Task[Any]] | None = None,
+    undo: Callable[[T], Awaitable[object]] | None = None,
 ) -> T:
     """``await work``, run to its end even while the caller is being cancelled.
 
     ``keep``: a set holding the task while it runs (the loop holds tasks only weakly),
-    for an owner that waits for cleanups in flight at its close.
+    for an owner that waits for cleanups in flight at its close. ``undo``: once the
+    caller was cancelled meanwhile, awaited (also to its end) with what ``work``
+    returned, which the caller never gets: what removes it (a file a thread made).
     """
     task = asyncio.ensure_future(work)
     if keep is not None:
@@ -46,7 +54,14 @@ async def to_the_end(
                     raise
                 cancelled = True
     if cancelled:
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller sees
+        if not task.cancelled() and task.exception() is None and undo is not None:
+            try:
+                await to_the_end(_undo(undo, task.result()))
+            except Exception as exc:
+                log.warning("undoing what a cancelled call made failed: %s", exc)
         raise asyncio.CancelledError
     return task.result()
+
+
+async def _undo(undo: Callable[[T], Awaitable[object]], made: T) -> None:
+    await undo(made)
