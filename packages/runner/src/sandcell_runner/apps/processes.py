@@ -24,6 +24,7 @@ from pathlib import Path
 
 from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
 
+from ..cancelling import to_thread_to_the_end
 from ..config import MIB, RunnerSettings
 from ..env_vars import checked_env
 from ..errors import BadRequestError, NotFoundError, SessionConflictError
@@ -33,7 +34,6 @@ from ..jail.nsjail import Jail
 from ..jail.outcome import signal_name
 from ..jail.spec import JobLimits, JobSpec
 from ..jail.stopping import end_within
-from ..threads import to_thread_to_the_end
 from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from .logbuffer import LineBuffer

@@ -33,6 +33,7 @@ from sandcell_protocol.contexts import (
 )
 from sandcell_protocol.sandbox_messages import SANDBOX_HOME
 
+from ..cancelling import to_thread_to_the_end
 from ..config import MIB, RunnerSettings
 from ..env_vars import checked_env
 from ..errors import (
@@ -46,7 +47,6 @@ from ..errors import (
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits, JobSpec
 from ..languages import LanguageSpec
-from ..threads import to_thread_to_the_end
 from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState

@@ -15,7 +15,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..threads import to_thread_to_the_end
+from ..cancelling import to_thread_to_the_end
 from .cgroups import JobCgroup
 from .outcome import decode_status, warnings_only
 from .spawner import SpawnedProcess

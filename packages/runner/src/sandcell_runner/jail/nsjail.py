@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cancelling import to_thread_to_the_end
 from ..errors import JailError
 from ..languages import JOB_DIR, WORKSPACE_DIR
-from ..threads import to_thread_to_the_end
 from .capture import DRAIN_INTERVAL_S, Capture, OutputCallback, discard, widen
 from .cgroups import CgroupManager, JobCgroup
 from .launched import LaunchedJob

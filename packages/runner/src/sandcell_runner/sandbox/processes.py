@@ -33,6 +33,7 @@ from pathlib import Path
 from sandcell_protocol import ProtocolError
 from sandcell_protocol import sandbox_messages as sm
 
+from ..cancelling import to_thread_to_the_end
 from ..config import MIB, RunnerSettings
 from ..errors import BadRequestError, InvalidPathError, NotFoundError
 from ..jail.fdio import write_all
@@ -40,7 +41,6 @@ from ..jail.launched import LaunchedJob, LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits, JobSpec
 from ..jail.stopping import end_within
-from ..threads import to_thread_to_the_end
 from ..workspace.cwd import require_dir
 from ..workspace.manager import WorkspaceManager
 from .env import process_env

@@ -17,8 +17,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from ..cancelling import to_thread_to_the_end
 from ..jail.uidpool import UidPool
-from ..threads import to_thread_to_the_end
 from .manager import JobDirs, JobWorkspace, WorkspaceManager
 from .session import SessionManager
 

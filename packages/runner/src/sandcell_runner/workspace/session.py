@@ -28,6 +28,7 @@ from sandcell_protocol import (
     is_runtime_session_id,
 )
 
+from ..cancelling import to_thread_to_the_end
 from ..errors import (
     BadRequestError,
     NotFoundError,
@@ -37,7 +38,6 @@ from ..errors import (
 )
 from ..jail.netns import SessionNetns
 from ..jail.uidpool import UidPool
-from ..threads import to_thread_to_the_end
 from .manager import WorkspaceManager
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Blocking calls in a thread, awaited to their end even by a cancelled caller.
+"""Cancellation that waits for what it cannot stop, or for what it stopped.
 
 ``await asyncio.to_thread(f)`` returns at once when its caller is cancelled, but the
 thread cannot be stopped: it goes on making the directory, the cgroup or the network
@@ -7,6 +7,11 @@ the session lock) is released under it, and what the thread makes is left with n
 one to remove it. ``to_thread_to_the_end`` waits for the thread through any number
 of cancellations (native ``task.cancel()`` passes anyio's shields, so both are used),
 undoes what it made, then passes the cancellation on.
+
+``cancel_and_wait`` cancels a run once and waits for its cleanup. Awaiting the task
+itself, as a stream's ``finally`` did, passed a second cancellation of the awaiting
+generator (Starlette re-sends it while the generator is unshielded) on to the run,
+cutting its cleanup short, and the stream ended before it.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["to_thread_to_the_end"]
+__all__ = ["cancel_and_wait", "to_thread_to_the_end"]
 
 log = logging.getLogger(__name__)
 
@@ -64,3 +69,22 @@ async def _to_the_end(func: Callable[[], T]) -> tuple[asyncio.Future[T], bool]:
     with contextlib.suppress(asyncio.CancelledError):
         call.exception()  # retrieved here; ``result()`` raises it again for the caller
     return call, cancelled
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` (once) if it still runs and wait for its end, however often the
+    caller is cancelled meanwhile (that cancellation is raised after). Its outcome is
+    retrieved, not raised: whoever needed it has read it."""
+    if not task.done():
+        task.cancel()
+    cancelled = False
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait({task})  # never cancels ``task``, unlike ``await task``
+            except asyncio.CancelledError:
+                cancelled = True
+    if not task.cancelled():
+        task.exception()
+    if cancelled:
+        raise asyncio.CancelledError
