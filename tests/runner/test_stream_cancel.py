@@ -17,6 +17,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 
 from sandcell_runner.http.execute import _events
+from tests.fixtures.cancelling import disconnect_after_first_line
 
 
 class _Run:
@@ -49,33 +50,14 @@ async def test_a_gone_client_cancels_the_run_once_and_waits_for_its_cleanup() ->
     queue: asyncio.Queue[Any] = asyncio.Queue()
     queue.put_nowait(("stdout", b"hi\n"))
     response = StreamingResponse(_events(queue, run, None, None))  # type: ignore[arg-type]
-    body_sent = asyncio.Event()
     ended_with_run_done: list[bool] = []
 
-    async def receive() -> dict[str, Any]:
-        await body_sent.wait()  # the first line is out: now the client goes
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and message.get("body"):
-            body_sent.set()
-
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}}
-
-    async def serve() -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await response(scope, receive, send)
         ended_with_run_done.append(run.done())
 
-    served = asyncio.create_task(serve())
+    await disconnect_after_first_line(app, cleaning=double.cleaning, go_on=double.go_on)
     async with asyncio.timeout(30):
-        await double.cleaning.wait()
-    # The disconnect has cancelled the stream; whatever it and Starlette do next
-    # happens in these loop iterations, while the cleanup is held.
-    for _ in range(50):
-        await asyncio.sleep(0)
-    double.go_on.set()
-    async with asyncio.timeout(30):
-        await asyncio.wait({served})
         await asyncio.wait({run})
     assert not double.interrupted, "the run was cancelled again in its cleanup"
     assert double.cleaned

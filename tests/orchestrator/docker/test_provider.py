@@ -27,6 +27,7 @@ from sandcell_orchestrator.registry import InProcessRegistry
 from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from sandcell_protocol import ExecuteRequest, Limits, RunStatus, checkpoint_key, runtime_session_id
+from tests.fixtures.cancelling import cancel_twice
 
 from .conftest import RUN_ID, RUN_LABEL, Engine, MakeProvider
 
@@ -285,17 +286,7 @@ async def test_a_create_cancelled_again_while_it_removes_its_container_removes_i
     monkeypatch.setattr(provider._engine, "remove_container", held_remove)
     create = asyncio.create_task(provider.create(labelled))
     try:
-        with anyio.fail_after(600):
-            await waiting.wait()
-        create.cancel()
-        with anyio.fail_after(60):
-            await removing.wait()
-        create.cancel()  # again, while the first one's removal runs
-        for _ in range(10):
-            await asyncio.sleep(0)
-        go_on.set()
-        with pytest.raises(asyncio.CancelledError):
-            await create
+        await cancel_twice(create, first=waiting, cleaning=removing, go_on=go_on)
         left = await engine.containers(**{UUID_LABEL: sandbox_uuid})
     finally:
         go_on.set()

@@ -13,6 +13,7 @@ from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_protocol import ExecuteRequest
+from tests.fixtures.cancelling import cancel_twice
 
 from .conftest import ProviderFactory
 
@@ -199,17 +200,7 @@ async def test_a_launch_cancelled_again_while_it_terminates_its_vm_terminates_it
     monkeypatch.setattr(provider._api, "terminate", held_terminate)
     create = asyncio.create_task(provider.create(SandboxSpec()))
     try:
-        async with asyncio.timeout(60):
-            await booting.wait()
-        create.cancel()
-        async with asyncio.timeout(60):
-            await terminating.wait()
-        create.cancel()  # again, while the first one's terminate runs
-        for _ in range(10):
-            await asyncio.sleep(0)
-        go_on.set()
-        with pytest.raises(asyncio.CancelledError):
-            await create
+        await cancel_twice(create, first=booting, cleaning=terminating, go_on=go_on)
     finally:
         go_on.set()
     assert len(operations(emulator, "RunMicrovm")) == 1

@@ -26,6 +26,7 @@ from sandcell_orchestrator.providers.base import SESSION_LABEL, SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.providers.local_state import LocalRunner
 from sandcell_orchestrator.providers.local_zygote import RunnerZygote
+from tests.fixtures.cancelling import cancel_twice
 from tests.fixtures.paths import traversable_dir
 
 from .test_zygote import _forked
@@ -167,18 +168,7 @@ async def test_a_create_cancelled_again_while_it_discards_its_runner_still_disca
         provider = LocalProvider(LocalSettings(runtime_dir=runtime, zygote=False))
         try:
             create = asyncio.create_task(provider.create(SandboxSpec()))
-            async with asyncio.timeout(60):
-                await starting.wait()
-            assert _runners_under(runtime), "the runner was not started"
-            create.cancel()
-            async with asyncio.timeout(60):
-                await stopping.wait()
-            create.cancel()  # again, while the first one's discard runs
-            for _ in range(10):
-                await asyncio.sleep(0)
-            go_on.set()
-            with pytest.raises(asyncio.CancelledError):
-                await create
+            await cancel_twice(create, first=starting, cleaning=stopping, go_on=go_on)
             assert _runners_under(runtime) == [], "the runner was left running"
             assert list(runtime.iterdir()) == [], "the root was left"
         finally:

@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from sandcell_orchestrator.serve.contexts import ContextRoutes
 from sandcell_protocol import contexts as cx
 from sandcell_protocol import encode
+from tests.fixtures.cancelling import disconnect_after_first_line
 
 
 class _Execution:
@@ -63,47 +64,9 @@ async def test_a_gone_client_does_not_cut_the_runs_cleanup_short() -> None:
     )
     app = Starlette(routes=routes.routes())
     body = encode(cx.RunCall(language="python", code="print('hi')", user_id="alice"))
-    sent: list[dict[str, Any]] = []
-    body_sent = asyncio.Event()
-    requested = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal requested
-        if not requested:
-            requested = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await body_sent.wait()  # the first event is out: now the client goes
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-        if message["type"] == "http.response.body" and message.get("body"):
-            body_sent.set()
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/run",
-        "raw_path": b"/v1/run",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"accept", b"application/x-ndjson"), (b"content-type", b"application/json")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
-    request = asyncio.create_task(app(scope, receive, send))
-    async with asyncio.timeout(30):
-        await execution.cleaning.wait()
-    # The disconnect has cancelled the stream; whatever it and Starlette do next
-    # happens in these loop iterations, while the cleanup is held.
-    for _ in range(50):
-        await asyncio.sleep(0)
-    execution.go_on.set()
-    async with asyncio.timeout(30):
-        await asyncio.wait({request})
+    sent = await disconnect_after_first_line(
+        app, cleaning=execution.cleaning, go_on=execution.go_on, path="/v1/run", body=body
+    )
     for _ in range(10):
         await asyncio.sleep(0)  # a cleanup left running on its own ends here
     assert sent[0]["status"] == 200
