@@ -4,12 +4,15 @@ on their revision, removed; tokens and env never in a row's repr."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import sqlite3
+from pathlib import Path
 
 import msgspec
 import pytest
 
-from sandcell_orchestrator.registry import E2bSandboxRow, SessionRegistry
+from sandcell_orchestrator.registry import E2bSandboxRow, SessionRegistry, SqliteRegistry
 from sandcell_protocol import EgressPolicy
 
 
@@ -170,3 +173,26 @@ async def test_a_removed_row_leaves_the_pages(registry: SessionRegistry) -> None
     assert await registry.remove_e2b_sandbox(rows[3].sandbox_id)
     rest = await registry.e2b_sandboxes_of(ns, after=first[-1].sandbox_id, limit=3)
     assert rest == [rows[2], rows[4], rows[5]]
+
+
+async def test_sqlite_pages_read_past_unreadable_rows(tmp_path: Path) -> None:
+    """A row SQLite holds but cannot decode is skipped and the range read on past it: a
+    page is short only at the end."""
+    registry = SqliteRegistry(tmp_path / "registry.sqlite3")
+    try:
+        rows = sorted((new_row("tenant-a") for _ in range(7)), key=lambda row: row.sandbox_id)
+        for row in rows:
+            assert await registry.add_e2b_sandbox(row)
+        with contextlib.closing(sqlite3.connect(registry.path)) as db, db:
+            for broken in (rows[1], rows[2]):
+                db.execute(
+                    "UPDATE e2b_sandboxes SET raw = ? WHERE sandbox_id = ?",
+                    (b"{not json", broken.sandbox_id),
+                )
+        usable = [rows[0], *rows[3:]]
+        assert await registry.e2b_sandboxes_of("tenant-a", limit=3) == usable[:3]
+        assert await _every_page(registry, "tenant-a", limit=2) == [
+            [row.sandbox_id for row in usable[n : n + 2]] for n in range(0, 6, 2)
+        ]
+    finally:
+        await registry.close()
