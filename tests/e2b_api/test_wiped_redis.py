@@ -65,6 +65,17 @@ class Wiped:
         session_id: str = json.loads(raw)["session_id"]
         return session_id
 
+    def forget(self, sandbox_ids: list[str]) -> None:
+        """Drop these sandboxes' rows from Redis again (what the wipe did to them; a
+        listing since rebuilt them from their kept rows)."""
+        with redis.Redis.from_url(self.redis_url) as db:
+            indexes = [*db.scan_iter(match="*e2b_all"), *db.scan_iter(match="*e2b_nsids:*")]
+            for sandbox_id in sandbox_ids:
+                for key in db.scan_iter(match=f"*e2b:{sandbox_id}"):
+                    db.delete(key)
+                for index in indexes:
+                    db.zrem(index, sandbox_id)
+
 
 def _s3(s3: S3Server) -> Any:
     return boto3.client(
@@ -96,13 +107,18 @@ def wiped() -> Iterator[Wiped]:
             assert not leftovers, f"sandbox processes left behind: {leftovers}"
 
 
+def _pages(serve: E2bServe, key: str | None = None, **query: Any) -> list[list[str]]:
+    """The tenant's listing, page by page (the SDK follows ``nextToken``)."""
+    pages = Sandbox.list(**query, **(serve.opts(key) if key else serve.opts()))
+    seen: list[list[str]] = []
+    while pages.has_next:
+        seen.append([s.sandbox_id for s in pages.next_items()])
+    return seen
+
+
 def _ids(serve: E2bServe, key: str | None = None, **query: Any) -> list[str]:
     """Every sandbox id of the tenant's listing, page by page."""
-    pages = Sandbox.list(**query, **(serve.opts(key) if key else serve.opts()))
-    seen: list[str] = []
-    while pages.has_next:
-        seen += [s.sandbox_id for s in pages.next_items()]
-    return seen
+    return [sandbox_id for page in _pages(serve, key, **query) for sandbox_id in page]
 
 
 def test_a_paused_sandbox_is_listed_resumed_and_killed_after_a_wipe(wiped: Wiped) -> None:
@@ -183,4 +199,58 @@ def test_paused_sandboxes_are_paged_once_and_killed_while_paused_after_a_wipe(
             Sandbox.connect(sandbox.sandbox_id, **serve.opts())
     for session_id in sessions:
         assert wiped.keys(containing=session_id) == []
+    assert wiped.keys(containing="/e2b/") == []
+
+
+def test_pages_over_registry_rows_and_kept_rows_never_skip_or_repeat(wiped: Wiped) -> None:
+    """Nine sandboxes: four paused before a wipe (kept rows only), two paused after it
+    (Redis and kept rows), three running (Redis only), and another tenant's: pages of
+    any size give each once, in id order, each full but the last; the state filter and
+    a metadata query page the same; the other tenant lists only its own."""
+    serve = wiped.serve
+
+    def meta(n: int) -> dict[str, str]:
+        return {"parity": "even" if n % 2 == 0 else "odd"}
+
+    made: list[Sandbox] = []
+    theirs: Sandbox | None = None
+    try:
+        for n in range(4):
+            made.append(Sandbox.create(metadata=meta(n), **serve.opts()))
+            assert made[-1].pause() is True
+        wiped.wipe()
+        forgotten = [sandbox.sandbox_id for sandbox in made]
+        for n in range(4, 6):
+            made.append(Sandbox.create(metadata=meta(n), **serve.opts()))
+            assert made[-1].pause() is True
+        made += [Sandbox.create(metadata=meta(n), **serve.opts()) for n in range(6, 9)]
+        theirs = Sandbox.create(metadata=meta(0), **serve.opts(KEY_B))
+        ids = sorted(sandbox.sandbox_id for sandbox in made)
+        paused = sorted(sandbox.sandbox_id for sandbox in made[:6])
+        running = sorted(sandbox.sandbox_id for sandbox in made[6:])
+        even = sorted(sandbox.sandbox_id for n, sandbox in enumerate(made) if n % 2 == 0)
+
+        def listed(limit: int, **query: Any) -> list[str]:
+            wiped.forget(forgotten)  # as right after the wipe, for every listing
+            pages = _pages(serve, limit=limit, **query)
+            assert all(len(page) == limit for page in pages[:-1]), (limit, query, pages)
+            assert len(pages[-1]) <= limit, (limit, query, pages)
+            return [sandbox_id for page in pages for sandbox_id in page]
+
+        for limit in (1, 2, 4, 100):
+            assert listed(limit) == ids, limit
+        paused_only = SandboxQuery(state=[SandboxState.PAUSED])
+        running_only = SandboxQuery(state=[SandboxState.RUNNING])
+        for limit in (1, 4):
+            assert listed(limit, query=paused_only) == paused, limit
+            assert listed(limit, query=running_only) == running, limit
+            assert listed(limit, query=SandboxQuery(metadata={"parity": "even"})) == even, limit
+        assert _ids(serve, KEY_B, limit=1) == [theirs.sandbox_id]
+    finally:
+        for sandbox in made:
+            assert Sandbox.kill(sandbox.sandbox_id, **serve.opts()) is True
+        if theirs is not None:
+            assert Sandbox.kill(theirs.sandbox_id, **serve.opts(KEY_B)) is True
+    assert _ids(serve) == []
+    assert _ids(serve, KEY_B) == []
     assert wiped.keys(containing="/e2b/") == []

@@ -170,34 +170,44 @@ class E2bSandboxes:
         them together (a kept row the registry lacks is rebuilt); and the ``after`` of
         the next page (``None`` on the last).
 
-        The store is read one page at a time (at most ``limit + 1`` keys after
-        ``after``), never the whole prefix, and not at all when paused sandboxes are not
-        asked for. Every kept id up to the last of that page is among them, so the page
-        takes nothing past it: no id is skipped or listed twice across pages."""
-        rows = {
-            row.sandbox_id: row
-            for row in await self.registry.e2b_sandboxes(owner)
-            if after is None or row.sandbox_id > after
-        }
-        # After the registry's read: a kill deletes the kept row before the row, so a
-        # row missed there is a kept row this listing no longer finds.
-        stored: list[str] = []
-        bound = None
-        if "paused" in states:
-            stored, bound = await self.kept.page(owner, after=after, limit=limit + 1)
+        Both are read a page at a time: at most ``limit + 1`` ids after ``after`` from
+        each (the store not at all when paused sandboxes are not asked for), never the
+        whole of either. Every id of a source up to the last it gave is among those it
+        gave, so a read takes nothing past the smaller of the two lasts (of a source
+        that gave all ``limit + 1``; one that gave fewer has no more): the other
+        source's ids beyond it wait for the next read, and no id is skipped or listed
+        twice across pages. Sandboxes the filters leave out do not end the page: it
+        reads on from there until it is full or both sources end."""
         chosen: list[E2bSandbox] = []
-        for sandbox_id in sorted(set(rows).union(stored)):
-            if bound is not None and sandbox_id > bound:
-                break
-            if len(chosen) == limit:
-                return chosen, chosen[-1].sandbox_id
-            row = rows.get(sandbox_id) or await self._recover(sandbox_id, owner=owner)
-            if row is None:
-                continue
-            sandbox = await self.views.view(row)
-            if sandbox.state in states and picks(sandbox):
-                chosen.append(sandbox)
-        return chosen, bound
+        start = after
+        while True:
+            rows = await self.registry.e2b_sandboxes_of(owner, after=start, limit=limit + 1)
+            # After the registry's read: a kill deletes the kept row before the row, so a
+            # row missed there is a kept row this listing no longer finds.
+            stored: list[str] = []
+            stored_bound = None
+            if "paused" in states:
+                stored, stored_bound = await self.kept.page(owner, after=start, limit=limit + 1)
+            bounds = [] if stored_bound is None else [stored_bound]
+            if len(rows) > limit:
+                bounds.append(rows[-1].sandbox_id)
+            bound = min(bounds, default=None)
+            by_id = {row.sandbox_id: row for row in rows}
+            for sandbox_id in sorted(set(by_id).union(stored)):
+                if bound is not None and sandbox_id > bound:
+                    break
+                if len(chosen) == limit:
+                    return chosen, chosen[-1].sandbox_id
+                row = by_id.get(sandbox_id) or await self._recover(sandbox_id, owner=owner)
+                if row is None:
+                    continue
+                sandbox = await self.views.view(row)
+                if sandbox.state in states and picks(sandbox):
+                    chosen.append(sandbox)
+            if bound is None or len(chosen) == limit:
+                return chosen, bound
+            # Everything up to ``bound`` was looked at and the page is not full yet.
+            start = bound
 
     async def _recover(self, sandbox_id: str, *, owner: str) -> E2bSandboxRow | None:
         """``owner``'s kept row of ``sandbox_id``, added to the registry again (one revision

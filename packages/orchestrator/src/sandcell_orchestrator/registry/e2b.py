@@ -110,7 +110,19 @@ class E2bSandboxTable(Protocol):
         ...
 
     async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        """``namespace``'s rows (every row with ``None``), by start time then id."""
+        """``namespace``'s rows (every row with ``None``), by start time then id: all of
+        them (the timeout sweep, the room check; a listing pages ``e2b_sandboxes_of``)."""
+        ...
+
+    async def e2b_sandboxes_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows with sandbox ids above ``after``, by sandbox id: the first
+        ``limit`` of them (all with ``None``).
+
+        Fewer than ``limit`` means there are no more; no row above ``after`` and below
+        the last one returned is left out. A page reads about ``limit`` rows, not the
+        namespace's whole table, and never another namespace's."""
         ...
 
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:

@@ -283,6 +283,19 @@ class InProcessRegistry:
         rows = [r for r in self._e2b.values() if namespace in (None, r.namespace)]
         return sorted(rows, key=lambda r: (r.started_at_s, r.sandbox_id))
 
+    async def e2b_sandboxes_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows above ``after``, by sandbox id: the first ``limit``."""
+        check_page_limit(limit)
+        await anyio.lowlevel.checkpoint()
+        rows = [
+            row
+            for sandbox_id, row in sorted(self._e2b.items())
+            if row.namespace == namespace and (after is None or sandbox_id > after)
+        ]
+        return rows if limit is None else rows[:limit]
+
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Compare-and-set on ``revision``."""
         await anyio.lowlevel.checkpoint()
