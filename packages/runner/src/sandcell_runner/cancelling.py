@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -56,19 +57,25 @@ async def to_thread_to_the_end(
 
 async def _to_the_end(func: Callable[[], T]) -> tuple[asyncio.Future[T], bool]:
     """The finished call and whether the caller was cancelled while it ran."""
-    call = asyncio.ensure_future(asyncio.to_thread(func))
-    cancelled = False
+    # As ``asyncio.to_thread``, but the future is shielded rather than awaited: the
+    # uncancelled path costs what ``to_thread`` does (no task, no anyio scope).
+    context = contextvars.copy_context()
+    call = asyncio.get_running_loop().run_in_executor(None, context.run, func)
+    try:
+        await asyncio.shield(call)
+    except asyncio.CancelledError:
+        pass
+    else:
+        return call, False
     # The anyio shield keeps a cancelled anyio scope from re-sending its cancellation on
     # every loop iteration; the loop outlasts the native ones it lets through.
     with anyio.CancelScope(shield=True):
         while not call.done():
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({call})
-            except asyncio.CancelledError:
-                cancelled = True
     with contextlib.suppress(asyncio.CancelledError):
         call.exception()  # retrieved here; ``result()`` raises it again for the caller
-    return call, cancelled
+    return call, True
 
 
 async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
