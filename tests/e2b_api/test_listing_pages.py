@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
+from sandcell_orchestrator.e2b.control import ControlPlane
 from sandcell_orchestrator.e2b.kept import KeptRows
 from sandcell_orchestrator.e2b.sandboxes import E2bSandbox, E2bSandboxes
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
@@ -302,3 +305,35 @@ async def test_a_tenants_listing_reads_only_its_own_rows(dir_listing: _Listing) 
     assert listing.table.reads == [1]
     for row in theirs:
         assert await listing.registry.e2b_sandbox(row.sandbox_id) is None
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=0",
+        "limit=101",
+        "limit=-1",
+        "limit=two",
+        "limit=%C2%B2",  # '²': str.isdigit() takes it, int() does not
+        "limit=%D9%A3",  # '٣': an Arabic-Indic digit, which int() reads as 3
+        "limit=" + "1" * 5000,  # past int()'s 4300 digits
+        "nextToken=..%2Fx",
+        "nextToken=" + "a" * 21,
+        "state=running%2Cgone",
+    ],
+)
+async def test_a_malformed_listing_query_is_a_400_before_any_read(query: str) -> None:
+    """``limit``, ``nextToken`` and ``state`` come from the caller: one that is not what
+    the route takes is E2B's 400 ``bad_request``, answered before the table (the
+    registry or the store) is reached."""
+
+    def table() -> E2bSandboxes:
+        raise AssertionError("the listing reached the table")
+
+    plane = ControlPlane(table, namespace_of_key=lambda _key: TENANT, domain=None)
+    app = Starlette(routes=plane.routes())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://e2b.test") as client:
+        answer = await client.get(f"/e2b/v2/sandboxes?{query}", headers={"X-API-KEY": "key"})
+    assert answer.status_code == 400, (query[:40], answer.text)
+    assert answer.json()["error_code"] == "bad_request"

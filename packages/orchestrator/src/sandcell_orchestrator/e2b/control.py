@@ -181,7 +181,10 @@ class ControlPlane:
     async def list_v2(self, request: Request) -> Response:
         owner = self._owner(request)
         raw_limit = request.query_params.get("limit") or str(_MAX_LIMIT)
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= _MAX_LIMIT:
+        # ASCII digits, few of them: ``isdigit`` alone takes '²' (which ``int`` refuses)
+        # and other scripts' digits, and ``int`` refuses a string of over 4300 digits.
+        digits = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3
+        if not digits or not 1 <= int(raw_limit) <= _MAX_LIMIT:
             raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
         after = request.query_params.get("nextToken") or None
         if after is not None and not valid_sandbox_id(after):
