@@ -26,7 +26,12 @@ from starlette.applications import Starlette
 
 from sandcell_orchestrator.e2b.control import ControlPlane
 from sandcell_orchestrator.e2b.kept import KeptRows
-from sandcell_orchestrator.e2b.sandboxes import E2bSandbox, E2bSandboxes
+from sandcell_orchestrator.e2b.sandboxes import (
+    PAGE_READS,
+    READ_ON_ROWS,
+    E2bSandbox,
+    E2bSandboxes,
+)
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import (
     E2bSandboxRow,
@@ -287,7 +292,52 @@ async def test_filtered_pages_are_full_but_the_last_and_skip_nothing(
             # Full but the last, which may be empty only where the filters left out
             # what the page before it would have ended on.
             assert all(len(page) == limit for page in pages[:-1]), (filters, limit)
-            assert max(listing.table.reads) <= limit + 1, (filters, limit)
+            # A page's first read is ``limit + 1`` rows; a read-on, at most READ_ON_ROWS.
+            assert listing.table.reads[0] <= limit + 1, (filters, limit)
+            assert max(listing.table.reads) <= max(limit + 1, READ_ON_ROWS), (filters, limit)
+
+
+async def test_a_sparse_filter_reads_a_bounded_amount_per_page(dir_listing: _Listing) -> None:
+    """A filter that matches 2 of 400 sandboxes: one request reads the registry at most
+    ``PAGE_READS`` times (the first read ``limit + 1`` rows, a read-on at most
+    ``READ_ON_ROWS``), however far apart the matches are; a page that runs out of reads
+    comes back short (even empty) with a ``nextToken``, and the chained pages still give
+    exactly the matches, once, in id order."""
+    listing = dir_listing
+
+    def hit(n: int) -> dict[str, str]:
+        return {"hit": "yes" if n % 200 == 199 else "no"}
+
+    placed = await _seed(listing, "interleaved", 400, metadata=hit)
+    expected = []
+    for sandbox_id in sorted(placed):
+        row = await listing.registry.e2b_sandbox(sandbox_id) or await listing.kept.read(
+            TENANT, sandbox_id
+        )
+        assert row is not None
+        if row.metadata["hit"] == "yes":
+            expected.append(sandbox_id)
+    assert len(expected) == 2
+    for limit in (1, 3):
+        await _wipe_rebuilt(listing, placed)
+        found: list[str] = []
+        after: str | None = None
+        requests = 0
+        while True:
+            listing.table.reads.clear()
+            page, after = await listing.sandboxes.page(
+                TENANT, after=after, limit=limit, picks=lambda s: s.metadata["hit"] == "yes"
+            )
+            requests += 1
+            assert len(listing.table.reads) <= PAGE_READS, (limit, listing.table.reads)
+            assert listing.table.reads[0] <= limit + 1, (limit, listing.table.reads)
+            assert max(listing.table.reads) <= max(limit + 1, READ_ON_ROWS), limit
+            found += [sandbox.sandbox_id for sandbox in page]
+            if after is None:
+                break
+        assert found == expected, limit
+        # The read-ons are large: a few requests cover the 400, not one per row or two.
+        assert requests <= 400 // ((PAGE_READS - 1) * READ_ON_ROWS) + 2, (limit, requests)
 
 
 async def test_a_tenants_listing_reads_only_its_own_rows(dir_listing: _Listing) -> None:

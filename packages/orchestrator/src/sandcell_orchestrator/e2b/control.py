@@ -16,8 +16,8 @@ every lookup is scoped by it. Paging: ``limit`` (1..100, default 100) and an
 opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``. The v2
 listing is in sandbox-id order, the order of the registry's table and of the store's
 kept rows of paused sandboxes, so each page reads one page of each (at most
-``limit + 1`` rows after ``nextToken``; more only when the filters leave rows out:
-``sandboxes.E2bSandboxes.page``).
+``limit + 1`` rows after ``nextToken``; more only when the filters leave rows out,
+and then a bounded number: ``sandboxes.E2bSandboxes.page``).
 """
 
 from __future__ import annotations
