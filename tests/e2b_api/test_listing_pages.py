@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from starlette.applications import Starlette
 
 from sandcell_orchestrator.e2b.control import ControlPlane
+from sandcell_orchestrator.e2b.errors import E2bError
 from sandcell_orchestrator.e2b.kept import KeptRows
 from sandcell_orchestrator.e2b.sandboxes import (
     PAGE_READS,
@@ -338,6 +340,62 @@ async def test_a_sparse_filter_reads_a_bounded_amount_per_page(dir_listing: _Lis
         assert found == expected, limit
         # The read-ons are large: a few requests cover the 400, not one per row or two.
         assert requests <= 400 // ((PAGE_READS - 1) * READ_ON_ROWS) + 2, (limit, requests)
+
+
+class _HeldAdds(_CountingTable):
+    """The registry, holding each ``add_e2b_sandbox`` until ``release`` is set (once
+    ``reached`` is): a rebuild that read the kept row, about to add the row again."""
+
+    def __init__(self, inner: SessionRegistry) -> None:
+        super().__init__(inner)
+        self.reached = anyio.Event()
+        self.release = anyio.Event()
+
+    async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        self.reached.set()
+        await self.release.wait()
+        added: bool = await self._inner.add_e2b_sandbox(row)
+        return added
+
+
+@pytest.mark.parametrize("path", ["listing", "lookup"])
+async def test_a_kill_while_a_wiped_row_is_rebuilt_is_not_undone(
+    backend: SessionRegistry, tmp_path: Path, path: str
+) -> None:
+    """After a wipe, worker one's listing (or lookup) reads a paused sandbox's kept row;
+    before it adds the row again, worker two rebuilds it, kills it (kept row, row and
+    checkpoints gone) and answers the kill. Worker one's add then lands on an empty id:
+    it must not bring the killed sandbox back (listed paused, its checkpoints gone, so
+    connect answers 500 until someone kills it again)."""
+    row = _row(TENANT, state="paused")
+    async with DirectorySnapshotStore(tmp_path / "snapshots") as store:
+        await KeptRows(store).keep(row)  # paused, then the registry was wiped
+        held = _HeldAdds(backend)
+        provider = LocalProvider(LocalSettings(runtime_dir=tmp_path / "rt"))
+        one = E2bSandboxes(SandboxManager(provider, held, store), keep_at_exit=True)  # type: ignore[arg-type]
+        async with _listing(backend, store, tmp_path / "two") as two:
+            found: list[object] = []
+
+            async def worker_one() -> None:
+                if path == "listing":
+                    page, _ = await one.page(TENANT, after=None, limit=10)
+                    found.extend(page)
+                else:
+                    with contextlib.suppress(E2bError):
+                        found.append(await one.get(row.sandbox_id, owner=TENANT))
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(worker_one)
+                await held.reached.wait()
+                doomed = await two.sandboxes.get(row.sandbox_id, owner=TENANT)
+                await two.sandboxes.kill(doomed)
+                assert await backend.e2b_sandbox(row.sandbox_id) is None
+                held.release.set()
+        await one.aclose()
+        await provider.close()
+        assert found == []
+        assert await backend.e2b_sandbox(row.sandbox_id) is None
+        assert await KeptRows(store).read(TENANT, row.sandbox_id) is None
 
 
 async def test_a_tenants_listing_reads_only_its_own_rows(dir_listing: _Listing) -> None:

@@ -227,14 +227,26 @@ class E2bSandboxes:
 
     async def _recover(self, sandbox_id: str, *, owner: str) -> E2bSandboxRow | None:
         """``owner``'s kept row of ``sandbox_id``, added to the registry again (one revision
-        past it); the registry's row if another worker added it first."""
+        past it); the registry's row if another worker added it first.
+
+        A kill on another worker may have rebuilt the row too, deleted the kept row
+        (a kill's first step) and removed the row, all between this read and this add:
+        the add would bring back a killed sandbox (listed as paused, its checkpoints
+        gone). So the kept row is read once more after the add; gone while the added
+        row is as it was added (a resume or change writes the row, at a later
+        revision, before it touches the kept row), it was a kill, and the row goes."""
         kept = await self.kept.read(owner, sandbox_id)
         if kept is None:
             return None
         row = rebuilt(kept)
         if await self.registry.add_e2b_sandbox(row):
-            log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
-            return row
+            if await self.kept.read(owner, sandbox_id) is not None:
+                log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
+                return row
+            if await self.registry.e2b_sandbox(sandbox_id) == row:
+                await self.registry.remove_e2b_sandbox(sandbox_id)
+                log.info("e2b sandbox %s: killed while its row was rebuilt", sandbox_id)
+                return None
         found = await self.registry.e2b_sandbox(sandbox_id)
         return found if found is not None and found.namespace == owner else None
 
