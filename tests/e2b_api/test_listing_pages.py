@@ -12,6 +12,7 @@ SDK's view of the same paging, over real sandboxes paused and wiped, is in
 from __future__ import annotations
 
 import contextlib
+import datetime
 import random
 import secrets
 import uuid
@@ -22,7 +23,10 @@ from typing import Any
 
 import anyio
 import httpx
+import msgspec
 import pytest
+from e2b.api.client.api.sandboxes import get_v2_sandboxes
+from e2b.api.client.types import UNSET
 from starlette.applications import Starlette
 
 from sandcell_orchestrator.e2b.control import ControlPlane
@@ -428,6 +432,8 @@ async def test_a_tenants_listing_reads_only_its_own_rows(dir_listing: _Listing) 
         "nextToken=..%2Fx",
         "nextToken=" + "a" * 21,
         "state=running%2Cgone",
+        "startedAfter=yesterday",
+        "startedAfter=" + "2" * 100,
     ],
 )
 async def test_a_malformed_listing_query_is_a_400_before_any_read(query: str) -> None:
@@ -445,3 +451,59 @@ async def test_a_malformed_listing_query_is_a_400_before_any_read(query: str) ->
         answer = await client.get(f"/e2b/v2/sandboxes?{query}", headers={"X-API-KEY": "key"})
     assert answer.status_code == 400, (query[:40], answer.text)
     assert answer.json()["error_code"] == "bad_request"
+
+
+async def test_the_sdks_template_and_started_after_filters_are_honoured(
+    dir_listing: _Listing,
+) -> None:
+    """``SandboxQuery(template=, started_after=)`` as e2b's own client puts them in the
+    query (``get_v2_sandboxes``): only the tenant's sandboxes of that template, started
+    at or after that time, are listed, across pages (a filter the route ignored would
+    list, and a caller might kill, the ones it asked to leave out)."""
+    listing = dir_listing
+    rows: list[E2bSandboxRow] = []
+    for n in range(12):
+        row = _row(TENANT, state="running" if n % 3 else "paused")
+        row = msgspec.structs.replace(
+            row,
+            template="code-interpreter-v1" if n % 2 else "base",
+            started_at_s=1_700_000_000.0 + 100 * n,
+        )
+        await _place(listing, row, "both" if row.state == "paused" else "running")
+        rows.append(row)
+    await _place(listing, msgspec.structs.replace(_row(OTHER, state="running")), "running")
+    cutoff = datetime.datetime.fromtimestamp(1_700_000_000.0 + 550, tz=datetime.UTC)
+    plane = ControlPlane(
+        lambda: listing.sandboxes, namespace_of_key=lambda _key: TENANT, domain=None
+    )
+    app = Starlette(routes=plane.routes("/e2b"))
+    cases: list[tuple[dict[str, Any], Callable[[E2bSandboxRow], bool]]] = [
+        ({"template": "base"}, lambda row: row.template == "base"),
+        ({"started_after": cutoff}, lambda row: row.started_at_s >= cutoff.timestamp()),
+        (
+            {"template": "code-interpreter-v1", "started_after": cutoff.astimezone()},
+            lambda row: (
+                row.template == "code-interpreter-v1" and row.started_at_s >= cutoff.timestamp()
+            ),
+        ),
+    ]
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://e2b.test/e2b") as client:
+        for query, matches in cases:
+            expected = sorted(row.sandbox_id for row in rows if matches(row))
+            assert 0 < len(expected) < len(rows), query
+            listed: list[str] = []
+            token: str | None = None
+            while True:
+                kwargs = get_v2_sandboxes._get_kwargs(
+                    limit=2, next_token=token if token else UNSET, **query
+                )
+                answer = await client.get(
+                    kwargs["url"], params=kwargs["params"], headers={"X-API-KEY": "key"}
+                )
+                assert answer.status_code == 200, answer.text
+                listed += [item["sandboxID"] for item in answer.json()]
+                token = answer.headers.get("x-next-token")
+                if not token:
+                    break
+            assert listed == expected, query

@@ -65,6 +65,21 @@ def _iso(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat()
 
 
+def _instant(raw: str | None) -> float | None:
+    """``startedAfter`` (RFC 3339, as the SDK sends it; no offset: UTC) in epoch seconds."""
+    if not raw:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(raw) if len(raw) <= 64 else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise E2bError(400, "bad_request", "startedAfter: an RFC 3339 time")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
 def _json(value: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(encode(value), status_code=status, media_type=_JSON, headers=headers)
 
@@ -198,12 +213,20 @@ class ControlPlane:
             urllib.parse.unquote(k): urllib.parse.unquote(v)
             for k, v in urllib.parse.parse_qsl(metadata or "", keep_blank_values=True)
         }
+        # The SDK's ``SandboxQuery(template=, started_after=)``: a filter ignored would
+        # answer sandboxes the caller asked to leave out (and, say, kill them).
+        template = request.query_params.get("template") or None
+        started_after = _instant(request.query_params.get("startedAfter"))
+
+        def picks(sandbox: E2bSandbox) -> bool:
+            return (
+                (template is None or sandbox.template == template)
+                and (started_after is None or sandbox.started_at_s >= started_after)
+                and all(sandbox.metadata.get(k) == v for k, v in wanted_meta.items())
+            )
+
         page, next_after = await self._sandboxes().page(
-            owner,
-            after=after,
-            limit=int(raw_limit),
-            states=sorted(wanted),
-            picks=lambda s: all(s.metadata.get(k) == v for k, v in wanted_meta.items()),
+            owner, after=after, limit=int(raw_limit), states=sorted(wanted), picks=picks
         )
         headers = {"X-Next-Token": next_after} if next_after is not None else None
         return _json([self._listed(s) for s in page], headers=headers)
