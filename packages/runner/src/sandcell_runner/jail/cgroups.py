@@ -53,24 +53,28 @@ class JobCgroup:
     def __init__(self, dirs: list[Path], *, version: int) -> None:
         self._dirs = dirs
         self._version = version
-        # The files read per job, as Path objects made once (their str and hash are
-        # then cached): finding them through ``.parent.parent.parent`` on every read
-        # was ~0.1 ms of the event loop per job.
+        # The files read per job, their paths made once: finding them through
+        # ``.parent.parent.parent`` on every read was ~0.1 ms of the event loop per job.
         memory = _controller_dir(dirs, version, "memory")
         pids = _controller_dir(dirs, version, "pids")
         self._memory = memory
         v1 = version == 1
+        # As text, not ``Path``: each is a key of ``_held`` and an ``open`` argument,
+        # and a ``Path`` costs a Python-level ``__hash__`` or ``__fspath__`` call for
+        # each (nine a job).
         self._oom_file = (
-            None if memory is None else memory / ("memory.oom_control" if v1 else "memory.events")
+            None
+            if memory is None
+            else str(memory / ("memory.oom_control" if v1 else "memory.events"))
         )
         self._usage_file = (
             None
             if memory is None
-            else memory / ("memory.usage_in_bytes" if v1 else "memory.current")
+            else str(memory / ("memory.usage_in_bytes" if v1 else "memory.current"))
         )
-        self._max_usage_file = None if memory is None else memory / "memory.max_usage_in_bytes"
-        self._pids_events = None if pids is None else pids / "pids.events"
-        self._pids_current_file = None if pids is None else pids / "pids.current"
+        self._max_usage_file = None if memory is None else str(memory / "memory.max_usage_in_bytes")
+        self._pids_events = None if pids is None else str(pids / "pids.events")
+        self._pids_current_file = None if pids is None else str(pids / "pids.current")
         # Counters are cumulative; a reused cgroup reports what changed since begin().
         self._baseline = (0, 0)
         self._limits: tuple[int, int] | None = None
@@ -78,26 +82,28 @@ class JobCgroup:
         self._memory_start: int | None = None
         self._peak_fd: int | None = None
         """v2: ``memory.peak`` held open; a write resets the peak this fd reports (6.12+)."""
-        self._held: dict[Path, int] = {}
+        self._held: dict[str, int] = {}
         """Counter files held open (read with ``pread`` at 0, which makes the kernel
         render them afresh): a pooled cgroup reads or writes seven of them per job, and
         an open is a path walk through kernfs plus a seq_file set up and torn down.
         With ``pids.current`` for the leftover check, a job's cgroup work (begin, stats,
         leftovers) went from ~128 to ~56-69 us of CPU here (3 alternating pairs), and
         with the file paths made once (``__init__``) from 170-184 to 23-25 us.
-        ``cgroup.procs`` is never held: v1 caches the pid list of an open file."""
+        ``cgroup.procs`` is never held: v1 caches the pid list of an open file.
+        """
+        self._join_paths = [d / "tasks" for d in dirs] if version == 1 else None
 
-    def _fd(self, path: Path) -> int:
+    def _fd(self, path: str) -> int:
         fd = self._held.get(path)
         if fd is None:
             # Read-only files refuse a writable open (kernfs), so only the one file
             # written through this (the peak reset) is opened for writing.
-            mode = os.O_RDWR if path.name in _WRITTEN else os.O_RDONLY
+            mode = os.O_RDWR if os.path.basename(path) in _WRITTEN else os.O_RDONLY
             fd = os.open(path, mode | os.O_CLOEXEC)
             self._held[path] = fd
         return fd
 
-    def _read(self, path: Path) -> str:
+    def _read(self, path: str) -> str:
         """A counter file's text; raises OSError as an open and read would."""
         try:
             return os.pread(self._fd(path), 65536, 0).decode("ascii", "replace")
@@ -105,25 +111,25 @@ class JobCgroup:
             self._drop(path)  # a cgroup made again under us: the next read opens afresh
             raise
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _write(self, path: str, data: bytes) -> None:
         try:
             os.write(self._fd(path), data)
         except OSError:
             self._drop(path)
             raise
 
-    def _drop(self, path: Path) -> None:
+    def _drop(self, path: str) -> None:
         fd = self._held.pop(path, None)
         if fd is not None:
             os.close(fd)
 
-    def _keyed(self, path: Path) -> dict[str, int]:
+    def _keyed(self, path: str) -> dict[str, int]:
         try:
             return _parse_keyed(self._read(path))
         except OSError:
             return {}
 
-    def _int(self, path: Path) -> int | None:
+    def _int(self, path: str) -> int | None:
         try:
             return int(self._read(path).strip())
         except (OSError, ValueError):
@@ -140,9 +146,7 @@ class JobCgroup:
         thread steps into the job cgroup, forks without ``preexec_fn`` (cheap vfork),
         and steps back.
         """
-        if self._version != 1:
-            return None
-        return [d / "tasks" for d in self._dirs]
+        return None if self._join_paths is None else list(self._join_paths)
 
     def _counters(self) -> tuple[int, int]:
         """(oom kills, pids-limit hits) so far."""
