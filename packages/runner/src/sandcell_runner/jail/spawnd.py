@@ -403,7 +403,12 @@ class Helper:
             return  # reaped already (or never ours): its number may be someone else's now
         try:
             if request.get("group"):
-                os.killpg(pid, signum)
+                try:
+                    os.killpg(pid, signum)
+                except ProcessLookupError:
+                    # No such group yet: a quiet request's child signalled before its
+                    # ``setsid`` (the fork path), alone in ours still, so itself.
+                    os.kill(pid, signum)
             else:
                 os.kill(pid, signum)
         except (ProcessLookupError, PermissionError):
