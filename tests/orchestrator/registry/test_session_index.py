@@ -52,3 +52,42 @@ async def test_index_takes_only_session_ids(registry: SessionRegistry) -> None:
         await registry.session_owner("../x")
     with pytest.raises(ValueError, match="session_id"):
         SessionOwner(session_id="x", namespace="n", user_id="u", hint="h")
+
+
+async def test_sessions_of_pages_by_after_and_limit(
+    registry: SessionRegistry, new_session_id: NewSessionId
+) -> None:
+    """A page is the first ``limit`` ids strictly above ``after``, by id, of the namespace
+    only: pages chained by their last id give every session once; a short page is the
+    last; ``after`` need not be an indexed id."""
+    ns_a, ns_b = f"a-{new_session_id()[-8:]}", f"b-{new_session_id()[-8:]}"
+    ids = sorted(new_session_id() for _ in range(7))
+    for sid in ids:
+        await registry.index_session(owner(sid, ns_a))
+    for _ in range(5):  # the other tenant's, interleaved with ns_a's by id
+        await registry.index_session(owner(new_session_id(), ns_b))
+
+    assert [o.session_id for o in await registry.sessions_of(ns_a, limit=3)] == ids[:3]
+    assert [o.session_id for o in await registry.sessions_of(ns_a, after=ids[2])] == ids[3:]
+    page = await registry.sessions_of(ns_a, after=ids[2], limit=2)
+    assert [o.session_id for o in page] == ids[3:5]
+    assert page[0] == owner(ids[3], ns_a)
+    for limit in (1, 2, 3, 7, 8):
+        seen: list[str] = []
+        after: str | None = None
+        while True:
+            chunk = [
+                o.session_id for o in await registry.sessions_of(ns_a, after=after, limit=limit)
+            ]
+            assert len(chunk) <= limit
+            seen += chunk
+            if len(chunk) < limit:
+                break
+            after = chunk[-1]
+        assert seen == ids, limit
+    assert await registry.sessions_of(ns_a, after=ids[-1], limit=5) == []
+    assert await registry.sessions_of(ns_a, limit=0) == []
+    # A prefix of ids[3]: below it, above ids[2] (unless they share 63 hex digits).
+    assert [o.session_id for o in await registry.sessions_of(ns_a, after=ids[3][:-1])] == ids[3:]
+    with pytest.raises(ValueError, match="limit"):
+        await registry.sessions_of(ns_a, limit=-1)

@@ -13,7 +13,11 @@
 
 The API key comes in ``X-API-KEY`` (or as a bearer key) and names the tenant;
 every lookup is scoped by it. Paging: ``limit`` (1..100, default 100) and an
-opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``.
+opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``. The v2
+listing is in sandbox-id order, the order of the registry's table and of the store's
+kept rows of paused sandboxes, so each page reads one page of each (at most
+``limit + 1`` rows after ``nextToken``; more only when the filters leave rows out:
+``sandboxes.E2bSandboxes.page``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from sandcell_protocol.env_vars import validate_env
 
 from .egress import egress_policy, public_traffic
 from .errors import E2bError, e2b_error_response, read_message
+from .sandbox import valid_sandbox_id
 from .sandboxes import E2bSandbox, E2bSandboxes
 from .wire import (
     ConnectSandbox,
@@ -173,39 +178,32 @@ class ControlPlane:
         )
         return _json(self._created(sandbox), 201)
 
-    def _page(self, request: Request, items: list[E2bSandbox]) -> Response:
+    async def list_v2(self, request: Request) -> Response:
+        owner = self._owner(request)
         raw_limit = request.query_params.get("limit") or str(_MAX_LIMIT)
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= _MAX_LIMIT:
             raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
-        limit = int(raw_limit)
-        items = sorted(items, key=_order)
-        token = request.query_params.get("nextToken")
-        if token:
-            after = _token_order(token)
-            items = [s for s in items if _order(s) > after]
-        page, rest = items[:limit], items[limit:]
-        headers = {"X-Next-Token": _token(page[-1])} if rest else None
-        return _json([self._listed(s) for s in page], headers=headers)
-
-    async def list_v2(self, request: Request) -> Response:
-        owner = self._owner(request)
-        items = await self._sandboxes().owned_by(owner)
+        after = request.query_params.get("nextToken") or None
+        if after is not None and not valid_sandbox_id(after):
+            raise E2bError(400, "bad_request", "nextToken: not a token this service gave")
         states = request.query_params.get("state")
-        if states:
-            wanted = set(states.split(","))
-            if not wanted <= {"running", "paused"}:
-                raise E2bError(400, "bad_request", "state: running, paused")
-            items = [s for s in items if s.state in wanted]
+        wanted = set(states.split(",")) if states else {"running", "paused"}
+        if not wanted <= {"running", "paused"}:
+            raise E2bError(400, "bad_request", "state: running, paused")
         metadata = request.query_params.get("metadata")
-        if metadata:
-            wanted_meta = {
-                urllib.parse.unquote(k): urllib.parse.unquote(v)
-                for k, v in urllib.parse.parse_qsl(metadata, keep_blank_values=True)
-            }
-            items = [
-                s for s in items if all(s.metadata.get(k) == v for k, v in wanted_meta.items())
-            ]
-        return self._page(request, items)
+        wanted_meta = {
+            urllib.parse.unquote(k): urllib.parse.unquote(v)
+            for k, v in urllib.parse.parse_qsl(metadata or "", keep_blank_values=True)
+        }
+        page, next_after = await self._sandboxes().page(
+            owner,
+            after=after,
+            limit=int(raw_limit),
+            states=sorted(wanted),
+            picks=lambda s: all(s.metadata.get(k) == v for k, v in wanted_meta.items()),
+        )
+        headers = {"X-Next-Token": next_after} if next_after is not None else None
+        return _json([self._listed(s) for s in page], headers=headers)
 
     async def list_v1(self, request: Request) -> Response:
         owner = self._owner(request)
@@ -260,20 +258,3 @@ class ControlPlane:
             raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is running")
         await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
         return _json(self._created(sandbox), 201)
-
-
-def _order(sandbox: E2bSandbox) -> tuple[int, str]:
-    return int(sandbox.started_at_s * 1_000_000), sandbox.sandbox_id
-
-
-def _token(sandbox: E2bSandbox) -> str:
-    started_us, sandbox_id = _order(sandbox)
-    return f"{started_us}.{sandbox_id}"
-
-
-def _token_order(token: str) -> tuple[int, str]:
-    """Where a ``nextToken`` says the previous page ended."""
-    started, _, sandbox_id = token.partition(".")
-    if not started.isdigit() or not sandbox_id.isalnum() or len(sandbox_id) > 40:
-        raise E2bError(400, "bad_request", "nextToken: not a token this service gave")
-    return int(started), sandbox_id

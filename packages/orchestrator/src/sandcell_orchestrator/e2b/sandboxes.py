@@ -13,7 +13,10 @@ one connects to it through its session record (``SandboxManager.connect``: its
 provider reaches it when the workers share the engine, the account, or, for the
 local provider, ``SANDCELL_LOCAL_RUNTIME_DIR``). What stays in this process is
 the handle to each sandbox it has reached, reopened when the row says the
-sandbox was resumed since (``views.SandboxViews``). Create's ``Idempotency-Key``
+sandbox was resumed since (``views.SandboxViews``). A paused sandbox's row is kept
+in the snapshot store as well (``kept.py``): a registry that lost it (a wiped
+Redis) has it rebuilt on the owner's next lookup or listing, and the sandbox
+resumes from its checkpoint. Create's ``Idempotency-Key``
 is claimed in the registry too (``create_once``): a retry on any worker gets the
 first create's sandbox. With an embedded registry the sandboxes end with the
 process (``aclose`` kills them); with a distributed one they outlive it, for the
@@ -31,7 +34,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import anyio
 import msgspec
@@ -46,6 +49,7 @@ from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager, sandbox_session_key
 from .create_once import check_create_key, create_once
 from .errors import E2bError
+from .kept import KeptRows, rebuilt
 from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
 from .views import SandboxViews
 
@@ -100,10 +104,12 @@ class E2bSandboxes:
         self._new_token = new_token
         # sandbox id -> wall-clock time before which the timeout sweep leaves it be.
         self._retry_at: dict[str, float] = {}
+        self.kept = KeptRows(manager.store)
         # The sandboxes this worker has seen, with the handles it opened.
         self.views = SandboxViews(
             manager,
             spec_of=self._spec,
+            kept=self.kept,
             on_forget=lambda sandbox_id: self._retry_at.pop(sandbox_id, None),
         )
 
@@ -131,17 +137,90 @@ class E2bSandboxes:
     # -- lookups ------------------------------------------------------------------------
 
     async def get(self, sandbox_id: str, *, owner: str) -> E2bSandbox:
-        """``owner``'s sandbox; a 404 for a missing one and another tenant's alike."""
+        """``owner``'s sandbox; a 404 for a missing one and another tenant's alike.
+
+        A registry without the row (wiped) has it rebuilt from ``owner``'s kept row.
+        Another tenant's sandbox takes that path too (the caller's own prefix is read):
+        answered from the registry alone it would come back sooner, and as a 404 where
+        a failing store makes a missing one a 5xx, telling that the id exists."""
         row = await self.registry.e2b_sandbox(check_sandbox_id(sandbox_id))
         if row is None:
             await self.views.forget(sandbox_id)
         if row is None or row.namespace != owner:
+            row = await self._recover(sandbox_id, owner=owner)
+        if row is None:
             raise E2bError(404, "not_found", f"sandbox {sandbox_id} not found")
         return await self.views.view(row)
 
     async def owned_by(self, owner: str) -> list[E2bSandbox]:
-        """``owner``'s sandboxes, oldest first."""
+        """``owner``'s sandboxes the registry holds, oldest first."""
         return [await self.views.view(row) for row in await self.registry.e2b_sandboxes(owner)]
+
+    async def page(
+        self,
+        owner: str,
+        *,
+        after: str | None,
+        limit: int,
+        states: Sequence[str] = ("running", "paused"),
+        picks: Callable[[E2bSandbox], bool] = lambda _sandbox: True,
+    ) -> tuple[list[E2bSandbox], str | None]:
+        """Up to ``limit`` of ``owner``'s sandboxes in ``states`` that ``picks`` takes,
+        with ids above ``after``, by id, as the registry and the store's kept rows know
+        them together (a kept row the registry lacks is rebuilt); and the ``after`` of
+        the next page (``None`` on the last).
+
+        Both are read a page at a time: at most ``limit + 1`` ids after ``after`` from
+        each (the store not at all when paused sandboxes are not asked for), never the
+        whole of either. Every id of a source up to the last it gave is among those it
+        gave, so a read takes nothing past the smaller of the two lasts (of a source
+        that gave all ``limit + 1``; one that gave fewer has no more): the other
+        source's ids beyond it wait for the next read, and no id is skipped or listed
+        twice across pages. Sandboxes the filters leave out do not end the page: it
+        reads on from there until it is full or both sources end."""
+        chosen: list[E2bSandbox] = []
+        start = after
+        while True:
+            rows = await self.registry.e2b_sandboxes_of(owner, after=start, limit=limit + 1)
+            # After the registry's read: a kill deletes the kept row before the row, so a
+            # row missed there is a kept row this listing no longer finds.
+            stored: list[str] = []
+            stored_bound = None
+            if "paused" in states:
+                stored, stored_bound = await self.kept.page(owner, after=start, limit=limit + 1)
+            bounds = [] if stored_bound is None else [stored_bound]
+            if len(rows) > limit:
+                bounds.append(rows[-1].sandbox_id)
+            bound = min(bounds, default=None)
+            by_id = {row.sandbox_id: row for row in rows}
+            for sandbox_id in sorted(set(by_id).union(stored)):
+                if bound is not None and sandbox_id > bound:
+                    break
+                if len(chosen) == limit:
+                    return chosen, chosen[-1].sandbox_id
+                row = by_id.get(sandbox_id) or await self._recover(sandbox_id, owner=owner)
+                if row is None:
+                    continue
+                sandbox = await self.views.view(row)
+                if sandbox.state in states and picks(sandbox):
+                    chosen.append(sandbox)
+            if bound is None or len(chosen) == limit:
+                return chosen, bound
+            # Everything up to ``bound`` was looked at and the page is not full yet.
+            start = bound
+
+    async def _recover(self, sandbox_id: str, *, owner: str) -> E2bSandboxRow | None:
+        """``owner``'s kept row of ``sandbox_id``, added to the registry again (one revision
+        past it); the registry's row if another worker added it first."""
+        kept = await self.kept.read(owner, sandbox_id)
+        if kept is None:
+            return None
+        row = rebuilt(kept)
+        if await self.registry.add_e2b_sandbox(row):
+            log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
+            return row
+        found = await self.registry.e2b_sandbox(sandbox_id)
+        return found if found is not None and found.namespace == owner else None
 
     async def for_envd(
         self, sandbox_id: str | None, token: str | None, *, traffic_token: str | None = None
@@ -395,7 +474,9 @@ class E2bSandboxes:
             end = self._now() + self._timeout(timeout_s)
             if sandbox.state == "paused":
                 await self._check_room(sandbox.owner)
-                attached = await self.manager.resume(sandbox.session_id, sandbox.spec)
+                # ``adopt``: a row rebuilt after a wipe has no session record left; its
+                # newest checkpoint is the workspace it was paused with.
+                attached = await self.manager.resume(sandbox.session_id, sandbox.spec, adopt=True)
                 handle = attached.handle
                 # What the runner enforces: the spec's if it was launched for this resume;
                 # unknown if it was resumed in place (a MicroVM keeps the policy it was
@@ -435,12 +516,20 @@ class E2bSandboxes:
         return sandbox
 
     async def kill(self, sandbox: E2bSandbox) -> None:
-        """Destroy the sandbox, its checkpoints and its row (idempotent)."""
+        """Destroy the sandbox, its checkpoints, its kept row and its row (idempotent)."""
         with anyio.CancelScope(shield=True):
             async with sandbox.lock:
                 if sandbox.gone:
                     return
-                # The row first: from here on no worker finds the sandbox.
+                # The kept row first: once it is gone no lookup rebuilds the row. A
+                # paused sandbox's kill fails when the store does, with nothing removed
+                # yet; a running one has a kept row only where a delete failed before,
+                # and is killed all the same (a timeout kill in an S3 outage). Then
+                # the row: from here on no worker finds the sandbox.
+                if sandbox.state == "paused":
+                    await self.kept.drop(sandbox.owner, sandbox.sandbox_id)
+                else:
+                    await self.kept.drop_quietly(sandbox.owner, sandbox.sandbox_id)
                 await self.registry.remove_e2b_sandbox(sandbox.sandbox_id)
                 await self.views.forget(sandbox.sandbox_id)
                 try:

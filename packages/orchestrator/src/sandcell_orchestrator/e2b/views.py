@@ -4,7 +4,8 @@ The table of sandboxes is the registry's (every worker reads it); what stays in 
 worker is one ``E2bSandbox`` per sandbox it has seen, with the handle it opened to
 it. A view is brought up to date with the row it is read from (its handle closed
 when the row says the sandbox was paused or resumed since), and a row is changed
-by compare-and-set, re-read when another worker changed it meanwhile.
+by compare-and-set, re-read when another worker changed it meanwhile. A row
+written as paused is kept in the snapshot store too, first (``kept.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager
 from .errors import E2bError
+from .kept import KeptRows
 from .sandbox import E2bSandbox, token_ok
 
 __all__ = ["SandboxViews"]
@@ -38,9 +40,11 @@ class SandboxViews:
         manager: SandboxManager,
         *,
         spec_of: Callable[[E2bSandboxRow], SandboxSpec],
+        kept: KeptRows,
         on_forget: Callable[[str], object] = lambda _sandbox_id: None,
     ) -> None:
         self.manager = manager
+        self.kept = kept
         self._spec_of = spec_of
         self._on_forget = on_forget
         self._local: dict[str, E2bSandbox] = {}
@@ -131,14 +135,26 @@ class SandboxViews:
         ``prepare`` is awaited before every attempt with the row that attempt would
         replace: what the change does outside the row (a runner's egress) is done for
         that row, and done again for the fresh one after a conflict, so a write that
-        lands never rests on a row another worker changed since its side was done."""
+        lands never rests on a row another worker changed since its side was done.
+
+        A row written as paused is kept in the store before the write (a store that
+        fails is the change's error, and the row stays as it was); one that leaves
+        paused, or lands running after an attempt that kept one, has its kept row
+        deleted after the write (``kept.py``). A row found gone leaves what this
+        change kept: the registry may have been wiped under it."""
+        kept = False
         for _ in range(_CHANGE_ATTEMPTS):
             current = sandbox.row
             if prepare is not None:
                 await prepare(current)
             changed = msgspec.structs.replace(change(current), revision=current.revision + 1)
+            if changed.state == "paused":
+                await self.kept.keep(changed)
+                kept = True
             if await self.registry.update_e2b_sandbox(changed):
                 sandbox.row = changed
+                if changed.state != "paused" and (kept or current.state == "paused"):
+                    await self.kept.drop_quietly(changed.namespace, changed.sandbox_id)
                 return
             fresh = await self.registry.e2b_sandbox(sandbox.sandbox_id)
             if fresh is None or fresh.namespace != sandbox.owner:

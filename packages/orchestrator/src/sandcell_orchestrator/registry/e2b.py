@@ -35,7 +35,7 @@ def validate_e2b_sandbox_id(sandbox_id: str) -> str:
 class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """One E2B sandbox. Its tokens and env are secrets: ``repr`` leaves them out.
 
-    ``revision`` is 1 when added and one more at every update; timestamps are
+    ``revision`` is 1 when made and one more at every update; timestamps are
     wall-clock epoch seconds (rows are read on other hosts).
     """
 
@@ -98,7 +98,11 @@ class E2bSandboxTable(Protocol):
     """The fleet's E2B sandboxes. Ids are ``validate_e2b_sandbox_id`` ids (``ValueError``)."""
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row (its ``revision`` must be 1); ``False`` if the id is taken."""
+        """Store a row under an id the table does not hold; ``False`` if the id is taken.
+
+        ``revision`` is kept as given: 1 for a new sandbox; a row rebuilt from the
+        snapshot store after a wipe (``e2b/kept.py``) goes on past its last revision, so
+        no worker's older view of it can compare-and-set onto the rebuilt row."""
         ...
 
     async def e2b_sandbox(self, sandbox_id: str) -> E2bSandboxRow | None:
@@ -106,7 +110,19 @@ class E2bSandboxTable(Protocol):
         ...
 
     async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        """``namespace``'s rows (every row with ``None``), by start time then id."""
+        """``namespace``'s rows (every row with ``None``), by start time then id: all of
+        them (the timeout sweep, the room check; a listing pages ``e2b_sandboxes_of``)."""
+        ...
+
+    async def e2b_sandboxes_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows with sandbox ids above ``after``, by sandbox id: the first
+        ``limit`` of them (all with ``None``).
+
+        Fewer than ``limit`` means there are no more; no row above ``after`` and below
+        the last one returned is left out. A page reads about ``limit`` rows, not the
+        namespace's whole table, and never another namespace's."""
         ...
 
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:

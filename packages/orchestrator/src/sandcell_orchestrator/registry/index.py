@@ -12,7 +12,7 @@ import msgspec
 
 from .core import validate_session_id
 
-__all__ = ["SessionIndex", "SessionOwner"]
+__all__ = ["SessionIndex", "SessionOwner", "check_page_limit"]
 
 
 class SessionOwner(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -43,6 +43,12 @@ _OWNER_ENCODER = msgspec.json.Encoder()
 _OWNER_DECODER = msgspec.json.Decoder(SessionOwner)
 
 
+def check_page_limit(limit: int | None) -> None:
+    """``ValueError`` unless ``limit`` is ``None`` (no limit) or a count (0 or more)."""
+    if limit is not None and limit < 0:
+        raise ValueError("limit: must be >= 0")
+
+
 @runtime_checkable
 class SessionIndex(Protocol):
     """Who owns which runtime session (the listing and ownership checks of every surface)."""
@@ -55,8 +61,16 @@ class SessionIndex(Protocol):
         """Whose the session is; ``None`` if it was never indexed (or was unindexed)."""
         ...
 
-    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
-        """The sessions indexed for ``namespace``, by session id."""
+    async def sessions_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[SessionOwner]:
+        """The sessions indexed for ``namespace`` with ids above ``after``, by session id:
+        the first ``limit`` of them (all with ``None``).
+
+        Fewer than ``limit`` means there are no more; none above ``after`` and below the
+        last one returned is left out. A page reads about ``limit`` entries, not the
+        namespace's whole index.
+        """
         ...
 
     async def unindex_session(self, session_id: str) -> None:

@@ -30,7 +30,7 @@ from .core import (
 )
 from .e2b import E2bSandboxRow, validate_e2b_sandbox_id
 from .idempotency import IdempotencyEntry, IdempotentAnswer, validate_idempotency_key
-from .index import SessionOwner
+from .index import SessionOwner, check_page_limit
 from .slots import validate_slot_scope
 
 __all__ = ["InProcessRegistry"]
@@ -186,10 +186,18 @@ class InProcessRegistry:
         await anyio.lowlevel.checkpoint()
         return self._owners.get(session_id)
 
-    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
-        """The namespace's sessions, by id."""
+    async def sessions_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[SessionOwner]:
+        """The namespace's sessions above ``after``, by id: the first ``limit``."""
+        check_page_limit(limit)
         await anyio.lowlevel.checkpoint()
-        return [o for _, o in sorted(self._owners.items()) if o.namespace == namespace]
+        owners = [
+            owner
+            for session_id, owner in sorted(self._owners.items())
+            if owner.namespace == namespace and (after is None or session_id > after)
+        ]
+        return owners if limit is None else owners[:limit]
 
     async def unindex_session(self, session_id: str) -> None:
         """Forget whose the session is."""
@@ -256,9 +264,7 @@ class InProcessRegistry:
         return True
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row; ``False`` if the id is taken."""
-        if row.revision != 1:
-            raise ValueError("a new row's revision is 1")
+        """Store a row at its revision; ``False`` if the id is taken."""
         await anyio.lowlevel.checkpoint()
         if row.sandbox_id in self._e2b:
             return False
@@ -276,6 +282,19 @@ class InProcessRegistry:
         await anyio.lowlevel.checkpoint()
         rows = [r for r in self._e2b.values() if namespace in (None, r.namespace)]
         return sorted(rows, key=lambda r: (r.started_at_s, r.sandbox_id))
+
+    async def e2b_sandboxes_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows above ``after``, by sandbox id: the first ``limit``."""
+        check_page_limit(limit)
+        await anyio.lowlevel.checkpoint()
+        rows = [
+            row
+            for sandbox_id, row in sorted(self._e2b.items())
+            if row.namespace == namespace and (after is None or sandbox_id > after)
+        ]
+        return rows if limit is None else rows[:limit]
 
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Compare-and-set on ``revision``."""

@@ -1,8 +1,19 @@
 """The E2B sandbox table in Redis (``E2bSandboxTable`` of ``RedisRegistry``).
 
-<prefix>e2b:<id>           hash  rev, ns, row (E2bSandboxRow JSON) of one sandbox
-<prefix>e2b_all            zset  id -> started_at_s, every sandbox (the timeout sweep)
-<prefix>e2b_ns:<sha256>    zset  id -> started_at_s, one namespace's (hashed: any text)
+<prefix>e2b:<id>             hash  rev, ns, row (E2bSandboxRow JSON) of one sandbox
+<prefix>e2b_all              zset  id -> started_at_s, every sandbox (the timeout sweep)
+<prefix>e2b_nsids:<sha256>   zset  one namespace's ids (hashed: any text), all scored 0
+                                   so they sort by id; a listing pages it with
+                                   ZRANGEBYLEX
+<prefix>e2b_ns:<sha256>      zset  the same scored by started_at_s, as orchestrators
+                                   before ``e2b_nsids`` kept it
+
+A namespace's ids sorted by start time cannot be read a page at a time in id order,
+the order of the E2B listing; the zset scored 0 can. A zset left by an older
+orchestrator (or added to by one still running during a rolling upgrade) is moved
+into the new one, and deleted, by the listing itself (``PAGE_E2B_IDS_LUA``),
+atomically, so no id is lost or listed from both; a removal takes the id out of both
+keys, so the move cannot bring a removed id back.
 """
 
 from __future__ import annotations
@@ -14,22 +25,31 @@ from functools import cached_property
 from redis.commands.core import AsyncScript
 
 from .e2b import E2bSandboxRow, decode_row, validate_e2b_sandbox_id
+from .index import check_page_limit
 from .redis_db import RedisDatabase, map_redis_errors, text
 
-__all__ = ["ADD_E2B_LUA", "REMOVE_E2B_LUA", "UPDATE_E2B_LUA", "RedisE2bTable"]
+__all__ = [
+    "ADD_E2B_LUA",
+    "PAGE_E2B_IDS_LUA",
+    "PRUNE_E2B_IDS_LUA",
+    "REMOVE_E2B_LUA",
+    "UPDATE_E2B_LUA",
+    "RedisE2bTable",
+]
 
 logger = logging.getLogger(__name__)
 
-# KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's zset
-# ARGV[1] row JSON, ARGV[2] started_at_s, ARGV[3] sandbox id, ARGV[4] namespace
+# KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset
+# ARGV[1] row JSON, ARGV[2] started_at_s, ARGV[3] sandbox id, ARGV[4] namespace,
+# ARGV[5] the row's revision
 # Returns 1 if added, 0 if the id is taken.
 ADD_E2B_LUA = """
 if redis.call('exists', KEYS[1]) == 1 then
     return 0
 end
-redis.call('hset', KEYS[1], 'rev', '1', 'ns', ARGV[4], 'row', ARGV[1])
+redis.call('hset', KEYS[1], 'rev', ARGV[5], 'ns', ARGV[4], 'row', ARGV[1])
 redis.call('zadd', KEYS[2], ARGV[2], ARGV[3])
-redis.call('zadd', KEYS[3], ARGV[2], ARGV[3])
+redis.call('zadd', KEYS[3], 0, ARGV[3])
 return 1
 """
 
@@ -45,17 +65,56 @@ end
 return 0
 """
 
-# KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's zset
-# ARGV[1] sandbox id, ARGV[2] namespace (the row's: the namespace zset is its)
+# KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
+# KEYS[4] its legacy zset
+# ARGV[1] sandbox id, ARGV[2] namespace (the row's: the namespace zsets are its)
 # Returns 1 if removed, 0 if there was no such row of that namespace.
 REMOVE_E2B_LUA = """
 redis.call('zrem', KEYS[2], ARGV[1])
 redis.call('zrem', KEYS[3], ARGV[1])
+redis.call('zrem', KEYS[4], ARGV[1])
 if redis.call('hget', KEYS[1], 'ns') == ARGV[2] then
     redis.call('del', KEYS[1])
     return 1
 end
 return 0
+"""
+
+# KEYS[1] the namespace's ids zset, KEYS[2] its legacy zset (scored by start time)
+# ARGV[1] where the page starts ('-', or '(' and the id it follows), ARGV[2] how many ids
+# (-1: all)
+# Moves the legacy zset's ids into the ids zset (score 0) and deletes the legacy one,
+# then returns the page of ids. One script, so an id is in one key or the other, never
+# neither.
+PAGE_E2B_IDS_LUA = """
+local legacy = redis.call('zrange', KEYS[2], 0, -1)
+for first = 1, #legacy, 1000 do
+    local args = {}
+    for i = first, math.min(first + 999, #legacy) do
+        args[#args + 1] = 0
+        args[#args + 1] = legacy[i]
+    end
+    redis.call('zadd', KEYS[1], unpack(args))
+end
+if #legacy > 0 then
+    redis.call('del', KEYS[2])
+end
+return redis.call('zrangebylex', KEYS[1], ARGV[1], '+', 'LIMIT', 0, ARGV[2])
+"""
+
+# KEYS[1] the namespace's ids zset, KEYS[2..] row hashes a page found missing
+# ARGV[1], ARGV[2]... their sandbox ids (ARGV[i]'s hash is KEYS[i + 1])
+# Takes out of the zset each id whose hash is still missing: an older orchestrator's
+# removal leaves the id there (it knows only the legacy zset). Checked in the script, so
+# a row added again meanwhile (rebuilt after a wipe) keeps its id.
+PRUNE_E2B_IDS_LUA = """
+local pruned = 0
+for i = 1, #ARGV do
+    if redis.call('exists', KEYS[i + 1]) == 0 then
+        pruned = pruned + redis.call('zrem', KEYS[1], ARGV[i])
+    end
+end
+return pruned
 """
 
 
@@ -74,6 +133,14 @@ class RedisE2bTable(RedisDatabase):
     def _remove_e2b(self) -> AsyncScript:
         return self._client.register_script(REMOVE_E2B_LUA)
 
+    @cached_property
+    def _page_e2b_ids(self) -> AsyncScript:
+        return self._client.register_script(PAGE_E2B_IDS_LUA)
+
+    @cached_property
+    def _prune_e2b_ids(self) -> AsyncScript:
+        return self._client.register_script(PRUNE_E2B_IDS_LUA)
+
     def _e2b_key(self, sandbox_id: str) -> str:
         return f"{self._prefix}e2b:{validate_e2b_sandbox_id(sandbox_id)}"
 
@@ -82,16 +149,24 @@ class RedisE2bTable(RedisDatabase):
         return f"{self._prefix}e2b_all"
 
     def _e2b_ns_key(self, namespace: str) -> str:
-        return f"{self._prefix}e2b_ns:{hashlib.sha256(namespace.encode()).hexdigest()}"
+        return f"{self._prefix}e2b_nsids:{_namespace_hash(namespace)}"
+
+    def _legacy_e2b_ns_key(self, namespace: str) -> str:
+        return f"{self._prefix}e2b_ns:{_namespace_hash(namespace)}"
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row (``ADD_E2B_LUA``); ``False`` if the id is taken."""
-        if row.revision != 1:
-            raise ValueError("a new row's revision is 1")
+        """Store a row at its revision (``ADD_E2B_LUA``); ``False`` if the id is taken."""
         keys = [self._e2b_key(row.sandbox_id), self._e2b_all_key, self._e2b_ns_key(row.namespace)]
         with map_redis_errors("add_e2b_sandbox"):
             added = await self._add_e2b(
-                keys=keys, args=[row.to_json(), row.started_at_s, row.sandbox_id, row.namespace]
+                keys=keys,
+                args=[
+                    row.to_json(),
+                    row.started_at_s,
+                    row.sandbox_id,
+                    row.namespace,
+                    str(row.revision),
+                ],
             )
         return bool(added)
 
@@ -103,24 +178,71 @@ class RedisE2bTable(RedisDatabase):
         return None if raw is None else _decoded(sandbox_id, raw)
 
     async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        """The ids of the sorted set, then each row (ids whose row is gone are skipped)."""
-        index = self._e2b_all_key if namespace is None else self._e2b_ns_key(namespace)
+        """``e2b_all``'s ids, then each row (ids whose row is gone are skipped); a
+        namespace's: all of ``e2b_sandboxes_of``."""
+        if namespace is not None:
+            owned = await self.e2b_sandboxes_of(namespace)
+            return sorted(owned, key=lambda r: (r.started_at_s, r.sandbox_id))
         with map_redis_errors("e2b_sandboxes"):
-            members = await self._client.zrange(index, 0, -1)
+            members = await self._client.zrange(self._e2b_all_key, 0, -1)
             ids = [text(member) for member in members if isinstance(member, bytes | str)]
-            if not ids:
-                return []
-            async with self._client.pipeline(transaction=False) as pipe:
-                for sandbox_id in ids:
-                    pipe.hget(self._e2b_key(sandbox_id), "row")
-                raws = await pipe.execute()
+            raws = await self._rows(ids)
         rows = [
             _decoded(sandbox_id, raw)
             for sandbox_id, raw in zip(ids, raws, strict=True)
             if raw is not None
         ]
-        found = [r for r in rows if r is not None and namespace in (None, r.namespace)]
+        found = [r for r in rows if r is not None]
         return sorted(found, key=lambda r: (r.started_at_s, r.sandbox_id))
+
+    async def e2b_sandboxes_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[E2bSandboxRow]:
+        """A page of the namespace's ids zset (``PAGE_E2B_IDS_LUA``), then each row.
+
+        Ids whose row is gone (``PRUNE_E2B_IDS_LUA`` takes them out), unreadable or
+        another namespace's are skipped, and the zset is read on past them until
+        ``limit`` are found or it ends: a short page has to mean the end, else the
+        listing would stop there."""
+        check_page_limit(limit)
+        keys = [self._e2b_ns_key(namespace), self._legacy_e2b_ns_key(namespace)]
+        found: list[E2bSandboxRow] = []
+        start = after
+        with map_redis_errors("e2b_sandboxes_of"):
+            while limit is None or len(found) < limit:
+                wanted = -1 if limit is None else limit - len(found)
+                replies = await self._page_e2b_ids(
+                    keys=keys, args=["-" if start is None else f"({start}", wanted]
+                )
+                ids = [text(reply) for reply in replies]
+                if not ids:
+                    break
+                missing: list[str] = []
+                for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
+                    if raw is None:
+                        missing.append(sandbox_id)
+                        continue
+                    row = _decoded(sandbox_id, raw)
+                    if row is not None and row.namespace == namespace:
+                        found.append(row)
+                if missing:
+                    await self._prune_e2b_ids(
+                        keys=[keys[0], *(self._e2b_key(i) for i in missing)], args=missing
+                    )
+                if wanted < 0 or len(ids) < wanted:
+                    break
+                start = ids[-1]
+        return found
+
+    async def _rows(self, ids: list[str]) -> list[bytes | str | None]:
+        """Each id's ``row`` field, in one round trip (``None`` where its hash is gone)."""
+        if not ids:
+            return []
+        async with self._client.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.hget(self._e2b_key(sandbox_id), "row")
+            raws: list[bytes | str | None] = await pipe.execute()
+        return raws
 
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Compare-and-set on ``revision`` (``UPDATE_E2B_LUA``)."""
@@ -141,10 +263,13 @@ class RedisE2bTable(RedisDatabase):
                 await self._client.zrem(self._e2b_all_key, sandbox_id)
                 return False
             ns = text(namespace)
-            done = await self._remove_e2b(
-                keys=[key, self._e2b_all_key, self._e2b_ns_key(ns)], args=[sandbox_id, ns]
-            )
+            keys = [key, self._e2b_all_key, self._e2b_ns_key(ns), self._legacy_e2b_ns_key(ns)]
+            done = await self._remove_e2b(keys=keys, args=[sandbox_id, ns])
         return bool(done)
+
+
+def _namespace_hash(namespace: str) -> str:
+    return hashlib.sha256(namespace.encode()).hexdigest()
 
 
 def _decoded(sandbox_id: str, raw: bytes | str) -> E2bSandboxRow | None:

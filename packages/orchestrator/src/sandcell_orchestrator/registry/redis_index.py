@@ -1,40 +1,80 @@
 """The session index in Redis (``SessionIndex`` of ``RedisRegistry``).
 
-<prefix>owners         hash    id -> SessionOwner JSON (the session index)
-<prefix>ns:<sha256>    set     ids indexed for one namespace (hashed: any text)
+<prefix>owners          hash    id -> SessionOwner JSON (the session index)
+<prefix>nsids:<sha256>  zset    ids indexed for one namespace, all scored 0 so they
+                                sort by id (hashed: any text); a listing pages it
+                                with ZRANGEBYLEX
+<prefix>ns:<sha256>     set     the same, as orchestrators before the zset kept it
+
+The namespace's ids used to be a set, which can only be read whole; the zset can be
+read a page at a time. A set left by an older orchestrator (or written by one still
+running during a rolling upgrade) is moved into the zset, and deleted, by the listing
+itself (``PAGE_IDS_LUA``), atomically, so no id is lost or listed from both; removals
+take an id out of both keys, so the move cannot bring a removed id back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from functools import cached_property
 
 import msgspec
+from redis.commands.core import AsyncScript
 
 from .core import validate_session_id
-from .index import SessionOwner
+from .index import SessionOwner, check_page_limit
 from .redis_db import RedisDatabase, map_redis_errors, text
 
-__all__ = ["RedisSessionIndex"]
+__all__ = ["PAGE_IDS_LUA", "RedisSessionIndex"]
 
 logger = logging.getLogger(__name__)
 
+# KEYS[1] the namespace's zset, KEYS[2] its legacy set
+# ARGV[1] where the page starts ('-', or '(' and the id it follows), ARGV[2] how many ids
+# (-1: all)
+# Moves the legacy set's ids into the zset (score 0) and deletes the set, then returns
+# the page of ids. One script, so an id is in one key or the other, never neither.
+PAGE_IDS_LUA = """
+local legacy = redis.call('smembers', KEYS[2])
+for first = 1, #legacy, 1000 do
+    local args = {}
+    for i = first, math.min(first + 999, #legacy) do
+        args[#args + 1] = 0
+        args[#args + 1] = legacy[i]
+    end
+    redis.call('zadd', KEYS[1], unpack(args))
+end
+if #legacy > 0 then
+    redis.call('del', KEYS[2])
+end
+return redis.call('zrangebylex', KEYS[1], ARGV[1], '+', 'LIMIT', 0, ARGV[2])
+"""
+
 
 class RedisSessionIndex(RedisDatabase):
-    """``SessionIndex`` on ``<prefix>owners`` and one set per namespace."""
+    """``SessionIndex`` on ``<prefix>owners`` and one sorted set per namespace."""
+
+    @cached_property
+    def _page_ids(self) -> AsyncScript:
+        return self._client.register_script(PAGE_IDS_LUA)
 
     def _namespace_key(self, namespace: str) -> str:
-        return f"{self._prefix}ns:{hashlib.sha256(namespace.encode()).hexdigest()}"
+        return f"{self._prefix}nsids:{_namespace_hash(namespace)}"
+
+    def _legacy_namespace_key(self, namespace: str) -> str:
+        return f"{self._prefix}ns:{_namespace_hash(namespace)}"
 
     async def index_session(self, owner: SessionOwner) -> None:
-        """``HSET owners`` + ``SADD`` to the namespace's set, in one transaction."""
+        """``HSET owners`` + ``ZADD`` to the namespace's zset, in one transaction."""
         previous = await self.session_owner(owner.session_id)
         with map_redis_errors("index_session"):
             async with self._client.pipeline(transaction=True) as pipe:
                 if previous is not None and previous.namespace != owner.namespace:
-                    pipe.srem(self._namespace_key(previous.namespace), owner.session_id)
+                    pipe.zrem(self._namespace_key(previous.namespace), owner.session_id)
+                    pipe.srem(self._legacy_namespace_key(previous.namespace), owner.session_id)
                 pipe.hset(f"{self._prefix}owners", owner.session_id, owner.to_json())
-                pipe.sadd(self._namespace_key(owner.namespace), owner.session_id)
+                pipe.zadd(self._namespace_key(owner.namespace), {owner.session_id: 0})
                 await pipe.execute()
 
     async def session_owner(self, session_id: str) -> SessionOwner | None:
@@ -44,26 +84,52 @@ class RedisSessionIndex(RedisDatabase):
             raw = await self._client.hget(f"{self._prefix}owners", session_id)
         return None if raw is None else _decode_owner(raw)
 
-    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
-        """The namespace's set, then ``HMGET owners`` (entries of another namespace skipped)."""
+    async def sessions_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[SessionOwner]:
+        """A page of the namespace's zset (``PAGE_IDS_LUA``), then ``HMGET owners``.
+
+        Entries that are unreadable or now another namespace's are skipped, and the
+        zset is read on past them until ``limit`` are found or it ends: a short page
+        has to mean the end, else the listing would stop there.
+        """
+        check_page_limit(limit)
+        keys = [self._namespace_key(namespace), self._legacy_namespace_key(namespace)]
+        owners: list[SessionOwner] = []
+        start = after
         with map_redis_errors("sessions_of"):
-            members = await self._client.smembers(self._namespace_key(namespace))
-            session_ids = sorted(text(member) for member in members)
-            if not session_ids:
-                return []
-            raws = await self._client.hmget(f"{self._prefix}owners", session_ids)
-        owners = (None if raw is None else _decode_owner(raw) for raw in raws)
-        return [o for o in owners if o is not None and o.namespace == namespace]
+            while limit is None or len(owners) < limit:
+                wanted = -1 if limit is None else limit - len(owners)
+                replies = await self._page_ids(
+                    keys=keys, args=["-" if start is None else f"({start}", wanted]
+                )
+                session_ids = [text(reply) for reply in replies]
+                if not session_ids:
+                    break
+                raws = await self._client.hmget(f"{self._prefix}owners", session_ids)
+                for raw in raws:
+                    found = None if raw is None else _decode_owner(raw)
+                    if found is not None and found.namespace == namespace:
+                        owners.append(found)
+                if wanted < 0 or len(session_ids) < wanted:
+                    break
+                start = session_ids[-1]
+        return owners
 
     async def unindex_session(self, session_id: str) -> None:
-        """``HDEL owners`` and ``SREM`` from its namespace's set."""
+        """``HDEL owners`` and ``ZREM`` (and ``SREM`` from a legacy set) from its namespace's."""
         previous = await self.session_owner(session_id)
         with map_redis_errors("unindex_session"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.hdel(f"{self._prefix}owners", session_id)
                 if previous is not None:
-                    pipe.srem(self._namespace_key(previous.namespace), session_id)
+                    pipe.zrem(self._namespace_key(previous.namespace), session_id)
+                    pipe.srem(self._legacy_namespace_key(previous.namespace), session_id)
                 await pipe.execute()
+
+
+def _namespace_hash(namespace: str) -> str:
+    return hashlib.sha256(namespace.encode()).hexdigest()
 
 
 def _decode_owner(raw: bytes | str) -> SessionOwner | None:

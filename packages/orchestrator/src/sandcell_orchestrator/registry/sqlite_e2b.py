@@ -2,14 +2,18 @@
 
 e2b_sandboxes(sandbox_id, namespace, revision, started_at_s, raw)
                                                  one E2bSandboxRow JSON per sandbox
+e2b_by_namespace     (namespace, started_at_s)   a namespace's rows by start time
+e2b_by_namespace_id  (namespace, sandbox_id)     a namespace's rows by id (a listing page)
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import ClassVar
 
 from .e2b import E2bSandboxRow, decode_row, validate_e2b_sandbox_id
+from .index import check_page_limit
 from .sqlite_db import SqliteDatabase
 
 __all__ = ["SqliteE2bTable"]
@@ -29,19 +33,18 @@ CREATE TABLE IF NOT EXISTS e2b_sandboxes (
     raw BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS e2b_by_namespace ON e2b_sandboxes (namespace, started_at_s);
+CREATE INDEX IF NOT EXISTS e2b_by_namespace_id ON e2b_sandboxes (namespace, sandbox_id);
 """
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
-        """Store a new row; ``False`` if the id is taken."""
-        if row.revision != 1:
-            raise ValueError("a new row's revision is 1")
+        """Store a row at its revision; ``False`` if the id is taken."""
         raw = row.to_json()
 
         def work() -> bool:
             with self._transaction(write=True) as db:
                 done = db.execute(
-                    "INSERT OR IGNORE INTO e2b_sandboxes VALUES (?, ?, 1, ?, ?)",
-                    (row.sandbox_id, row.namespace, row.started_at_s, raw),
+                    "INSERT OR IGNORE INTO e2b_sandboxes VALUES (?, ?, ?, ?, ?)",
+                    (row.sandbox_id, row.namespace, row.revision, row.started_at_s, raw),
                 )
                 return done.rowcount == 1
 
@@ -81,6 +84,36 @@ CREATE INDEX IF NOT EXISTS e2b_by_namespace ON e2b_sandboxes (namespace, started
 
         found = (_decoded(sid, raw) for sid, raw in await self._run("e2b_sandboxes", work))
         return [row for row in found if row is not None]
+
+    async def e2b_sandboxes_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows above ``after``, by sandbox id: the first ``limit``
+        (``e2b_by_namespace_id`` serves the range, so a page reads only its rows).
+
+        An unreadable row is skipped and the range read on past it until ``limit`` are
+        found or it ends: a short page has to mean the end."""
+        check_page_limit(limit)
+
+        def work(start: str, wanted: int) -> list[tuple[str, bytes]]:
+            with self._transaction(write=False) as db:
+                rows = db.execute(
+                    "SELECT sandbox_id, raw FROM e2b_sandboxes"
+                    " WHERE namespace = ? AND sandbox_id > ? ORDER BY sandbox_id LIMIT ?",
+                    (namespace, start, wanted),
+                ).fetchall()
+            return [(str(sid), bytes(raw)) for sid, raw in rows]
+
+        found: list[E2bSandboxRow] = []
+        start = "" if after is None else after  # '' is below every id
+        while limit is None or len(found) < limit:
+            wanted = -1 if limit is None else limit - len(found)  # SQLite's LIMIT -1: all
+            read = await self._run("e2b_sandboxes_of", functools.partial(work, start, wanted))
+            found += [row for sid, raw in read if (row := _decoded(sid, raw)) is not None]
+            if wanted < 0 or len(read) < wanted:
+                break
+            start = read[-1][0]
+        return found
 
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Compare-and-set on ``revision``."""

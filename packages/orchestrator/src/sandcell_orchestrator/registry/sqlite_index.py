@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from .core import validate_session_id
-from .index import SessionOwner
+from .index import SessionOwner, check_page_limit
 from .sqlite_db import SqliteDatabase
 
 __all__ = ["SqliteSessionIndex"]
@@ -53,15 +53,20 @@ CREATE INDEX IF NOT EXISTS owners_by_namespace ON owners (namespace, session_id)
 
         return await self._run("session_owner", work)
 
-    async def sessions_of(self, namespace: str) -> list[SessionOwner]:
-        """The namespace's sessions, by id."""
+    async def sessions_of(
+        self, namespace: str, *, after: str | None = None, limit: int | None = None
+    ) -> list[SessionOwner]:
+        """The namespace's sessions above ``after``, by id: the first ``limit``
+        (``owners_by_namespace`` serves the range, so a page reads only its rows)."""
+        check_page_limit(limit)
 
         def work() -> list[SessionOwner]:
             with self._transaction(write=False) as db:
                 rows = db.execute(
                     "SELECT session_id, namespace, user_id, hint FROM owners"
-                    " WHERE namespace = ? ORDER BY session_id",
-                    (namespace,),
+                    " WHERE namespace = ? AND session_id > ? ORDER BY session_id LIMIT ?",
+                    # '' is below every id; SQLite's LIMIT -1 is no limit.
+                    (namespace, "" if after is None else after, -1 if limit is None else limit),
                 ).fetchall()
             return [_owner(row) for row in rows]
 

@@ -9,12 +9,13 @@ lost its data (a Redis wiped or restarted without persistence) still lists every
 session the store can restore, as ``saved``, before its next turn. Each one listed
 costs a record read and a checkpoint lookup (a listing of its prefix on S3), and one
 of the store's alone a read of its owner; so one request looks at no more than
-``limit`` sessions (default 100, at most 1000) and one page of the tenant's owners in
-the store (``limit + 1`` keys): a tenant with many sessions is read page by page,
-never all at once. ``next_after`` (absent on the last page) is what the next request
-passes as ``after``; a page can hold fewer than ``limit`` sessions when entries had
-nothing left to list (a session destroyed on another worker between the index read
-and the lookups, a stored owner whose session has no checkpoint left).
+``limit`` sessions (default 100, at most 1000), one page of the registry's index and
+one of the tenant's owners in the store (``limit + 1`` ids of each): a tenant with
+many sessions is read page by page, never all at once. ``next_after`` (absent on the
+last page) is what the next request passes as ``after``; a page can hold fewer than
+``limit`` sessions when entries had nothing left to list (a session destroyed on
+another worker between the index read and the lookups, a stored owner whose session
+has no checkpoint left).
 """
 
 from __future__ import annotations

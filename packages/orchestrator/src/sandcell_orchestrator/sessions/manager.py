@@ -314,16 +314,23 @@ class SandboxManager:
                 raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
             return await self.checkpoint(hold, Attached(handle), workspace=workspace)
 
-    async def resume(self, session_id: str, spec: SandboxSpec) -> Attached:
+    async def resume(self, session_id: str, spec: SandboxSpec, *, adopt: bool = False) -> Attached:
         """The session's sandbox, brought back if suspended (the caller owns the handle).
 
         ``launched``: a new sandbox of ``spec`` (restored from the session's checkpoint
         when it has one). Otherwise the live one was
         reused or the provider resumed it in place: it has what it had, its egress
-        policy too, not necessarily ``spec``'s."""
+        policy too, not necessarily ``spec``'s.
+
+        A session the registry has no record of is ``SandboxNotFoundError``; with
+        ``adopt`` (the caller knows the session existed: a wiped registry forgot it) it
+        is restored from its newest checkpoint in the store instead, and is a
+        ``CheckpointError`` when the store holds none (never an empty workspace)."""
         async with self.hold(session_id) as hold:
-            if hold.record is None:
+            if hold.record is None and not adopt:
                 raise SandboxNotFoundError(f"session {session_id[:11]} is not registered")
+            if hold.record is None and hold.checkpoint_key is None:
+                raise CheckpointError(f"session {session_id[:11]}: no record and no checkpoint")
             attached = await self.attach(hold, spec)
         self.sandboxes.release(session_id)
         return attached

@@ -13,8 +13,9 @@ own prefix, and listings and ownership checks read that too:
 The prefix is the namespace's hash: a tenant's listing reads only its own prefix, and
 an ownership check the registry cannot answer looks only for the caller's own object,
 so no tenant ever sees or reaches another's session (DESIGN rule 8). A listing reads
-one page of that prefix (``page``: at most ``limit + 1`` keys after the caller's
-``after``, S3's ``start-after``), never the whole of it.
+one page of that prefix and one of the registry's index (``page``: at most
+``limit + 1`` ids after the caller's ``after`` from each, S3's ``start-after`` and the
+index's ``sessions_of(after=, limit=)``), never the whole of either.
 
 Cost: a turn of a session the registry has indexed reads that entry (one HGET on
 Redis) and writes nothing; a session indexed anew (its first turn, its first after a
@@ -113,22 +114,26 @@ class SessionOwners:
         the registry's index and the store's objects know them together; and the
         ``after`` of the next page (``None`` on the last).
 
-        The store is read one page at a time: at most ``limit + 1`` keys after ``after``.
-        Every store id up to the last of those is among them, so the page takes nothing
-        past it (the registry's ids beyond it wait for the next page, where the store's
-        listing reaches them): no id is skipped or listed twice across pages.
+        Both are read one page at a time: at most ``limit + 1`` ids after ``after`` from
+        each. Every id of a source up to the last it gave is among those it gave, so the
+        page takes nothing past the smaller of the two lasts (of a source that gave all
+        ``limit + 1``; one that gave fewer has no more): the other source's ids beyond it
+        wait for the next page, where the first one's listing reaches them, and no id is
+        skipped or listed twice across pages.
         """
-        indexed = {
-            owner.session_id: owner
-            for owner in await self.index.sessions_of(namespace)
-            if after is None or owner.session_id > after
-        }
+        indexed_owners = await self.index.sessions_of(namespace, after=after, limit=limit + 1)
+        indexed = {owner.session_id: owner for owner in indexed_owners}
         prefix = owners_prefix(namespace)
         entries = await self.store.list(
             prefix, start_after=None if after is None else prefix + after, limit=limit + 1
         )
         listed = [entry.key.removeprefix(prefix) for entry in entries]
-        bound = listed[-1] if len(entries) > limit else None
+        bounds: list[str] = []  # the last id of each source that has more past it
+        if len(indexed_owners) > limit:
+            bounds.append(indexed_owners[-1].session_id)
+        if len(entries) > limit:
+            bounds.append(listed[-1])
+        bound = min(bounds, default=None)
         ids = sorted(
             session_id
             for session_id in set(indexed).union(filter(is_runtime_session_id, listed))
