@@ -36,20 +36,35 @@ _KILLED_STATUS = signal.SIGKILL
 Exit = tuple[int, resource.struct_rusage | None]
 
 
-class HelperProcess:
-    """A process the helper started: its pid, its exit (status, rusage), and signals."""
+class _Child:
+    """What every process the helper starts has: an exit any number of waiters await."""
 
-    def __init__(self, helper: SpawnHelper, pid: int, floor_kib: int) -> None:
+    def __init__(self, helper: SpawnHelper) -> None:
         self._helper = helper
-        self.pid = pid
-        self.floor_kib = floor_kib
+        self.floor_kib = 0
         """Its ``ru_maxrss`` starts from the helper's own peak (fork copies the helper)."""
-        self.returncode: int | None = None
         self._exit: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
 
     async def wait(self) -> Exit:
-        """(wait status, rusage) once it has exited; any number of times, cancel-safe."""
+        """(wait status, rusage) once it has exited (for a ``QuietProcess``, or why it
+        did not start); any number of times, cancel-safe."""
         return await asyncio.shield(self._exit)
+
+    def _settle(self, status: int, usage: resource.struct_rusage | None) -> bool:
+        if self._exit.done():
+            return False
+        self._exit.set_result((status, usage))
+        return True
+
+
+class HelperProcess(_Child):
+    """A process the helper started: its pid, its exit (status, rusage), and signals."""
+
+    def __init__(self, helper: SpawnHelper, pid: int, floor_kib: int) -> None:
+        super().__init__(helper)
+        self.pid = pid
+        self.floor_kib = floor_kib
+        self.returncode: int | None = None
 
     def send_signal(self, signum: int, *, group: bool) -> None:
         """Signal it (``group``: its process group) while it is the helper's unreaped child."""
@@ -57,25 +72,17 @@ class HelperProcess:
             self._helper.signal(self.pid, signum, group=group)
 
     def exited(self, status: int, usage: resource.struct_rusage | None) -> None:
-        if not self._exit.done():
+        if self._settle(status, usage):
             self.returncode = os.waitstatus_to_exitcode(status)
-            self._exit.set_result((status, usage))
 
 
-class QuietProcess:
+class QuietProcess(_Child):
     """A process asked of the helper with ``start``: known by its request's number, its
     start reported only when it failed, its exit (and ``floor_kib``) when it ends."""
 
     def __init__(self, helper: SpawnHelper, seq: int) -> None:
-        self._helper = helper
+        super().__init__(helper)
         self.seq = seq
-        self.floor_kib = 0
-        """Its ``ru_maxrss`` floor (``HelperProcess.floor_kib``), known once it has exited."""
-        self._exit: asyncio.Future[Exit] = asyncio.get_running_loop().create_future()
-
-    async def wait(self) -> Exit:
-        """(wait status, rusage) once it has exited, or why it did not start; cancel-safe."""
-        return await asyncio.shield(self._exit)
 
     def send_signal(self, signum: int, *, group: bool) -> None:
         """Signal it through the helper, which knows its pid while it is an unreaped child."""
@@ -85,7 +92,7 @@ class QuietProcess:
     def exited(self, status: int, usage: resource.struct_rusage | None, floor_kib: int) -> None:
         if not self._exit.done():
             self.floor_kib = floor_kib
-            self._exit.set_result((status, usage))
+            self._settle(status, usage)
 
     def failed(self, error: BaseException) -> None:
         if not self._exit.done():
