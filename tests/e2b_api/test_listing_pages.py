@@ -12,6 +12,7 @@ SDK's view of the same paging, over real sandboxes paused and wiped, is in
 from __future__ import annotations
 
 import contextlib
+import datetime
 import random
 import secrets
 import uuid
@@ -20,10 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
+import msgspec
 import pytest
+from e2b.api.client.api.sandboxes import get_v2_sandboxes
+from e2b.api.client.types import UNSET
+from starlette.applications import Starlette
 
+from sandcell_orchestrator.e2b.control import ControlPlane
+from sandcell_orchestrator.e2b.errors import E2bError
 from sandcell_orchestrator.e2b.kept import KeptRows
-from sandcell_orchestrator.e2b.sandboxes import E2bSandbox, E2bSandboxes
+from sandcell_orchestrator.e2b.sandboxes import (
+    PAGE_READS,
+    READ_ON_ROWS,
+    E2bSandbox,
+    E2bSandboxes,
+)
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import (
     E2bSandboxRow,
@@ -284,7 +298,108 @@ async def test_filtered_pages_are_full_but_the_last_and_skip_nothing(
             # Full but the last, which may be empty only where the filters left out
             # what the page before it would have ended on.
             assert all(len(page) == limit for page in pages[:-1]), (filters, limit)
-            assert max(listing.table.reads) <= limit + 1, (filters, limit)
+            # A page's first read is ``limit + 1`` rows; a read-on, at most READ_ON_ROWS.
+            assert listing.table.reads[0] <= limit + 1, (filters, limit)
+            assert max(listing.table.reads) <= max(limit + 1, READ_ON_ROWS), (filters, limit)
+
+
+async def test_a_sparse_filter_reads_a_bounded_amount_per_page(dir_listing: _Listing) -> None:
+    """A filter that matches 2 of 400 sandboxes: one request reads the registry at most
+    ``PAGE_READS`` times (the first read ``limit + 1`` rows, a read-on at most
+    ``READ_ON_ROWS``), however far apart the matches are; a page that runs out of reads
+    comes back short (even empty) with a ``nextToken``, and the chained pages still give
+    exactly the matches, once, in id order."""
+    listing = dir_listing
+
+    def hit(n: int) -> dict[str, str]:
+        return {"hit": "yes" if n % 200 == 199 else "no"}
+
+    placed = await _seed(listing, "interleaved", 400, metadata=hit)
+    expected = []
+    for sandbox_id in sorted(placed):
+        row = await listing.registry.e2b_sandbox(sandbox_id) or await listing.kept.read(
+            TENANT, sandbox_id
+        )
+        assert row is not None
+        if row.metadata["hit"] == "yes":
+            expected.append(sandbox_id)
+    assert len(expected) == 2
+    for limit in (1, 3):
+        await _wipe_rebuilt(listing, placed)
+        found: list[str] = []
+        after: str | None = None
+        requests = 0
+        while True:
+            listing.table.reads.clear()
+            page, after = await listing.sandboxes.page(
+                TENANT, after=after, limit=limit, picks=lambda s: s.metadata["hit"] == "yes"
+            )
+            requests += 1
+            assert len(listing.table.reads) <= PAGE_READS, (limit, listing.table.reads)
+            assert listing.table.reads[0] <= limit + 1, (limit, listing.table.reads)
+            assert max(listing.table.reads) <= max(limit + 1, READ_ON_ROWS), limit
+            found += [sandbox.sandbox_id for sandbox in page]
+            if after is None:
+                break
+        assert found == expected, limit
+        # The read-ons are large: a few requests cover the 400, not one per row or two.
+        assert requests <= 400 // ((PAGE_READS - 1) * READ_ON_ROWS) + 2, (limit, requests)
+
+
+class _HeldAdds(_CountingTable):
+    """The registry, holding each ``add_e2b_sandbox`` until ``release`` is set (once
+    ``reached`` is): a rebuild that read the kept row, about to add the row again."""
+
+    def __init__(self, inner: SessionRegistry) -> None:
+        super().__init__(inner)
+        self.reached = anyio.Event()
+        self.release = anyio.Event()
+
+    async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        self.reached.set()
+        await self.release.wait()
+        added: bool = await self._inner.add_e2b_sandbox(row)
+        return added
+
+
+@pytest.mark.parametrize("path", ["listing", "lookup"])
+async def test_a_kill_while_a_wiped_row_is_rebuilt_is_not_undone(
+    backend: SessionRegistry, tmp_path: Path, path: str
+) -> None:
+    """After a wipe, worker one's listing (or lookup) reads a paused sandbox's kept row;
+    before it adds the row again, worker two rebuilds it, kills it (kept row, row and
+    checkpoints gone) and answers the kill. Worker one's add then lands on an empty id:
+    it must not bring the killed sandbox back (listed paused, its checkpoints gone, so
+    connect answers 500 until someone kills it again)."""
+    row = _row(TENANT, state="paused")
+    async with DirectorySnapshotStore(tmp_path / "snapshots") as store:
+        await KeptRows(store).keep(row)  # paused, then the registry was wiped
+        held = _HeldAdds(backend)
+        provider = LocalProvider(LocalSettings(runtime_dir=tmp_path / "rt"))
+        one = E2bSandboxes(SandboxManager(provider, held, store), keep_at_exit=True)  # type: ignore[arg-type]
+        async with _listing(backend, store, tmp_path / "two") as two:
+            found: list[object] = []
+
+            async def worker_one() -> None:
+                if path == "listing":
+                    page, _ = await one.page(TENANT, after=None, limit=10)
+                    found.extend(page)
+                else:
+                    with contextlib.suppress(E2bError):
+                        found.append(await one.get(row.sandbox_id, owner=TENANT))
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(worker_one)
+                await held.reached.wait()
+                doomed = await two.sandboxes.get(row.sandbox_id, owner=TENANT)
+                await two.sandboxes.kill(doomed)
+                assert await backend.e2b_sandbox(row.sandbox_id) is None
+                held.release.set()
+        await one.aclose()
+        await provider.close()
+        assert found == []
+        assert await backend.e2b_sandbox(row.sandbox_id) is None
+        assert await KeptRows(store).read(TENANT, row.sandbox_id) is None
 
 
 async def test_a_tenants_listing_reads_only_its_own_rows(dir_listing: _Listing) -> None:
@@ -302,3 +417,93 @@ async def test_a_tenants_listing_reads_only_its_own_rows(dir_listing: _Listing) 
     assert listing.table.reads == [1]
     for row in theirs:
         assert await listing.registry.e2b_sandbox(row.sandbox_id) is None
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "limit=0",
+        "limit=101",
+        "limit=-1",
+        "limit=two",
+        "limit=%C2%B2",  # '²': str.isdigit() takes it, int() does not
+        "limit=%D9%A3",  # '٣': an Arabic-Indic digit, which int() reads as 3
+        "limit=" + "1" * 5000,  # past int()'s 4300 digits
+        "nextToken=..%2Fx",
+        "nextToken=" + "a" * 21,
+        "state=running%2Cgone",
+        "startedAfter=yesterday",
+        "startedAfter=" + "2" * 100,
+    ],
+)
+async def test_a_malformed_listing_query_is_a_400_before_any_read(query: str) -> None:
+    """``limit``, ``nextToken`` and ``state`` come from the caller: one that is not what
+    the route takes is E2B's 400 ``bad_request``, answered before the table (the
+    registry or the store) is reached."""
+
+    def table() -> E2bSandboxes:
+        raise AssertionError("the listing reached the table")
+
+    plane = ControlPlane(table, namespace_of_key=lambda _key: TENANT, domain=None)
+    app = Starlette(routes=plane.routes())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://e2b.test") as client:
+        answer = await client.get(f"/e2b/v2/sandboxes?{query}", headers={"X-API-KEY": "key"})
+    assert answer.status_code == 400, (query[:40], answer.text)
+    assert answer.json()["error_code"] == "bad_request"
+
+
+async def test_the_sdks_template_and_started_after_filters_are_honoured(
+    dir_listing: _Listing,
+) -> None:
+    """``SandboxQuery(template=, started_after=)`` as e2b's own client puts them in the
+    query (``get_v2_sandboxes``): only the tenant's sandboxes of that template, started
+    at or after that time, are listed, across pages (a filter the route ignored would
+    list, and a caller might kill, the ones it asked to leave out)."""
+    listing = dir_listing
+    rows: list[E2bSandboxRow] = []
+    for n in range(12):
+        row = _row(TENANT, state="running" if n % 3 else "paused")
+        row = msgspec.structs.replace(
+            row,
+            template="code-interpreter-v1" if n % 2 else "base",
+            started_at_s=1_700_000_000.0 + 100 * n,
+        )
+        await _place(listing, row, "both" if row.state == "paused" else "running")
+        rows.append(row)
+    await _place(listing, msgspec.structs.replace(_row(OTHER, state="running")), "running")
+    cutoff = datetime.datetime.fromtimestamp(1_700_000_000.0 + 550, tz=datetime.UTC)
+    plane = ControlPlane(
+        lambda: listing.sandboxes, namespace_of_key=lambda _key: TENANT, domain=None
+    )
+    app = Starlette(routes=plane.routes("/e2b"))
+    cases: list[tuple[dict[str, Any], Callable[[E2bSandboxRow], bool]]] = [
+        ({"template": "base"}, lambda row: row.template == "base"),
+        ({"started_after": cutoff}, lambda row: row.started_at_s >= cutoff.timestamp()),
+        (
+            {"template": "code-interpreter-v1", "started_after": cutoff.astimezone()},
+            lambda row: (
+                row.template == "code-interpreter-v1" and row.started_at_s >= cutoff.timestamp()
+            ),
+        ),
+    ]
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://e2b.test/e2b") as client:
+        for query, matches in cases:
+            expected = sorted(row.sandbox_id for row in rows if matches(row))
+            assert 0 < len(expected) < len(rows), query
+            listed: list[str] = []
+            token: str | None = None
+            while True:
+                kwargs = get_v2_sandboxes._get_kwargs(
+                    limit=2, next_token=token if token else UNSET, **query
+                )
+                answer = await client.get(
+                    kwargs["url"], params=kwargs["params"], headers={"X-API-KEY": "key"}
+                )
+                assert answer.status_code == 200, answer.text
+                listed += [item["sandboxID"] for item in answer.json()]
+                token = answer.headers.get("x-next-token")
+                if not token:
+                    break
+            assert listed == expected, query

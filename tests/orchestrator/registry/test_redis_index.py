@@ -13,7 +13,7 @@ import redis.asyncio
 
 from sandcell_orchestrator.registry import RedisRegistry, SessionOwner
 from sandcell_orchestrator.registry import redis_index as module
-from sandcell_orchestrator.registry.redis_index import PAGE_IDS_LUA
+from sandcell_orchestrator.registry.redis_index import PAGE_IDS_LUA, PRUNE_IDS_LUA
 from sandcell_protocol import runtime_session_id
 
 
@@ -133,6 +133,35 @@ async def test_a_page_reads_past_entries_it_cannot_use(
     assert [o.session_id for o in page] == usable[:3]
     assert await _every_page(registry, "tenant-a", limit=2) == usable
     assert [o.session_id for o in await registry.sessions_of("tenant-a")] == usable
+
+
+async def test_an_older_workers_removal_is_pruned_from_the_zset(
+    client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """An older orchestrator's unindex during a rolling upgrade (``HDEL owners`` and
+    ``SREM`` of the set it knows) leaves the id in the zset a newer listing moved it
+    into: the next listing skips it and takes it out, so no later listing reads it
+    again. The script checks the owner itself: an id indexed again meanwhile stays."""
+    registry = RedisRegistry(client, prefix=prefix)
+    zset, legacy = f"{prefix}nsids:{_hash('tenant-a')}", f"{prefix}ns:{_hash('tenant-a')}"
+    ids = _ids("p", 5)
+    for sid in ids:
+        await _legacy_index(client, prefix, _owner(sid, "tenant-a"))
+    assert [o.session_id for o in await registry.sessions_of("tenant-a")] == ids
+    for sid in (ids[1], ids[3]):  # the older worker's unindex_session
+        await client.hdel(f"{prefix}owners", sid)
+        await client.srem(legacy, sid)
+    assert len(await client.zrange(zset, 0, -1)) == 5
+    kept = [ids[0], ids[2], ids[4]]
+    assert [o.session_id for o in await registry.sessions_of("tenant-a", limit=2)] == kept[:2]
+    # That page read up to ids[2]: ids[1] is out; ids[3], past it, waits for a page that reads it.
+    assert await client.zrange(zset, 0, -1) == [s.encode() for s in (ids[0], *ids[2:])]
+    assert await _every_page(registry, "tenant-a", limit=2) == kept
+    assert await client.zrange(zset, 0, -1) == [sid.encode() for sid in kept]
+
+    prune = client.register_script(PRUNE_IDS_LUA)
+    assert await prune(keys=[zset, f"{prefix}owners"], args=[ids[0]]) == 0
+    assert await client.zscore(zset, ids[0]) == 0.0
 
 
 async def test_pages_with_decode_responses(redis_url: str, prefix: str) -> None:

@@ -266,9 +266,20 @@ async def test_sessions_list_comes_a_page_at_a_time(service: Service) -> None:
     assert [item["session_id"] for item in whole["sessions"]] == ids
     theirs = await service.client.get(f"/v1/sessions?after={ids[0]}", headers=service.auth(KEY_B))
     assert theirs.json() == {"sessions": []}
-    for query in ("limit=0", "limit=1001", "limit=two", "limit=-1", "after=rt_nope", "after="):
+    malformed = (
+        "limit=0",
+        "limit=1001",
+        "limit=two",
+        "limit=-1",
+        "limit=%D9%A3",  # an Arabic-Indic 3: str.isdecimal() takes it
+        "limit=" + "1" * 5000,  # past int()'s 4300 digits: a ValueError, not a 400
+        "after=rt_nope",
+        "after=",
+    )
+    for query in malformed:
         bad = await service.client.get(f"/v1/sessions?{query}", headers=auth)
-        assert (bad.status_code, error_of(bad).error.code) == (400, ErrorCode.BAD_REQUEST), query
+        answer = (bad.status_code, error_of(bad).error.code)
+        assert answer == (400, ErrorCode.BAD_REQUEST), query[:40]
 
 
 async def test_idle_sweeper_suspends_and_next_call_restores(start_service: StartService) -> None:

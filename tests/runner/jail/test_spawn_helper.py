@@ -4,6 +4,7 @@ and what its children get, on both of its paths (``vfork`` through ``_vfork.c``,
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import dataclasses
 import os
@@ -337,3 +338,71 @@ def test_a_helper_closed_before_it_answered_exits() -> None:
     _, alive = psutil.wait_procs([child], timeout=10)
     assert not alive, alive
     helper.wait_started()  # nothing to wait for once closed
+
+
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_a_quiet_start_reports_its_failure_signal_and_exit_by_request(method: str) -> None:
+    """``start`` (a job's path: no answer to wait for): a child that cannot start raises
+    its error from ``wait``, as ``spawn`` would; a running one is signalled by its
+    request number and reports its exit with the helper's ``ru_maxrss`` floor; another
+    request's signal never reaches it; the helper goes on answering ``spawn``."""
+    helper = spawn_helper(method)
+    request = _sleeper()
+    try:
+        failing = _sleeper(argv=["/nonexistent/bin"])
+        refused = helper.start(failing)
+        with pytest.raises(FileNotFoundError, match=r"exec: .*'/nonexistent/bin'"):
+            await refused.wait()
+        with pytest.raises(FileNotFoundError):
+            await refused.wait()  # any number of times
+        os.close(failing.stdin)
+        first = helper.start(request)
+        second = helper.start(request)
+        helper.signal_request(10_000, signal.SIGKILL, group=True)  # no such request
+        first.send_signal(signal.SIGKILL, group=True)
+        status, usage = await first.wait()
+        assert os.WIFSIGNALED(status)
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        assert usage is not None
+        assert first.floor_kib > 0
+        # The second, signalled by nothing, still sleeps: the helper knows it by its
+        # request number alone, and the exit named the first.
+        sleeping = [p for p in psutil.Process(_helper_pid(helper)).children() if p.is_running()]
+        assert len(sleeping) == 1
+        second.send_signal(signal.SIGTERM, group=False)
+        status, _ = await second.wait()
+        assert os.WIFSIGNALED(status)
+        assert os.WTERMSIG(status) == signal.SIGTERM
+        process = await helper.spawn(dataclasses.replace(request, argv=["/bin/true"]))
+        status, _ = await process.wait()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not psutil.Process(_helper_pid(helper)).children()
+    finally:
+        helper.close()
+        os.close(request.stdin)
+
+
+@pytest.mark.parametrize("method", SPAWN_METHODS)
+async def test_a_quiet_start_ends_as_killed_when_the_helper_is_lost(method: str) -> None:
+    """A ``start``ed child dies with the helper (its death signal), and its waiter is
+    told it was killed rather than left waiting for an exit nobody will report."""
+    helper = spawn_helper(method)
+    request = _sleeper()
+    try:
+        started = helper.start(request)
+        deadline = time.monotonic() + 30
+        while not psutil.Process(_helper_pid(helper)).children():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        (child,) = psutil.Process(_helper_pid(helper)).children()
+        os.kill(_helper_pid(helper), signal.SIGKILL)
+        async with asyncio.timeout(30):
+            status, usage = await started.wait()
+        assert os.WIFSIGNALED(status)
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        assert usage is None
+        _, alive = psutil.wait_procs([child], timeout=10)
+        assert not alive, alive
+    finally:
+        helper.close()
+        os.close(request.stdin)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import logging
 import os
 import resource
@@ -365,6 +366,13 @@ class RunnerService:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """The service while it serves: warmup and the reaper run; shut down on exit."""
+        # Everything made until now (imports, the service) lives as long as the runner:
+        # out of the collector's sight, a full collection walks a few thousand objects
+        # instead of ~46,000. Measured with gc.callbacks at 16 clients (`bash: true`,
+        # 2026-12-07): the collector took 90 us of the runner's CPU a request (6.4 %),
+        # 65 of it a 28 ms full collection every ~400 requests (a p99 spike too); 25 us
+        # frozen. No ``gc.collect()`` first: it would cost a cold start those 28 ms.
+        gc.freeze()
         self._warmup.start()
         self.checkpoints.extractors.start()
         reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")

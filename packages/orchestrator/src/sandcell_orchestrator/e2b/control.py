@@ -16,8 +16,8 @@ every lookup is scoped by it. Paging: ``limit`` (1..100, default 100) and an
 opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``. The v2
 listing is in sandbox-id order, the order of the registry's table and of the store's
 kept rows of paused sandboxes, so each page reads one page of each (at most
-``limit + 1`` rows after ``nextToken``; more only when the filters leave rows out:
-``sandboxes.E2bSandboxes.page``).
+``limit + 1`` rows after ``nextToken``; more only when the filters leave rows out,
+and then a bounded number: ``sandboxes.E2bSandboxes.page``).
 """
 
 from __future__ import annotations
@@ -63,6 +63,21 @@ T = TypeVar("T")
 
 def _iso(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat()
+
+
+def _instant(raw: str | None) -> float | None:
+    """``startedAfter`` (RFC 3339, as the SDK sends it; no offset: UTC) in epoch seconds."""
+    if not raw:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(raw) if len(raw) <= 64 else None
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise E2bError(400, "bad_request", "startedAfter: an RFC 3339 time")
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
 
 
 def _json(value: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -181,7 +196,10 @@ class ControlPlane:
     async def list_v2(self, request: Request) -> Response:
         owner = self._owner(request)
         raw_limit = request.query_params.get("limit") or str(_MAX_LIMIT)
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= _MAX_LIMIT:
+        # ASCII digits, few of them: ``isdigit`` alone takes '²' (which ``int`` refuses)
+        # and other scripts' digits, and ``int`` refuses a string of over 4300 digits.
+        digits = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3
+        if not digits or not 1 <= int(raw_limit) <= _MAX_LIMIT:
             raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
         after = request.query_params.get("nextToken") or None
         if after is not None and not valid_sandbox_id(after):
@@ -195,12 +213,20 @@ class ControlPlane:
             urllib.parse.unquote(k): urllib.parse.unquote(v)
             for k, v in urllib.parse.parse_qsl(metadata or "", keep_blank_values=True)
         }
+        # The SDK's ``SandboxQuery(template=, started_after=)``: a filter ignored would
+        # answer sandboxes the caller asked to leave out (and, say, kill them).
+        template = request.query_params.get("template") or None
+        started_after = _instant(request.query_params.get("startedAfter"))
+
+        def picks(sandbox: E2bSandbox) -> bool:
+            return (
+                (template is None or sandbox.template == template)
+                and (started_after is None or sandbox.started_at_s >= started_after)
+                and all(sandbox.metadata.get(k) == v for k, v in wanted_meta.items())
+            )
+
         page, next_after = await self._sandboxes().page(
-            owner,
-            after=after,
-            limit=int(raw_limit),
-            states=sorted(wanted),
-            picks=lambda s: all(s.metadata.get(k) == v for k, v in wanted_meta.items()),
+            owner, after=after, limit=int(raw_limit), states=sorted(wanted), picks=picks
         )
         headers = {"X-Next-Token": next_after} if next_after is not None else None
         return _json([self._listed(s) for s in page], headers=headers)

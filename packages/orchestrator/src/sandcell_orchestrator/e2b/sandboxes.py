@@ -55,6 +55,8 @@ from .views import SandboxViews
 
 __all__ = [
     "DEFAULT_TEMPLATES",
+    "PAGE_READS",
+    "READ_ON_ROWS",
     "E2bSandbox",
     "E2bSandboxes",
     "check_sandbox_id",
@@ -64,6 +66,13 @@ log = logging.getLogger(__name__)
 
 _OWNER_LABEL = "sandcell.e2b_sandbox"
 _RETRY_EXPIRY_S = 30.0
+
+PAGE_READS = 4
+"""How many reads of the registry (and of the kept rows) one listing page makes at most:
+past that, a page the filters left short is answered as it is, with a ``nextToken``."""
+READ_ON_ROWS = 101
+"""How many rows a read after a page's first (``limit + 1``) asks for: a full page's
+read at the largest ``limit``, so a sparse filter costs a few requests, not one per row."""
 
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -177,19 +186,23 @@ class E2bSandboxes:
         that gave all ``limit + 1``; one that gave fewer has no more): the other
         source's ids beyond it wait for the next read, and no id is skipped or listed
         twice across pages. Sandboxes the filters leave out do not end the page: it
-        reads on from there until it is full or both sources end."""
+        reads on from there (``READ_ON_ROWS`` at a time) until it is full or both
+        sources end, but for ``PAGE_READS`` reads at most: a filter that matches few of
+        many sandboxes gets a short (even empty) page with the ``after`` it reached,
+        where one request would otherwise read the tenant's whole table."""
         chosen: list[E2bSandbox] = []
         start = after
-        while True:
-            rows = await self.registry.e2b_sandboxes_of(owner, after=start, limit=limit + 1)
+        size = limit + 1
+        for read in range(1, PAGE_READS + 1):
+            rows = await self.registry.e2b_sandboxes_of(owner, after=start, limit=size)
             # After the registry's read: a kill deletes the kept row before the row, so a
             # row missed there is a kept row this listing no longer finds.
             stored: list[str] = []
             stored_bound = None
             if "paused" in states:
-                stored, stored_bound = await self.kept.page(owner, after=start, limit=limit + 1)
+                stored, stored_bound = await self.kept.page(owner, after=start, limit=size)
             bounds = [] if stored_bound is None else [stored_bound]
-            if len(rows) > limit:
+            if len(rows) >= size:
                 bounds.append(rows[-1].sandbox_id)
             bound = min(bounds, default=None)
             by_id = {row.sandbox_id: row for row in rows}
@@ -204,21 +217,36 @@ class E2bSandboxes:
                 sandbox = await self.views.view(row)
                 if sandbox.state in states and picks(sandbox):
                     chosen.append(sandbox)
-            if bound is None or len(chosen) == limit:
+            if bound is None or len(chosen) == limit or read == PAGE_READS:
                 return chosen, bound
-            # Everything up to ``bound`` was looked at and the page is not full yet.
+            # Everything up to ``bound`` was looked at and the page is not full yet: read
+            # on, in larger reads (the filters are leaving rows out).
             start = bound
+            size = max(limit + 1, READ_ON_ROWS)
+        raise AssertionError("unreachable: the last read returns")
 
     async def _recover(self, sandbox_id: str, *, owner: str) -> E2bSandboxRow | None:
         """``owner``'s kept row of ``sandbox_id``, added to the registry again (one revision
-        past it); the registry's row if another worker added it first."""
+        past it); the registry's row if another worker added it first.
+
+        A kill on another worker may have rebuilt the row too, deleted the kept row
+        (a kill's first step) and removed the row, all between this read and this add:
+        the add would bring back a killed sandbox (listed as paused, its checkpoints
+        gone). So the kept row is read once more after the add; gone while the added
+        row is as it was added (a resume or change writes the row, at a later
+        revision, before it touches the kept row), it was a kill, and the row goes."""
         kept = await self.kept.read(owner, sandbox_id)
         if kept is None:
             return None
         row = rebuilt(kept)
         if await self.registry.add_e2b_sandbox(row):
-            log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
-            return row
+            if await self.kept.read(owner, sandbox_id) is not None:
+                log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
+                return row
+            if await self.registry.e2b_sandbox(sandbox_id) == row:
+                await self.registry.remove_e2b_sandbox(sandbox_id)
+                log.info("e2b sandbox %s: killed while its row was rebuilt", sandbox_id)
+                return None
         found = await self.registry.e2b_sandbox(sandbox_id)
         return found if found is not None and found.namespace == owner else None
 

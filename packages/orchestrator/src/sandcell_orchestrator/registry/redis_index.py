@@ -10,7 +10,9 @@ The namespace's ids used to be a set, which can only be read whole; the zset can
 read a page at a time. A set left by an older orchestrator (or written by one still
 running during a rolling upgrade) is moved into the zset, and deleted, by the listing
 itself (``PAGE_IDS_LUA``), atomically, so no id is lost or listed from both; removals
-take an id out of both keys, so the move cannot bring a removed id back.
+take an id out of both keys, so the move cannot bring a removed id back. An older
+orchestrator's removal takes it out of the set only; the listing that finds its owner
+gone takes it out of the zset too (``PRUNE_IDS_LUA``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .core import validate_session_id
 from .index import SessionOwner, check_page_limit
 from .redis_db import RedisDatabase, map_redis_errors, text
 
-__all__ = ["PAGE_IDS_LUA", "RedisSessionIndex"]
+__all__ = ["PAGE_IDS_LUA", "PRUNE_IDS_LUA", "RedisSessionIndex"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,21 @@ end
 return redis.call('zrangebylex', KEYS[1], ARGV[1], '+', 'LIMIT', 0, ARGV[2])
 """
 
+# KEYS[1] the namespace's zset, KEYS[2] the owners hash
+# ARGV[1], ARGV[2]... ids a page found without an owner
+# Takes out of the zset each id that still has no owner: an older orchestrator's
+# unindex leaves the id there (it knows only the legacy set), and every listing would
+# read past it again. Checked in the script, so an id indexed again meanwhile stays.
+PRUNE_IDS_LUA = """
+local pruned = 0
+for i = 1, #ARGV do
+    if redis.call('hexists', KEYS[2], ARGV[i]) == 0 then
+        pruned = pruned + redis.call('zrem', KEYS[1], ARGV[i])
+    end
+end
+return pruned
+"""
+
 
 class RedisSessionIndex(RedisDatabase):
     """``SessionIndex`` on ``<prefix>owners`` and one sorted set per namespace."""
@@ -58,6 +75,10 @@ class RedisSessionIndex(RedisDatabase):
     @cached_property
     def _page_ids(self) -> AsyncScript:
         return self._client.register_script(PAGE_IDS_LUA)
+
+    @cached_property
+    def _prune_ids(self) -> AsyncScript:
+        return self._client.register_script(PRUNE_IDS_LUA)
 
     def _namespace_key(self, namespace: str) -> str:
         return f"{self._prefix}nsids:{_namespace_hash(namespace)}"
@@ -91,7 +112,8 @@ class RedisSessionIndex(RedisDatabase):
 
         Entries that are unreadable or now another namespace's are skipped, and the
         zset is read on past them until ``limit`` are found or it ends: a short page
-        has to mean the end, else the listing would stop there.
+        has to mean the end, else the listing would stop there. Ids without an owner
+        (an older orchestrator's unindex) are taken out of the zset (``PRUNE_IDS_LUA``).
         """
         check_page_limit(limit)
         keys = [self._namespace_key(namespace), self._legacy_namespace_key(namespace)]
@@ -107,10 +129,16 @@ class RedisSessionIndex(RedisDatabase):
                 if not session_ids:
                     break
                 raws = await self._client.hmget(f"{self._prefix}owners", session_ids)
-                for raw in raws:
-                    found = None if raw is None else _decode_owner(raw)
+                missing: list[str] = []
+                for session_id, raw in zip(session_ids, raws, strict=True):
+                    if raw is None:
+                        missing.append(session_id)
+                        continue
+                    found = _decode_owner(raw)
                     if found is not None and found.namespace == namespace:
                         owners.append(found)
+                if missing:
+                    await self._prune_ids(keys=[keys[0], f"{self._prefix}owners"], args=missing)
                 if wanted < 0 or len(session_ids) < wanted:
                     break
                 start = session_ids[-1]

@@ -59,7 +59,10 @@ def page_of(request: Request) -> tuple[int, str | None]:
     raw_limit = request.query_params.get("limit")
     limit = DEFAULT_LIMIT
     if raw_limit is not None:
-        if not raw_limit.isdecimal() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        # ASCII digits, few of them: ``isdecimal`` takes other scripts' digits, and
+        # ``int`` refuses a string of over 4300 digits (a ValueError, not a 400).
+        digits = raw_limit.isascii() and raw_limit.isdecimal() and len(raw_limit) <= 4
+        if not digits or not 1 <= int(raw_limit) <= MAX_LIMIT:
             raise ProtocolError(f"limit: an integer from 1 to {MAX_LIMIT}")
         limit = int(raw_limit)
     after = request.query_params.get("after")

@@ -34,9 +34,10 @@ log = logging.getLogger(__name__)
 def create_app(service: RunnerService) -> Starlette:
     """The ASGI app of a runner."""
     preview = PreviewRoutes(service)
+    execute = ExecuteRoutes(service)
     groups = [
         HealthRoutes(service),
-        ExecuteRoutes(service),
+        execute,
         SessionRoutes(service),
         FileRoutes(service),
         InputRoutes(service),
@@ -53,6 +54,8 @@ def create_app(service: RunnerService) -> Starlette:
     return RunnerStarlette(
         routes=[route for group in groups for route in group.routes()],
         upgrade=preview.upgrade,
+        direct=execute.direct(),
+        internal=_internal,
         lifespan=lifespan,
         exception_handlers={
             404: _not_found,

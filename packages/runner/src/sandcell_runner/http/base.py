@@ -152,24 +152,56 @@ class RouteGroup:
 
 class RunnerStarlette(Starlette):
     """Starlette that hands ``Upgrade`` requests under the preview prefix to ``upgrade``
-    before its middleware, which would hide the connection a tunnel has to take."""
+    before its middleware, which would hide the connection a tunnel has to take, and
+    answers the ``direct`` routes without its router and middleware.
 
-    def __init__(self, *args: Any, upgrade: Upgrade, **kwargs: Any) -> None:
+    ``direct`` maps ``(method, path)`` of exact, parameterless routes to their handlers
+    (already ``guarded``), with ``internal`` answering what they raise. Why: for
+    ``POST /v1/execute`` the router's match over every route and the two middleware
+    layers, each wrapping ``send``, were ~8 % of the runner's Python per request
+    (cProfile at 16 clients, issue #21); what they add (404 and 405, the 500 answer)
+    an exact route needs only the last of, kept here.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        upgrade: Upgrade,
+        direct: dict[tuple[str, str], Handler] | None = None,
+        internal: Callable[[Request, Exception], Awaitable[Response]],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._upgrade = upgrade
+        self._direct = direct or {}
+        self._internal = internal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"].startswith(routes.SESSION_PORTS_PREFIX)
-            and is_upgrade(scope)
-        ):
-            scope["app"] = self
-            try:
-                await self._upgrade(scope, receive, send)
-            except Exception:
-                log.exception("preview upgrade failed on %s", scope["path"][:200])
-                with contextlib.suppress(Exception):
-                    await Response(status_code=500)(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            handler = self._direct.get((scope["method"], scope["path"]))
+            if handler is not None:
+                await self._answer(handler, scope, receive, send)
+                return
+            if scope["path"].startswith(routes.SESSION_PORTS_PREFIX) and is_upgrade(scope):
+                scope["app"] = self
+                try:
+                    await self._upgrade(scope, receive, send)
+                except Exception:
+                    log.exception("preview upgrade failed on %s", scope["path"][:200])
+                    with contextlib.suppress(Exception):
+                        await Response(status_code=500)(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
+
+    async def _answer(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        """What the router and ``ServerErrorMiddleware`` do for a route: the handler's
+        response, or the ``internal`` answer when it raised. An error while the response
+        is sent comes after its start (a streamed body's generator runs only then), so
+        it is the server's to log, with the connection dropped, as before."""
+        scope["app"] = self
+        request = Request(scope, receive, send)
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            response = await self._internal(request, exc)
+        await response(scope, receive, send)

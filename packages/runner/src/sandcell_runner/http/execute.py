@@ -43,7 +43,7 @@ from ..cancelling import cancel_and_wait
 from ..egress.manager import EgressManager
 from ..egress.turn import TurnRefusals
 from ..executor import PreparedRequest
-from .base import RouteGroup, json_response
+from .base import Handler, RouteGroup, json_response
 
 _Output = asyncio.Queue[tuple[str, bytes] | None]
 _EGRESS = ("egress", b"")
@@ -55,6 +55,10 @@ class ExecuteRoutes(RouteGroup):
 
     def routes(self) -> list[BaseRoute]:
         return [Route(routes.EXECUTE, self.guarded(self.post_execute), methods=["POST"])]
+
+    def direct(self) -> dict[tuple[str, str], Handler]:
+        """The route answered without Starlette's router (``RunnerStarlette``)."""
+        return {("POST", routes.EXECUTE): self.guarded(self.post_execute)}
 
     async def post_execute(self, request: Request) -> Response:
         session_id = self.session_header(request)

@@ -53,24 +53,28 @@ class JobCgroup:
     def __init__(self, dirs: list[Path], *, version: int) -> None:
         self._dirs = dirs
         self._version = version
-        # The files read per job, as Path objects made once (their str and hash are
-        # then cached): finding them through ``.parent.parent.parent`` on every read
-        # was ~0.1 ms of the event loop per job.
+        # The files read per job, their paths made once: finding them through
+        # ``.parent.parent.parent`` on every read was ~0.1 ms of the event loop per job.
         memory = _controller_dir(dirs, version, "memory")
         pids = _controller_dir(dirs, version, "pids")
         self._memory = memory
         v1 = version == 1
+        # As text, not ``Path``: each is a key of ``_held`` and an ``open`` argument,
+        # and a ``Path`` costs a Python-level ``__hash__`` or ``__fspath__`` call for
+        # each (nine a job).
         self._oom_file = (
-            None if memory is None else memory / ("memory.oom_control" if v1 else "memory.events")
+            None
+            if memory is None
+            else str(memory / ("memory.oom_control" if v1 else "memory.events"))
         )
         self._usage_file = (
             None
             if memory is None
-            else memory / ("memory.usage_in_bytes" if v1 else "memory.current")
+            else str(memory / ("memory.usage_in_bytes" if v1 else "memory.current"))
         )
-        self._max_usage_file = None if memory is None else memory / "memory.max_usage_in_bytes"
-        self._pids_events = None if pids is None else pids / "pids.events"
-        self._pids_current_file = None if pids is None else pids / "pids.current"
+        self._max_usage_file = None if memory is None else str(memory / "memory.max_usage_in_bytes")
+        self._pids_events = None if pids is None else str(pids / "pids.events")
+        self._pids_current_file = None if pids is None else str(pids / "pids.current")
         # Counters are cumulative; a reused cgroup reports what changed since begin().
         self._baseline = (0, 0)
         self._limits: tuple[int, int] | None = None
@@ -78,26 +82,28 @@ class JobCgroup:
         self._memory_start: int | None = None
         self._peak_fd: int | None = None
         """v2: ``memory.peak`` held open; a write resets the peak this fd reports (6.12+)."""
-        self._held: dict[Path, int] = {}
+        self._held: dict[str, int] = {}
         """Counter files held open (read with ``pread`` at 0, which makes the kernel
         render them afresh): a pooled cgroup reads or writes seven of them per job, and
         an open is a path walk through kernfs plus a seq_file set up and torn down.
         With ``pids.current`` for the leftover check, a job's cgroup work (begin, stats,
         leftovers) went from ~128 to ~56-69 us of CPU here (3 alternating pairs), and
         with the file paths made once (``__init__``) from 170-184 to 23-25 us.
-        ``cgroup.procs`` is never held: v1 caches the pid list of an open file."""
+        ``cgroup.procs`` is never held: v1 caches the pid list of an open file.
+        """
+        self._join_paths = [d / "tasks" for d in dirs] if version == 1 else None
 
-    def _fd(self, path: Path) -> int:
+    def _fd(self, path: str) -> int:
         fd = self._held.get(path)
         if fd is None:
             # Read-only files refuse a writable open (kernfs), so only the one file
             # written through this (the peak reset) is opened for writing.
-            mode = os.O_RDWR if path.name in _WRITTEN else os.O_RDONLY
+            mode = os.O_RDWR if os.path.basename(path) in _WRITTEN else os.O_RDONLY
             fd = os.open(path, mode | os.O_CLOEXEC)
             self._held[path] = fd
         return fd
 
-    def _read(self, path: Path) -> str:
+    def _read(self, path: str) -> str:
         """A counter file's text; raises OSError as an open and read would."""
         try:
             return os.pread(self._fd(path), 65536, 0).decode("ascii", "replace")
@@ -105,25 +111,26 @@ class JobCgroup:
             self._drop(path)  # a cgroup made again under us: the next read opens afresh
             raise
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _write(self, path: str, data: bytes) -> None:
         try:
             os.write(self._fd(path), data)
         except OSError:
             self._drop(path)
             raise
 
-    def _drop(self, path: Path) -> None:
+    def _drop(self, path: str) -> None:
         fd = self._held.pop(path, None)
         if fd is not None:
             os.close(fd)
 
-    def _keyed(self, path: Path) -> dict[str, int]:
+    def _keyed(self, path: str, key: str) -> int:
+        """``key``'s value in a flat-keyed file ("name value" lines); 0 when absent."""
         try:
-            return _parse_keyed(self._read(path))
+            return keyed_value(self._read(path), key)
         except OSError:
-            return {}
+            return 0
 
-    def _int(self, path: Path) -> int | None:
+    def _int(self, path: str) -> int | None:
         try:
             return int(self._read(path).strip())
         except (OSError, ValueError):
@@ -140,15 +147,13 @@ class JobCgroup:
         thread steps into the job cgroup, forks without ``preexec_fn`` (cheap vfork),
         and steps back.
         """
-        if self._version != 1:
-            return None
-        return [d / "tasks" for d in self._dirs]
+        return None if self._join_paths is None else list(self._join_paths)
 
     def _counters(self) -> tuple[int, int]:
         """(oom kills, pids-limit hits) so far."""
         oom_file, events = self._oom_file, self._pids_events
-        oom = self._keyed(oom_file).get("oom_kill", 0) if oom_file is not None else 0
-        hits = self._keyed(events).get("max", 0) if events is not None else 0
+        oom = self._keyed(oom_file, "oom_kill") if oom_file is not None else 0
+        hits = self._keyed(events, "max") if events is not None else 0
         return oom, hits
 
     def has_limits(self, *, memory_bytes: int, pids: int) -> bool:
@@ -464,13 +469,24 @@ def _controller_dir(dirs: list[Path], version: int, controller: str) -> Path | N
     return next((d for d in dirs if d.parent.parent.parent.name == controller), None)
 
 
-def _parse_keyed(text: str) -> dict[str, int]:
-    values: dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            values[key] = int(value)
-    return values
+def keyed_value(text: str, key: str) -> int:
+    """``key``'s value in a flat-keyed cgroup file's text; 0 when absent or not a number.
+
+    Found, not parsed into a dict: two of these a job, twice, and a dict of every line
+    was ~10 us each on the event loop."""
+    needle = key + " "
+    if text.startswith(needle):
+        start = len(needle)
+    else:
+        found = text.find("\n" + needle)
+        if found < 0:
+            return 0
+        start = found + 1 + len(needle)
+    end = text.find("\n", start)
+    try:
+        return int(text[start:] if end < 0 else text[start:end])
+    except ValueError:
+        return 0
 
 
 def _read_pids(path: Path) -> list[int]:

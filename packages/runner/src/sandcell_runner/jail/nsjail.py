@@ -211,9 +211,10 @@ class Jail:
                 cgroup=cgroup,
                 close_after=close_after,
             )
-            process = await self._spawner.spawn(request)
+            # Not awaited: a failure to start comes from ``process.wait()`` below.
+            process = self._spawner.start(request)
         except BaseException:
-            # Nothing started (a refused configuration, a failed fork): no reader will.
+            # Nothing started (a refused configuration, a lost helper): no reader will.
             for fd in (out_r, err_r, log_r):
                 os.close(fd)
             raise
@@ -311,7 +312,8 @@ class Jail:
                             await eof.wait()
         except BaseException:
             kill()
-            with contextlib.suppress(ChildProcessError):
+            # A start that failed raises its error here again: the first is raised.
+            with contextlib.suppress(Exception):
                 await asyncio.shield(process.wait())
             raise
         finally:

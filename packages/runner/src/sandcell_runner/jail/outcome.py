@@ -56,6 +56,12 @@ def job_status_from_log(log_text: str) -> tuple[int | None, str | None] | None:
     """The job's own (exit code, signal) from nsjail's log; nsjail's exit code is 128+N
     for both. None when the log never says how the job ended: nsjail failed to run it
     (configuration, namespaces) or was killed first."""
+    # nsjail's last line says it, as a rule: looked at first, not the ~33 lines split.
+    last = log_text[log_text.rfind("\n", 0, len(log_text) - 1) + 1 :]
+    if match := _EXITED_RE.search(last):
+        return int(match.group(1)), None
+    if match := _SIGNALED_RE.search(last):
+        return None, signal_name(int(match.group(1)))
     for line in reversed(log_text.splitlines()):
         if match := _EXITED_RE.search(line):
             return int(match.group(1)), None
@@ -72,8 +78,15 @@ def launch_status(log_text: str, status: int) -> tuple[int | None, str | None, b
     return (*reported, False)
 
 
+_NOT_INFO_RE = re.compile(r"^(?!\[I\])", re.MULTILINE)
+"""The start of a line that is not an info line (one regular-expression scan in C)."""
+
+
 def warnings_only(log_text: str) -> str:
     """nsjail's log without its info lines, the last 8 KiB."""
+    # A job's log is all info lines but for a trailing newline, as a rule: "" at once.
+    if _NOT_INFO_RE.search(log_text.rstrip("\n")) is None:
+        return ""
     kept = [line for line in log_text.splitlines() if not line.startswith("[I]")]
     return "\n".join(kept)[-8192:]
 

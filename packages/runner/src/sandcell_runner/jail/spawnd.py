@@ -120,6 +120,7 @@ class Job:
         "join_fds",
         "join_paths",
         "netns",
+        "quiet",
         "seq",
         "setsid",
         "targets",
@@ -148,6 +149,8 @@ class Job:
         self.uid = None if uid is None else _id(uid)
         self.gid = self.uid if gid is None else _id(gid)
         self.setsid = bool(request.get("setsid", True))
+        self.quiet = bool(request.get("quiet", False))
+        """Answer only a failure; the exit names the request (``SpawnHelper.start``)."""
 
 
 def _int(value: object) -> int:
@@ -241,9 +244,14 @@ class Helper:
         self.poller = select.poll()
         self.poller.register(sock.fileno(), select.POLLIN)
         self.children: dict[int, int] = {}
-        self.starting: dict[int, tuple[int, int, bytearray]] = {}
-        """Start pipes of children not yet exec'd: read end -> (seq, pid, error so far)."""
+        self.starting: dict[int, tuple[int, int, bytearray, bool]] = {}
+        """Start pipes of children not yet exec'd: read end -> (seq, pid, error so far,
+        quiet)."""
         self.pids: set[int] = set()
+        self.quiet: dict[int, tuple[int, int]] = {}
+        """Children of quiet requests: pid -> (request number, ``floor_kib``)."""
+        self.by_seq: dict[int, int] = {}
+        """Their pids by request number (a quiet request is signalled by its number)."""
         self.pid = os.getpid()
 
     def send(self, message: dict[str, object]) -> None:
@@ -307,7 +315,12 @@ class Helper:
         # EOF on the pipe once the child has exec'd (it is close-on-exec). Waited for
         # in the poll loop, not here: a child the scheduler is slow to run (a loaded
         # machine) must not hold up the requests behind it.
-        self.starting[read_end] = (seq, pid, bytearray())
+        self.starting[read_end] = (seq, pid, bytearray(), job.quiet)
+        if job.quiet:
+            # Signalled by its number from now on, as the runner may (it is our unreaped
+            # child): a kill before its exec must not wait for the exec, or be lost.
+            self.by_seq[seq] = pid
+            self.pids.add(pid)
         self.poller.register(read_end, select.POLLIN)
 
     def spawn_vfork(self, vfork: VforkSpawn, job: Job, fds: list[int]) -> None:
@@ -342,11 +355,11 @@ class Helper:
             error = OSError(code, os.strerror(code), *(() if filename is None else (filename,)))
             self.send({"op": "failed", "seq": job.seq, "errno": code, "why": f"{step}: {error}"})
             return
-        self.running(job.seq, pid)
+        self.running(job.seq, pid, quiet=job.quiet)
 
     def started(self, read_end: int) -> None:
         """The start pipe of a child is readable: its failure, or (EOF alone) its exec."""
-        seq, pid, error = self.starting[read_end]
+        seq, pid, error, quiet = self.starting[read_end]
         chunk = os.read(read_end, 512)
         if chunk:
             error += chunk
@@ -356,15 +369,17 @@ class Helper:
         os.close(read_end)
         if error:
             os.waitpid(pid, 0)  # it exits right after saying why
+            self.pids.discard(pid)
+            self.by_seq.pop(seq, None)
             step, _, rest = error.decode("utf-8", "replace").partition(":")
             code, _, why = rest.partition(":")
             self.send(
                 {"op": "failed", "seq": seq, "errno": int(code or 0), "why": f"{step}: {why}"}
             )
             return
-        self.running(seq, pid)
+        self.running(seq, pid, quiet=quiet)
 
-    def running(self, seq: int, pid: int) -> None:
+    def running(self, seq: int, pid: int, *, quiet: bool) -> None:
         """A child has exec'd: watch for its exit, and answer its request."""
         pidfd = os.pidfd_open(pid)
         self.children[pidfd] = pid
@@ -374,15 +389,26 @@ class Helper:
         # child's copy of our memory has it, and a vfork child's exec charges it the
         # high-water mark of the address space it leaves (ours) all the same.
         floor_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if quiet:
+            self.quiet[pid] = (seq, floor_kib)
+            self.by_seq[seq] = pid
+            return
         self.send({"op": "spawned", "seq": seq, "pid": pid, "floor_kib": floor_kib})
 
     def signal(self, request: dict[str, object]) -> None:
-        pid, signum = request["pid"], request["signum"]
+        seq = request.get("seq")
+        pid = self.by_seq.get(seq, 0) if isinstance(seq, int) else request.get("pid")
+        signum = request["signum"]
         if not isinstance(pid, int) or not isinstance(signum, int) or pid not in self.pids:
             return  # reaped already (or never ours): its number may be someone else's now
         try:
             if request.get("group"):
-                os.killpg(pid, signum)
+                try:
+                    os.killpg(pid, signum)
+                except ProcessLookupError:
+                    # No such group yet: a quiet request's child signalled before its
+                    # ``setsid`` (the fork path), alone in ours still, so itself.
+                    os.kill(pid, signum)
             else:
                 os.kill(pid, signum)
         except (ProcessLookupError, PermissionError):
@@ -394,7 +420,17 @@ class Helper:
         os.close(pidfd)
         _, status, usage = os.wait4(pid, 0)
         self.pids.discard(pid)
-        self.send({"op": "exit", "pid": pid, "status": status, "rusage": list(usage)})
+        message: dict[str, object] = {
+            "op": "exit",
+            "pid": pid,
+            "status": status,
+            "rusage": list(usage),
+        }
+        quiet = self.quiet.pop(pid, None)
+        if quiet is not None:
+            message["seq"], message["floor_kib"] = quiet
+            del self.by_seq[quiet[0]]
+        self.send(message)
 
 
 def _receive(sock: socket.socket) -> tuple[bytes, list[int]]:

@@ -50,11 +50,8 @@ class SpawnRequest:
     """cgroup v1 ``tasks`` files the child writes ``0`` to (None: ``cgroup_fds``, v2)."""
 
 
-class SpawnedProcess(Protocol):
-    """A started process, whichever spawner started it."""
-
-    @property
-    def pid(self) -> int: ...
+class StartedProcess(Protocol):
+    """A process asked for, whose start may not be confirmed yet (``ProcessSpawner.start``)."""
 
     @property
     def floor_kib(self) -> int:
@@ -62,7 +59,8 @@ class SpawnedProcess(Protocol):
         ...
 
     async def wait(self) -> tuple[int, resource.struct_rusage | None]:
-        """(wait status, rusage) once it has exited; any number of times."""
+        """(wait status, rusage) once it has exited; any number of times. For a start
+        that failed, its error (``OSError`` or ``JailError``), each time."""
         ...
 
     def send_signal(self, signum: int, *, group: bool) -> None:
@@ -70,12 +68,26 @@ class SpawnedProcess(Protocol):
         ...
 
 
+class SpawnedProcess(StartedProcess, Protocol):
+    """A started process, whichever spawner started it."""
+
+    @property
+    def pid(self) -> int: ...
+
+
 class ProcessSpawner(Protocol):
     """What the jail starts processes with (``SpawnHelper``; tests may bring their own)."""
 
-    async def spawn(self, request: SpawnRequest) -> SpawnedProcess: ...
+    async def spawn(self, request: SpawnRequest) -> SpawnedProcess:
+        """Start ``request`` and wait until it runs (its pid is known)."""
+        ...
+
+    def start(self, request: SpawnRequest) -> StartedProcess:
+        """Ask for ``request`` to start and return at once: for a job the caller only
+        waits for and signals, a wake-up less than ``spawn`` (no pid comes back)."""
+        ...
 
     def close(self) -> None: ...
 
 
-__all__ = ["ProcessSpawner", "SpawnRequest", "SpawnedProcess"]
+__all__ = ["ProcessSpawner", "SpawnRequest", "SpawnedProcess", "StartedProcess"]

@@ -90,7 +90,7 @@ class JobWorkspaces:
             finally:
                 dirs = made[0] if made else None
                 if dirs is not None:
-                    self._active[dirs.job_dir.parent] += 1
+                    self._active[dirs.base] += 1
             yield workspace
         finally:
             # Removal runs after the answer has gone out: it is off the latency path,
@@ -114,7 +114,7 @@ class JobWorkspaces:
             # Done even when the removal failed: a directory still counted here is one
             # the reaper never retries and the idle exit waits on for ever.
             if dirs is not None:
-                self._job_done(dirs.job_dir.parent)
+                self._job_done(dirs.base)
             self._uids.release(uid)
 
     @contextlib.asynccontextmanager

@@ -45,6 +45,9 @@ class JobDirs:
 
     workspace: Path
     job_dir: Path
+    base: Path
+    """``jobs/<id>``, the job directory's parent (kept, not derived: a ``.parent`` per
+    use made a new path, hashed and compared, three times a job)."""
 
 
 @dataclass(slots=True)
@@ -211,7 +214,7 @@ class WorkspaceManager:
         workspace = base / "ws"
         if with_workspace:
             workspace = self.make_workspace(workspace, uid=uid, gid=gid, fixed=False)
-        return JobDirs(workspace=workspace, job_dir=job_dir)
+        return JobDirs(workspace=workspace, job_dir=job_dir, base=base)
 
     def create_job_now(self, *, uid: int, gid: int) -> JobDirs | None:
         """``create_job`` when it needs no waiting, else None (the caller hops to a thread).
@@ -236,7 +239,7 @@ class WorkspaceManager:
             self._give_free(base)
             return None
         os.utime(base)  # the reaper goes by age: a reused one is as new as its job
-        return JobDirs(workspace=workspace, job_dir=base / "job")
+        return JobDirs(workspace=workspace, job_dir=base / "job", base=base)
 
     def _give_free(self, base: Path) -> None:
         with self._free_lock:
@@ -244,7 +247,7 @@ class WorkspaceManager:
 
     def remove_job(self, dirs: JobDirs) -> None:
         """Remove a fresh job's workspace; empty its ``jobs/<id>`` for the next job."""
-        base = dirs.job_dir.parent
+        base = dirs.base
         with contextlib.suppress(FileNotFoundError):
             if self.images is not None and self.images.owns(dirs.workspace):
                 self.remove_workspace(dirs.workspace, reuse=True)
@@ -260,11 +263,10 @@ class WorkspaceManager:
         no thread at all: two hops cost the event loop and the workers ~0.8 CPU-ms a
         job at 16 clients (the GIL passed back and forth on every system call)."""
         images = self.images
-        if images is None or dirs.workspace.parent.parent != images.directory:
+        # ``give_small`` refuses (False) a workspace that is no image's ``ws``.
+        if images is None or not images.give_small(dirs.workspace):
             return False
-        if not images.give_small(dirs.workspace):
-            return False
-        base = dirs.job_dir.parent
+        base = dirs.base
         with contextlib.suppress(FileNotFoundError):
             if not self._recycle(base):
                 shutil.rmtree(base)
