@@ -29,6 +29,7 @@ VENDOR_HOMES = {
         "registry/redis_db.py",
         "registry/redis_e2b.py",
         "registry/redis_idempotency.py",
+        "registry/redis_index.py",
         "registry/redis_slots.py",
         "providers/ratelimit_redis.py",
     },

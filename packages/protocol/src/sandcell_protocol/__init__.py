@@ -46,6 +46,7 @@ from .derivations import (
     validate_user_id,
     validate_workspace_path,
 )
+from .digits import is_ascii_digits
 from .egress import EgressEvent, EgressPolicy, EgressStatus
 from .errors import (
     ERROR_SEMANTICS,
@@ -181,6 +182,7 @@ __all__ = [
     "encode_event",
     "error_body",
     "escape_name",
+    "is_ascii_digits",
     "headers",
     "input_cache_key",
     "is_escaped_name",

@@ -35,6 +35,7 @@ import msgspec
 
 from .addresses import IPAddress, IPNetwork
 from .base import Message, NonNegativeInt
+from .digits import is_ascii_digits
 
 __all__ = [
     "EGRESS_MESSAGES",
@@ -172,7 +173,7 @@ def parse_rule(text: str) -> EgressRule:
 
 def _looks_numeric(host: str) -> bool:
     """A dotted run of digits is an address (even a malformed one), never a name."""
-    return bool(host) and all(part.isdigit() for part in host.split("."))
+    return bool(host) and all(is_ascii_digits(part) for part in host.split("."))
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from sandcell_protocol.digits import is_ascii_digits
+
 from ..errors import SandcellError
 from ..handle import SandboxHandle
 from ..runner.port_forward import (
@@ -49,7 +51,7 @@ _ROUTING_HEADERS = frozenset(
 
 def user_port(raw: str | None) -> int | None:
     """The port a header names, if it is one (1..65535, digits only)."""
-    if raw is None or not raw.isdigit() or len(raw) > 5:
+    if raw is None or not is_ascii_digits(raw, max_length=5):
         return None
     port = int(raw)
     return port if 1 <= port <= 65535 else None

@@ -17,6 +17,8 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from sandcell_protocol.digits import is_ascii_digits
+
 from ..runner.port_forward import HOP_BY_HOP
 from .vm import TERMINAL, EmulatedVm, EmulatorClock, Faults, MicrovmFleet, VmState
 
@@ -93,7 +95,9 @@ class VmProxy:
         if value is None:
             return _refuse(401, "missing X-aws-proxy-auth")
         port = request.headers.get("x-aws-proxy-port", str(_DEFAULT_PORT))
-        problem = self.tokens.refusal(vm, value, port=int(port) if port.isdigit() else -1)
+        problem = self.tokens.refusal(
+            vm, value, port=int(port) if is_ascii_digits(port, max_length=5) else -1
+        )
         if problem is not None:
             return _refuse(403, problem)
         if vm.state in TERMINAL:

@@ -31,6 +31,7 @@ from sandcell_protocol import (
     error_body,
 )
 from sandcell_protocol import ProtocolMismatchError as PeerProtocolMismatchError
+from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import (
     CheckpointError,
@@ -255,7 +256,7 @@ async def read_body(request: Request, *, max_bytes: int = MAX_BODY_BYTES) -> byt
     that lies about (or omits) its length is cut off as it streams.
     """
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if is_ascii_digits(declared) and int(declared) > max_bytes:
         raise PayloadTooLargeError
     chunks: list[bytes] = []
     size = 0

@@ -18,6 +18,8 @@ Arguments: ``<report fd> <working directory> <argv…>``.
 
 from __future__ import annotations
 
+from sandcell_protocol.digits import is_ascii_digits
+
 INIT_SOURCE = """\
 import os, signal, sys
 report, cwd, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
@@ -78,7 +80,7 @@ os._exit(code)
 def parse_report(text: str) -> tuple[int | None, int | None] | None:
     """(exit code, signal number) from the init's report; None when it wrote none."""
     kind, _, value = text.strip().partition(" ")
-    if not value.isdigit():
+    if not is_ascii_digits(value, max_length=10):
         return None
     if kind == "exit":
         return int(value), None

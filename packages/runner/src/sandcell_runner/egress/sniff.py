@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sandcell_protocol.digits import is_ascii_digits
+
 _HOST_RE = re.compile(rb"^[A-Za-z0-9.-]{1,253}$")
 MAX_HEAD_BYTES = 16 * 1024
 
@@ -101,7 +103,7 @@ def split_host_port(authority: str, default_port: int) -> tuple[str, int] | None
         return None
     if not port_text:
         return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not is_ascii_digits(port_text, max_length=5) or not 0 < int(port_text) < 65536:
         return None
     return host, int(port_text)
 

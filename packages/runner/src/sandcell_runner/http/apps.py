@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import app_messages as am
 from sandcell_protocol import encode, redact_message, redact_secrets, routes
+from sandcell_protocol.digits import is_ascii_digits
 
 from ..apps import logfilter
 from ..apps.runtime_errors import from_browser
@@ -146,7 +147,7 @@ def _int_param(request: Request, name: str, *, default: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or int(raw) > _MAX_LOG_LINES:
+    if not is_ascii_digits(raw, max_length=9) or int(raw) > _MAX_LOG_LINES:
         raise BadRequestError(f"{name} must be an integer 0..{_MAX_LOG_LINES}")
     return int(raw)
 

@@ -30,6 +30,7 @@ from sandcell_protocol import (
     routes,
 )
 from sandcell_protocol import ProtocolMismatchError as WireMismatch
+from sandcell_protocol.digits import is_ascii_digits
 
 from ..apps.manager import SessionApp
 from ..errors import (
@@ -113,7 +114,7 @@ class RouteGroup:
         """The request body, refused with 413 as soon as it passes the cap."""
         cap = max_bytes or self.settings.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cap:
+        if declared is not None and is_ascii_digits(declared) and int(declared) > cap:
             raise PayloadTooLargeError(f"body larger than {cap} bytes")
         chunks: list[bytes] = []
         size = 0

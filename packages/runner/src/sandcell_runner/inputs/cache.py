@@ -40,6 +40,7 @@ from sandcell_protocol import (
     is_input_cache_key,
     validate_input_ref,
 )
+from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import BadRequestError, ConfigError, InputMissingError, PayloadTooLargeError
 from .upload import TEMP_PREFIX, StagedObject, StagingFile, receive_upload
@@ -371,7 +372,7 @@ class InputCache:
         length = response.headers.get("content-length")
         if length is None:
             return None
-        if not length.isdigit():
+        if not is_ascii_digits(length):
             raise InputMissingError(f"{_describe(ref)}: file server sent a bad Content-Length")
         if int(length) > self._max_object_bytes:
             raise PayloadTooLargeError(

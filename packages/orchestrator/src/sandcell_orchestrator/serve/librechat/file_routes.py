@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sandcell_protocol import ProtocolError, validate_user_id
+from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of
 from .auth import Caller, LibreChatAuth
@@ -53,7 +54,7 @@ class FileRoutes:
     async def _upload(self, request: Request, *, batch: bool) -> Response:
         caller = self.auth.caller(request)
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.settings.max_upload_bytes:
+        if is_ascii_digits(declared) and int(declared) > self.settings.max_upload_bytes:
             raise PayloadTooLargeError
         limit = MAX_BATCH_FILES if batch else 1
         async with form_of(request, max_files=limit, max_fields=16) as form:
@@ -65,7 +66,7 @@ class FileRoutes:
                 raise ProtocolError("upload: kind must be user, agent or skill")
             resource_id = _text(form.get("id"))
             version = _text(form.get("version"))
-            if version is not None and not version.isdigit():
+            if version is not None and not is_ascii_digits(version):
                 raise ProtocolError("upload: version must be a whole number")
             read_only = (_text(form.get("read_only")) or "").lower() in ("true", "1")
             user = caller.token_user or request.headers.get("user-id") or None
