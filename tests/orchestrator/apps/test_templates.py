@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -158,3 +161,42 @@ def test_settings_read_from_the_environment(tmp_path: Path) -> None:
 def test_bad_settings_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):
         AppSettings.from_env({name: value})
+
+
+async def test_a_cancelled_clone_does_not_run_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a timed-out clone was killed: a load cancelled meanwhile (an instance
+    create whose caller went) left git cloning on into the scratch directory that
+    the load's ``finally`` removed. Here ``git`` is a stand-in that never ends."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pid_file = tmp_path / "git.pid"
+    fake = bin_dir / "git"
+    fake.write_text(
+        f"#!/bin/sh\necho $$ > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nexec sleep 600\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    registry = TemplateRegistry({"slow": "git+https://example.invalid/slow.git"})
+    load = asyncio.create_task(registry.load("slow"))
+    async with asyncio.timeout(60):
+        while not pid_file.exists():
+            await asyncio.sleep(0.01)
+    pid = int(pid_file.read_text())
+    try:
+        load.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await load
+        assert not _alive(pid), "the clone ran on after its load was cancelled"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import subprocess
@@ -26,6 +27,7 @@ from sandcell_orchestrator.registry import InProcessRegistry
 from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
 from sandcell_protocol import ExecuteRequest, Limits, RunStatus, checkpoint_key, runtime_session_id
+from tests.fixtures.cancelling import cancel_twice
 
 from .conftest import RUN_ID, RUN_LABEL, Engine, MakeProvider
 
@@ -258,6 +260,37 @@ async def test_a_cancelled_create_leaves_no_container(
         await provider.create(labelled)
         pytest.fail("create finished before the cancellation; nothing was tested")
     assert await engine.containers(**{UUID_LABEL: sandbox_uuid}) == []
+
+
+async def test_a_create_cancelled_again_while_it_removes_its_container_removes_it(
+    engine: Engine, provider: DockerProvider, spec: SandboxSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while waiting for /health, the create removes its container: under an
+    anyio shield only, a second native cancellation stopped the removal and left the
+    container running. The removal is held here until the second cancellation came."""
+    sandbox_uuid = uuid.uuid4().hex
+    labelled = _with(spec, **{UUID_LABEL: sandbox_uuid})
+    waiting, removing, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    real_remove = provider._engine.remove_container
+
+    async def never_ready(*_: Any, **__: Any) -> None:
+        waiting.set()
+        await asyncio.Event().wait()
+
+    async def held_remove(container_id: str) -> bool:
+        removing.set()
+        await go_on.wait()
+        return await real_remove(container_id)
+
+    monkeypatch.setattr(provider, "_wait_ready", never_ready)
+    monkeypatch.setattr(provider._engine, "remove_container", held_remove)
+    create = asyncio.create_task(provider.create(labelled))
+    try:
+        await cancel_twice(create, first=waiting, cleaning=removing, go_on=go_on)
+        left = await engine.containers(**{UUID_LABEL: sandbox_uuid})
+    finally:
+        go_on.set()
+    assert left == [], "the container was left"
 
 
 async def test_missing_image_is_a_config_error(provider: DockerProvider, spec: SandboxSpec) -> None:

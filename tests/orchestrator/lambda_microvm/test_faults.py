@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
 import pytest
 
 from sandcell_orchestrator.emulator import Faults, MicrovmEmulator, VmState
@@ -10,6 +18,7 @@ from sandcell_orchestrator.handle import SandboxHandle
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.lambda_microvm import LambdaMicrovmProvider
 from sandcell_protocol import ExecuteRequest
+from tests.fixtures.cancelling import cancel_twice
 
 from .conftest import ProviderFactory
 
@@ -171,3 +180,70 @@ async def test_the_tps_budget_spaces_control_plane_calls(
     # Three RunMicrovm at 2/s with a burst of 2: the third waits ~0.5 s.
     assert emulator.clock() - started >= 0.45
     assert not any(call.throttled for call in emulator.calls)
+
+
+async def test_a_launch_cancelled_again_while_it_terminates_its_vm_terminates_it(
+    provider: LambdaMicrovmProvider, emulator: MicrovmEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its VM boots, the launch terminates it: under an anyio shield
+    only, a second native cancellation stopped the TerminateMicrovm and the VM ran on
+    until its idle policy ended it. The terminate is held until the second one came;
+    the emulator's spawn of the VM's runner until the terminate is over (a runner
+    spawned after it used to run on, orphaned)."""
+    booting, terminating, go_on = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    terminated, booted = threading.Event(), threading.Event()
+    real_terminate = provider._api.terminate
+    real_spawn = emulator.fleet._spawn
+    real_boot = emulator.fleet._boot
+
+    async def never_attached(*_: Any, **__: Any) -> SandboxHandle:
+        booting.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never attached")
+
+    async def held_terminate(vm_id: str) -> None:
+        terminating.set()
+        await go_on.wait()
+        await real_terminate(vm_id)
+        terminated.set()
+
+    def held_spawn(vm: Any) -> Any:
+        terminated.wait(60)
+        return real_spawn(vm)
+
+    async def watched_boot(*args: Any) -> None:
+        try:
+            await real_boot(*args)
+        finally:
+            booted.set()
+
+    monkeypatch.setattr(provider, "_attach", never_attached)
+    monkeypatch.setattr(provider._api, "terminate", held_terminate)
+    monkeypatch.setattr(emulator.fleet, "_spawn", held_spawn)
+    monkeypatch.setattr(emulator.fleet, "_boot", watched_boot)
+    create = asyncio.create_task(provider.create(SandboxSpec()))
+    try:
+        await cancel_twice(create, first=booting, cleaning=terminating, go_on=go_on)
+    finally:
+        go_on.set()
+        terminated.set()
+    assert len(operations(emulator, "RunMicrovm")) == 1
+    assert [vm.state for vm in emulator.fleet.vms.values()] == [VmState.TERMINATED]
+    assert await asyncio.to_thread(booted.wait, 60)
+    (vm,) = emulator.fleet.vms.values()
+    left = _runners_in(vm.root)
+    for pid in left:
+        os.killpg(pid, signal.SIGKILL)  # the test's own, whatever it asserts
+    assert left == [], "the runner spawned after the terminate ran on"
+
+
+def _runners_in(root: Path) -> list[int]:
+    found = []
+    for process in psutil.process_iter(["pid", "environ"]):
+        try:
+            workspace = (process.info["environ"] or {}).get("SANDCELL_WORKSPACE_ROOT", "")
+            if workspace.startswith(f"{root}/") and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process.info["pid"])
+        except psutil.Error:
+            continue
+    return found

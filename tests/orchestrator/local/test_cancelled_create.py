@@ -11,6 +11,9 @@ fork, is held up here, in its thread, until the cancellation has been sent.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,11 +21,12 @@ from typing import Any
 import psutil
 import pytest
 
-from sandcell_orchestrator.providers import local
+from sandcell_orchestrator.providers import local, local_reaping
 from sandcell_orchestrator.providers.base import SESSION_LABEL, SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.providers.local_state import LocalRunner
 from sandcell_orchestrator.providers.local_zygote import RunnerZygote
+from tests.fixtures.cancelling import cancel_twice
 from tests.fixtures.paths import traversable_dir
 
 from .test_zygote import _forked
@@ -133,4 +137,43 @@ async def test_a_create_cancelled_while_the_zygote_forks_leaves_no_runner_and_no
             assert alive == []
         finally:
             release.set()
+            await provider.close()
+
+
+async def test_a_create_cancelled_again_while_it_discards_its_runner_still_discards_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Cancelled while its runner was starting, the launch discards it: under an anyio
+    shield, which a second native cancellation (a stream's generator and the turn it
+    awaits, both cancelled by a gone client) passes, and the runner ran on, its root
+    left. The discard's stop is held here until the second cancellation has come."""
+    starting = asyncio.Event()
+    stopping = asyncio.Event()
+    go_on = asyncio.Event()
+    real_stop = local_reaping.stop_runner
+
+    async def never_ready(*_: Any, **__: Any) -> None:
+        starting.set()
+        await asyncio.Event().wait()
+
+    async def held_stop(runner: LocalRunner, *, python: str) -> bool:
+        stopping.set()
+        await go_on.wait()
+        return await real_stop(runner, python=python)
+
+    monkeypatch.setattr(local, "wait_ready_unless_exited", never_ready)
+    monkeypatch.setattr(local_reaping, "stop_runner", held_stop)
+    with traversable_dir("cancel-") as root:
+        runtime = root / "rt"
+        provider = LocalProvider(LocalSettings(runtime_dir=runtime, zygote=False))
+        try:
+            create = asyncio.create_task(provider.create(SandboxSpec()))
+            await cancel_twice(create, first=starting, cleaning=stopping, go_on=go_on)
+            assert _runners_under(runtime) == [], "the runner was left running"
+            assert list(runtime.iterdir()) == [], "the root was left"
+        finally:
+            go_on.set()
+            for pid in _runners_under(runtime):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
             await provider.close()

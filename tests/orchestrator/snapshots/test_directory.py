@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import os
 import stat
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from sandcell_orchestrator.errors import CheckpointError
-from sandcell_orchestrator.snapshots import DirectorySnapshotStore, SnapshotNotFoundError
+from sandcell_orchestrator.snapshots import DirectorySnapshotStore, SnapshotNotFoundError, directory
 from sandcell_orchestrator.snapshots.directory import SHA256_XATTR
 from tests.orchestrator.snapshots import (
     MIB,
@@ -139,3 +142,74 @@ async def test_a_directory_under_a_key_is_not_a_snapshot(store: DirectorySnapsho
     assert await store.exists(key) is False
     with pytest.raises(CheckpointError, match="not a regular file"):
         await read_all(store, key, max_bytes=CAP)
+
+
+class _Held:
+    """A blocking call held in its thread until ``release``; then the real one."""
+
+    def __init__(self, real: Callable[..., Any]) -> None:
+        self._real = real
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.running = False
+        self.finished = threading.Event()
+
+    def __call__(self, *args: Any) -> Any:
+        self.running = True
+        self.entered.set()
+        self.release.wait(60)
+        try:
+            return self._real(*args)
+        finally:
+            self.running = False
+            self.finished.set()
+
+
+async def _cancel_natively_while(held: _Held, put: asyncio.Task[Any]) -> None:
+    """``put.cancel()`` (as the checkpoint budget's asyncio.timeout does) while ``held``
+    runs in its thread; then let the thread end and wait for both."""
+    await asyncio.to_thread(held.entered.wait, 60)
+    put.cancel()
+    for _ in range(10):  # the cancellation reaches the put, and its cleanup runs
+        await asyncio.sleep(0)
+    held.release.set()
+    await asyncio.to_thread(held.finished.wait, 60)
+    with pytest.raises(asyncio.CancelledError):
+        await put
+
+
+async def test_a_put_cancelled_natively_while_its_temp_file_is_made_leaves_none(
+    store: DirectorySnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A native cancellation passes anyio's thread wait: the temp file the thread made
+    after it was never removed (a hidden name that nothing lists or collects)."""
+    held = _Held(directory._TempWriter.create)
+    monkeypatch.setattr(directory._TempWriter, "create", held)
+    put = asyncio.create_task(store.put(new_key(), stream_of(b"data"), max_bytes=CAP))
+    await _cancel_natively_while(held, put)
+    assert [p.name for p in store.root.rglob("*") if p.is_file()] == []
+
+
+async def test_a_put_cancelled_natively_while_it_writes_closes_its_file_after_the_write(
+    store: DirectorySnapshotStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancelled put's discard closed the file while the write still ran in its
+    thread (a descriptor closed under it, whose number the next open may get)."""
+    held = _Held(directory._TempWriter.write)
+
+    def write(writer: Any, chunks: list[bytes]) -> None:
+        held(writer, chunks)
+
+    monkeypatch.setattr(directory._TempWriter, "write", write)
+    closed_under_a_write: list[bool] = []
+    real_discard = directory._TempWriter.discard
+
+    def discard(writer: Any) -> None:
+        closed_under_a_write.append(held.running)
+        real_discard(writer)
+
+    monkeypatch.setattr(directory._TempWriter, "discard", discard)
+    put = asyncio.create_task(store.put(new_key(), stream_of(payload(MIB)), max_bytes=CAP))
+    await _cancel_natively_while(held, put)
+    assert closed_under_a_write == [False]
+    assert [p.name for p in store.root.rglob("*") if p.is_file()] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -10,7 +11,9 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import psutil
@@ -344,3 +347,58 @@ def test_the_extractor_loads_only_what_an_extraction_needs() -> None:
     }
     heavy = ("starlette", "uvicorn", "anyio", "asyncio", "httpx", "subprocess", "argparse")
     assert not [name for name in loaded if name.split(".")[0] in heavy]
+
+
+async def test_a_restore_cancelled_while_staging_is_opened_closes_it(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staging directory is opened in a thread: natively cancelled there (a task's
+    ``cancel()`` passes anyio's thread wait), the descriptor the thread opened after
+    was never closed. The open is held until the cancellation has reached the call."""
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+    opened: list[int] = []
+    real_open = os.open
+
+    def held_open(path: Any, flags: int, *args: Any) -> int:
+        if str(path) != str(arena.staging):
+            return real_open(path, flags, *args)
+        entered.set()
+        release.wait(60)
+        try:
+            opened.append(real_open(path, flags, *args))
+            return opened[-1]
+        finally:
+            finished.set()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield small_archive("gzip")
+
+    monkeypatch.setattr(os, "open", held_open)
+    restore = asyncio.create_task(
+        restore_checkpoint(
+            body(),
+            arena.staging,
+            uid=UID,
+            gid=GID,
+            encoding="gzip",
+            limits=ArchiveLimits(),
+            expected_sha256=None,
+        )
+    )
+    await asyncio.to_thread(entered.wait, 60)
+    restore.cancel()
+    for _ in range(10):  # the cancellation reaches the restore
+        await asyncio.sleep(0)
+    release.set()
+    await asyncio.to_thread(finished.wait, 60)
+    with pytest.raises(asyncio.CancelledError):
+        await restore
+    monkeypatch.undo()
+    assert len(opened) == 1
+    try:
+        target = os.readlink(f"/proc/self/fd/{opened[0]}")
+    except FileNotFoundError:
+        target = None
+    if target == str(arena.staging):
+        os.close(opened[0])
+    assert target != str(arena.staging), "the staging descriptor was left open"

@@ -43,6 +43,7 @@ import msgspec
 from sandcell_protocol import ProtocolError, validate_workspace_path
 
 from ..errors import ConfigError, SandcellError
+from ..to_the_end import to_the_end
 
 __all__ = [
     "MANIFEST_NAME",
@@ -210,11 +211,15 @@ async def _clone(url: str, ref: str | None, dest: Path) -> None:
     try:
         async with asyncio.timeout(_CLONE_TIMEOUT_S):
             _, stderr = await process.communicate()
-    except TimeoutError:
+    except BaseException as exc:
+        # Timed out, or the caller was cancelled: a cancelled load left git cloning
+        # on into the scratch directory its ``finally`` was removing.
         with contextlib.suppress(ProcessLookupError):
             process.kill()
-        await process.wait()
-        raise TemplateError(f"cloning the template took over {_CLONE_TIMEOUT_S:g}s") from None
+        await to_the_end(process.wait())
+        if isinstance(exc, TimeoutError):
+            raise TemplateError(f"cloning the template took over {_CLONE_TIMEOUT_S:g}s") from None
+        raise
     if process.returncode != 0:
         detail = stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise TemplateError(f"cloning the template failed: {detail[0][:300]}")

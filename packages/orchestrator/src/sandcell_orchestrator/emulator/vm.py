@@ -292,7 +292,16 @@ class MicrovmFleet:
             if launch_number in self.faults.runner_exits_on_launch:
                 await self.terminate(vm, reason="Runtime.ExitError: the application exited")
                 return
-            vm.process = await anyio.to_thread.run_sync(self._spawn, vm)
+            process = await anyio.to_thread.run_sync(self._spawn, vm)
+            if vm.state in TERMINAL:
+                # Terminated while the spawn ran in its thread: ``terminate`` found no
+                # process to kill, and the runner went on as an orphan (a ResourceWarning
+                # in whichever test then collected its Popen).
+                await anyio.to_thread.run_sync(_kill, process)
+                await anyio.to_thread.run_sync(reap_runner_cgroups, self.runner_command[0], vm.root)
+                await anyio.to_thread.run_sync(remove_runner_root, vm.root)
+                return
+            vm.process = process
             if vm.state is VmState.SUSPENDED:
                 _signal_tree(vm.process, signal.SIGSTOP)
         except Exception:

@@ -46,6 +46,7 @@ from ..errors import (
 )
 from ..handle import SandboxHandle
 from ..runner.client import RunnerClient
+from ..to_the_end import to_the_end
 from .base import (
     SESSION_LABEL,
     SandboxCapabilities,
@@ -112,10 +113,9 @@ class DockerProvider:
                 handle = self._handle(await self._running(container_id, token=token))
                 await self._wait_ready(handle, container_id, token=token)
             except BaseException as exc:
-                with anyio.CancelScope(shield=True):
-                    if handle is not None:
-                        await handle.close()
-                    await self._remove_quietly(container_id)
+                # To its end: under an anyio shield only, a second native cancellation
+                # stopped the removal and the container ran on with no one to remove it.
+                await to_the_end(self._discard(handle, container_id))
                 if not isinstance(exc, _PortConflictError):
                     raise
                 log.info("docker: port conflict starting a runner (attempt %d)", attempt + 1)
@@ -329,13 +329,19 @@ class DockerProvider:
         text = await self._engine.container_logs(container_id)
         return text.replace(token, "[redacted]")[-_LOG_TAIL_CHARS:]
 
+    async def _discard(self, handle: SandboxHandle | None, container_id: str) -> None:
+        """A container we made and failed to start: its client closed, the container removed."""
+        if handle is not None:
+            await handle.close()
+        await self._remove_quietly(container_id)
+
     async def _remove_quietly(self, container_id: str) -> None:
-        """Best-effort removal of a container we made; never raises, survives cancellation."""
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._engine.remove_container(container_id)
-            except (EngineAPIError, SandboxUnavailableError) as exc:
-                log.warning("docker: could not remove container %s: %s", container_id[:12], exc)
+        """Best-effort removal of a container we made; never raises (the caller runs it
+        ``to_the_end`` when cancellation must not stop it)."""
+        try:
+            await self._engine.remove_container(container_id)
+        except (EngineAPIError, SandboxUnavailableError) as exc:
+            log.warning("docker: could not remove container %s: %s", container_id[:12], exc)
 
     def _handle(self, container: RunnerContainer) -> SandboxHandle:
         return SandboxHandle(

@@ -30,6 +30,7 @@ from ..errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError
 from ..extras import needs_extra
 from ..handle import SandboxHandle
 from ..runner.client import RunnerClient
+from ..to_the_end import to_the_end
 from .base import (
     SandboxCapabilities,
     SandboxSpec,
@@ -240,9 +241,12 @@ class LambdaMicrovmProvider:
                 f"{vm_id}{_ID_SEPARATOR}{nonce}", first, runner_token, deadline=deadline
             )
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._terminate_quietly(vm_id)
-            self._tokens.pop(vm_id, None)
+            # To its end: under an anyio shield only, a second native cancellation left
+            # the MicroVM running (and billed) until its idle policy ended it.
+            try:
+                await to_the_end(self._terminate_quietly(vm_id))
+            finally:
+                self._tokens.pop(vm_id, None)
             raise
 
     async def _attach(

@@ -42,6 +42,7 @@ import anyio
 from ..errors import SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
 from ..runner.client import RunnerClient
+from ..to_the_end import to_the_end
 from .base import (
     SESSION_LABEL,
     SandboxCapabilities,
@@ -123,12 +124,12 @@ class LocalProvider:
             await _write_state_to_the_end(runner)
         except SandboxUnavailableError:
             said = runner_log_tail(runner.root)
-            with anyio.CancelScope(shield=True):
-                await discard_launch(runner, process, python=self._settings.python)
+            await to_the_end(discard_launch(runner, process, python=self._settings.python))
             raise SandboxUnavailableError(f"local runner did not become ready: {said}") from None
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await discard_launch(runner, process, python=self._settings.python)
+            # To its end: an anyio shield lets a second native cancellation through,
+            # which left the runner running and its root on disk.
+            await to_the_end(discard_launch(runner, process, python=self._settings.python))
             raise
         if isinstance(process, ForkedRunner):
             process.close()  # the zygote reaps it
@@ -265,8 +266,7 @@ class LocalProvider:
                 await _write_state_to_the_end(runner)
             except BaseException:
                 # Cancelled before its handle reached anyone: nobody else would stop it.
-                with anyio.CancelScope(shield=True):
-                    await self.destroy(runner.sandbox_id)
+                await to_the_end(self.destroy(runner.sandbox_id))
                 raise
         return self._handle(runner, session_id)
 
@@ -348,13 +348,7 @@ async def _write_state_to_the_end(runner: LocalRunner) -> None:
     """``write_state`` in a thread, awaited to its end even when the caller is cancelled
     (the cancellation is passed on after): a thread cannot be stopped, and a write that
     landed after the runner's stop would bring back the state of a stopped runner."""
-    write = asyncio.ensure_future(asyncio.to_thread(write_state, runner))
-    try:
-        await asyncio.shield(write)
-    except asyncio.CancelledError:
-        with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-            await write
-        raise
+    await to_the_end(asyncio.to_thread(write_state, runner))
 
 
 async def _undo_start(
@@ -370,8 +364,7 @@ async def _undo_start(
     if start.cancelled() or start.exception() is not None:
         return
     runner, process = start.result()
-    with anyio.CancelScope(shield=True):
-        await discard_launch(runner, process, python=python)
+    await to_the_end(discard_launch(runner, process, python=python))
 
 
 @contextlib.contextmanager

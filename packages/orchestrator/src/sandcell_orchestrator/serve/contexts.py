@@ -18,7 +18,6 @@ answers exactly as a missing one (404).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -45,6 +44,7 @@ from ..errors import RunnerRequestError, SandboxNotFoundError
 from ..sessions.execution import ExecutionService, Identity
 from .errors import JSON_MEDIA_TYPE, guarded, read_body
 from .idempotency import IDEMPOTENCY_KEY_HEADER, Idempotency, idempotency_key
+from .stream import Turn
 
 __all__ = ["ContextRoutes"]
 
@@ -162,7 +162,11 @@ class ContextRoutes:
         if key is not None:
             raise ProtocolError(f"{IDEMPOTENCY_KEY_HEADER} is not taken with an NDJSON /v1/run")
         queue: asyncio.Queue[cx.ContextEvent | None] = asyncio.Queue()
-        task = asyncio.ensure_future(
+        # A Turn: cancelled only through its anyio scope, whose shields its cleanup
+        # (recycling the sandbox, discarding a launch) keeps. A plain task.cancel() and
+        # then the gone client's cancellation of the generator awaiting it were two
+        # native ones, and the second cut that cleanup short.
+        running = Turn(
             execution.run_code(
                 code,
                 identity,
@@ -172,13 +176,17 @@ class ContextRoutes:
                 egress=call.egress,
             )
         )
-        task.add_done_callback(lambda _: queue.put_nowait(None))
-        first = await queue.get()
+        running.task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            first = await queue.get()
+        except BaseException:
+            await running.finish()
+            raise
         if first is None:
             # Refused before the cell ran (busy, lost, bad input): an HTTP error.
-            task.result()
+            running.task.result()
             raise RuntimeError("a context run ended without events")
-        return StreamingResponse(_stream(first, queue, task), media_type=routes.NDJSON)
+        return StreamingResponse(_stream(first, queue, running), media_type=routes.NDJSON)
 
     async def list_contexts(self, request: Request) -> Response:
         session_id = await self._session(request)
@@ -209,7 +217,7 @@ class ContextRoutes:
 async def _stream(
     first: cx.ContextEvent,
     queue: asyncio.Queue[cx.ContextEvent | None],
-    task: asyncio.Future[cx.ContextRunResult],
+    running: Turn[cx.ContextRunResult],
 ) -> AsyncIterator[bytes]:
     try:
         yield encode(first) + b"\n"
@@ -217,10 +225,7 @@ async def _stream(
             yield encode(event) + b"\n"
         # The end event has gone out; the turn's own failure after it (a lost lock
         # while checkpointing) can only be logged.
-        if task.exception() is not None:
-            log.warning("a context run failed after its end event: %s", task.exception())
+        if running.task.exception() is not None:
+            log.warning("a context run failed after its end event: %s", running.task.exception())
     finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        await running.finish()

@@ -17,14 +17,13 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from ..config import Budgets
 from ..errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SESSION_LABEL, SandboxProvider, SandboxSpec, native_suspend
 from ..registry import Lease, SessionRecord
+from ..to_the_end import to_the_end
 from .egress import EgressTracker
 from .persistence import StoredCheckpoint
 
@@ -219,27 +218,11 @@ class Sandboxes:
     async def shielded(self, cleanup: Coroutine[Any, Any, None]) -> None:
         """Run cleanup to completion even while the caller is being cancelled.
 
-        The task is kept referenced (the loop holds tasks only weakly) and awaited
-        inside a shielded anyio scope, so neither a lost lease (an anyio scope) nor
-        a plain ``task.cancel()`` can stop it half-way.
+        Neither a lost lease (an anyio scope) nor any number of plain
+        ``task.cancel()`` can stop it half-way (``to_the_end``); ``aclose`` waits
+        for those in flight.
         """
-        task = asyncio.ensure_future(cleanup)
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
-        cancelled = False
-        with anyio.CancelScope(shield=True):
-            # A native task.cancel() passes anyio's shield: keep waiting for the
-            # cleanup through any number of them, then pass the cancellation on.
-            while not task.done():
-                try:
-                    await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    if task.cancelled():
-                        raise
-                    cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
-        task.result()
+        await to_the_end(cleanup, keep=self._cleanups)
 
     async def aclose(self) -> None:
         """Wait for cleanups in flight; close every cached client."""

@@ -14,6 +14,7 @@ from typing import Protocol, Self
 import anyio
 
 from ..errors import CheckpointError
+from ..to_the_end import to_the_end
 from .keys import validate_snapshot_key
 
 __all__ = [
@@ -191,7 +192,9 @@ class _VerifiedChunks:
     async def __anext__(self) -> bytes:
         if self._done:
             raise StopAsyncIteration
-        chunk = await anyio.to_thread.run_sync(self._read_and_hash)
+        # To its end: a native cancellation passes anyio's thread wait, and the
+        # consumer's exit then closed the file (the response) under the read.
+        chunk = await to_the_end(anyio.to_thread.run_sync(self._read_and_hash))
         if not chunk:
             self._done = True
             self._verify_end()

@@ -25,6 +25,7 @@ from typing import Self
 import anyio
 
 from ..errors import CheckpointError
+from ..to_the_end import to_the_end
 from .base import (
     Snapshot,
     SnapshotEntry,
@@ -66,7 +67,13 @@ class DirectorySnapshotStore:
         """Store ``stream`` at ``root/key`` atomically; see ``SnapshotStore.put``."""
         path = self._path(key)
         _validate_max_bytes(max_bytes)
-        writer = await anyio.to_thread.run_sync(_TempWriter.create, path, key)
+        # Every hop to its end: a native cancellation (the checkpoint budget's
+        # asyncio.timeout) passes anyio's thread wait, and the discard then closed the
+        # file under a write or commit still running, or a temp file made after the
+        # cancellation stayed for ever (a hidden name nothing lists).
+        writer = await to_the_end(
+            anyio.to_thread.run_sync(_TempWriter.create, path, key), undo=_discard
+        )
         try:
             size = 0
             batch: list[bytes] = []
@@ -78,15 +85,13 @@ class DirectorySnapshotStore:
                 batch_bytes += len(chunk)
                 # Batching keeps thread hops per megabyte, not per (possibly tiny) chunk.
                 if batch_bytes >= _WRITE_BATCH_BYTES:
-                    await anyio.to_thread.run_sync(writer.write, batch)
+                    await to_the_end(anyio.to_thread.run_sync(writer.write, batch))
                     batch, batch_bytes = [], 0
             if batch:
-                await anyio.to_thread.run_sync(writer.write, batch)
-            sha256 = await anyio.to_thread.run_sync(writer.commit)
+                await to_the_end(anyio.to_thread.run_sync(writer.write, batch))
+            sha256 = await to_the_end(anyio.to_thread.run_sync(writer.commit))
         except BaseException:
-            # Shielded so a cancelled put still removes its temp file.
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(writer.discard)
+            await to_the_end(_discard(writer))
             raise
         return SnapshotInfo(key=key, size=size, sha256=sha256)
 
@@ -208,6 +213,10 @@ class _TempWriter:
         self._file.close()
         if not self._committed:
             self._temp.unlink(missing_ok=True)
+
+
+async def _discard(writer: _TempWriter) -> None:
+    await anyio.to_thread.run_sync(writer.discard)
 
 
 def _open_snapshot(path: Path, key: str) -> tuple[FileIO, SnapshotInfo]:

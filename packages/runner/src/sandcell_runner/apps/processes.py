@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
 
+from ..cancelling import to_thread_to_the_end
 from ..config import MIB, RunnerSettings
 from ..env_vars import checked_env
 from ..errors import BadRequestError, NotFoundError, SessionConflictError
@@ -147,7 +149,9 @@ class ProcessManager:
         env = self._env(request, home=workspace_inside)
         relative = await workspace_cwd(request.cwd, target.workspace)
         cwd_inside = f"{workspace_inside}/{relative}" if relative else workspace_inside
-        job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
+        job_dir = await to_thread_to_the_end(
+            self._workspaces.create_session_job_dir, undo=self._workspaces.remove_dir
+        )
         proc = _Process(
             tag=request.tag,
             buffer=LineBuffer(on_line=TraceScanner(f"process:{request.tag}", self._record).feed),
@@ -157,7 +161,7 @@ class ProcessManager:
         try:
             await self._launch(proc, request, target, env, cwd_inside)
         except BaseException:
-            await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
             raise
         self._procs.pop(request.tag, None)
         self._procs[request.tag] = proc
@@ -259,7 +263,7 @@ class ProcessManager:
             if proc.timer is not None:
                 proc.timer.cancel()
             self._finish(proc, outcome, report)
-            await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, proc.job_dir))
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, proc.job_dir))
 
     def _finish(
         self, proc: _Process, outcome: LaunchOutcome | None, report: tuple[int | None, int | None]

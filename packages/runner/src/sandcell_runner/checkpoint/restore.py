@@ -16,6 +16,7 @@ What a restore accepts at the tar level is stated in ``archive_rules``.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -27,6 +28,7 @@ import msgspec
 
 from sandcell_protocol import CheckpointMeta, ProtocolError, decode
 
+from ..cancelling import to_thread_to_the_end
 from ..errors import ArchiveRejectedError
 from . import confine
 from .archive_rules import MAX_META_BYTES
@@ -81,7 +83,11 @@ async def restore_checkpoint(
     if not privileged and uid != os.getuid():
         raise ArchiveRejectedError(f"cannot restore as uid {uid}: the runner is not root")
     try:
-        staging_fd = await anyio.to_thread.run_sync(os.open, staging, _STAGING_FLAGS)
+        # To its end, closed when cancelled: a native cancellation passes anyio's thread
+        # wait, and the descriptor opened after it was never closed.
+        staging_fd = await to_thread_to_the_end(
+            functools.partial(os.open, staging, _STAGING_FLAGS), undo=os.close
+        )
     except OSError as exc:
         raise ArchiveRejectedError(f"staging is not a directory: {exc.strerror}") from exc
     # The child drops privileges itself, after its imports: the interpreter and

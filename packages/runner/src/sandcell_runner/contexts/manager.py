@@ -16,6 +16,7 @@ see half a cell); interrupt, list and delete do not, so a cell stuck in
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
@@ -32,6 +33,7 @@ from sandcell_protocol.contexts import (
 )
 from sandcell_protocol.sandbox_messages import SANDBOX_HOME
 
+from ..cancelling import to_thread_to_the_end
 from ..config import MIB, RunnerSettings
 from ..env_vars import checked_env
 from ..errors import (
@@ -164,19 +166,21 @@ class ContextManager:
         return context.info()
 
     async def _start(self, state: SessionState, context: _Context) -> None:
-        job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
+        job_dir = await to_thread_to_the_end(
+            self._workspaces.create_session_job_dir, undo=self._workspaces.remove_dir
+        )
         driver = DRIVERS[context.language]
         try:
-            await asyncio.to_thread(_write_driver, job_dir, driver)
+            await to_thread_to_the_end(functools.partial(_write_driver, job_dir, driver))
             spec = self._spec(state, context, job_dir)
             interpreter = await Interpreter.start(
                 self._jail, spec, ready_timeout_s=_READY_TIMEOUT_S
             )
         except InterpreterStartError as exc:
-            await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
             raise BadRequestError(str(exc)) from None
         except BaseException:
-            await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
             raise
         context.interpreter = interpreter
         context.job_dir = job_dir
@@ -237,7 +241,7 @@ class ContextManager:
         if interpreter is not None:
             await interpreter.close()
         if job_dir is not None:
-            await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
 
     async def delete(self, state: SessionState, context_id: str) -> None:
         """Stop the interpreter and forget the context."""

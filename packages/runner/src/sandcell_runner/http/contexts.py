@@ -10,7 +10,6 @@ error in both.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -20,6 +19,7 @@ from starlette.routing import BaseRoute, Route
 from sandcell_protocol import contexts as cx
 from sandcell_protocol import encode, routes
 
+from ..cancelling import cancel_and_wait
 from ..errors import BadRequestError
 from .base import RouteGroup, json_response
 
@@ -99,7 +99,7 @@ class ContextRoutes(RouteGroup):
         try:
             await asyncio.wait({task, begun}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            await _cancel(task)
+            await cancel_and_wait(task)
             raise
         finally:
             begun.cancel()
@@ -113,7 +113,7 @@ class ContextRoutes(RouteGroup):
                 events.append(event)
             events.append(task.result())
         finally:
-            await _cancel(task)
+            await cancel_and_wait(task)
         return json_response(cx.gather_events(events))
 
 
@@ -123,15 +123,7 @@ async def _stream(queue: _Events, task: asyncio.Future[cx.ContextEndEvent]) -> A
             yield encode(event) + b"\n"
         yield encode(task.result()) + b"\n"
     finally:
-        await _cancel(task)
-
-
-async def _cancel(task: asyncio.Future[cx.ContextEndEvent]) -> None:
-    """Cancel the run if it still goes (the interpreter is then killed: see ``run``)."""
-    if not task.done():
-        task.cancel()
-    with contextlib.suppress(BaseException):
-        await task
+        await cancel_and_wait(task)
 
 
 __all__ = ["ContextRoutes"]

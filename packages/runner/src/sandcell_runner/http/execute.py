@@ -39,6 +39,7 @@ from sandcell_protocol import (
     speaks_at_least,
 )
 
+from ..cancelling import cancel_and_wait
 from ..egress.manager import EgressManager
 from ..egress.turn import TurnRefusals
 from ..executor import PreparedRequest
@@ -99,9 +100,11 @@ class ExecuteRoutes(RouteGroup):
             if not started.is_set():
                 run.result()  # the refusal, raised as this request's error
         except BaseException:
-            await _cancel(run)
-            if refusals is not None:
-                egress.unwatch(refusals)
+            try:
+                await cancel_and_wait(run)
+            finally:
+                if refusals is not None:
+                    egress.unwatch(refusals)
             raise
         finally:
             begun.cancel()
@@ -145,15 +148,7 @@ async def _events(
     finally:
         if refusals is not None:
             egress.unwatch(refusals)
-        await _cancel(run)
-
-
-async def _cancel(run: asyncio.Future[ExecuteResult]) -> None:
-    """Cancel the run if it is still going and wait for its cleanup (slot, workspace, lock)."""
-    if not run.done():
-        run.cancel()
-    with contextlib.suppress(BaseException):
-        await run
+        await cancel_and_wait(run)
 
 
 def _event(name: str, text: str) -> StdoutEvent | StderrEvent:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..cancelling import to_thread_to_the_end
 from .cgroups import JobCgroup
 from .outcome import decode_status, warnings_only
 from .spawner import SpawnedProcess
@@ -103,9 +105,9 @@ class LaunchedJob:
             os.close(self._log_fd)
             oom_killed = False
             if self._cgroup is not None:
-                stats = await asyncio.shield(asyncio.to_thread(self._cgroup.stats))
-                oom_killed = stats.oom_killed
-                await asyncio.shield(asyncio.to_thread(self._cgroup.destroy))
+                # One hop, to its end: a second cancellation during the stats' read
+                # skipped the destroy, and the cgroup stayed for the runner's life.
+                oom_killed = await to_thread_to_the_end(functools.partial(_settle, self._cgroup))
         log_text = self._log_tail.decode("utf-8", "replace")
         if self._status_of is not None:
             exit_code, signame, failed = self._status_of(log_text, status)
@@ -119,6 +121,14 @@ class LaunchedJob:
             oom_killed=oom_killed,
             jail_log=warnings_only(log_text),
         )
+
+
+def _settle(cgroup: JobCgroup) -> bool:
+    """Whether the job was OOM-killed; the cgroup destroyed."""
+    try:
+        return cgroup.stats().oom_killed
+    finally:
+        cgroup.destroy()
 
 
 __all__ = ["LaunchOutcome", "LaunchedJob", "StatusReader"]

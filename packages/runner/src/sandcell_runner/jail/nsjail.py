@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import heapq
 import os
 import signal
@@ -26,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cancelling import to_thread_to_the_end
 from ..errors import JailError
 from ..languages import JOB_DIR, WORKSPACE_DIR
 from .capture import DRAIN_INTERVAL_S, Capture, OutputCallback, discard, widen
@@ -367,11 +369,16 @@ class Jail:
         self._counter += 1
         cgroup: JobCgroup | None = None
         if self._cgroups.available:
-            cgroup = await asyncio.to_thread(
-                self._cgroups.create,
-                f"{os.getpid()}-{self._counter}",
-                memory_bytes=spec.limits.memory_bytes,
-                pids=spec.limits.pids,
+            # To its end, and removed when cancelled: the cgroup the thread still made
+            # was left behind, since only this call would ever have destroyed it.
+            cgroup = await to_thread_to_the_end(
+                functools.partial(
+                    self._cgroups.create,
+                    f"{os.getpid()}-{self._counter}",
+                    memory_bytes=spec.limits.memory_bytes,
+                    pids=spec.limits.pids,
+                ),
+                undo=JobCgroup.destroy,
             )
         log_r, log_w = os.pipe()
         close_after: list[int] = [log_w]
@@ -389,7 +396,7 @@ class Jail:
         except BaseException:
             os.close(log_r)
             if cgroup is not None:
-                await asyncio.shield(asyncio.to_thread(cgroup.destroy))
+                await to_thread_to_the_end(cgroup.destroy)
             raise
         finally:
             for fd in close_after:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -32,6 +33,7 @@ from pathlib import Path
 from sandcell_protocol import ProtocolError
 from sandcell_protocol import sandbox_messages as sm
 
+from ..cancelling import to_thread_to_the_end
 from ..config import MIB, RunnerSettings
 from ..errors import BadRequestError, InvalidPathError, NotFoundError
 from ..jail.fdio import write_all
@@ -149,7 +151,9 @@ class SandboxProcesses:
         cwd_inside = f"{home}/{relative}" if relative else home
         # A shell's pwd then names /home/user, not the link's target.
         env.setdefault("PWD", cwd_inside)
-        job_dir = await asyncio.to_thread(self._workspaces.create_session_job_dir)
+        job_dir = await to_thread_to_the_end(
+            self._workspaces.create_session_job_dir, undo=self._workspaces.remove_dir
+        )
         pid = self._new_pid()
         proc = _Process(
             pid=pid,
@@ -169,7 +173,7 @@ class SandboxProcesses:
         try:
             await self._launch(proc, request, target, env, cwd_inside, timeout_ms)
         except BaseException:
-            await asyncio.to_thread(self._workspaces.remove_dir, job_dir)
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
             raise
         self._procs[pid] = proc
         log.info("sandbox process %d started", pid)
@@ -346,7 +350,7 @@ class SandboxProcesses:
             proc.publish(None)
             self._procs.pop(proc.pid, None)
             log.info("sandbox process %d ended (%s)", proc.pid, proc.ended.status)
-            await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, proc.job_dir))
+            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, proc.job_dir))
 
     # -- input, signals, terminal --------------------------------------------------------
 

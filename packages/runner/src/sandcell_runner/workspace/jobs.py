@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from ..cancelling import to_thread_to_the_end
 from ..jail.uidpool import UidPool
 from .manager import JobDirs, JobWorkspace, WorkspaceManager
 from .session import SessionManager
@@ -82,7 +84,9 @@ class JobWorkspaces:
                 if ready is not None:
                     workspace = create(ready)
                 else:
-                    workspace = await asyncio.to_thread(create)
+                    # To its end: cancelled in the thread, the workspace it still made
+                    # was left, its UID back in the pool while files it owns were written.
+                    workspace = await to_thread_to_the_end(create)
             finally:
                 dirs = made[0] if made else None
                 if dirs is not None:
@@ -148,10 +152,14 @@ class JobWorkspaces:
                 return workspace
 
             try:
-                workspace = await asyncio.to_thread(create)
+                # To its end: cancelled in the thread, the job directory it still made
+                # was left, and the session lock went while it wrote the entry file.
+                workspace = await to_thread_to_the_end(create)
             except BaseException:
                 for job_dir in made:
-                    await asyncio.shield(asyncio.to_thread(self._workspaces.remove_dir, job_dir))
+                    await to_thread_to_the_end(
+                        functools.partial(self._workspaces.remove_dir, job_dir)
+                    )
                 raise
             job_dir = made[0]
             self._active[job_dir] += 1
@@ -159,6 +167,6 @@ class JobWorkspaces:
                 yield workspace
             finally:
                 try:
-                    await asyncio.shield(asyncio.to_thread(remove, job_dir))
+                    await to_thread_to_the_end(functools.partial(remove, job_dir))
                 finally:
                     self._job_done(job_dir)  # as in ``_remove_fresh``: a failed removal too

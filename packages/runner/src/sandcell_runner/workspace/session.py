@@ -28,6 +28,7 @@ from sandcell_protocol import (
     is_runtime_session_id,
 )
 
+from ..cancelling import to_thread_to_the_end
 from ..errors import (
     BadRequestError,
     NotFoundError,
@@ -139,15 +140,17 @@ class SessionManager:
                     )
                 return self.bound
             uid = self._uids.allocate()
+            path = self._workspaces.session / "ws-0"
+            netns = None
             try:
-                path = self._workspaces.session / "ws-0"
-                await asyncio.to_thread(self._fresh_dir, path, uid)
+                # To their ends: a thread still making the workspace, or the namespace,
+                # after the UID went back would leave them owned by the next session's.
+                await to_thread_to_the_end(lambda: self._fresh_dir(path, uid))
+                if self._netns_factory is not None:
+                    netns = await to_thread_to_the_end(self._netns_factory, undo=_close)
             except BaseException:
                 self._uids.release(uid)
                 raise
-            netns = None
-            if self._netns_factory is not None:
-                netns = await asyncio.to_thread(self._netns_factory)
             self.bound = SessionState(session_id=session_id, uid=uid, workspace=path, netns=netns)
             log.info("bound to runtime session %s (uid %d)", session_id[:11], uid)
             return self.bound
@@ -262,6 +265,11 @@ class SessionManager:
         if self.bound is None:
             return set()
         return {self.bound.workspace, *self.bound.staging, *self.bound.retiring}
+
+
+def _close(netns: SessionNetns | None) -> None:
+    if netns is not None:
+        netns.close()
 
 
 def _close_netns(state: SessionState) -> None:
