@@ -437,12 +437,15 @@ def test_a_streamed_turn_carries_its_refusals_with_their_destinations(
     events = _stream(sandbox, REFUSED_THREE, protocol="1.2", session=session)
     refused = [e for e in events if e["type"] == "egress_refused"]
     seen = [(e["transport"], e["name"], e["address"], e["port"], e["reason"]) for e in refused]
-    assert seen[:2] == [
-        ("connect", OTHER, None, 443, "not_allowed"),
-        ("tcp", None, "169.254.169.254", 80, "refused_address"),
-    ]
+    # The tunnel's refusal comes first (curl has its 403 before the next command runs).
+    # The address's and the lookup's may come in either order: the kernel completes the
+    # job's handshake with the transparent listener before the gateway accepts it, so
+    # on a loaded machine the job's lookup can reach the gateway's resolver first.
+    assert seen[0] == ("connect", OTHER, None, 443, "not_allowed")
+    tcp = ("tcp", None, "169.254.169.254", 80, "refused_address")
+    assert seen.count(tcp) == 1, seen
     # The lookup: one refusal per query (A, and AAAA when the resolver library asks).
-    assert set(seen[2:]) == {("dns", OTHER, None, 53, "not_allowed")}
+    assert {s for s in seen[1:] if s != tcp} == {("dns", OTHER, None, 53, "not_allowed")}
     assert all(e["at_ms"] > 0 for e in refused)
     assert not [e for e in events if e["type"] == "egress_omitted"]
     assert sandbox.status()["refused_total"] - before == len(refused)
