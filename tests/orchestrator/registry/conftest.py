@@ -161,3 +161,21 @@ def make_record() -> Callable[..., SessionRecord]:
 def flaky_renew() -> type[FlakyRenew]:
     """The FlakyRenew wrapper class."""
     return FlakyRenew
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """A client of the test Redis (the Redis backend tests read keys directly)."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def prefix(client: redis.asyncio.Redis) -> AsyncIterator[str]:
+    """A key prefix of the test's own, its keys deleted afterwards."""
+    prefix = f"sandcell-test:{uuid.uuid4().hex}:"
+    yield prefix
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
+    if keys:
+        await client.delete(*keys)

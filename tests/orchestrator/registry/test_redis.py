@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 import redis.asyncio
@@ -20,22 +19,6 @@ from sandcell_orchestrator.registry.redis import (
 )
 
 MakeRecord = Callable[..., SessionRecord]
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(client: redis.asyncio.Redis) -> AsyncIterator[str]:
-    prefix = f"sandcell-test:{uuid.uuid4().hex}:"
-    yield prefix
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
 
 
 async def test_key_layout(

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -18,22 +16,6 @@ import redis.asyncio
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
 from sandcell_orchestrator.registry import redis_e2b as module
 from tests.orchestrator.registry.test_e2b_table import new_row
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(client: redis.asyncio.Redis) -> AsyncIterator[str]:
-    prefix = f"sandcell-test:{uuid.uuid4().hex}:"
-    yield prefix
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
 
 
 def _hash(namespace: str) -> str:

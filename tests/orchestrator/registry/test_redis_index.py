@@ -6,31 +6,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 import redis.asyncio
 
 from sandcell_orchestrator.registry import RedisRegistry, SessionOwner
 from sandcell_orchestrator.registry import redis_index as module
 from sandcell_orchestrator.registry.redis_index import PAGE_IDS_LUA, PRUNE_IDS_LUA
 from sandcell_protocol import runtime_session_id
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-async def prefix(client: redis.asyncio.Redis) -> AsyncIterator[str]:
-    prefix = f"sandcell-test:{uuid.uuid4().hex}:"
-    yield prefix
-    keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-    if keys:
-        await client.delete(*keys)
 
 
 def _hash(namespace: str) -> str:
