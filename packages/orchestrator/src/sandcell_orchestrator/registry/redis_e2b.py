@@ -26,7 +26,7 @@ from redis.commands.core import AsyncScript
 
 from .e2b import E2bSandboxRow, decode_row, validate_e2b_sandbox_id
 from .index import check_page_limit
-from .redis_db import RedisDatabase, map_redis_errors, text
+from .redis_db import RedisDatabase, map_redis_errors, moving_page_lua, text
 
 __all__ = [
     "ADD_E2B_LUA",
@@ -86,21 +86,7 @@ return 0
 # Moves the legacy zset's ids into the ids zset (score 0) and deletes the legacy one,
 # then returns the page of ids. One script, so an id is in one key or the other, never
 # neither.
-PAGE_E2B_IDS_LUA = """
-local legacy = redis.call('zrange', KEYS[2], 0, -1)
-for first = 1, #legacy, 1000 do
-    local args = {}
-    for i = first, math.min(first + 999, #legacy) do
-        args[#args + 1] = 0
-        args[#args + 1] = legacy[i]
-    end
-    redis.call('zadd', KEYS[1], unpack(args))
-end
-if #legacy > 0 then
-    redis.call('del', KEYS[2])
-end
-return redis.call('zrangebylex', KEYS[1], ARGV[1], '+', 'LIMIT', 0, ARGV[2])
-"""
+PAGE_E2B_IDS_LUA = moving_page_lua("redis.call('zrange', KEYS[2], 0, -1)")
 
 # KEYS[1] the namespace's ids zset, KEYS[2..] row hashes a page found missing
 # ARGV[1], ARGV[2]... their sandbox ids (ARGV[i]'s hash is KEYS[i + 1])

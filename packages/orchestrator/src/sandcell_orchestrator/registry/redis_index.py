@@ -26,7 +26,7 @@ from redis.commands.core import AsyncScript
 
 from .core import validate_session_id
 from .index import SessionOwner, check_page_limit
-from .redis_db import RedisDatabase, map_redis_errors, text
+from .redis_db import RedisDatabase, map_redis_errors, moving_page_lua, text
 
 __all__ = ["PAGE_IDS_LUA", "PRUNE_IDS_LUA", "RedisSessionIndex"]
 
@@ -37,21 +37,7 @@ logger = logging.getLogger(__name__)
 # (-1: all)
 # Moves the legacy set's ids into the zset (score 0) and deletes the set, then returns
 # the page of ids. One script, so an id is in one key or the other, never neither.
-PAGE_IDS_LUA = """
-local legacy = redis.call('smembers', KEYS[2])
-for first = 1, #legacy, 1000 do
-    local args = {}
-    for i = first, math.min(first + 999, #legacy) do
-        args[#args + 1] = 0
-        args[#args + 1] = legacy[i]
-    end
-    redis.call('zadd', KEYS[1], unpack(args))
-end
-if #legacy > 0 then
-    redis.call('del', KEYS[2])
-end
-return redis.call('zrangebylex', KEYS[1], ARGV[1], '+', 'LIMIT', 0, ARGV[2])
-"""
+PAGE_IDS_LUA = moving_page_lua("redis.call('smembers', KEYS[2])")
 
 # KEYS[1] the namespace's zset, KEYS[2] the owners hash
 # ARGV[1], ARGV[2]... ids a page found without an owner
