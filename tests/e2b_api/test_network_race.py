@@ -26,6 +26,7 @@ import pytest
 import redis.asyncio
 
 from sandcell_orchestrator.e2b.sandboxes import E2bSandboxes
+from sandcell_orchestrator.errors import RegistryError
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
 from sandcell_orchestrator.sessions.manager import SandboxManager
@@ -60,12 +61,21 @@ class _HeldRegistry(RedisRegistry):
     (``update_e2b_sandbox``, the compare-and-set) just before it is sent."""
 
     _gate: _Gate | None = None
+    _failing: Callable[[E2bSandboxRow], bool] | None = None
 
     def hold(self, matches: Callable[[E2bSandboxRow], bool]) -> _Gate:
         self._gate = _Gate(matches)
         return self._gate
 
+    def fail(self, matches: Callable[[E2bSandboxRow], bool]) -> None:
+        """The first row write ``matches`` picks raises, as a registry outage does."""
+        self._failing = matches
+
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
+        failing = self._failing
+        if failing is not None and failing(row):
+            self._failing = None
+            raise RegistryError("the registry is unreachable (the test's outage)")
         gate = self._gate
         if gate is not None and gate.matches(row):
             self._gate = None
@@ -267,5 +277,30 @@ async def test_a_resume_that_gave_up_leaves_a_runner_the_next_resume_brings_in_l
         await one.sandboxes.set_network(updating, NEW)
         await one.sandboxes.connect(updating, timeout_s=None)
         assert await _enforced(two, sandbox_id) == NEW
+    finally:
+        await one.sandboxes.kill(await one.sandboxes.get(sandbox_id, owner=OWNER))
+
+
+async def test_an_update_whose_row_write_fails_leaves_the_runner_on_the_rows_policy(
+    workers: tuple[_Worker, _Worker],
+) -> None:
+    """The update is applied to the running sandbox's runner first; its row write then
+    fails (the registry is down): the update is an error, so the runner must go back to
+    the policy the row still holds, the one a resume would launch with."""
+    one, _ = workers
+    sandbox_id = await _paused_sandbox(one)
+    try:
+        await one.sandboxes.connect(
+            await one.sandboxes.get(sandbox_id, owner=OWNER), timeout_s=None
+        )
+        assert await _enforced(one, sandbox_id) == OLD
+        one.registry.fail(lambda row: row.egress == NEW)
+        with pytest.raises(RegistryError):
+            await one.sandboxes.set_network(await one.sandboxes.get(sandbox_id, owner=OWNER), NEW)
+        assert await _enforced(one, sandbox_id) == OLD
+
+        # And an update that lands afterwards is enforced as before.
+        await one.sandboxes.set_network(await one.sandboxes.get(sandbox_id, owner=OWNER), NEWER)
+        assert await _enforced(one, sandbox_id) == NEWER
     finally:
         await one.sandboxes.kill(await one.sandboxes.get(sandbox_id, owner=OWNER))

@@ -47,6 +47,7 @@ from ..providers.base import SandboxSpec
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager, sandbox_session_key
+from ..to_the_end import to_the_end
 from .create_once import check_create_key, create_once
 from .errors import E2bError
 from .kept import KeptRows, rebuilt
@@ -461,21 +462,45 @@ class E2bSandboxes:
         """Replace the sandbox's egress policy (None: its template's): on its runner at
         once when it runs, and in its row, so a resume (on any worker) launches with it."""
 
+        applied: list[str] = []
+
         async def on_runner(row: E2bSandboxRow) -> None:
             if row.state == "running":
                 # The runner first: if it refuses, the sandbox keeps the policy it has.
                 wanted = self._egress(msgspec.structs.replace(row, egress=policy))
+                applied.append(row.session_id)
                 await self.manager.set_egress(row.session_id, wanted)
 
         async with sandbox.lock:
             await self.views.refresh(sandbox)
-            await self.views.change(
-                sandbox,
-                lambda row: msgspec.structs.replace(row, egress=policy),
-                prepare=on_runner,
-            )
+            try:
+                await self.views.change(
+                    sandbox,
+                    lambda row: msgspec.structs.replace(row, egress=policy),
+                    prepare=on_runner,
+                )
+            except BaseException:
+                if applied:
+                    # The row was not written (a registry outage, a gone sandbox, the
+                    # caller cancelled): the runner goes back to what the row holds, or a
+                    # failed update would still be enforced, and differ from what a resume
+                    # launches with.
+                    await to_the_end(self._restore_egress(sandbox, applied[-1]))
+                raise
             sandbox.spec = self._spec(sandbox.row)
         log.info("e2b sandbox %s: egress policy replaced", sandbox.sandbox_id)
+
+    async def _restore_egress(self, sandbox: E2bSandbox, session_id: str) -> None:
+        """Put the policy of the sandbox's row (as this worker last read it) back on the
+        runner of ``session_id``; a failure is logged: the update's own error is the answer."""
+        try:
+            await self.manager.set_egress(session_id, self._egress(sandbox.row))
+        except Exception as exc:  # the update's error is what the caller needs
+            log.warning(
+                "e2b sandbox %s: egress policy not put back after a failed update: %s",
+                sandbox.sandbox_id,
+                type(exc).__name__,
+            )
 
     # -- pause, connect, kill ------------------------------------------------------------
 
