@@ -47,13 +47,7 @@ from .core import (
     SessionStore,
     validate_session_id,
 )
-from .e2b import (
-    KILLED_E2B_TTL_S,
-    E2bSandboxRow,
-    E2bSandboxState,
-    E2bSandboxTable,
-    validate_e2b_sandbox_id,
-)
+from .e2b import E2bSandboxRow, E2bSandboxState, E2bSandboxTable, validate_e2b_sandbox_id
 from .idempotency import (
     IdempotencyEntry,
     IdempotencyStore,
@@ -73,7 +67,6 @@ __all__ = [
     "E2bSandboxRow",
     "E2bSandboxState",
     "E2bSandboxTable",
-    "KILLED_E2B_TTL_S",
     "FencedError",
     "IdempotencyEntry",
     "IdempotentAnswer",
