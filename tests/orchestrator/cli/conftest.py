@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sandcell_orchestrator.providers.runner_roots import reap_runner_cgroups
 from sandcell_orchestrator.testing import clean_environ, sandbox_processes
 from tests.fixtures.paths import traversable_dir
 
@@ -33,12 +34,24 @@ runner_processes = sandbox_processes
 
 
 def stop_leftovers(runtime_dir: Path) -> list[psutil.Process]:
-    """Kill what a failed test left under ``runtime_dir`` (only ours); returns them."""
+    """Kill what a test left under ``runtime_dir`` (only ours) and reap the cgroups of
+    every runner root there; returns the processes it killed.
+
+    A SIGKILLed runner cannot remove its job cgroups, and with a shared registry a
+    worker leaves its runners alive by design, so this kill is what ends them. Their
+    roots go with the test's directory, and a root's name is what finds its cgroups:
+    reaped now, or left empty under ``sandcell/`` until some later runner's reaper.
+    """
     leftovers = runner_processes(runtime_dir)
     for process in leftovers:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGKILL)
     psutil.wait_procs(leftovers, timeout=10)
+    with contextlib.suppress(OSError):
+        for root in sorted(runtime_dir.iterdir()):
+            # The reaper skips a leased subtree: a runner still alive keeps its own.
+            if root.is_dir():
+                reap_runner_cgroups(sys.executable, root)
     return leftovers
 
 

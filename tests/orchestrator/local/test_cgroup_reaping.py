@@ -23,6 +23,7 @@ from sandcell_protocol import ExecuteRequest
 from sandcell_runner.jail.cgroup_reaper import InstanceLease, instance_key
 from sandcell_runner.jail.cgroups import CGROUP_ROOT, V1_CONTROLLERS
 from tests.fixtures.paths import traversable_dir
+from tests.orchestrator.cli.conftest import stop_leftovers
 
 
 def _folders(key: str) -> int:
@@ -149,6 +150,25 @@ async def test_a_runner_killed_while_destroy_waits_for_it_leaves_no_cgroups() ->
             assert _folders(key) == 0
             assert not runner_root.exists()
         finally:
+            await provider.close()
+
+
+async def test_the_leftover_fixture_reaps_the_cgroups_of_the_runners_it_kills() -> None:
+    """``stop_leftovers`` SIGKILLs the runners a test (a fleet with a shared registry,
+    whose workers leave their sandboxes alive by design) left under its runtime
+    directory: their job-pool cgroups go too, not only the processes. Each fleet test
+    module left a dozen empty ``sandcell/<key>`` subtrees before."""
+    with traversable_dir("reap-") as root:
+        provider = LocalProvider(LocalSettings(runtime_dir=root / "rt"))
+        handle, _, key, pid = await _one_job_ran(provider, root)
+        try:
+            assert _pool_cgroups(key)
+            await handle.runner.close()
+            killed = stop_leftovers(root / "rt")
+            assert pid in {process.pid for process in killed}
+            assert _folders(key) == 0
+        finally:
+            await provider.destroy(handle.sandbox_id)
             await provider.close()
 
 
