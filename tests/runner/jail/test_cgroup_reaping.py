@@ -9,6 +9,7 @@ import sys
 
 from sandcell_runner.jail.cgroup_reaper import (
     EXIT_LEFT,
+    LEASE_DIR,
     InstanceLease,
     instance_key,
     reap_instance,
@@ -121,3 +122,22 @@ def test_reaper_command_says_a_leased_subtree_is_left_in_its_own_status() -> Non
             assert reap_instance(instance_key(root / "ws"))  # and its lease file goes
         assert done.returncode == EXIT_LEFT, done.stderr
         assert EXIT_LEFT not in (0, 1, 2)
+
+
+def test_a_runner_stopped_gracefully_leaves_neither_its_cgroups_nor_its_lease_file() -> None:
+    """A runner that ran a job and was stopped with SIGTERM removes its own subtree and
+    its lease file: each root is a runner's own, so files left by graceful stops would
+    pile up in /run for as long as the host runs."""
+    with traversable_dir() as root:
+        runner = start_runner(root / "graceful")
+        lease_file = LEASE_DIR / instance_key(runner.workspace_root)
+        try:
+            execute(runner, language="bash", code="true")
+            assert lease_file.exists()
+            assert subtree_folders([runner]) > 0
+            os.killpg(runner.process.pid, signal.SIGTERM)
+            runner.process.wait(timeout=60)
+            assert subtree_folders([runner]) == 0
+            assert not lease_file.exists()
+        finally:
+            runner.stop()

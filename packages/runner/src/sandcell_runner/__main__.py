@@ -34,9 +34,10 @@ def _serve(*, undumpable: bool) -> int:
 
     from .config import RunnerSettings
     from .errors import ConfigError
+    from .host import raise_nofile_limit
     from .http.app import create_app
     from .http.coalescing import CoalescingHttpToolsProtocol
-    from .service import RunnerService, raise_nofile_limit
+    from .service import RunnerService
 
     try:
         settings = RunnerSettings.from_env(os.environ, read_token_file=runner_token.take_token_file)

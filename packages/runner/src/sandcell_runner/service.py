@@ -4,12 +4,10 @@ point of the HTTP layer."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import gc
 import logging
 import os
-import resource
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,7 +21,6 @@ from sandcell_protocol.contexts import ContextEndEvent, ContextRun
 
 from . import __version__
 from .apps.manager import AppManager
-from .apps.processes import MAX_RUNNING_PROCESSES
 from .checkpoint.export import ArchiveLimits
 from .checkpoint.session import SessionCheckpoints
 from .config import MIB, RunnerSettings
@@ -32,13 +29,11 @@ from .contexts.manager import ContextManager
 from .egress.manager import EgressManager, unavailable_reason
 from .errors import BusyError
 from .executor import Executor, PreparedRequest
+from .host import prepare_host, weakened_isolation
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
 from .jail.capture import OutputCallback
-from .jail.cgroup_reaper import InstanceLease, instance_key, reap_orphans
-from .jail.cgroups import CgroupManager
-from .jail.host_limits import apply_host_limits, required_limits
-from .jail.job_user import probe_job_user_nsjail
+from .jail.cgroup_reaper import instance_key, reap_orphans
 from .jail.netns import SessionNetns
 from .jail.nsjail import Jail
 from .jail.spawn_helper import SpawnHelper
@@ -49,20 +44,10 @@ from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
 from .workspace.jobs import JobWorkspaces
-from .workspace.manager import JobWorkspace, WorkspaceManager
+from .workspace.manager import JobWorkspace
 from .workspace.session import SessionManager, SessionState
 
 log = logging.getLogger(__name__)
-
-
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise RLIMIT_NOFILE's soft limit to the hard limit; never lower it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 class RunnerService:
@@ -92,10 +77,15 @@ class RunnerService:
         # this thread, which its death signal follows.
         self._spawner = SpawnHelper(vfork=settings.spawn_vfork, wait=False)
         try:
-            job_user_refused = self._prepare_host(settings, nsjail)
+            host = prepare_host(settings, nsjail, self._spawner)
         except BaseException:
             self._spawner.close()
             raise
+        self._workspaces = host.workspaces
+        self._cgroups = host.cgroups
+        self._lease = host.lease
+        self.warnings += host.warnings
+        job_user_refused = host.job_user_refused
         self._jail = Jail(
             nsjail=nsjail,
             cgroups=self._cgroups,
@@ -181,53 +171,6 @@ class RunnerService:
         self._jobs = JobWorkspaces(self._workspaces, self._uids, self.sessions)
         self._collect_warnings()
 
-    def _prepare_host(self, settings: RunnerSettings, nsjail: Path | None) -> str | None:
-        """Workspaces, cgroups and host limits, with the job-user probe beside them and
-        the spawn helper's answer awaited last; why jobs cannot run as their own UID
-        (None: they can)."""
-        probe: concurrent.futures.Future[str | None] | None = None
-        if nsjail is not None:
-            needs = required_limits(
-                max_jobs=settings.max_jobs,
-                max_pids=settings.limits.max_pids,
-                open_files=settings.limits.open_files,
-                session_processes=MAX_RUNNING_PROCESSES if settings.sessions_enabled else 0,
-            )
-            # First: the probe needs the user-namespace budget raised.
-            self.warnings += apply_host_limits(needs, may_raise=os.geteuid() == 0)
-        if nsjail is not None and os.geteuid() == 0:
-            pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sandcell-probe")
-            probe = pool.submit(probe_job_user_nsjail, nsjail, settings.uid_max)
-            pool.shutdown(wait=False)  # its one thread ends with the probe
-        self._workspaces = WorkspaceManager(
-            settings.workspace_root,
-            quota_bytes=settings.limits.workspace_quota_mib * MIB,
-            inodes=settings.limits.workspace_inodes,
-            image_dir=settings.image_dir,
-            # A kept workspace is the same directory for the next job, maybe another
-            # tenant's: a descriptor to it that outlived its job would reach into the
-            # next one. Jobs in the host's network namespace share its abstract unix
-            # sockets and so can pass descriptors to each other (or to a host process):
-            # then every workspace is wiped and made anew.
-            keep_untouched=not settings.allow_network,
-        )
-        self._workspaces.prepare()
-        instance = instance_key(settings.workspace_root)
-        self._lease = InstanceLease(instance)
-        self._cgroups = CgroupManager(instance, cpu_millicores=settings.cpu_millicores)
-        if self._lease.held:
-            reaped = self._cgroups.reap_leftovers()
-            if reaped:
-                log.warning("killed leftovers of %d job cgroups from a previous runner", reaped)
-        self._spawner.wait_started()
-        refused = probe.result() if probe is not None else None
-        if refused is not None:
-            self.warnings.append(
-                "nsjail runs as root, so jobs' inotify and namespace budgets are "
-                f"root's, shared by every job ({refused})"
-            )
-        return refused
-
     def _session_netns(self) -> SessionNetns | None:
         """A bound session's namespace, linked for egress when the policy lets anything out."""
         netns = self.apps.create_netns()
@@ -238,25 +181,13 @@ class RunnerService:
         await asyncio.to_thread(self.egress.session_released, state.netns)
 
     def _collect_warnings(self) -> None:
-        if not self._jail.jailed:
-            self.warnings.append("jail disabled (SANDCELL_RUNNER_JAIL=none): jobs are NOT isolated")
-        if not self._cgroups.available:
-            self.warnings.append(
-                f"{self._cgroups.reason}; memory and pids limits fall back to rlimits"
-            )
-        elif not self._cgroups.cpu_limited:
-            self.warnings.append("no cpu cgroup controller: the session's CPU use is not bounded")
-        if self._workspaces.backend == "tmpfs":
-            self.warnings.append(
-                f"workspace images unavailable ({self._workspaces.images_refused}): workspaces "
-                "are tmpfs, so their bytes are memory charged to the jobs that write them"
-            )
-        if not self._workspaces.quota_enforced:
-            self.warnings.append("workspace disk quota not enforced (not root: no tmpfs mounts)")
-        if self._uids.shared:
-            self.warnings.append("not root: every job runs as the runner's own UID")
-        if self.settings.token is None:
-            self.warnings.append("authentication disabled (SANDCELL_RUNNER_INSECURE_NO_AUTH=1)")
+        self.warnings += weakened_isolation(
+            self.settings,
+            jail=self._jail,
+            cgroups=self._cgroups,
+            workspaces=self._workspaces,
+            uids=self._uids,
+        )
         for warning in self.warnings:
             log.warning("weakened isolation: %s", warning)
 
@@ -472,4 +403,4 @@ def _small_inputs(prepared: PreparedRequest) -> bool:
     return size <= _SMALL_INPUT_BYTES
 
 
-__all__ = ["RunnerService", "instance_key", "raise_nofile_limit"]
+__all__ = ["RunnerService", "instance_key"]

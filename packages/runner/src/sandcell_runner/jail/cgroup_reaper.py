@@ -45,6 +45,7 @@ class InstanceLease:
 
     def __init__(self, instance: str, *, lease_dir: Path = LEASE_DIR) -> None:
         self._fd: int | None = None
+        self._path = lease_dir / instance
         try:
             lease_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(lease_dir / instance, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -66,7 +67,14 @@ class InstanceLease:
         return self._fd is not None
 
     def release(self) -> None:
+        """Drop the claim, and its file: every runner's root is its own, so a file left
+        by each graceful stop piled up in ``/run`` for as long as the host ran.
+        Unlinked while still locked, as ``reap_instance`` does: a runner that opens the
+        name next gets a fresh file. Called after the runner removed its own subtree;
+        a subtree it could not remove is then unleased, an orphan the reaper takes."""
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                self._path.unlink()
             os.close(self._fd)
             self._fd = None
 
