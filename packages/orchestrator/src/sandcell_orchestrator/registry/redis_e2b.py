@@ -7,6 +7,8 @@
                                    ZRANGEBYLEX
 <prefix>e2b_ns:<sha256>      zset  the same scored by started_at_s, as orchestrators
                                    before ``e2b_nsids`` kept it
+<prefix>e2b_killed:<id>      string  set (with a TTL) by the removal of the id's row:
+                                   a kill, not a wipe (``e2b_sandbox_killed``)
 
 A namespace's ids sorted by start time cannot be read a page at a time in id order,
 the order of the E2B listing; the zset scored 0 can. A zset left by an older
