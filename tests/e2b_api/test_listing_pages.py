@@ -56,11 +56,31 @@ TENANT, OTHER = "tenant-a", "tenant-b"
 
 
 class _CountingTable:
-    """The registry, recording how many rows each of its E2B listings returned."""
+    """The registry, recording how many rows each of its E2B listings returned.
+
+    ``wipe`` takes rows out as a wipe does: a removal marks the id killed
+    (``e2b_sandbox_killed``), a wipe takes the marks with it, so a wiped id is not
+    killed here until a real removal (a kill) goes through this table."""
 
     def __init__(self, inner: SessionRegistry) -> None:
         self._inner = inner
         self.reads: list[int] = []
+        self.wiped: set[str] = set()
+
+    async def wipe(self, sandbox_id: str) -> None:
+        await self._inner.remove_e2b_sandbox(sandbox_id)
+        self.wiped.add(sandbox_id)
+
+    async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
+        self.wiped.discard(sandbox_id)
+        removed: bool = await self._inner.remove_e2b_sandbox(sandbox_id)
+        return removed
+
+    async def e2b_sandbox_killed(self, sandbox_id: str) -> bool:
+        if sandbox_id in self.wiped:
+            return False
+        killed: bool = await self._inner.e2b_sandbox_killed(sandbox_id)
+        return killed
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -206,7 +226,7 @@ async def _wipe_rebuilt(listing: _Listing, placed: dict[str, str]) -> None:
     """Take the store-only sandboxes out of the registry again (a listing rebuilt them)."""
     for sandbox_id, where in placed.items():
         if where == "store":
-            await listing.registry.remove_e2b_sandbox(sandbox_id)
+            await listing.table.wipe(sandbox_id)
 
 
 async def _every_page(listing: _Listing, *, limit: int, **filters: Any) -> list[list[E2bSandbox]]:

@@ -85,6 +85,22 @@ async def test_removed_rows_are_gone_everywhere(registry: SessionRegistry) -> No
     assert not await registry.update_e2b_sandbox(msgspec.structs.replace(row, revision=2))
 
 
+async def test_a_removal_marks_the_id_killed(registry: SessionRegistry) -> None:
+    """Remove marks the id killed, with a row or without one (a kill of a row a wipe
+    took); an id never removed is not, a re-added one still is (a kill racing a pause's
+    kept row: ``e2b/kept.py``)."""
+    row, other, never = new_row(), new_row(), new_row()
+    assert await registry.add_e2b_sandbox(row)
+    assert not await registry.e2b_sandbox_killed(row.sandbox_id)
+    assert await registry.remove_e2b_sandbox(row.sandbox_id)
+    assert await registry.e2b_sandbox_killed(row.sandbox_id)
+    assert await registry.add_e2b_sandbox(row)
+    assert await registry.e2b_sandbox_killed(row.sandbox_id)
+    assert not await registry.remove_e2b_sandbox(other.sandbox_id)
+    assert await registry.e2b_sandbox_killed(other.sandbox_id)
+    assert not await registry.e2b_sandbox_killed(never.sandbox_id)
+
+
 @pytest.mark.parametrize("sandbox_id", ["", "UPPERCASE0123456789A", "a" * 21, "../" + "a" * 17])
 async def test_ids_of_another_shape_never_reach_a_key(
     registry: SessionRegistry, sandbox_id: str
@@ -94,6 +110,8 @@ async def test_ids_of_another_shape_never_reach_a_key(
         await registry.e2b_sandbox(sandbox_id)
     with pytest.raises(ValueError, match="sandbox_id"):
         await registry.remove_e2b_sandbox(sandbox_id)
+    with pytest.raises(ValueError, match="sandbox_id"):
+        await registry.e2b_sandbox_killed(sandbox_id)
 
 
 def test_a_row_hides_its_secrets() -> None:

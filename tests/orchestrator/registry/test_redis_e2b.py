@@ -15,6 +15,7 @@ import redis.asyncio
 
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
 from sandcell_orchestrator.registry import redis_e2b as module
+from sandcell_orchestrator.registry.e2b import KILLED_E2B_TTL_S
 from tests.orchestrator.registry.test_e2b_table import new_row
 
 
@@ -62,7 +63,8 @@ def _rows(namespace: str, count: int) -> list[E2bSandboxRow]:
 
 async def test_key_layout(client: redis.asyncio.Redis, prefix: str) -> None:
     """A row is its hash, an ``e2b_all`` member scored by its start and a member (score
-    0) of its namespace's ``e2b_nsids:<sha256>``; a removal takes all three away."""
+    0) of its namespace's ``e2b_nsids:<sha256>``; a removal takes all three away and
+    leaves ``e2b_killed:<id>`` with a TTL."""
     registry = RedisRegistry(client, prefix=prefix)
     row = new_row("tenant a", started_at_s=123.0)
     assert await registry.add_e2b_sandbox(row)
@@ -80,7 +82,10 @@ async def test_key_layout(client: redis.asyncio.Redis, prefix: str) -> None:
         (row.sandbox_id.encode(), 123.0)
     ]
     assert await registry.remove_e2b_sandbox(row.sandbox_id)
-    assert await _keys(client, prefix) == []
+    # What stays is the id's killed mark, on a TTL (a kill racing a pause: e2b/kept.py).
+    killed = f"{prefix}e2b_killed:{row.sandbox_id}"
+    assert await _keys(client, prefix) == [killed]
+    assert 0 < await client.ttl(killed) <= KILLED_E2B_TTL_S
 
 
 async def test_an_older_orchestrators_zset_is_moved_on_listing_and_nothing_is_lost(

@@ -23,7 +23,13 @@ the object and the row in step without a transaction between Redis and the store
   also when an earlier attempt of that change wrote one (its compare-and-set lost to
   a resume on another worker): a delete always comes after the write it undoes;
 - a kill deletes the object before it removes the row, so once a kill has begun no
-  lookup rebuilds the sandbox from the store.
+  lookup rebuilds the sandbox from the store;
+- but a pause on another worker may write its object after that delete (its write
+  was under way when the kill began), then find the row gone: the removal marks the
+  id killed in the registry in the same write (``e2b_sandbox_killed``), and a change
+  that finds the row gone, or a lookup about to rebuild it, checks the mark and
+  deletes the object instead (a wipe leaves no mark: its objects are rebuilt). Only
+  those rare paths read the mark; a kill and a lookup of a live row cost no more.
 
 The row holds the sandbox's envd tokens and env (secrets): they are written as they
 are, at rest beside the checkpoint of the workspace they belong to, in a store only

@@ -235,12 +235,25 @@ class E2bSandboxes:
         the add would bring back a killed sandbox (listed as paused, its checkpoints
         gone). So the kept row is read once more after the add; gone while the added
         row is as it was added (a resume or change writes the row, at a later
-        revision, before it touches the kept row), it was a kill, and the row goes."""
+        revision, before it touches the kept row), it was a kill, and the row goes.
+
+        A pause racing a kill on another worker can also write the kept row after the
+        kill deleted it and removed the row (``views.SandboxViews.change``): the kill's
+        mark in the registry (``e2b_sandbox_killed``, set with the row's removal) tells
+        that kept row from one a wipe left, so it goes too, and the id is a 404."""
         kept = await self.kept.read(owner, sandbox_id)
         if kept is None:
             return None
         row = rebuilt(kept)
         if await self.registry.add_e2b_sandbox(row):
+            # Read after the add, which found no row: a kill that removed the row (or
+            # found none) before the add has marked the id already.
+            if await self.registry.e2b_sandbox_killed(sandbox_id):
+                if await self.registry.e2b_sandbox(sandbox_id) == row:
+                    await self.registry.remove_e2b_sandbox(sandbox_id)
+                await self.kept.drop_quietly(owner, sandbox_id)
+                log.info("e2b sandbox %s: killed; its kept row dropped", sandbox_id)
+                return None
             if await self.kept.read(owner, sandbox_id) is not None:
                 log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
                 return row

@@ -141,7 +141,9 @@ class SandboxViews:
         fails is the change's error, and the row stays as it was); one that leaves
         paused, or lands running after an attempt that kept one, has its kept row
         deleted after the write (``kept.py``). A row found gone leaves what this
-        change kept: the registry may have been wiped under it."""
+        change kept (the registry may have been wiped under it), unless the registry
+        marks the id killed: a kill on another worker deleted the kept row before this
+        change wrote it, and it goes again, or lookups would rebuild a killed sandbox."""
         kept = False
         for _ in range(_CHANGE_ATTEMPTS):
             current = sandbox.row
@@ -158,6 +160,12 @@ class SandboxViews:
                 return
             fresh = await self.registry.e2b_sandbox(sandbox.sandbox_id)
             if fresh is None or fresh.namespace != sandbox.owner:
+                if (
+                    kept
+                    and fresh is None
+                    and await self.registry.e2b_sandbox_killed(sandbox.sandbox_id)
+                ):
+                    await self.kept.drop_quietly(sandbox.owner, sandbox.sandbox_id)
                 await self.forget(sandbox.sandbox_id)
                 raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             sandbox.row = fresh

@@ -17,7 +17,17 @@ import msgspec
 
 from sandcell_protocol import EgressPolicy
 
-__all__ = ["E2bSandboxRow", "E2bSandboxState", "E2bSandboxTable", "validate_e2b_sandbox_id"]
+__all__ = [
+    "KILLED_E2B_TTL_S",
+    "E2bSandboxRow",
+    "E2bSandboxState",
+    "E2bSandboxTable",
+    "validate_e2b_sandbox_id",
+]
+
+KILLED_E2B_TTL_S = 24 * 3600
+"""How long a removed row's id is remembered as killed (``e2b_sandbox_killed``): far
+longer than a pause's store write and compare-and-set take (the race it answers)."""
 
 E2bSandboxState = Literal["running", "paused"]
 
@@ -131,5 +141,14 @@ class E2bSandboxTable(Protocol):
         ...
 
     async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
-        """Delete the row; whether there was one."""
+        """Delete the row; whether there was one. The id is remembered as killed for
+        ``KILLED_E2B_TTL_S`` (with or without a row), in the same write as the delete."""
+        ...
+
+    async def e2b_sandbox_killed(self, sandbox_id: str) -> bool:
+        """Whether the id's row was removed (a kill) in the last ``KILLED_E2B_TTL_S``.
+
+        A kill racing a pause on another worker can have the pauser write the kept row
+        to the store after the kill deleted it (``e2b/kept.py``): a row found gone is a
+        kill, not a wipe, when this says so, and its kept row goes."""
         ...

@@ -28,7 +28,7 @@ from .core import (
     check_ttl,
     validate_session_id,
 )
-from .e2b import E2bSandboxRow, validate_e2b_sandbox_id
+from .e2b import KILLED_E2B_TTL_S, E2bSandboxRow, validate_e2b_sandbox_id
 from .idempotency import IdempotencyEntry, IdempotentAnswer, validate_idempotency_key
 from .index import SessionOwner, check_page_limit
 from .slots import validate_slot_scope
@@ -52,6 +52,8 @@ class InProcessRegistry:
         self._idempotency: dict[str, tuple[str, IdempotencyEntry, float]] = {}
         self._owners: dict[str, SessionOwner] = {}
         self._e2b: dict[str, E2bSandboxRow] = {}
+        self._e2b_killed: dict[str, float] = {}
+        """Removed ids, to when (``time.monotonic``) they stop counting as killed."""
         # slot scope -> token -> expires at, by ``clock``
         self._slots: dict[str, dict[str, float]] = {}
         self._corrupt = _CorruptRecordLog(logger)
@@ -308,10 +310,19 @@ class InProcessRegistry:
         return True
 
     async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
-        """Delete the row."""
+        """Delete the row; the id counts as killed for ``KILLED_E2B_TTL_S``."""
         validate_e2b_sandbox_id(sandbox_id)
         await anyio.lowlevel.checkpoint()
+        now = time.monotonic()
+        self._e2b_killed = {i: t for i, t in self._e2b_killed.items() if t > now}
+        self._e2b_killed[sandbox_id] = now + KILLED_E2B_TTL_S
         return self._e2b.pop(sandbox_id, None) is not None
+
+    async def e2b_sandbox_killed(self, sandbox_id: str) -> bool:
+        """Whether the id was removed in the last ``KILLED_E2B_TTL_S``."""
+        validate_e2b_sandbox_id(sandbox_id)
+        await anyio.lowlevel.checkpoint()
+        return self._e2b_killed.get(sandbox_id, 0.0) > time.monotonic()
 
     def _live_slots(self, scope: str) -> dict[str, float]:
         validate_slot_scope(scope)

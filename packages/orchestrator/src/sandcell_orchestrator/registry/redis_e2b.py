@@ -7,6 +7,8 @@
                                    ZRANGEBYLEX
 <prefix>e2b_ns:<sha256>      zset  the same scored by started_at_s, as orchestrators
                                    before ``e2b_nsids`` kept it
+<prefix>e2b_killed:<id>      string  set (with a TTL) by the removal of the id's row:
+                                   a kill, not a wipe (``e2b_sandbox_killed``)
 
 A namespace's ids sorted by start time cannot be read a page at a time in id order,
 the order of the E2B listing; the zset scored 0 can. A zset left by an older
@@ -24,7 +26,7 @@ from functools import cached_property
 
 from redis.commands.core import AsyncScript
 
-from .e2b import E2bSandboxRow, decode_row, validate_e2b_sandbox_id
+from .e2b import KILLED_E2B_TTL_S, E2bSandboxRow, decode_row, validate_e2b_sandbox_id
 from .index import check_page_limit
 from .redis_db import RedisDatabase, map_redis_errors, moving_page_lua, text
 
@@ -66,10 +68,13 @@ return 0
 """
 
 # KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
-# KEYS[4] its legacy zset
-# ARGV[1] sandbox id, ARGV[2] namespace (the row's: the namespace zsets are its)
-# Returns 1 if removed, 0 if there was no such row of that namespace.
+# KEYS[4] its legacy zset, KEYS[5] the id's killed mark
+# ARGV[1] sandbox id, ARGV[2] namespace (the row's: the namespace zsets are its),
+# ARGV[3] the mark's TTL in seconds
+# Returns 1 if removed, 0 if there was no such row of that namespace. The mark is set
+# either way, in the script: no worker sees the row gone without it.
 REMOVE_E2B_LUA = """
+redis.call('set', KEYS[5], '1', 'EX', ARGV[3])
 redis.call('zrem', KEYS[2], ARGV[1])
 redis.call('zrem', KEYS[3], ARGV[1])
 redis.call('zrem', KEYS[4], ARGV[1])
@@ -136,6 +141,9 @@ class RedisE2bTable(RedisDatabase):
 
     def _e2b_ns_key(self, namespace: str) -> str:
         return f"{self._prefix}e2b_nsids:{_namespace_hash(namespace)}"
+
+    def _e2b_killed_key(self, sandbox_id: str) -> str:
+        return f"{self._prefix}e2b_killed:{validate_e2b_sandbox_id(sandbox_id)}"
 
     def _legacy_e2b_ns_key(self, namespace: str) -> str:
         return f"{self._prefix}e2b_ns:{_namespace_hash(namespace)}"
@@ -241,17 +249,33 @@ class RedisE2bTable(RedisDatabase):
         return bool(done)
 
     async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
-        """Read the row's namespace, then ``REMOVE_E2B_LUA``."""
+        """Read the row's namespace, then ``REMOVE_E2B_LUA`` (which marks the id killed);
+        with no row, the mark and the id's removal from the zset in one transaction."""
         key = self._e2b_key(sandbox_id)
+        killed = self._e2b_killed_key(sandbox_id)
         with map_redis_errors("remove_e2b_sandbox"):
             namespace = await self._client.hget(key, "ns")
             if namespace is None:
-                await self._client.zrem(self._e2b_all_key, sandbox_id)
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.set(killed, b"1", ex=KILLED_E2B_TTL_S)
+                    pipe.zrem(self._e2b_all_key, sandbox_id)
+                    await pipe.execute()
                 return False
             ns = text(namespace)
-            keys = [key, self._e2b_all_key, self._e2b_ns_key(ns), self._legacy_e2b_ns_key(ns)]
-            done = await self._remove_e2b(keys=keys, args=[sandbox_id, ns])
+            keys = [
+                key,
+                self._e2b_all_key,
+                self._e2b_ns_key(ns),
+                self._legacy_e2b_ns_key(ns),
+                killed,
+            ]
+            done = await self._remove_e2b(keys=keys, args=[sandbox_id, ns, KILLED_E2B_TTL_S])
         return bool(done)
+
+    async def e2b_sandbox_killed(self, sandbox_id: str) -> bool:
+        """``EXISTS`` of the id's killed mark (its TTL is ``KILLED_E2B_TTL_S``)."""
+        with map_redis_errors("e2b_sandbox_killed"):
+            return bool(await self._client.exists(self._e2b_killed_key(sandbox_id)))
 
 
 def _namespace_hash(namespace: str) -> str:

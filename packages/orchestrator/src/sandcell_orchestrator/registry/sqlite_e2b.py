@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import ClassVar
 
-from .e2b import E2bSandboxRow, decode_row, validate_e2b_sandbox_id
+from .e2b import KILLED_E2B_TTL_S, E2bSandboxRow, decode_row, validate_e2b_sandbox_id
 from .index import check_page_limit
 from .sqlite_db import SqliteDatabase
 
@@ -34,6 +35,10 @@ CREATE TABLE IF NOT EXISTS e2b_sandboxes (
 );
 CREATE INDEX IF NOT EXISTS e2b_by_namespace ON e2b_sandboxes (namespace, started_at_s);
 CREATE INDEX IF NOT EXISTS e2b_by_namespace_id ON e2b_sandboxes (namespace, sandbox_id);
+CREATE TABLE IF NOT EXISTS e2b_killed (
+    sandbox_id TEXT PRIMARY KEY,
+    until_s REAL NOT NULL
+);
 """
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
@@ -131,15 +136,36 @@ CREATE INDEX IF NOT EXISTS e2b_by_namespace_id ON e2b_sandboxes (namespace, sand
         return await self._run("update_e2b_sandbox", work)
 
     async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
-        """Delete the row."""
+        """Delete the row and mark the id killed for ``KILLED_E2B_TTL_S`` (one
+        transaction; the marks that ran out go in it too)."""
         validate_e2b_sandbox_id(sandbox_id)
 
         def work() -> bool:
+            now = time.time()
             with self._transaction(write=True) as db:
                 done = db.execute("DELETE FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+                db.execute("DELETE FROM e2b_killed WHERE until_s <= ?", (now,))
+                db.execute(
+                    "INSERT OR REPLACE INTO e2b_killed VALUES (?, ?)",
+                    (sandbox_id, now + KILLED_E2B_TTL_S),
+                )
                 return done.rowcount == 1
 
         return await self._run("remove_e2b_sandbox", work)
+
+    async def e2b_sandbox_killed(self, sandbox_id: str) -> bool:
+        """Whether the id was removed in the last ``KILLED_E2B_TTL_S``."""
+        validate_e2b_sandbox_id(sandbox_id)
+
+        def work() -> bool:
+            with self._transaction(write=False) as db:
+                found = db.execute(
+                    "SELECT 1 FROM e2b_killed WHERE sandbox_id = ? AND until_s > ?",
+                    (sandbox_id, time.time()),
+                ).fetchone()
+                return found is not None
+
+        return await self._run("e2b_sandbox_killed", work)
 
 
 def _decoded(sandbox_id: str, raw: bytes) -> E2bSandboxRow | None:
