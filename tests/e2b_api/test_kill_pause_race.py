@@ -20,9 +20,8 @@ import pytest
 
 from sandcell_orchestrator.e2b.errors import E2bError
 from sandcell_orchestrator.e2b.kept import KeptRows
-from sandcell_orchestrator.e2b.sandbox import E2bSandbox
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
-from tests.e2b_api.two_workers import Worker, two_workers
+from tests.e2b_api.two_workers import Worker, running_sandbox, two_workers
 from tests.orchestrator.conftest import S3Server, redis_url, s3_server
 
 __all__ = ["redis_url", "s3_server"]
@@ -55,17 +54,6 @@ async def workers(redis_url: str, s3_server: S3Server) -> AsyncIterator[tuple[_W
         yield pair
 
 
-async def _running(worker: _Worker) -> E2bSandbox:
-    return await worker.sandboxes.create(
-        owner=OWNER,
-        template="base",
-        timeout_s=600,
-        metadata={},
-        env={},
-        auto_pause=False,
-    )
-
-
 async def _missing(worker: _Worker, sandbox_id: str) -> None:
     """Neither listed nor found: exactly the 404 of any missing sandbox."""
     listed, _after = await worker.sandboxes.page(OWNER, after=None, limit=10)
@@ -82,7 +70,7 @@ async def test_a_kill_during_a_pauses_kept_row_write_leaves_no_paused_ghost(
     the sandbox to the end; one's kept row then lands, its compare-and-set finds the
     row gone: the pause is a 404, and no lookup rebuilds the killed sandbox."""
     one, two = workers
-    made = await _running(one)
+    made = await running_sandbox(one, OWNER)
     sandbox_id = made.sandbox_id
     held = _HeldKept(one.sandboxes.kept)
     one.sandboxes.views.kept = held
@@ -113,7 +101,7 @@ async def test_a_ghost_kept_row_is_dropped_by_the_lookup_that_would_rebuild_it(
     before its compare-and-set) is not rebuilt: the listing leaves it out and drops
     it, the lookup is a 404."""
     one, two = workers
-    made = await _running(one)
+    made = await running_sandbox(one, OWNER)
     sandbox_id = made.sandbox_id
     ghost = msgspec.structs.replace(made.row, state="paused", revision=made.row.revision + 1)
     await two.sandboxes.kill(await two.sandboxes.get(sandbox_id, owner=OWNER))

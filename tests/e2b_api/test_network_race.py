@@ -20,7 +20,7 @@ import pytest
 from sandcell_orchestrator.errors import RegistryError
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
 from sandcell_protocol import EgressPolicy
-from tests.e2b_api.two_workers import Worker, two_workers
+from tests.e2b_api.two_workers import Worker, running_sandbox, two_workers
 from tests.orchestrator.conftest import S3Server, redis_url, s3_server
 
 __all__ = ["redis_url", "s3_server"]
@@ -81,15 +81,7 @@ async def workers(redis_url: str, s3_server: S3Server) -> AsyncIterator[tuple[_W
 
 
 async def _paused_sandbox(one: _Worker) -> str:
-    made = await one.sandboxes.create(
-        owner=OWNER,
-        template="base",
-        timeout_s=600,
-        metadata={},
-        env={},
-        auto_pause=False,
-        egress=OLD,
-    )
+    made = await running_sandbox(one, OWNER, egress=OLD)
     assert await one.sandboxes.pause(made) is True
     return made.sandbox_id
 

@@ -20,11 +20,13 @@ from typing import Generic, TypeVar
 
 import redis.asyncio
 
+from sandcell_orchestrator.e2b.sandbox import E2bSandbox
 from sandcell_orchestrator.e2b.sandboxes import E2bSandboxes
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import RedisRegistry
 from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import S3SnapshotStore
+from sandcell_protocol import EgressPolicy
 from tests.fixtures.paths import traversable_dir
 from tests.orchestrator.conftest import S3Server
 from tests.orchestrator.sessions.conftest import runner_pids
@@ -91,3 +93,18 @@ async def two_workers(
                 await client.delete(*keys)
             await client.aclose()
         assert not leftovers, f"sandbox processes left behind: {leftovers}"
+
+
+async def running_sandbox(
+    worker: Worker[R], owner: str, *, egress: EgressPolicy | None = None
+) -> E2bSandbox:
+    """A new sandbox of the base template, created on ``worker`` for ``owner``."""
+    return await worker.sandboxes.create(
+        owner=owner,
+        template="base",
+        timeout_s=600,
+        metadata={},
+        env={},
+        auto_pause=False,
+        egress=egress,
+    )
