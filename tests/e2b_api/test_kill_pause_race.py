@@ -7,32 +7,22 @@ kept row must not bring the sandbox back: the pause answers 404, the kept row is
 gone, and a lookup or listing on either worker finds nothing (a 404, as for any
 missing sandbox).
 
-Two workers over one redis-server and one S3 (moto), as in ``test_network_race``.
+Two workers over one redis-server and one S3 (moto), ``two_workers.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 import pytest
-import redis.asyncio
 
 from sandcell_orchestrator.e2b.errors import E2bError
 from sandcell_orchestrator.e2b.kept import KeptRows
-from sandcell_orchestrator.e2b.sandboxes import E2bSandboxes
-from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
-from sandcell_orchestrator.sessions.manager import SandboxManager
-from sandcell_orchestrator.snapshots import S3SnapshotStore
-from tests.fixtures.paths import traversable_dir
+from tests.e2b_api.two_workers import Worker, running_sandbox, two_workers
 from tests.orchestrator.conftest import S3Server, redis_url, s3_server
-from tests.orchestrator.sessions.conftest import runner_pids
 
 __all__ = ["redis_url", "s3_server"]
 
@@ -55,54 +45,13 @@ class _HeldKept(KeptRows):
         await super().keep(row)
 
 
-@dataclass
-class _Worker:
-    sandboxes: E2bSandboxes
-    registry: RedisRegistry
-
-
-@contextlib.asynccontextmanager
-async def _worker(redis_url: str, prefix: str, s3: S3Server, rt: Path) -> AsyncIterator[_Worker]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    registry = RedisRegistry(client, prefix=prefix)
-    provider = LocalProvider(LocalSettings(runtime_dir=rt))
-    try:
-        async with S3SnapshotStore(s3.settings(prefix.rstrip(":"))) as store:
-            manager = SandboxManager(provider, registry, store)
-            sandboxes = E2bSandboxes(manager, keep_at_exit=True)
-            try:
-                yield _Worker(sandboxes, registry)
-            finally:
-                await sandboxes.aclose()
-                await manager.aclose(destroy_sandboxes=False)
-    finally:
-        await provider.close()
-        await client.aclose()
+_Worker = Worker[RedisRegistry]
 
 
 @pytest.fixture
 async def workers(redis_url: str, s3_server: S3Server) -> AsyncIterator[tuple[_Worker, _Worker]]:
-    prefix = f"e2b-ghost-{uuid.uuid4().hex[:12]}:"
-    with traversable_dir("e2b-ghost-") as root:
-        rt = root / "rt"
-        try:
-            async with (
-                _worker(redis_url, prefix, s3_server, rt) as one,
-                _worker(redis_url, prefix, s3_server, rt) as two,
-            ):
-                yield one, two
-        finally:
-            leftovers = runner_pids(rt)
-            cleanup = LocalProvider(LocalSettings(runtime_dir=rt))
-            for child in rt.iterdir() if rt.exists() else []:
-                await cleanup.destroy(child.name)
-            await cleanup.close()
-            client = redis.asyncio.Redis.from_url(redis_url)
-            keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-            if keys:
-                await client.delete(*keys)
-            await client.aclose()
-        assert not leftovers, f"sandbox processes left behind: {leftovers}"
+    async with two_workers(RedisRegistry, redis_url, s3_server, name="e2b-ghost-") as pair:
+        yield pair
 
 
 async def _missing(worker: _Worker, sandbox_id: str) -> None:
@@ -121,14 +70,7 @@ async def test_a_kill_during_a_pauses_kept_row_write_leaves_no_paused_ghost(
     the sandbox to the end; one's kept row then lands, its compare-and-set finds the
     row gone: the pause is a 404, and no lookup rebuilds the killed sandbox."""
     one, two = workers
-    made = await one.sandboxes.create(
-        owner=OWNER,
-        template="base",
-        timeout_s=600,
-        metadata={},
-        env={},
-        auto_pause=False,
-    )
+    made = await running_sandbox(one, OWNER)
     sandbox_id = made.sandbox_id
     held = _HeldKept(one.sandboxes.kept)
     one.sandboxes.views.kept = held
@@ -159,14 +101,7 @@ async def test_a_ghost_kept_row_is_dropped_by_the_lookup_that_would_rebuild_it(
     before its compare-and-set) is not rebuilt: the listing leaves it out and drops
     it, the lookup is a 404."""
     one, two = workers
-    made = await one.sandboxes.create(
-        owner=OWNER,
-        template="base",
-        timeout_s=600,
-        metadata={},
-        env={},
-        auto_pause=False,
-    )
+    made = await running_sandbox(one, OWNER)
     sandbox_id = made.sandbox_id
     ghost = msgspec.structs.replace(made.row, state="paused", revision=made.row.revision + 1)
     await two.sandboxes.kill(await two.sandboxes.get(sandbox_id, owner=OWNER))

@@ -1,11 +1,7 @@
 """A network update on one worker racing a resume (or another update) on the other:
 the running sandbox ends on the newest policy its row holds, whatever the order.
 
-Two workers' ``E2bSandboxes`` in this process, as two ``sandcell serve`` processes
-have them: each its own ``SandboxManager``, local provider and registry client, over
-one redis-server and one S3 (moto's server), sharing the local runtime directory
-(so each reaches the runners the other launched). The per-sandbox lock is per
-worker, so nothing but the row's compare-and-set orders the two.
+Two workers' ``E2bSandboxes`` in this process (``two_workers.py``).
 
 Each test holds one worker at its critical point, the compare-and-set of the row
 (``_HeldRegistry`` is the real ``RedisRegistry`` with a gate before that one call),
@@ -16,25 +12,16 @@ one the runner itself reports (``GET /v1/egress``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-import redis.asyncio
 
-from sandcell_orchestrator.e2b.sandboxes import E2bSandboxes
 from sandcell_orchestrator.errors import RegistryError
-from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
-from sandcell_orchestrator.sessions.manager import SandboxManager
-from sandcell_orchestrator.snapshots import S3SnapshotStore
 from sandcell_protocol import EgressPolicy
-from tests.fixtures.paths import traversable_dir
+from tests.e2b_api.two_workers import Worker, running_sandbox, two_workers
 from tests.orchestrator.conftest import S3Server, redis_url, s3_server
-from tests.orchestrator.sessions.conftest import runner_pids
 
 __all__ = ["redis_url", "s3_server"]
 
@@ -84,71 +71,17 @@ class _HeldRegistry(RedisRegistry):
         return await super().update_e2b_sandbox(row)
 
 
-@dataclass
-class _Worker:
-    sandboxes: E2bSandboxes
-    registry: _HeldRegistry
-
-    @property
-    def manager(self) -> SandboxManager:
-        return self.sandboxes.manager
-
-
-@contextlib.asynccontextmanager
-async def _worker(redis_url: str, prefix: str, s3: S3Server, rt: Path) -> AsyncIterator[_Worker]:
-    client = redis.asyncio.Redis.from_url(redis_url)
-    registry = _HeldRegistry(client, prefix=prefix)
-    provider = LocalProvider(LocalSettings(runtime_dir=rt))
-    try:
-        async with S3SnapshotStore(s3.settings(prefix.rstrip(":"))) as store:
-            manager = SandboxManager(provider, registry, store)
-            # A shared registry: the sandboxes outlive a worker (the test kills its own).
-            sandboxes = E2bSandboxes(manager, keep_at_exit=True)
-            try:
-                yield _Worker(sandboxes, registry)
-            finally:
-                await sandboxes.aclose()
-                await manager.aclose(destroy_sandboxes=False)
-    finally:
-        await provider.close()
-        await client.aclose()
+_Worker = Worker[_HeldRegistry]
 
 
 @pytest.fixture
 async def workers(redis_url: str, s3_server: S3Server) -> AsyncIterator[tuple[_Worker, _Worker]]:
-    prefix = f"e2b-race-{uuid.uuid4().hex[:12]}:"
-    with traversable_dir("e2b-race-") as root:
-        rt = root / "rt"
-        try:
-            async with (
-                _worker(redis_url, prefix, s3_server, rt) as one,
-                _worker(redis_url, prefix, s3_server, rt) as two,
-            ):
-                yield one, two
-        finally:
-            leftovers = runner_pids(rt)
-            cleanup = LocalProvider(LocalSettings(runtime_dir=rt))
-            for child in rt.iterdir() if rt.exists() else []:
-                await cleanup.destroy(child.name)
-            await cleanup.close()
-            client = redis.asyncio.Redis.from_url(redis_url)
-            keys = [key async for key in client.scan_iter(match=f"{prefix}*")]
-            if keys:
-                await client.delete(*keys)
-            await client.aclose()
-        assert not leftovers, f"sandbox processes left behind: {leftovers}"
+    async with two_workers(_HeldRegistry, redis_url, s3_server, name="e2b-race-") as pair:
+        yield pair
 
 
 async def _paused_sandbox(one: _Worker) -> str:
-    made = await one.sandboxes.create(
-        owner=OWNER,
-        template="base",
-        timeout_s=600,
-        metadata={},
-        env={},
-        auto_pause=False,
-        egress=OLD,
-    )
+    made = await running_sandbox(one, OWNER, egress=OLD)
     assert await one.sandboxes.pause(made) is True
     return made.sandbox_id
 
