@@ -53,7 +53,8 @@ class InProcessRegistry:
         self._owners: dict[str, SessionOwner] = {}
         self._e2b: dict[str, E2bSandboxRow] = {}
         self._e2b_killed: dict[str, float] = {}
-        """Removed ids, to when (``time.monotonic``) they stop counting as killed."""
+        """Removed ids, to when (``time.monotonic``) they stop counting as killed, oldest
+        first (one TTL for all): the ones that ran out are popped from the front."""
         # slot scope -> token -> expires at, by ``clock``
         self._slots: dict[str, dict[str, float]] = {}
         self._corrupt = _CorruptRecordLog(logger)
@@ -314,8 +315,13 @@ class InProcessRegistry:
         validate_e2b_sandbox_id(sandbox_id)
         await anyio.lowlevel.checkpoint()
         now = time.monotonic()
-        self._e2b_killed = {i: t for i, t in self._e2b_killed.items() if t > now}
-        self._e2b_killed[sandbox_id] = now + KILLED_E2B_TTL_S
+        killed = self._e2b_killed
+        # Not a rebuild of the dict on every kill: that cost each kill a pass over a
+        # day's kills, on the event loop.
+        while killed and next(iter(killed.values())) <= now:
+            del killed[next(iter(killed))]
+        killed.pop(sandbox_id, None)  # re-inserted last, in expiry order
+        killed[sandbox_id] = now + KILLED_E2B_TTL_S
         return self._e2b.pop(sandbox_id, None) is not None
 
     async def e2b_sandbox_killed(self, sandbox_id: str) -> bool:

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS e2b_killed (
     sandbox_id TEXT PRIMARY KEY,
     until_s REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS e2b_killed_by_until ON e2b_killed (until_s);
 """
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
