@@ -163,20 +163,26 @@ async def test_rows_an_older_orchestrator_added_are_listed_by_start_time(
     client: redis.asyncio.Redis, prefix: str
 ) -> None:
     """Rows added before ``e2b_nsstart`` (or by an older worker during a rolling
-    upgrade) are in the listing by start time, in order, once: the listing adds them
-    to the zset, scored from ``e2b_all``. An id an older worker removed (it leaves the
-    member in ``e2b_nsstart``) is skipped and pruned."""
+    upgrade), also those of the orchestrators before ``e2b_nsids``, are in the listing
+    by start time, in order, once: the listing moves the oldest zset into
+    ``e2b_nsids`` and adds what ``e2b_nsstart`` lacks, scored from ``e2b_all``. An id an
+    older worker removed (it leaves the member in ``e2b_nsstart``) is skipped and
+    pruned."""
     registry = RedisRegistry(client, prefix=prefix)
     nsstart = f"{prefix}e2b_nsstart:{_hash('tenant-a')}"
     rows = [new_row("tenant-a", started_at_s=1_765_000_000.25 + 0.5 * n) for n in range(9)]
     for n, row in enumerate(rows):
         if n % 3 == 0:
             assert await registry.add_e2b_sandbox(row)
-        else:
+        elif n % 3 == 1:
             await _nsids_era_add(client, prefix, row)
+        else:
+            await _legacy_add(client, prefix, row)
     assert await client.zcard(nsstart) == 3
     assert await registry.e2b_sandboxes_by_start("tenant-a", limit=4) == rows[:4]
     assert await client.zcard(nsstart) == 9
+    assert await client.exists(f"{prefix}e2b_ns:{_hash('tenant-a')}") == 0
+    assert await client.zcard(f"{prefix}e2b_nsids:{_hash('tenant-a')}") == 9
     newest = await registry.e2b_sandboxes_by_start("tenant-a", limit=20, newest_first=True)
     assert newest == rows[::-1]
     # An older worker's kill: the hash, e2b_all and e2b_nsids, not e2b_nsstart.

@@ -42,7 +42,7 @@ from .e2b import (
     validate_e2b_sandbox_id,
 )
 from .index import check_page_limit
-from .redis_db import RedisDatabase, map_redis_errors, moving_page_lua, text
+from .redis_db import RedisDatabase, legacy_move_lua, map_redis_errors, moving_page_lua, text
 
 __all__ = [
     "ADD_E2B_LUA",
@@ -112,16 +112,19 @@ return 0
 PAGE_E2B_IDS_LUA = moving_page_lua("redis.call('zrange', KEYS[2], 0, -1)")
 
 # KEYS[1] the namespace's zset by start time, KEYS[2] its ids zset, KEYS[3] every
-# sandbox's zset (its scores are the start times)
+# sandbox's zset (its scores are the start times), KEYS[4] its legacy zset
 # ARGV[1] '1' newest first, else '0'; ARGV[2] the start time of the row the page follows
 # ('' from the first), exactly as the row has it (a string: Lua's numbers print
 # rounded); ARGV[3] that row's id; ARGV[4] how many ids
-# Returns the page's ids, each followed by its score. First the ids of the ids zset
-# the start zset lacks are added to it (rows an older orchestrator added). Then the
+# Returns the page's ids, each followed by its score. First the legacy zset is moved
+# into the ids zset (``PAGE_E2B_IDS_LUA``'s move), and the ids of the ids zset the
+# start zset lacks are added to it (rows an older orchestrator added). Then the
 # page: past the row's rank if the row is still there (ties on the start time go by
 # id, the zset's own order); past its start time if it is gone, the ties at that very
 # time read whole and filtered by id.
-PAGE_E2B_BY_START_LUA = """
+PAGE_E2B_BY_START_LUA = (
+    legacy_move_lua("redis.call('zrange', KEYS[4], 0, -1)", ids="KEYS[2]", legacy="KEYS[4]")
+    + """
 local by_start, ids, all = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('zcard', by_start) < redis.call('zcard', ids) then
     local known = redis.call('zrange', ids, 0, -1)
@@ -172,6 +175,7 @@ if #page < 2 * count then
 end
 return page
 """
+)
 
 # KEYS[1] the namespace's ids zset, KEYS[2..] row hashes a page found missing
 # ARGV[1], ARGV[2]... their sandbox ids (ARGV[i]'s hash is KEYS[i + 1])
@@ -340,6 +344,7 @@ class RedisE2bTable(RedisDatabase):
             self._e2b_by_start_key(namespace),
             self._e2b_ns_key(namespace),
             self._e2b_all_key,
+            self._legacy_e2b_ns_key(namespace),
         ]
         found: list[E2bSandboxRow] = []
         start = after
