@@ -56,7 +56,7 @@ async def workers(redis_url: str, s3_server: S3Server) -> AsyncIterator[tuple[_W
 
 async def _missing(worker: _Worker, sandbox_id: str) -> None:
     """Neither listed nor found: exactly the 404 of any missing sandbox."""
-    listed, _after = await worker.sandboxes.page(OWNER, after=None, limit=10)
+    listed, _after = await worker.sandboxes.listing.page(OWNER, after=None, limit=10)
     assert sandbox_id not in [sandbox.sandbox_id for sandbox in listed]
     with pytest.raises(E2bError) as caught:
         await worker.sandboxes.get(sandbox_id, owner=OWNER)

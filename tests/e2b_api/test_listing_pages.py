@@ -1,7 +1,9 @@
-"""``E2bSandboxes.page`` (``GET /v2/sandboxes``): a page reads one page of the registry's
-E2B table and one of the store's kept rows, never the whole of either, and pages chained
-by their ``nextToken`` give every sandbox once, in id order, wherever (registry, store,
-both) its row is; with the state and metadata filters each page is full but the last.
+"""``SandboxListing.page`` (``GET /v2/sandboxes``): pages chained by their ``nextToken``
+give every sandbox once, newest first (oldest first with ``order=asc``), wherever
+(registry, store, both) its row is; with the state and metadata filters each page is
+full but the last. A page reads one page of the registry's E2B table, never the whole
+of it; the store's kept rows are merged into the registry by the first listing after
+a wipe (or once the registry's merge mark ran out), not read by every page.
 
 Every registry backend (Redis the real redis-server), the directory store and moto's
 S3; the rows are written directly (no runner is started: a listing reaches none). The
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import random
 import secrets
 import uuid
@@ -26,21 +29,24 @@ import httpx
 import msgspec
 import pytest
 from e2b.api.client.api.sandboxes import get_v2_sandboxes
+from e2b.api.client.models.order_direction import OrderDirection
 from e2b.api.client.types import UNSET
 from starlette.applications import Starlette
 
 from sandcell_orchestrator.e2b.control import ControlPlane
 from sandcell_orchestrator.e2b.errors import E2bError
 from sandcell_orchestrator.e2b.kept import KeptRows
-from sandcell_orchestrator.e2b.sandboxes import (
+from sandcell_orchestrator.e2b.listing import (
     PAGE_READS,
     READ_ON_ROWS,
-    E2bSandbox,
-    E2bSandboxes,
+    ListingOrder,
+    page_token,
 )
+from sandcell_orchestrator.e2b.sandboxes import E2bSandbox, E2bSandboxes
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import (
     E2bSandboxRow,
+    E2bStartKey,
     InProcessRegistry,
     RedisRegistry,
     SessionRegistry,
@@ -60,16 +66,26 @@ class _CountingTable:
 
     ``wipe`` takes rows out as a wipe does: a removal marks the id killed
     (``e2b_sandbox_killed``), a wipe takes the marks with it, so a wiped id is not
-    killed here until a real removal (a kill) goes through this table."""
+    killed here until a real removal (a kill) goes through this table; and it takes
+    the tenants' merge marks (kept here, not in the backend, so a wipe can)."""
 
     def __init__(self, inner: SessionRegistry) -> None:
         self._inner = inner
         self.reads: list[int] = []
         self.wiped: set[str] = set()
+        self.merged: set[str] = set()
 
     async def wipe(self, sandbox_id: str) -> None:
         await self._inner.remove_e2b_sandbox(sandbox_id)
         self.wiped.add(sandbox_id)
+        self.merged.clear()
+
+    async def e2b_kept_merged(self, namespace: str) -> bool:
+        return namespace in self.merged
+
+    async def mark_e2b_kept_merged(self, namespace: str, *, ttl_s: float) -> None:
+        assert ttl_s > 0
+        self.merged.add(namespace)
 
     async def remove_e2b_sandbox(self, sandbox_id: str) -> bool:
         self.wiped.discard(sandbox_id)
@@ -90,8 +106,8 @@ class _CountingTable:
         self.reads.append(len(rows))
         return rows
 
-    async def e2b_sandboxes_of(self, namespace: str, **page: Any) -> list[E2bSandboxRow]:
-        rows: list[E2bSandboxRow] = await self._inner.e2b_sandboxes_of(namespace, **page)
+    async def e2b_sandboxes_by_start(self, namespace: str, **page: Any) -> list[E2bSandboxRow]:
+        rows: list[E2bSandboxRow] = await self._inner.e2b_sandboxes_by_start(namespace, **page)
         self.reads.append(len(rows))
         return rows
 
@@ -105,6 +121,18 @@ class _Listing:
     @property
     def kept(self) -> KeptRows:
         return self.sandboxes.kept
+
+    def count_store_reads(self) -> list[int]:
+        """A list that gets one entry per listing of the kept rows from now on."""
+        calls: list[int] = []
+        real = self.kept.page
+
+        async def page(namespace: str, **kwargs: Any) -> tuple[list[str], str | None]:
+            calls.append(1)
+            return await real(namespace, **kwargs)
+
+        self.kept.page = page  # type: ignore[method-assign]
+        return calls
 
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
@@ -229,17 +257,45 @@ async def _wipe_rebuilt(listing: _Listing, placed: dict[str, str]) -> None:
             await listing.table.wipe(sandbox_id)
 
 
-async def _every_page(listing: _Listing, *, limit: int, **filters: Any) -> list[list[E2bSandbox]]:
+def _key(row: E2bSandboxRow) -> E2bStartKey:
+    return (row.started_at_s, row.sandbox_id)
+
+
+async def _rows_of(listing: _Listing, ids: Sequence[str]) -> dict[str, E2bSandboxRow]:
+    """Each id's row, from the registry or (store only) its kept row."""
+    rows: dict[str, E2bSandboxRow] = {}
+    for sandbox_id in ids:
+        row = await listing.registry.e2b_sandbox(sandbox_id)
+        if row is None:
+            row = await listing.kept.read(TENANT, sandbox_id)
+        assert row is not None, sandbox_id
+        rows[sandbox_id] = row
+    return rows
+
+
+def _in_order(rows: dict[str, E2bSandboxRow], order: ListingOrder) -> list[str]:
+    """The ids as the listing gives them: by start time then id, newest first for desc."""
+    ordered = sorted(rows.values(), key=_key, reverse=order == "desc")
+    return [row.sandbox_id for row in ordered]
+
+
+async def _every_page(
+    listing: _Listing, *, limit: int, order: ListingOrder = "desc", **filters: Any
+) -> list[list[E2bSandbox]]:
     pages: list[list[E2bSandbox]] = []
-    after: str | None = None
+    after: E2bStartKey | None = None
     while True:
-        page, after = await listing.sandboxes.page(TENANT, after=after, limit=limit, **filters)
+        page, after = await listing.sandboxes.listing.page(
+            TENANT, after=after, limit=limit, order=order, **filters
+        )
         assert all(sandbox.owner == TENANT for sandbox in page)
         assert len(page) <= limit
         pages.append(page)
         if after is None:
             return pages
-        assert not page or after >= page[-1].sandbox_id
+        if page:
+            last = _key(page[-1].row)
+            assert (after <= last) if order == "desc" else (after >= last)
 
 
 def _ids(pages: Sequence[Sequence[E2bSandbox]]) -> list[str]:
@@ -251,22 +307,27 @@ async def test_pages_list_every_sandbox_once_from_the_registry_the_store_or_both
     listing: _Listing, layout: str
 ) -> None:
     """30 sandboxes, each in the registry, the store or both (another tenant's between
-    them): pages of any size chained by ``nextToken`` give each once, in id order, each
-    page full but the last (no empty page at the end), and each read of the registry
-    returns at most ``limit + 1`` rows: never the tenant's whole table."""
+    them): pages of any size chained by ``nextToken`` give each once, newest first or
+    oldest first, each page full but the last (no empty page at the end), and each
+    read of the registry returns at most ``limit + 1`` rows: never the tenant's whole
+    table. The store's kept rows are listed by the first page only (the merge)."""
     placed = await _seed(listing, layout, 30, metadata=lambda _n: {})
-    ids = sorted(placed)
+    rows = await _rows_of(listing, list(placed))
+    store_reads = listing.count_store_reads()
     for limit in (1, 2, 3, 7, 29, 30, 31, 100):
-        await _wipe_rebuilt(listing, placed)
-        listing.table.reads.clear()
-        pages = await _every_page(listing, limit=limit)
-        assert _ids(pages) == ids, limit
-        assert [len(page) for page in pages[:-1]] == [limit] * (len(pages) - 1), limit
-        assert len(pages) == -(-len(ids) // limit), limit
-        assert listing.table.reads, limit
-        assert max(listing.table.reads) <= limit + 1, (limit, listing.table.reads)
-        assert len(listing.table.reads) == len(pages), (limit, listing.table.reads)
-    for sandbox_id in ids:
+        for order in ("desc", "asc"):
+            await _wipe_rebuilt(listing, placed)
+            listing.table.reads.clear()
+            store_reads.clear()
+            pages = await _every_page(listing, limit=limit, order=order)
+            assert _ids(pages) == _in_order(rows, order), (limit, order)
+            assert [len(page) for page in pages[:-1]] == [limit] * (len(pages) - 1), limit
+            assert len(pages) == -(-len(rows) // limit), limit
+            assert listing.table.reads, limit
+            assert max(listing.table.reads) <= limit + 1, (limit, listing.table.reads)
+            assert len(listing.table.reads) == len(pages), (limit, listing.table.reads)
+            assert len(store_reads) == 1, (limit, order)
+    for sandbox_id in placed:
         found = await listing.registry.e2b_sandbox(sandbox_id)
         assert found is not None
         assert found.namespace == TENANT
@@ -276,22 +337,15 @@ async def test_filtered_pages_are_full_but_the_last_and_skip_nothing(
     dir_listing: _Listing,
 ) -> None:
     """With the state filter and a metadata query, a page the filters leave short reads
-    on (both sources, a page at a time) until it is full or they end: chained pages give
-    exactly the sandboxes that match, once, in id order, each full but the last."""
+    on (a page at a time) until it is full or the rows end: chained pages give exactly
+    the sandboxes that match, once, in the order asked for, each full but the last."""
     listing = dir_listing
 
     def parity(n: int) -> dict[str, str]:
         return {"parity": "even" if n % 2 == 0 else "odd", "n": str(n)}
 
     placed = await _seed(listing, "interleaved", 40, metadata=parity)
-    rows: dict[str, E2bSandboxRow] = {}
-    for sandbox_id, where in placed.items():
-        row = await listing.registry.e2b_sandbox(sandbox_id)
-        if row is None:
-            row = await listing.kept.read(TENANT, sandbox_id)
-        assert row is not None, where
-        rows[sandbox_id] = row
-    ids = sorted(rows)
+    rows = await _rows_of(listing, list(placed))
     cases: list[tuple[dict[str, Any], Callable[[E2bSandboxRow], bool]]] = [
         ({"states": ("running",)}, lambda row: row.state == "running"),
         ({"states": ("paused",)}, lambda row: row.state == "paused"),
@@ -307,13 +361,13 @@ async def test_filtered_pages_are_full_but_the_last_and_skip_nothing(
             lambda row: row.state == "paused" and int(row.metadata["n"]) % 5 == 0,
         ),
     ]
-    for filters, matches in cases:
-        expected = [sandbox_id for sandbox_id in ids if matches(rows[sandbox_id])]
+    for (filters, matches), order in itertools.product(cases, ("desc", "asc")):
+        expected = [i for i in _in_order(rows, order) if matches(rows[i])]
         assert expected, filters
         for limit in (1, 2, 3, 5, 100):
             await _wipe_rebuilt(listing, placed)
             listing.table.reads.clear()
-            pages = await _every_page(listing, limit=limit, **filters)
+            pages = await _every_page(listing, limit=limit, order=order, **filters)
             assert _ids(pages) == expected, (filters, limit)
             # Full but the last, which may be empty only where the filters left out
             # what the page before it would have ended on.
@@ -328,30 +382,24 @@ async def test_a_sparse_filter_reads_a_bounded_amount_per_page(dir_listing: _Lis
     ``PAGE_READS`` times (the first read ``limit + 1`` rows, a read-on at most
     ``READ_ON_ROWS``), however far apart the matches are; a page that runs out of reads
     comes back short (even empty) with a ``nextToken``, and the chained pages still give
-    exactly the matches, once, in id order."""
+    exactly the matches, once, newest first."""
     listing = dir_listing
 
     def hit(n: int) -> dict[str, str]:
         return {"hit": "yes" if n % 200 == 199 else "no"}
 
     placed = await _seed(listing, "interleaved", 400, metadata=hit)
-    expected = []
-    for sandbox_id in sorted(placed):
-        row = await listing.registry.e2b_sandbox(sandbox_id) or await listing.kept.read(
-            TENANT, sandbox_id
-        )
-        assert row is not None
-        if row.metadata["hit"] == "yes":
-            expected.append(sandbox_id)
+    rows = await _rows_of(listing, list(placed))
+    expected = [i for i in _in_order(rows, "desc") if rows[i].metadata["hit"] == "yes"]
     assert len(expected) == 2
     for limit in (1, 3):
         await _wipe_rebuilt(listing, placed)
         found: list[str] = []
-        after: str | None = None
+        after: E2bStartKey | None = None
         requests = 0
         while True:
             listing.table.reads.clear()
-            page, after = await listing.sandboxes.page(
+            page, after = await listing.sandboxes.listing.page(
                 TENANT, after=after, limit=limit, picks=lambda s: s.metadata["hit"] == "yes"
             )
             requests += 1
@@ -402,7 +450,7 @@ async def test_a_kill_while_a_wiped_row_is_rebuilt_is_not_undone(
 
             async def worker_one() -> None:
                 if path == "listing":
-                    page, _ = await one.page(TENANT, after=None, limit=10)
+                    page, _ = await one.listing.page(TENANT, after=None, limit=10)
                     found.extend(page)
                 else:
                     with contextlib.suppress(E2bError):
@@ -451,15 +499,23 @@ async def test_a_tenants_listing_reads_only_its_own_rows(dir_listing: _Listing) 
         "limit=" + "1" * 5000,  # past int()'s 4300 digits
         "nextToken=..%2Fx",
         "nextToken=" + "a" * 21,
+        "nextToken=" + "a" * 20,  # a bare id: the tokens of the listing in id order
+        "nextToken=" + page_token((1.7e9, "a" * 20), "asc"),  # of the other order
+        "order=asc&nextToken=" + page_token((1.7e9, "a" * 20), "desc"),
+        "nextToken=" + page_token((1.7e9, "../../x"), "desc"),
+        "nextToken=" + page_token((float("inf"), "a" * 20), "desc"),
+        "nextToken=" + "A" * 5000,
+        "order=sideways",
+        "order=DESC",
         "state=running%2Cgone",
         "startedAfter=yesterday",
         "startedAfter=" + "2" * 100,
     ],
 )
 async def test_a_malformed_listing_query_is_a_400_before_any_read(query: str) -> None:
-    """``limit``, ``nextToken`` and ``state`` come from the caller: one that is not what
-    the route takes is E2B's 400 ``bad_request``, answered before the table (the
-    registry or the store) is reached."""
+    """``limit``, ``nextToken``, ``order`` and ``state`` come from the caller: one that
+    is not what the route takes (a token of another order among them) is E2B's 400
+    ``bad_request``, answered before the table (the registry or the store) is reached."""
 
     def table() -> E2bSandboxes:
         raise AssertionError("the listing reached the table")
@@ -476,10 +532,11 @@ async def test_a_malformed_listing_query_is_a_400_before_any_read(query: str) ->
 async def test_the_sdks_template_and_started_after_filters_are_honoured(
     dir_listing: _Listing,
 ) -> None:
-    """``SandboxQuery(template=, started_after=)`` as e2b's own client puts them in the
-    query (``get_v2_sandboxes``): only the tenant's sandboxes of that template, started
-    at or after that time, are listed, across pages (a filter the route ignored would
-    list, and a caller might kill, the ones it asked to leave out)."""
+    """``SandboxQuery(template=, started_after=)`` and ``order`` as e2b's own client puts
+    them in the query (``get_v2_sandboxes``): only the tenant's sandboxes of that
+    template, started at or after that time, are listed, across pages, newest first
+    unless ``order`` is ``asc`` (a filter the route ignored would list, and a caller
+    might kill, the ones it asked to leave out)."""
     listing = dir_listing
     rows: list[E2bSandboxRow] = []
     for n in range(12):
@@ -509,14 +566,18 @@ async def test_the_sdks_template_and_started_after_filters_are_honoured(
     ]
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://e2b.test/e2b") as client:
-        for query, matches in cases:
-            expected = sorted(row.sandbox_id for row in rows if matches(row))
+        for (query, matches), order in itertools.product(cases, (None, "asc", "desc")):
+            by_start = sorted(rows, key=_key, reverse=order != "asc")
+            expected = [row.sandbox_id for row in by_start if matches(row)]
             assert 0 < len(expected) < len(rows), query
             listed: list[str] = []
             token: str | None = None
             while True:
                 kwargs = get_v2_sandboxes._get_kwargs(
-                    limit=2, next_token=token if token else UNSET, **query
+                    limit=2,
+                    next_token=token if token else UNSET,
+                    order=OrderDirection(order) if order else UNSET,
+                    **query,
                 )
                 answer = await client.get(
                     kwargs["url"], params=kwargs["params"], headers={"X-API-KEY": "key"}
@@ -526,4 +587,59 @@ async def test_the_sdks_template_and_started_after_filters_are_honoured(
                 token = answer.headers.get("x-next-token")
                 if not token:
                     break
-            assert listed == expected, query
+            assert listed == expected, (query, order)
+
+
+async def test_the_kept_rows_are_merged_once_until_the_mark_runs_out(
+    listing: _Listing,
+) -> None:
+    """The first listing after a wipe lists the tenant's kept rows (and rebuilds the
+    ones the registry lacks); the listings after it read the registry only, until the
+    registry's merge mark is gone (a wipe, or its TTL: ``MERGE_TTL_S``). A listing of
+    running sandboxes only never reads the store."""
+    placed = await _seed(listing, "interleaved", 12, metadata=lambda _n: {})
+    rows = await _rows_of(listing, list(placed))
+    store_reads = listing.count_store_reads()
+    running = [i for i in _in_order(rows, "desc") if rows[i].state == "running"]
+    assert _ids(await _every_page(listing, limit=5, states=("running",))) == running
+    assert store_reads == []
+    for _ in range(3):
+        assert _ids(await _every_page(listing, limit=5)) == _in_order(rows, "desc")
+    assert len(store_reads) == 1
+    assert None not in [await listing.registry.e2b_sandbox(i) for i in placed]
+    # A wipe since: the next listing merges again, and lists them all again.
+    await _wipe_rebuilt(listing, placed)
+    assert _ids(await _every_page(listing, limit=100, order="asc")) == _in_order(rows, "asc")
+    assert len(store_reads) == 2
+
+
+async def test_the_merge_mark_is_the_registrys_with_its_ttl(
+    backend: SessionRegistry, tmp_path: Path
+) -> None:
+    """On each real backend (no counting table): a listing leaves the tenant marked
+    merged, for ``MERGE_TTL_S``; a sandbox kept in the store only while the mark
+    holds is not listed until the mark runs out, then it is (rebuilt). (The mark's
+    own length, ``MERGE_TTL_S``, is not waited for here.)"""
+    first, late = _row(TENANT, state="paused"), _row(TENANT, state="paused")
+    async with DirectorySnapshotStore(tmp_path / "snapshots") as store:
+        await KeptRows(store).keep(first)
+        provider = LocalProvider(LocalSettings(runtime_dir=tmp_path / "rt"))
+        manager = SandboxManager(provider, backend, store)
+        sandboxes = E2bSandboxes(manager, keep_at_exit=True)
+        try:
+            page, _ = await sandboxes.listing.page(TENANT, after=None, limit=10)
+            assert [s.sandbox_id for s in page] == [first.sandbox_id]
+            assert await backend.e2b_kept_merged(TENANT)
+            assert not await backend.e2b_kept_merged(OTHER)
+            await KeptRows(store).keep(late)
+            page, _ = await sandboxes.listing.page(TENANT, after=None, limit=10)
+            assert [s.sandbox_id for s in page] == [first.sandbox_id]
+            await backend.mark_e2b_kept_merged(TENANT, ttl_s=0.01)
+            await anyio.sleep(0.05)
+            page, _ = await sandboxes.listing.page(TENANT, after=None, limit=10)
+            newest_first = sorted([first, late], key=_key, reverse=True)
+            assert [s.sandbox_id for s in page] == [row.sandbox_id for row in newest_first]
+        finally:
+            await sandboxes.aclose()
+            await manager.aclose(destroy_sandboxes=False)
+            await provider.close()

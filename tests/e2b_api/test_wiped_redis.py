@@ -67,9 +67,16 @@ class Wiped:
 
     def forget(self, sandbox_ids: list[str]) -> None:
         """Drop these sandboxes' rows from Redis again (what the wipe did to them; a
-        listing since rebuilt them from their kept rows)."""
+        listing since rebuilt them from their kept rows), and the tenants' merge marks
+        (the wipe took them too)."""
         with redis.Redis.from_url(self.redis_url) as db:
-            indexes = [*db.scan_iter(match="*e2b_all"), *db.scan_iter(match="*e2b_nsids:*")]
+            indexes = [
+                *db.scan_iter(match="*e2b_all"),
+                *db.scan_iter(match="*e2b_nsids:*"),
+                *db.scan_iter(match="*e2b_nsstart:*"),
+            ]
+            for mark in db.scan_iter(match="*e2b_kept_merged:*"):
+                db.delete(mark)
             for sandbox_id in sandbox_ids:
                 for key in db.scan_iter(match=f"*e2b:{sandbox_id}"):
                     db.delete(key)
@@ -205,8 +212,9 @@ def test_paused_sandboxes_are_paged_once_and_killed_while_paused_after_a_wipe(
 def test_pages_over_registry_rows_and_kept_rows_never_skip_or_repeat(wiped: Wiped) -> None:
     """Nine sandboxes: four paused before a wipe (kept rows only), two paused after it
     (Redis and kept rows), three running (Redis only), and another tenant's: pages of
-    any size give each once, in id order, each full but the last; the state filter and
-    a metadata query page the same; the other tenant lists only its own."""
+    any size give each once, newest first (oldest first with ``order="asc"``), each
+    full but the last; the state filter and a metadata query page the same; the other
+    tenant lists only its own."""
     serve = wiped.serve
 
     def meta(n: int) -> dict[str, str]:
@@ -225,10 +233,11 @@ def test_pages_over_registry_rows_and_kept_rows_never_skip_or_repeat(wiped: Wipe
             assert made[-1].pause() is True
         made += [Sandbox.create(metadata=meta(n), **serve.opts()) for n in range(6, 9)]
         theirs = Sandbox.create(metadata=meta(0), **serve.opts(KEY_B))
-        ids = sorted(sandbox.sandbox_id for sandbox in made)
-        paused = sorted(sandbox.sandbox_id for sandbox in made[:6])
-        running = sorted(sandbox.sandbox_id for sandbox in made[6:])
-        even = sorted(sandbox.sandbox_id for n, sandbox in enumerate(made) if n % 2 == 0)
+        # Made one after another: newest first is the reverse of the making.
+        ids = [sandbox.sandbox_id for sandbox in reversed(made)]
+        paused = [sandbox.sandbox_id for sandbox in reversed(made[:6])]
+        running = [sandbox.sandbox_id for sandbox in reversed(made[6:])]
+        even = [sandbox.sandbox_id for n, sandbox in reversed(list(enumerate(made))) if n % 2 == 0]
 
         def listed(limit: int, **query: Any) -> list[str]:
             wiped.forget(forgotten)  # as right after the wipe, for every listing
@@ -239,12 +248,16 @@ def test_pages_over_registry_rows_and_kept_rows_never_skip_or_repeat(wiped: Wipe
 
         for limit in (1, 2, 4, 100):
             assert listed(limit) == ids, limit
+            assert listed(limit, order="desc") == ids, limit
+            assert listed(limit, order="asc") == ids[::-1], limit
         paused_only = SandboxQuery(state=[SandboxState.PAUSED])
         running_only = SandboxQuery(state=[SandboxState.RUNNING])
         for limit in (1, 4):
             assert listed(limit, query=paused_only) == paused, limit
             assert listed(limit, query=running_only) == running, limit
             assert listed(limit, query=SandboxQuery(metadata={"parity": "even"})) == even, limit
+            oldest_paused = listed(limit, query=paused_only, order="asc")
+            assert oldest_paused == paused[::-1], limit
         assert _ids(serve, KEY_B, limit=1) == [theirs.sandbox_id]
     finally:
         for sandbox in made:

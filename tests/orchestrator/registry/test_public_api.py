@@ -23,6 +23,7 @@ def test_all_is_pinned() -> None:
         "E2bSandboxRow",
         "E2bSandboxState",
         "E2bSandboxTable",
+        "E2bStartKey",
         "FencedError",
         "IdempotencyEntry",
         "IdempotencyStore",

@@ -62,16 +62,21 @@ def _rows(namespace: str, count: int) -> list[E2bSandboxRow]:
 
 
 async def test_key_layout(client: redis.asyncio.Redis, prefix: str) -> None:
-    """A row is its hash, an ``e2b_all`` member scored by its start and a member (score
-    0) of its namespace's ``e2b_nsids:<sha256>``; a removal takes all three away and
-    leaves ``e2b_killed:<id>`` with a TTL."""
+    """A row is its hash, an ``e2b_all`` member scored by its start, a member (score
+    0) of its namespace's ``e2b_nsids:<sha256>`` and one scored by its start of
+    ``e2b_nsstart:<sha256>``; a removal takes all four away and leaves
+    ``e2b_killed:<id>`` with a TTL."""
     registry = RedisRegistry(client, prefix=prefix)
     row = new_row("tenant a", started_at_s=123.0)
     assert await registry.add_e2b_sandbox(row)
     nsids = f"{prefix}e2b_nsids:{_hash('tenant a')}"
+    nsstart = f"{prefix}e2b_nsstart:{_hash('tenant a')}"
     assert await _keys(client, prefix) == sorted(
-        [f"{prefix}e2b:{row.sandbox_id}", f"{prefix}e2b_all", nsids]
+        [f"{prefix}e2b:{row.sandbox_id}", f"{prefix}e2b_all", nsids, nsstart]
     )
+    assert await client.zrange(nsstart, 0, -1, withscores=True) == [
+        (row.sandbox_id.encode(), 123.0)
+    ]
     assert await client.hgetall(f"{prefix}e2b:{row.sandbox_id}") == {
         b"rev": b"1",
         b"ns": b"tenant a",
@@ -142,6 +147,56 @@ async def test_an_older_orchestrators_zset_is_moved_on_listing_and_nothing_is_lo
     assert await registry.remove_e2b_sandbox(rows[12].sandbox_id)
     assert (await registry.e2b_sandboxes_of("tenant-a", limit=1)) == [moved]
     assert rows[12].sandbox_id not in await _every_page(registry, "tenant-a", limit=100)
+
+
+async def _nsids_era_add(client: redis.asyncio.Redis, prefix: str, row: E2bSandboxRow) -> None:
+    """What an orchestrator before ``e2b_nsstart`` wrote for ``add_e2b_sandbox``."""
+    await client.hset(
+        f"{prefix}e2b:{row.sandbox_id}",
+        mapping={"rev": str(row.revision), "ns": row.namespace, "row": row.to_json()},
+    )
+    await client.zadd(f"{prefix}e2b_all", {row.sandbox_id: row.started_at_s})
+    await client.zadd(f"{prefix}e2b_nsids:{_hash(row.namespace)}", {row.sandbox_id: 0})
+
+
+async def test_rows_an_older_orchestrator_added_are_listed_by_start_time(
+    client: redis.asyncio.Redis, prefix: str
+) -> None:
+    """Rows added before ``e2b_nsstart`` (or by an older worker during a rolling
+    upgrade), also those of the orchestrators before ``e2b_nsids``, are in the listing
+    by start time, in order, once: the listing moves the oldest zset into
+    ``e2b_nsids`` and adds what ``e2b_nsstart`` lacks, scored from ``e2b_all``. An id an
+    older worker removed (it leaves the member in ``e2b_nsstart``) is skipped and
+    pruned."""
+    registry = RedisRegistry(client, prefix=prefix)
+    nsstart = f"{prefix}e2b_nsstart:{_hash('tenant-a')}"
+    rows = [new_row("tenant-a", started_at_s=1_765_000_000.25 + 0.5 * n) for n in range(9)]
+    for n, row in enumerate(rows):
+        if n % 3 == 0:
+            assert await registry.add_e2b_sandbox(row)
+        elif n % 3 == 1:
+            await _nsids_era_add(client, prefix, row)
+        else:
+            await _legacy_add(client, prefix, row)
+    assert await client.zcard(nsstart) == 3
+    assert await registry.e2b_sandboxes_by_start("tenant-a", limit=4) == rows[:4]
+    assert await client.zcard(nsstart) == 9
+    assert await client.exists(f"{prefix}e2b_ns:{_hash('tenant-a')}") == 0
+    assert await client.zcard(f"{prefix}e2b_nsids:{_hash('tenant-a')}") == 9
+    newest = await registry.e2b_sandboxes_by_start("tenant-a", limit=20, newest_first=True)
+    assert newest == rows[::-1]
+    # An older worker's kill: the hash, e2b_all and e2b_nsids, not e2b_nsstart.
+    gone = rows[5]
+    await client.delete(f"{prefix}e2b:{gone.sandbox_id}")
+    await client.zrem(f"{prefix}e2b_all", gone.sandbox_id)
+    await client.zrem(f"{prefix}e2b_nsids:{_hash('tenant-a')}", gone.sandbox_id)
+    after = (rows[3].started_at_s, rows[3].sandbox_id)
+    assert await registry.e2b_sandboxes_by_start("tenant-a", after=after, limit=3) == [
+        rows[4],
+        rows[6],
+        rows[7],
+    ]
+    assert await client.zscore(nsstart, gone.sandbox_id) is None
 
 
 async def test_a_page_reads_past_ids_it_cannot_use(

@@ -1,8 +1,10 @@
 """E2B's control plane under ``/e2b``: the sandbox lifecycle, as the ``e2b`` SDK calls it.
 
     POST   /e2b/v2/sandboxes                 NewSandbox -> 201 SandboxCreated
-    GET    /e2b/v2/sandboxes                 [ListedSandbox] (?metadata=&state=&limit=&nextToken=)
-    GET    /e2b/sandboxes                    [ListedSandbox] (running ones, the v1 list)
+    GET    /e2b/v2/sandboxes                 [ListedSandbox] (?metadata=&state=&template=
+                                             &startedAfter=&order=&limit=&nextToken=)
+    GET    /e2b/sandboxes                    [ListedSandbox] (running ones, the v1 list;
+                                             ?metadata=)
     GET    /e2b/sandboxes/{id}               SandboxDetail
     DELETE /e2b/sandboxes/{id}               204
     POST   /e2b/sandboxes/{id}/timeout       SetTimeout -> 204
@@ -13,11 +15,11 @@
 
 The API key comes in ``X-API-KEY`` (or as a bearer key) and names the tenant;
 every lookup is scoped by it. Paging: ``limit`` (1..100, default 100) and an
-opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``. The v2
-listing is in sandbox-id order, the order of the registry's table and of the store's
-kept rows of paused sandboxes, so each page reads one page of each (at most
-``limit + 1`` rows after ``nextToken``; more only when the filters leave rows out,
-and then a bounded number: ``sandboxes.E2bSandboxes.page``).
+opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``. Both
+listings go by start time, newest first as E2B's do (the v2 one oldest first with
+``order=asc``); each v2 page reads at most ``limit + 1`` rows of the registry past
+``nextToken``, more only when the filters leave rows out, and then a bounded number
+(``listing.SandboxListing.page``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from sandcell_protocol.env_vars import validate_env
 
 from .egress import egress_policy, public_traffic
 from .errors import E2bError, e2b_error_response, read_message
-from .sandbox import valid_sandbox_id
+from .listing import ListingOrder, page_key, page_token
 from .sandboxes import E2bSandbox, E2bSandboxes
 from .wire import (
     ConnectSandbox,
@@ -63,6 +65,16 @@ T = TypeVar("T")
 
 def _iso(epoch_s: float) -> str:
     return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat()
+
+
+def _metadata_query(request: Request) -> dict[str, str]:
+    """The ``metadata`` query (``key=value&...``, each part escaped once more, as the
+    SDK sends it): what a listed sandbox's metadata must all hold."""
+    metadata = request.query_params.get("metadata")
+    return {
+        urllib.parse.unquote(k): urllib.parse.unquote(v)
+        for k, v in urllib.parse.parse_qsl(metadata or "", keep_blank_values=True)
+    }
 
 
 def _instant(raw: str | None) -> float | None:
@@ -201,39 +213,56 @@ class ControlPlane:
         digits = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3
         if not digits or not 1 <= int(raw_limit) <= _MAX_LIMIT:
             raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
-        after = request.query_params.get("nextToken") or None
-        if after is not None and not valid_sandbox_id(after):
-            raise E2bError(400, "bad_request", "nextToken: not a token this service gave")
+        order: ListingOrder
+        match request.query_params.get("order") or "desc":
+            case "asc":
+                order = "asc"
+            case "desc":
+                order = "desc"
+            case _:
+                raise E2bError(400, "bad_request", "order: asc, desc")
+        token = request.query_params.get("nextToken") or None
+        try:
+            after = None if token is None else page_key(token, order)
+        except ValueError:
+            raise E2bError(400, "bad_request", "nextToken: not a token this service gave") from None
         states = request.query_params.get("state")
         wanted = set(states.split(",")) if states else {"running", "paused"}
         if not wanted <= {"running", "paused"}:
             raise E2bError(400, "bad_request", "state: running, paused")
-        metadata = request.query_params.get("metadata")
-        wanted_meta = {
-            urllib.parse.unquote(k): urllib.parse.unquote(v)
-            for k, v in urllib.parse.parse_qsl(metadata or "", keep_blank_values=True)
-        }
+        wanted_meta = _metadata_query(request)
         # The SDK's ``SandboxQuery(template=, started_after=)``: a filter ignored would
         # answer sandboxes the caller asked to leave out (and, say, kill them).
         template = request.query_params.get("template") or None
         started_after = _instant(request.query_params.get("startedAfter"))
 
         def picks(sandbox: E2bSandbox) -> bool:
-            return (
-                (template is None or sandbox.template == template)
-                and (started_after is None or sandbox.started_at_s >= started_after)
-                and all(sandbox.metadata.get(k) == v for k, v in wanted_meta.items())
+            return (template is None or sandbox.template == template) and all(
+                sandbox.metadata.get(k) == v for k, v in wanted_meta.items()
             )
 
-        page, next_after = await self._sandboxes().page(
-            owner, after=after, limit=int(raw_limit), states=sorted(wanted), picks=picks
+        page, next_after = await self._sandboxes().listing.page(
+            owner,
+            after=after,
+            limit=int(raw_limit),
+            order=order,
+            states=sorted(wanted),
+            started_after=started_after,
+            picks=picks,
         )
-        headers = {"X-Next-Token": next_after} if next_after is not None else None
+        headers = None if next_after is None else {"X-Next-Token": page_token(next_after, order)}
         return _json([self._listed(s) for s in page], headers=headers)
 
     async def list_v1(self, request: Request) -> Response:
+        """E2B's first listing: the running sandboxes, newest first, unpaged, with the
+        same ``metadata`` query as the second."""
         owner = self._owner(request)
-        items = [s for s in await self._sandboxes().owned_by(owner) if s.state == "running"]
+        wanted_meta = _metadata_query(request)
+        items = [
+            s
+            for s in reversed(await self._sandboxes().owned_by(owner))
+            if s.state == "running" and all(s.metadata.get(k) == v for k, v in wanted_meta.items())
+        ]
         return _json([self._listed(s) for s in items])
 
     async def detail(self, request: Request) -> Response:

@@ -34,7 +34,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import anyio
 import msgspec
@@ -51,13 +51,12 @@ from ..to_the_end import to_the_end
 from .create_once import check_create_key, create_once
 from .errors import E2bError
 from .kept import KeptRows, rebuilt
+from .listing import SandboxListing
 from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
 from .views import SandboxViews
 
 __all__ = [
     "DEFAULT_TEMPLATES",
-    "PAGE_READS",
-    "READ_ON_ROWS",
     "E2bSandbox",
     "E2bSandboxes",
     "check_sandbox_id",
@@ -67,13 +66,6 @@ log = logging.getLogger(__name__)
 
 _OWNER_LABEL = "sandcell.e2b_sandbox"
 _RETRY_EXPIRY_S = 30.0
-
-PAGE_READS = 4
-"""How many reads of the registry (and of the kept rows) one listing page makes at most:
-past that, a page the filters left short is answered as it is, with a ``nextToken``."""
-READ_ON_ROWS = 101
-"""How many rows a read after a page's first (``limit + 1``) asks for: a full page's
-read at the largest ``limit``, so a sparse filter costs a few requests, not one per row."""
 
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -122,6 +114,12 @@ class E2bSandboxes:
             kept=self.kept,
             on_forget=lambda sandbox_id: self._retry_at.pop(sandbox_id, None),
         )
+        self.listing = SandboxListing(
+            lambda: self.registry,
+            kept=self.kept,
+            views=self.views,
+            recover=lambda sandbox_id, owner: self._recover(sandbox_id, owner=owner),
+        )
 
     def __repr__(self) -> str:
         return f"E2bSandboxes(local={len(self.views)})"
@@ -165,66 +163,6 @@ class E2bSandboxes:
     async def owned_by(self, owner: str) -> list[E2bSandbox]:
         """``owner``'s sandboxes the registry holds, oldest first."""
         return [await self.views.view(row) for row in await self.registry.e2b_sandboxes(owner)]
-
-    async def page(
-        self,
-        owner: str,
-        *,
-        after: str | None,
-        limit: int,
-        states: Sequence[str] = ("running", "paused"),
-        picks: Callable[[E2bSandbox], bool] = lambda _sandbox: True,
-    ) -> tuple[list[E2bSandbox], str | None]:
-        """Up to ``limit`` of ``owner``'s sandboxes in ``states`` that ``picks`` takes,
-        with ids above ``after``, by id, as the registry and the store's kept rows know
-        them together (a kept row the registry lacks is rebuilt); and the ``after`` of
-        the next page (``None`` on the last).
-
-        Both are read a page at a time: at most ``limit + 1`` ids after ``after`` from
-        each (the store not at all when paused sandboxes are not asked for), never the
-        whole of either. Every id of a source up to the last it gave is among those it
-        gave, so a read takes nothing past the smaller of the two lasts (of a source
-        that gave all ``limit + 1``; one that gave fewer has no more): the other
-        source's ids beyond it wait for the next read, and no id is skipped or listed
-        twice across pages. Sandboxes the filters leave out do not end the page: it
-        reads on from there (``READ_ON_ROWS`` at a time) until it is full or both
-        sources end, but for ``PAGE_READS`` reads at most: a filter that matches few of
-        many sandboxes gets a short (even empty) page with the ``after`` it reached,
-        where one request would otherwise read the tenant's whole table."""
-        chosen: list[E2bSandbox] = []
-        start = after
-        size = limit + 1
-        for read in range(1, PAGE_READS + 1):
-            rows = await self.registry.e2b_sandboxes_of(owner, after=start, limit=size)
-            # After the registry's read: a kill deletes the kept row before the row, so a
-            # row missed there is a kept row this listing no longer finds.
-            stored: list[str] = []
-            stored_bound = None
-            if "paused" in states:
-                stored, stored_bound = await self.kept.page(owner, after=start, limit=size)
-            bounds = [] if stored_bound is None else [stored_bound]
-            if len(rows) >= size:
-                bounds.append(rows[-1].sandbox_id)
-            bound = min(bounds, default=None)
-            by_id = {row.sandbox_id: row for row in rows}
-            for sandbox_id in sorted(set(by_id).union(stored)):
-                if bound is not None and sandbox_id > bound:
-                    break
-                if len(chosen) == limit:
-                    return chosen, chosen[-1].sandbox_id
-                row = by_id.get(sandbox_id) or await self._recover(sandbox_id, owner=owner)
-                if row is None:
-                    continue
-                sandbox = await self.views.view(row)
-                if sandbox.state in states and picks(sandbox):
-                    chosen.append(sandbox)
-            if bound is None or len(chosen) == limit or read == PAGE_READS:
-                return chosen, bound
-            # Everything up to ``bound`` was looked at and the page is not full yet: read
-            # on, in larger reads (the filters are leaving rows out).
-            start = bound
-            size = max(limit + 1, READ_ON_ROWS)
-        raise AssertionError("unreachable: the last read returns")
 
     async def _recover(self, sandbox_id: str, *, owner: str) -> E2bSandboxRow | None:
         """``owner``'s kept row of ``sandbox_id``, added to the registry again (one revision

@@ -47,7 +47,13 @@ from .core import (
     SessionStore,
     validate_session_id,
 )
-from .e2b import E2bSandboxRow, E2bSandboxState, E2bSandboxTable, validate_e2b_sandbox_id
+from .e2b import (
+    E2bSandboxRow,
+    E2bSandboxState,
+    E2bSandboxTable,
+    E2bStartKey,
+    validate_e2b_sandbox_id,
+)
 from .idempotency import (
     IdempotencyEntry,
     IdempotencyStore,
@@ -67,6 +73,7 @@ __all__ = [
     "E2bSandboxRow",
     "E2bSandboxState",
     "E2bSandboxTable",
+    "E2bStartKey",
     "FencedError",
     "IdempotencyEntry",
     "IdempotentAnswer",

@@ -11,6 +11,7 @@ never overwrite each other's change unseen.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
@@ -19,6 +20,7 @@ from sandcell_protocol import EgressPolicy
 
 __all__ = [
     "KILLED_E2B_TTL_S",
+    "E2bStartKey",
     "E2bSandboxRow",
     "E2bSandboxState",
     "E2bSandboxTable",
@@ -30,6 +32,9 @@ KILLED_E2B_TTL_S = 24 * 3600
 longer than a pause's store write and compare-and-set take (the race it answers)."""
 
 E2bSandboxState = Literal["running", "paused"]
+
+E2bStartKey = tuple[float, str]
+"""Where a row sorts in a listing by start time: its ``(started_at_s, sandbox_id)``."""
 
 _SANDBOX_ID_RE = re.compile(r"[a-z0-9]{20}")
 
@@ -133,6 +138,37 @@ class E2bSandboxTable(Protocol):
         Fewer than ``limit`` means there are no more; no row above ``after`` and below
         the last one returned is left out. A page reads about ``limit`` rows, not the
         namespace's whole table, and never another namespace's."""
+        ...
+
+    async def e2b_sandboxes_by_start(
+        self,
+        namespace: str,
+        *,
+        after: E2bStartKey | None = None,
+        limit: int,
+        newest_first: bool = False,
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows by ``(started_at_s, sandbox_id)`` (the reverse with
+        ``newest_first``), the first ``limit`` of those past ``after`` in that order.
+
+        The order of E2B's listing (``GET /v2/sandboxes``). Fewer than ``limit`` means
+        there are no more; no row between ``after`` and the last one returned is left
+        out, also when ``after`` is the key of a row removed since. A page reads about
+        ``limit`` rows, never the namespace's whole table or another namespace's."""
+        ...
+
+    async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
+        """Which of ``sandbox_ids`` have a row, without reading the rows (one round trip
+        for a batch: the merge of a tenant's kept rows checks them by the thousand)."""
+        ...
+
+    async def e2b_kept_merged(self, namespace: str) -> bool:
+        """Whether ``mark_e2b_kept_merged`` marked ``namespace`` within its TTL. A wipe
+        takes the mark with it: the next listing merges the store's kept rows again."""
+        ...
+
+    async def mark_e2b_kept_merged(self, namespace: str, *, ttl_s: float) -> None:
+        """Remember for ``ttl_s`` that ``namespace``'s kept rows are all in the table."""
         ...
 
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:

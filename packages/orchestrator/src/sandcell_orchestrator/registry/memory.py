@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -28,7 +28,7 @@ from .core import (
     check_ttl,
     validate_session_id,
 )
-from .e2b import KILLED_E2B_TTL_S, E2bSandboxRow, validate_e2b_sandbox_id
+from .e2b import KILLED_E2B_TTL_S, E2bSandboxRow, E2bStartKey, validate_e2b_sandbox_id
 from .idempotency import IdempotencyEntry, IdempotentAnswer, validate_idempotency_key
 from .index import SessionOwner, check_page_limit
 from .slots import validate_slot_scope
@@ -53,6 +53,7 @@ class InProcessRegistry:
         self._owners: dict[str, SessionOwner] = {}
         self._e2b: dict[str, E2bSandboxRow] = {}
         self._e2b_killed: dict[str, float] = {}
+        self._e2b_kept_merged: dict[str, float] = {}
         """Removed ids, to when (``time.monotonic``) they stop counting as killed, oldest
         first (one TTL for all): the ones that ran out are popped from the front."""
         # slot scope -> token -> expires at, by ``clock``
@@ -299,6 +300,46 @@ class InProcessRegistry:
         ]
         return rows if limit is None else rows[:limit]
 
+    async def e2b_sandboxes_by_start(
+        self,
+        namespace: str,
+        *,
+        after: E2bStartKey | None = None,
+        limit: int,
+        newest_first: bool = False,
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows by start time then id (reversed with ``newest_first``),
+        the first ``limit`` past ``after`` (a sort of the namespace's rows: in-process)."""
+        check_page_limit(limit)
+        await anyio.lowlevel.checkpoint()
+        rows = sorted(
+            (r for r in self._e2b.values() if r.namespace == namespace),
+            key=_start_key,
+            reverse=newest_first,
+        )
+        if after is not None:
+            rows = [
+                r
+                for r in rows
+                if (_start_key(r) < after if newest_first else _start_key(r) > after)
+            ]
+        return rows[:limit]
+
+    async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
+        """Which of ``sandbox_ids`` have a row."""
+        await anyio.lowlevel.checkpoint()
+        return {i for i in sandbox_ids if validate_e2b_sandbox_id(i) in self._e2b}
+
+    async def e2b_kept_merged(self, namespace: str) -> bool:
+        """Whether ``namespace`` was marked merged within its TTL."""
+        await anyio.lowlevel.checkpoint()
+        return self._e2b_kept_merged.get(namespace, 0.0) > time.monotonic()
+
+    async def mark_e2b_kept_merged(self, namespace: str, *, ttl_s: float) -> None:
+        """Mark ``namespace`` merged for ``ttl_s`` (one entry per tenant that lists)."""
+        await anyio.lowlevel.checkpoint()
+        self._e2b_kept_merged[namespace] = time.monotonic() + ttl_s
+
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Compare-and-set on ``revision``."""
         await anyio.lowlevel.checkpoint()
@@ -370,3 +411,7 @@ class InProcessRegistry:
     async def close(self) -> None:
         """Nothing to release; present for the protocol."""
         await anyio.lowlevel.checkpoint()
+
+
+def _start_key(row: E2bSandboxRow) -> E2bStartKey:
+    return (row.started_at_s, row.sandbox_id)

@@ -14,21 +14,25 @@ import redis.exceptions
 
 from ..errors import RegistryError
 
-__all__ = ["DEFAULT_PREFIX", "RedisDatabase", "map_redis_errors", "moving_page_lua", "text"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "RedisDatabase",
+    "legacy_move_lua",
+    "map_redis_errors",
+    "moving_page_lua",
+    "text",
+]
 
 DEFAULT_PREFIX = "sandcell:"
 
 
-def moving_page_lua(legacy_members: str) -> str:
-    """A script that moves a legacy key's ids into an ids zset, then pages the zset.
+def legacy_move_lua(legacy_members: str, *, ids: str = "KEYS[1]", legacy: str = "KEYS[2]") -> str:
+    """Lua that moves a legacy key's ids into an ids zset (score 0) and deletes the key.
 
-    KEYS[1] the ids zset (every score 0), KEYS[2] the legacy key, read by the Lua
-    expression ``legacy_members`` (its type is the caller's: a set, a zset); ARGV[1]
-    where the page starts (``-``, or ``(`` and the id it follows), ARGV[2] how many
-    ids (-1: all). The ids go in chunks of 1000 (Lua's ``unpack`` has a limit), the
-    legacy key is deleted, and the page is read, in one script: an id is in one key or
-    the other, never neither. Shared by the session index and the E2B table.
-    """
+    ``ids`` and ``legacy`` name the two keys (Lua expressions); the legacy key is read
+    by the Lua expression ``legacy_members`` (its type is the caller's: a set, a
+    zset). The ids go in chunks of 1000 (Lua's ``unpack`` has a limit); in a script,
+    so an id is in one key or the other, never neither."""
     return f"""
 local legacy = {legacy_members}
 for first = 1, #legacy, 1000 do
@@ -37,13 +41,26 @@ for first = 1, #legacy, 1000 do
         args[#args + 1] = 0
         args[#args + 1] = legacy[i]
     end
-    redis.call('zadd', KEYS[1], unpack(args))
+    redis.call('zadd', {ids}, unpack(args))
 end
 if #legacy > 0 then
-    redis.call('del', KEYS[2])
+    redis.call('del', {legacy})
 end
-return redis.call('zrangebylex', KEYS[1], ARGV[1], '+', 'LIMIT', 0, ARGV[2])
 """
+
+
+def moving_page_lua(legacy_members: str) -> str:
+    """A script that moves a legacy key's ids into an ids zset, then pages the zset.
+
+    KEYS[1] the ids zset (every score 0), KEYS[2] the legacy key, read by the Lua
+    expression ``legacy_members`` (``legacy_move_lua``); ARGV[1] where the page starts
+    (``-``, or ``(`` and the id it follows), ARGV[2] how many ids (-1: all). The move
+    and the read are one script. Shared by the session index and the E2B table.
+    """
+    return (
+        legacy_move_lua(legacy_members)
+        + "return redis.call('zrangebylex', KEYS[1], ARGV[1], '+', 'LIMIT', 0, ARGV[2])\n"
+    )
 
 
 @contextmanager

@@ -3,15 +3,22 @@
 <prefix>e2b:<id>             hash  rev, ns, row (E2bSandboxRow JSON) of one sandbox
 <prefix>e2b_all              zset  id -> started_at_s, every sandbox (the timeout sweep)
 <prefix>e2b_nsids:<sha256>   zset  one namespace's ids (hashed: any text), all scored 0
-                                   so they sort by id; a listing pages it with
-                                   ZRANGEBYLEX
+                                   so they sort by id (ZRANGEBYLEX pages it)
+<prefix>e2b_nsstart:<sha256> zset  the same ids scored by started_at_s: the E2B
+                                   listing's order, start time then id
+<prefix>e2b_kept_merged:<sha256>  string  set (with a TTL) once a listing found the
+                                   namespace's kept rows all in the table
 <prefix>e2b_ns:<sha256>      zset  the same scored by started_at_s, as orchestrators
                                    before ``e2b_nsids`` kept it
 <prefix>e2b_killed:<id>      string  set (with a TTL) by the removal of the id's row:
                                    a kill, not a wipe (``e2b_sandbox_killed``)
 
-A namespace's ids sorted by start time cannot be read a page at a time in id order,
-the order of the E2B listing; the zset scored 0 can. A zset left by an older
+A namespace's ids sorted by start time cannot be read a page at a time in id order;
+the zset scored 0 can (the paging of whole tables, ``e2b_sandboxes_of``). The E2B
+listing goes by start time: ``e2b_nsstart``, paged from a row's ``(score, id)`` by the
+row's rank while it is there, by its score once it is gone. Rows added by an older
+orchestrator are missing from it: the listing's script adds every id of ``e2b_nsids``
+it lacks (scored from ``e2b_all``) whenever it holds fewer ids. A zset left by an older
 orchestrator (or added to by one still running during a rolling upgrade) is moved
 into the new one, and deleted, by the listing itself (``PAGE_E2B_IDS_LUA``),
 atomically, so no id is lost or listed from both; a removal takes the id out of both
@@ -22,16 +29,24 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from functools import cached_property
 
 from redis.commands.core import AsyncScript
 
-from .e2b import KILLED_E2B_TTL_S, E2bSandboxRow, decode_row, validate_e2b_sandbox_id
+from .e2b import (
+    KILLED_E2B_TTL_S,
+    E2bSandboxRow,
+    E2bStartKey,
+    decode_row,
+    validate_e2b_sandbox_id,
+)
 from .index import check_page_limit
-from .redis_db import RedisDatabase, map_redis_errors, moving_page_lua, text
+from .redis_db import RedisDatabase, legacy_move_lua, map_redis_errors, moving_page_lua, text
 
 __all__ = [
     "ADD_E2B_LUA",
+    "PAGE_E2B_BY_START_LUA",
     "PAGE_E2B_IDS_LUA",
     "PRUNE_E2B_IDS_LUA",
     "REMOVE_E2B_LUA",
@@ -41,7 +56,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset
+# KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
+# KEYS[4] its zset by start time
 # ARGV[1] row JSON, ARGV[2] started_at_s, ARGV[3] sandbox id, ARGV[4] namespace,
 # ARGV[5] the row's revision
 # Returns 1 if added, 0 if the id is taken.
@@ -52,6 +68,7 @@ end
 redis.call('hset', KEYS[1], 'rev', ARGV[5], 'ns', ARGV[4], 'row', ARGV[1])
 redis.call('zadd', KEYS[2], ARGV[2], ARGV[3])
 redis.call('zadd', KEYS[3], 0, ARGV[3])
+redis.call('zadd', KEYS[4], ARGV[2], ARGV[3])
 return 1
 """
 
@@ -68,7 +85,7 @@ return 0
 """
 
 # KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
-# KEYS[4] its legacy zset, KEYS[5] the id's killed mark
+# KEYS[4] its legacy zset, KEYS[5] the id's killed mark, KEYS[6] its zset by start time
 # ARGV[1] sandbox id, ARGV[2] namespace (the row's: the namespace zsets are its),
 # ARGV[3] the mark's TTL in seconds
 # Returns 1 if removed, 0 if there was no such row of that namespace. The mark is set
@@ -78,6 +95,7 @@ redis.call('set', KEYS[5], '1', 'EX', ARGV[3])
 redis.call('zrem', KEYS[2], ARGV[1])
 redis.call('zrem', KEYS[3], ARGV[1])
 redis.call('zrem', KEYS[4], ARGV[1])
+redis.call('zrem', KEYS[6], ARGV[1])
 if redis.call('hget', KEYS[1], 'ns') == ARGV[2] then
     redis.call('del', KEYS[1])
     return 1
@@ -92,6 +110,72 @@ return 0
 # then returns the page of ids. One script, so an id is in one key or the other, never
 # neither.
 PAGE_E2B_IDS_LUA = moving_page_lua("redis.call('zrange', KEYS[2], 0, -1)")
+
+# KEYS[1] the namespace's zset by start time, KEYS[2] its ids zset, KEYS[3] every
+# sandbox's zset (its scores are the start times), KEYS[4] its legacy zset
+# ARGV[1] '1' newest first, else '0'; ARGV[2] the start time of the row the page follows
+# ('' from the first), exactly as the row has it (a string: Lua's numbers print
+# rounded); ARGV[3] that row's id; ARGV[4] how many ids
+# Returns the page's ids, each followed by its score. First the legacy zset is moved
+# into the ids zset (``PAGE_E2B_IDS_LUA``'s move), and the ids of the ids zset the
+# start zset lacks are added to it (rows an older orchestrator added). Then the
+# page: past the row's rank if the row is still there (ties on the start time go by
+# id, the zset's own order); past its start time if it is gone, the ties at that very
+# time read whole and filtered by id.
+PAGE_E2B_BY_START_LUA = (
+    legacy_move_lua("redis.call('zrange', KEYS[4], 0, -1)", ids="KEYS[2]", legacy="KEYS[4]")
+    + """
+local by_start, ids, all = KEYS[1], KEYS[2], KEYS[3]
+if redis.call('zcard', by_start) < redis.call('zcard', ids) then
+    local known = redis.call('zrange', ids, 0, -1)
+    for i = 1, #known do
+        if not redis.call('zscore', by_start, known[i]) then
+            local started = redis.call('zscore', all, known[i])
+            if started then
+                redis.call('zadd', by_start, started, known[i])
+            end
+        end
+    end
+end
+local newest, at, after, count = ARGV[1] == '1', ARGV[2], ARGV[3], tonumber(ARGV[4])
+if count <= 0 then
+    return {}
+end
+local range, by_score, beyond = 'zrange', 'zrangebyscore', '+inf'
+if newest then
+    range, by_score, beyond = 'zrevrange', 'zrevrangebyscore', '-inf'
+end
+if at == '' then
+    return redis.call(range, by_start, 0, count - 1, 'WITHSCORES')
+end
+local rank
+if newest then
+    rank = redis.call('zrevrank', by_start, after)
+else
+    rank = redis.call('zrank', by_start, after)
+end
+if rank and tonumber(redis.call('zscore', by_start, after)) == tonumber(at) then
+    return redis.call(range, by_start, rank + 1, rank + count, 'WITHSCORES')
+end
+local page = {}
+local ties = redis.call(by_score, by_start, at, at)
+for i = 1, #ties do
+    if #page < 2 * count and ((newest and ties[i] < after) or (not newest and ties[i] > after)) then
+        page[#page + 1] = ties[i]
+        page[#page + 1] = at
+    end
+end
+if #page < 2 * count then
+    local rest = redis.call(
+        by_score, by_start, '(' .. at, beyond, 'WITHSCORES', 'LIMIT', 0, count - #page / 2
+    )
+    for i = 1, #rest do
+        page[#page + 1] = rest[i]
+    end
+end
+return page
+"""
+)
 
 # KEYS[1] the namespace's ids zset, KEYS[2..] row hashes a page found missing
 # ARGV[1], ARGV[2]... their sandbox ids (ARGV[i]'s hash is KEYS[i + 1])
@@ -129,6 +213,10 @@ class RedisE2bTable(RedisDatabase):
         return self._client.register_script(PAGE_E2B_IDS_LUA)
 
     @cached_property
+    def _page_e2b_by_start(self) -> AsyncScript:
+        return self._client.register_script(PAGE_E2B_BY_START_LUA)
+
+    @cached_property
     def _prune_e2b_ids(self) -> AsyncScript:
         return self._client.register_script(PRUNE_E2B_IDS_LUA)
 
@@ -142,6 +230,12 @@ class RedisE2bTable(RedisDatabase):
     def _e2b_ns_key(self, namespace: str) -> str:
         return f"{self._prefix}e2b_nsids:{_namespace_hash(namespace)}"
 
+    def _e2b_by_start_key(self, namespace: str) -> str:
+        return f"{self._prefix}e2b_nsstart:{_namespace_hash(namespace)}"
+
+    def _e2b_kept_merged_key(self, namespace: str) -> str:
+        return f"{self._prefix}e2b_kept_merged:{_namespace_hash(namespace)}"
+
     def _e2b_killed_key(self, sandbox_id: str) -> str:
         return f"{self._prefix}e2b_killed:{validate_e2b_sandbox_id(sandbox_id)}"
 
@@ -150,13 +244,18 @@ class RedisE2bTable(RedisDatabase):
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Store a row at its revision (``ADD_E2B_LUA``); ``False`` if the id is taken."""
-        keys = [self._e2b_key(row.sandbox_id), self._e2b_all_key, self._e2b_ns_key(row.namespace)]
+        keys = [
+            self._e2b_key(row.sandbox_id),
+            self._e2b_all_key,
+            self._e2b_ns_key(row.namespace),
+            self._e2b_by_start_key(row.namespace),
+        ]
         with map_redis_errors("add_e2b_sandbox"):
             added = await self._add_e2b(
                 keys=keys,
                 args=[
                     row.to_json(),
-                    row.started_at_s,
+                    repr(row.started_at_s),
                     row.sandbox_id,
                     row.namespace,
                     str(row.revision),
@@ -228,6 +327,78 @@ class RedisE2bTable(RedisDatabase):
                 start = ids[-1]
         return found
 
+    async def e2b_sandboxes_by_start(
+        self,
+        namespace: str,
+        *,
+        after: E2bStartKey | None = None,
+        limit: int,
+        newest_first: bool = False,
+    ) -> list[E2bSandboxRow]:
+        """A page of the namespace's zset by start time (``PAGE_E2B_BY_START_LUA``),
+        then each row; ids whose row is gone are taken out of it (``PRUNE_E2B_IDS_LUA``)
+        and skipped, as are unreadable rows and another namespace's, and the zset is
+        read on past them until ``limit`` are found or it ends."""
+        check_page_limit(limit)
+        keys = [
+            self._e2b_by_start_key(namespace),
+            self._e2b_ns_key(namespace),
+            self._e2b_all_key,
+            self._legacy_e2b_ns_key(namespace),
+        ]
+        found: list[E2bSandboxRow] = []
+        start = after
+        with map_redis_errors("e2b_sandboxes_by_start"):
+            while len(found) < limit:
+                wanted = limit - len(found)
+                at, after_id = ("", "") if start is None else (repr(start[0]), start[1])
+                replies = await self._page_e2b_by_start(
+                    keys=keys, args=["1" if newest_first else "0", at, after_id, wanted]
+                )
+                ids = [text(reply) for reply in replies[::2]]
+                missing: list[str] = []
+                for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
+                    if raw is None:
+                        missing.append(sandbox_id)
+                        continue
+                    row = _decoded(sandbox_id, raw)
+                    if row is not None and row.namespace == namespace:
+                        found.append(row)
+                if missing:
+                    await self._prune_e2b_ids(
+                        keys=[keys[0], *(self._e2b_key(i) for i in missing)], args=missing
+                    )
+                if len(ids) < wanted:
+                    break
+                # The zset's own score: the read goes on past the last id read, whatever
+                # its row turned out to be.
+                start = (float(text(replies[-1])), ids[-1])
+        return found
+
+    async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
+        """``EXISTS`` of each id's hash, pipelined (one round trip)."""
+        ids = list(sandbox_ids)
+        if not ids:
+            return set()
+        with map_redis_errors("e2b_sandboxes_present"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for sandbox_id in ids:
+                    pipe.exists(self._e2b_key(sandbox_id))
+                found: list[int] = await pipe.execute()
+        return {sandbox_id for sandbox_id, n in zip(ids, found, strict=True) if n}
+
+    async def e2b_kept_merged(self, namespace: str) -> bool:
+        """``EXISTS`` of the namespace's merge mark."""
+        with map_redis_errors("e2b_kept_merged"):
+            return bool(await self._client.exists(self._e2b_kept_merged_key(namespace)))
+
+    async def mark_e2b_kept_merged(self, namespace: str, *, ttl_s: float) -> None:
+        """``SET`` the namespace's merge mark with a TTL of ``ttl_s`` (in milliseconds)."""
+        with map_redis_errors("mark_e2b_kept_merged"):
+            await self._client.set(
+                self._e2b_kept_merged_key(namespace), b"1", px=max(1, int(ttl_s * 1000))
+            )
+
     async def _rows(self, ids: list[str]) -> list[bytes | str | None]:
         """Each id's ``row`` field, in one round trip (``None`` where its hash is gone)."""
         if not ids:
@@ -268,6 +439,7 @@ class RedisE2bTable(RedisDatabase):
                 self._e2b_ns_key(ns),
                 self._legacy_e2b_ns_key(ns),
                 killed,
+                self._e2b_by_start_key(ns),
             ]
             done = await self._remove_e2b(keys=keys, args=[sandbox_id, ns, KILLED_E2B_TTL_S])
         return bool(done)

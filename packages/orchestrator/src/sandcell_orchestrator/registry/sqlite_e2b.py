@@ -2,18 +2,29 @@
 
 e2b_sandboxes(sandbox_id, namespace, revision, started_at_s, raw)
                                                  one E2bSandboxRow JSON per sandbox
-e2b_by_namespace     (namespace, started_at_s)   a namespace's rows by start time
-e2b_by_namespace_id  (namespace, sandbox_id)     a namespace's rows by id (a listing page)
+e2b_by_namespace_start (namespace, started_at_s, sandbox_id)
+                                                 a namespace's rows by start time (a listing page)
+e2b_by_namespace_id  (namespace, sandbox_id)     a namespace's rows by id
+e2b_killed(sandbox_id, until_s)                  ids removed (killed) lately
+e2b_kept_merged(namespace, until_s)              tenants whose kept rows were merged lately
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import ClassVar
 
-from .e2b import KILLED_E2B_TTL_S, E2bSandboxRow, decode_row, validate_e2b_sandbox_id
+from .e2b import (
+    KILLED_E2B_TTL_S,
+    E2bSandboxRow,
+    E2bStartKey,
+    decode_row,
+    validate_e2b_sandbox_id,
+)
 from .index import check_page_limit
 from .sqlite_db import SqliteDatabase
 
@@ -33,13 +44,19 @@ CREATE TABLE IF NOT EXISTS e2b_sandboxes (
     started_at_s REAL NOT NULL,
     raw BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS e2b_by_namespace ON e2b_sandboxes (namespace, started_at_s);
+DROP INDEX IF EXISTS e2b_by_namespace;
+CREATE INDEX IF NOT EXISTS e2b_by_namespace_start
+    ON e2b_sandboxes (namespace, started_at_s, sandbox_id);
 CREATE INDEX IF NOT EXISTS e2b_by_namespace_id ON e2b_sandboxes (namespace, sandbox_id);
 CREATE TABLE IF NOT EXISTS e2b_killed (
     sandbox_id TEXT PRIMARY KEY,
     until_s REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS e2b_killed_by_until ON e2b_killed (until_s);
+CREATE TABLE IF NOT EXISTS e2b_kept_merged (
+    namespace TEXT PRIMARY KEY,
+    until_s REAL NOT NULL
+);
 """
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
@@ -121,6 +138,82 @@ CREATE INDEX IF NOT EXISTS e2b_killed_by_until ON e2b_killed (until_s);
             start = read[-1][0]
         return found
 
+    async def e2b_sandboxes_by_start(
+        self,
+        namespace: str,
+        *,
+        after: E2bStartKey | None = None,
+        limit: int,
+        newest_first: bool = False,
+    ) -> list[E2bSandboxRow]:
+        """``namespace``'s rows past ``after`` by ``(started_at_s, sandbox_id)``, or the
+        reverse: the first ``limit`` (``e2b_by_namespace_start`` serves the range, so a
+        page reads only its rows). An unreadable row is skipped and the range read on
+        past it until ``limit`` are found or it ends: a short page has to mean the end."""
+        check_page_limit(limit)
+        first, past = _BY_START[newest_first]
+
+        def work(start: E2bStartKey | None, wanted: int) -> list[tuple[str, float, bytes]]:
+            with self._transaction(write=False) as db:
+                if start is None:
+                    rows = db.execute(first, (namespace, wanted)).fetchall()
+                else:
+                    rows = db.execute(past, (namespace, *start, wanted)).fetchall()
+            return [(str(sid), float(at), bytes(raw)) for sid, at, raw in rows]
+
+        found: list[E2bSandboxRow] = []
+        start = after
+        while len(found) < limit:
+            wanted = limit - len(found)
+            read = await self._run("e2b_sandboxes_by_start", functools.partial(work, start, wanted))
+            found += [row for sid, _, raw in read if (row := _decoded(sid, raw)) is not None]
+            if len(read) < wanted:
+                break
+            start = (read[-1][1], read[-1][0])
+        return found
+
+    async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
+        """Which of ``sandbox_ids`` have a row (their primary keys, in one query)."""
+        ids = json.dumps([validate_e2b_sandbox_id(i) for i in sandbox_ids])
+
+        def work() -> set[str]:
+            with self._transaction(write=False) as db:
+                found = db.execute(
+                    "SELECT sandbox_id FROM e2b_sandboxes"
+                    " WHERE sandbox_id IN (SELECT value FROM json_each(?))",
+                    (ids,),
+                ).fetchall()
+            return {str(sid) for (sid,) in found}
+
+        return await self._run("e2b_sandboxes_present", work) if sandbox_ids else set()
+
+    async def e2b_kept_merged(self, namespace: str) -> bool:
+        """Whether ``namespace`` was marked merged within its TTL."""
+
+        def work() -> bool:
+            with self._transaction(write=False) as db:
+                found = db.execute(
+                    "SELECT 1 FROM e2b_kept_merged WHERE namespace = ? AND until_s > ?",
+                    (namespace, time.time()),
+                ).fetchone()
+                return found is not None
+
+        return await self._run("e2b_kept_merged", work)
+
+    async def mark_e2b_kept_merged(self, namespace: str, *, ttl_s: float) -> None:
+        """Mark ``namespace`` merged for ``ttl_s`` (the marks that ran out go too)."""
+
+        def work() -> None:
+            now = time.time()
+            with self._transaction(write=True) as db:
+                db.execute("DELETE FROM e2b_kept_merged WHERE until_s <= ?", (now,))
+                db.execute(
+                    "INSERT OR REPLACE INTO e2b_kept_merged VALUES (?, ?)",
+                    (namespace, now + ttl_s),
+                )
+
+        await self._run("mark_e2b_kept_merged", work)
+
     async def update_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Compare-and-set on ``revision``."""
         raw = row.to_json()
@@ -167,6 +260,19 @@ CREATE INDEX IF NOT EXISTS e2b_killed_by_until ON e2b_killed (until_s);
                 return found is not None
 
         return await self._run("e2b_sandbox_killed", work)
+
+
+def _by_start(order: str, past: str) -> tuple[str, str]:
+    """The first page's query and the query of a page past a key, in one order. A row
+    value is compared whole, so ties on the start time go by id and the index
+    ``e2b_by_namespace_start`` serves the range (SQLite 3.15+)."""
+    read = "SELECT sandbox_id, started_at_s, raw FROM e2b_sandboxes WHERE namespace = ?"
+    by = f" ORDER BY started_at_s {order}, sandbox_id {order} LIMIT ?"
+    return read + by, read + f" AND (started_at_s, sandbox_id) {past} (?, ?)" + by
+
+
+_BY_START = {False: _by_start("ASC", ">"), True: _by_start("DESC", "<")}
+"""Built once from constants (never from input): by ``newest_first``."""
 
 
 def _decoded(sandbox_id: str, raw: bytes) -> E2bSandboxRow | None:
