@@ -57,6 +57,7 @@ from .views import SandboxViews
 
 __all__ = [
     "DEFAULT_TEMPLATES",
+    "FULL_SWEEP_S",
     "E2bSandbox",
     "E2bSandboxes",
     "check_sandbox_id",
@@ -66,6 +67,11 @@ log = logging.getLogger(__name__)
 
 _OWNER_LABEL = "sandcell.e2b_sandbox"
 _RETRY_EXPIRY_S = 30.0
+_DUE_ROWS = 1000
+"""Due rows one sweep reads at most; the rest wait for the next sweep, half a second on."""
+
+FULL_SWEEP_S = 600.0
+"""How often the timeout sweep reads every row, not only the index of due ones."""
 
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -106,6 +112,7 @@ class E2bSandboxes:
         self._new_token = new_token
         # sandbox id -> wall-clock time before which the timeout sweep leaves it be.
         self._retry_at: dict[str, float] = {}
+        self._full_sweep_at = 0.0
         self.kept = KeptRows(manager.store)
         # The sandboxes this worker has seen, with the handles it opened.
         self.views = SandboxViews(
@@ -358,12 +365,21 @@ class E2bSandboxes:
     async def expire(self) -> int:
         """Kill (or, with ``autoPause``, pause) running sandboxes past their end; how many.
 
-        Every worker sweeps every row; the actions are safe to race (a pause holds the
-        session, a kill removes the row first)."""
+        Every worker sweeps; the actions are safe to race (a pause holds the session, a
+        kill removes the row first). A sweep reads the rows that are due
+        (``e2b_due``), not the table; the first sweep and one every ``FULL_SWEEP_S``
+        read every row instead, for rows an older orchestrator wrote (the index does
+        not have them: during and after a rolling upgrade their timeout fires at most
+        that late)."""
         now = self._now()
+        if now >= self._full_sweep_at:
+            self._full_sweep_at = now + FULL_SWEEP_S
+            candidates = await self.registry.e2b_sandboxes()
+        else:
+            candidates = await self.registry.e2b_due(now, limit=_DUE_ROWS)
         due = [
             row
-            for row in await self.registry.e2b_sandboxes()
+            for row in candidates
             if row.state == "running"
             and row.end_at_s <= now
             and self._retry_at.get(row.sandbox_id, 0) <= now

@@ -157,6 +157,13 @@ class E2bSandboxTable(Protocol):
         ``limit`` rows, never the namespace's whole table or another namespace's."""
         ...
 
+    async def e2b_due(self, now_s: float, *, limit: int) -> list[E2bSandboxRow]:
+        """Running rows whose ``end_at_s`` is at or before ``now_s``, the first ``limit``
+        by end (the timeout sweep, every worker, twice a second: it reads these rows,
+        not the table). A row last written by an orchestrator that kept no such index
+        may be missing here: the sweep reads the whole table now and then for those."""
+        ...
+
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """Which of ``sandbox_ids`` have a row, without reading the rows (one round trip
         for a batch: the merge of a tenant's kept rows checks them by the thousand)."""

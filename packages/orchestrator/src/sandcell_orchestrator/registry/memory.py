@@ -325,6 +325,13 @@ class InProcessRegistry:
             ]
         return rows[:limit]
 
+    async def e2b_due(self, now_s: float, *, limit: int) -> list[E2bSandboxRow]:
+        """Running rows ended by ``now_s``, soonest first (a pass over the rows: in-process)."""
+        check_page_limit(limit)
+        await anyio.lowlevel.checkpoint()
+        due = (r for r in self._e2b.values() if r.state == "running" and r.end_at_s <= now_s)
+        return sorted(due, key=lambda r: (r.end_at_s, r.sandbox_id))[:limit]
+
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """Which of ``sandbox_ids`` have a row."""
         await anyio.lowlevel.checkpoint()

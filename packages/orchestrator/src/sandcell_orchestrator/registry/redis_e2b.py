@@ -1,7 +1,9 @@
 """The E2B sandbox table in Redis (``E2bSandboxTable`` of ``RedisRegistry``).
 
 <prefix>e2b:<id>             hash  rev, ns, row (E2bSandboxRow JSON) of one sandbox
-<prefix>e2b_all              zset  id -> started_at_s, every sandbox (the timeout sweep)
+<prefix>e2b_all              zset  id -> started_at_s, every sandbox
+<prefix>e2b_ends             zset  id -> end_at_s, every running sandbox (the timeout
+                                   sweep reads the ones due, not every row)
 <prefix>e2b_nsids:<sha256>   zset  one namespace's ids (hashed: any text), all scored 0
                                    so they sort by id (ZRANGEBYLEX pages it)
 <prefix>e2b_nsstart:<sha256> zset  the same ids scored by started_at_s: the E2B
@@ -49,6 +51,7 @@ __all__ = [
     "PAGE_E2B_BY_START_LUA",
     "PAGE_E2B_IDS_LUA",
     "PRUNE_E2B_IDS_LUA",
+    "PUT_RIGHT_E2B_ENDS_LUA",
     "REMOVE_E2B_LUA",
     "UPDATE_E2B_LUA",
     "RedisE2bTable",
@@ -57,9 +60,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
-# KEYS[4] its zset by start time
+# KEYS[4] its zset by start time, KEYS[5] the running sandboxes' ends zset
 # ARGV[1] row JSON, ARGV[2] started_at_s, ARGV[3] sandbox id, ARGV[4] namespace,
-# ARGV[5] the row's revision
+# ARGV[5] the row's revision, ARGV[6] its end_at_s if it is running, else ''
 # Returns 1 if added, 0 if the id is taken.
 ADD_E2B_LUA = """
 if redis.call('exists', KEYS[1]) == 1 then
@@ -69,23 +72,33 @@ redis.call('hset', KEYS[1], 'rev', ARGV[5], 'ns', ARGV[4], 'row', ARGV[1])
 redis.call('zadd', KEYS[2], ARGV[2], ARGV[3])
 redis.call('zadd', KEYS[3], 0, ARGV[3])
 redis.call('zadd', KEYS[4], ARGV[2], ARGV[3])
+if ARGV[6] ~= '' then
+    redis.call('zadd', KEYS[5], ARGV[6], ARGV[3])
+end
 return 1
 """
 
-# KEYS[1] row hash
-# ARGV[1] the revision expected, ARGV[2] the new revision, ARGV[3] row JSON, ARGV[4] namespace
+# KEYS[1] row hash, KEYS[2] the running sandboxes' ends zset
+# ARGV[1] the revision expected, ARGV[2] the new revision, ARGV[3] row JSON, ARGV[4] namespace,
+# ARGV[5] sandbox id, ARGV[6] the new row's end_at_s if it is running, else ''
 # Returns 1 if replaced, 0 if the stored row is another revision, another namespace's or gone.
 UPDATE_E2B_LUA = """
 if redis.call('hget', KEYS[1], 'rev') == ARGV[1]
         and redis.call('hget', KEYS[1], 'ns') == ARGV[4] then
     redis.call('hset', KEYS[1], 'rev', ARGV[2], 'row', ARGV[3])
+    if ARGV[6] ~= '' then
+        redis.call('zadd', KEYS[2], ARGV[6], ARGV[5])
+    else
+        redis.call('zrem', KEYS[2], ARGV[5])
+    end
     return 1
 end
 return 0
 """
 
 # KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
-# KEYS[4] its legacy zset, KEYS[5] the id's killed mark, KEYS[6] its zset by start time
+# KEYS[4] its legacy zset, KEYS[5] the id's killed mark, KEYS[6] its zset by start time,
+# KEYS[7] the running sandboxes' ends zset
 # ARGV[1] sandbox id, ARGV[2] namespace (the row's: the namespace zsets are its),
 # ARGV[3] the mark's TTL in seconds
 # Returns 1 if removed, 0 if there was no such row of that namespace. The mark is set
@@ -96,6 +109,7 @@ redis.call('zrem', KEYS[2], ARGV[1])
 redis.call('zrem', KEYS[3], ARGV[1])
 redis.call('zrem', KEYS[4], ARGV[1])
 redis.call('zrem', KEYS[6], ARGV[1])
+redis.call('zrem', KEYS[7], ARGV[1])
 if redis.call('hget', KEYS[1], 'ns') == ARGV[2] then
     redis.call('del', KEYS[1])
     return 1
@@ -177,6 +191,29 @@ return page
 """
 )
 
+# KEYS[1] the running sandboxes' ends zset, KEYS[2..] the row hashes of its entries the
+# sweep found wrong (an older orchestrator's write: a removal, a pause, a later end)
+# ARGV[3i-2], ARGV[3i-1], ARGV[3i]: the id of KEYS[i + 1], the revision the sweep read
+# ('' if the hash was gone), and the row's end_at_s ('' to take the entry out)
+# Each entry is put right only if its row is still at the revision read (or still
+# gone): a write since (a resume) set the entry itself, and is not undone.
+PUT_RIGHT_E2B_ENDS_LUA = """
+local fixed = 0
+for i = 1, #KEYS - 1 do
+    local id, seen, ends = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+    local rev = redis.call('hget', KEYS[i + 1], 'rev')
+    if (seen == '' and not rev) or rev == seen then
+        if ends == '' then
+            fixed = fixed + redis.call('zrem', KEYS[1], id)
+        else
+            redis.call('zadd', KEYS[1], ends, id)
+            fixed = fixed + 1
+        end
+    end
+end
+return fixed
+"""
+
 # KEYS[1] the namespace's ids zset, KEYS[2..] row hashes a page found missing
 # ARGV[1], ARGV[2]... their sandbox ids (ARGV[i]'s hash is KEYS[i + 1])
 # Takes out of the zset each id whose hash is still missing: an older orchestrator's
@@ -217,6 +254,10 @@ class RedisE2bTable(RedisDatabase):
         return self._client.register_script(PAGE_E2B_BY_START_LUA)
 
     @cached_property
+    def _put_right_e2b_ends(self) -> AsyncScript:
+        return self._client.register_script(PUT_RIGHT_E2B_ENDS_LUA)
+
+    @cached_property
     def _prune_e2b_ids(self) -> AsyncScript:
         return self._client.register_script(PRUNE_E2B_IDS_LUA)
 
@@ -226,6 +267,10 @@ class RedisE2bTable(RedisDatabase):
     @property
     def _e2b_all_key(self) -> str:
         return f"{self._prefix}e2b_all"
+
+    @property
+    def _e2b_ends_key(self) -> str:
+        return f"{self._prefix}e2b_ends"
 
     def _e2b_ns_key(self, namespace: str) -> str:
         return f"{self._prefix}e2b_nsids:{_namespace_hash(namespace)}"
@@ -249,6 +294,7 @@ class RedisE2bTable(RedisDatabase):
             self._e2b_all_key,
             self._e2b_ns_key(row.namespace),
             self._e2b_by_start_key(row.namespace),
+            self._e2b_ends_key,
         ]
         with map_redis_errors("add_e2b_sandbox"):
             added = await self._add_e2b(
@@ -259,6 +305,7 @@ class RedisE2bTable(RedisDatabase):
                     row.sandbox_id,
                     row.namespace,
                     str(row.revision),
+                    _running_end(row),
                 ],
             )
         return bool(added)
@@ -375,6 +422,35 @@ class RedisE2bTable(RedisDatabase):
                 start = (float(text(replies[-1])), ids[-1])
         return found
 
+    async def e2b_due(self, now_s: float, *, limit: int) -> list[E2bSandboxRow]:
+        """``ZRANGEBYSCORE`` of ``e2b_ends`` up to ``now_s``, then each row.
+
+        An entry that does not match its row (an older orchestrator's write, which
+        knows no ``e2b_ends``: a removal, a pause, a later end) is put right: taken out,
+        or scored by the row's end; its row is listed only if it is due."""
+        check_page_limit(limit)
+        with map_redis_errors("e2b_due"):
+            members = await self._client.zrangebyscore(
+                self._e2b_ends_key, "-inf", repr(now_s), start=0, num=limit
+            )
+            ids = [text(member) for member in members if isinstance(member, bytes | str)]
+            due: list[E2bSandboxRow] = []
+            wrong: list[tuple[str, str, str]] = []  # (id, revision read, end or '')
+            for sandbox_id, raw, rev in zip(ids, *await self._rows_and_revisions(ids), strict=True):
+                row = None if raw is None else _decoded(sandbox_id, raw)
+                if row is None or row.state != "running":
+                    wrong.append((sandbox_id, rev, ""))
+                elif row.end_at_s > now_s:
+                    wrong.append((sandbox_id, rev, repr(row.end_at_s)))
+                else:
+                    due.append(row)
+            if wrong:
+                await self._put_right_e2b_ends(
+                    keys=[self._e2b_ends_key, *(self._e2b_key(i) for i, _, _ in wrong)],
+                    args=[x for entry in wrong for x in entry],
+                )
+        return due
+
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """``EXISTS`` of each id's hash, pipelined (one round trip)."""
         ids = list(sandbox_ids)
@@ -399,6 +475,21 @@ class RedisE2bTable(RedisDatabase):
                 self._e2b_kept_merged_key(namespace), b"1", px=max(1, int(ttl_s * 1000))
             )
 
+    async def _rows_and_revisions(
+        self, ids: list[str]
+    ) -> tuple[list[bytes | str | None], list[str]]:
+        """Each id's ``row`` and ``rev`` fields, in one round trip ('' as the revision of
+        a hash that is gone)."""
+        if not ids:
+            return [], []
+        async with self._client.pipeline(transaction=False) as pipe:
+            for sandbox_id in ids:
+                pipe.hmget(self._e2b_key(sandbox_id), ["row", "rev"])
+            found: list[list[bytes | str | None]] = await pipe.execute()
+        raws = [row for row, _ in found]
+        revisions = ["" if rev is None else text(rev) for _, rev in found]
+        return raws, revisions
+
     async def _rows(self, ids: list[str]) -> list[bytes | str | None]:
         """Each id's ``row`` field, in one round trip (``None`` where its hash is gone)."""
         if not ids:
@@ -414,8 +505,15 @@ class RedisE2bTable(RedisDatabase):
         key = self._e2b_key(row.sandbox_id)
         with map_redis_errors("update_e2b_sandbox"):
             done = await self._update_e2b(
-                keys=[key],
-                args=[str(row.revision - 1), str(row.revision), row.to_json(), row.namespace],
+                keys=[key, self._e2b_ends_key],
+                args=[
+                    str(row.revision - 1),
+                    str(row.revision),
+                    row.to_json(),
+                    row.namespace,
+                    row.sandbox_id,
+                    _running_end(row),
+                ],
             )
         return bool(done)
 
@@ -430,6 +528,7 @@ class RedisE2bTable(RedisDatabase):
                 async with self._client.pipeline(transaction=True) as pipe:
                     pipe.set(killed, b"1", ex=KILLED_E2B_TTL_S)
                     pipe.zrem(self._e2b_all_key, sandbox_id)
+                    pipe.zrem(self._e2b_ends_key, sandbox_id)
                     await pipe.execute()
                 return False
             ns = text(namespace)
@@ -440,6 +539,7 @@ class RedisE2bTable(RedisDatabase):
                 self._legacy_e2b_ns_key(ns),
                 killed,
                 self._e2b_by_start_key(ns),
+                self._e2b_ends_key,
             ]
             done = await self._remove_e2b(keys=keys, args=[sandbox_id, ns, KILLED_E2B_TTL_S])
         return bool(done)
@@ -448,6 +548,11 @@ class RedisE2bTable(RedisDatabase):
         """``EXISTS`` of the id's killed mark (its TTL is ``KILLED_E2B_TTL_S``)."""
         with map_redis_errors("e2b_sandbox_killed"):
             return bool(await self._client.exists(self._e2b_killed_key(sandbox_id)))
+
+
+def _running_end(row: E2bSandboxRow) -> str:
+    """The row's ``e2b_ends`` score: its end if it is running, else '' (no entry)."""
+    return repr(row.end_at_s) if row.state == "running" else ""
 
 
 def _namespace_hash(namespace: str) -> str:

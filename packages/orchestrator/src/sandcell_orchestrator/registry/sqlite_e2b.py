@@ -5,6 +5,7 @@ e2b_sandboxes(sandbox_id, namespace, revision, started_at_s, raw)
 e2b_by_namespace_start (namespace, started_at_s, sandbox_id)
                                                  a namespace's rows by start time (a listing page)
 e2b_by_namespace_id  (namespace, sandbox_id)     a namespace's rows by id
+e2b_ends(sandbox_id, end_at_s)                   every running sandbox's end (the sweep)
 e2b_killed(sandbox_id, until_s)                  ids removed (killed) lately
 e2b_kept_merged(namespace, until_s)              tenants whose kept rows were merged lately
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sqlite3
 import time
 from collections.abc import Sequence
 from typing import ClassVar
@@ -48,6 +50,11 @@ DROP INDEX IF EXISTS e2b_by_namespace;
 CREATE INDEX IF NOT EXISTS e2b_by_namespace_start
     ON e2b_sandboxes (namespace, started_at_s, sandbox_id);
 CREATE INDEX IF NOT EXISTS e2b_by_namespace_id ON e2b_sandboxes (namespace, sandbox_id);
+CREATE TABLE IF NOT EXISTS e2b_ends (
+    sandbox_id TEXT PRIMARY KEY,
+    end_at_s REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS e2b_ends_by_end ON e2b_ends (end_at_s);
 CREATE TABLE IF NOT EXISTS e2b_killed (
     sandbox_id TEXT PRIMARY KEY,
     until_s REAL NOT NULL
@@ -69,7 +76,10 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
                     "INSERT OR IGNORE INTO e2b_sandboxes VALUES (?, ?, ?, ?, ?)",
                     (row.sandbox_id, row.namespace, row.revision, row.started_at_s, raw),
                 )
-                return done.rowcount == 1
+                if done.rowcount != 1:
+                    return False
+                _set_end(db, row)
+                return True
 
         return await self._run("add_e2b_sandbox", work)
 
@@ -172,6 +182,24 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
             start = (read[-1][1], read[-1][0])
         return found
 
+    async def e2b_due(self, now_s: float, *, limit: int) -> list[E2bSandboxRow]:
+        """Running rows ended by ``now_s``, soonest first (``e2b_ends_by_end`` serves the
+        range, so a sweep reads the due rows only)."""
+        check_page_limit(limit)
+
+        def work() -> list[tuple[str, bytes]]:
+            with self._transaction(write=False) as db:
+                rows = db.execute(
+                    "SELECT e.sandbox_id, s.raw FROM e2b_ends e"
+                    " JOIN e2b_sandboxes s ON s.sandbox_id = e.sandbox_id"
+                    " WHERE e.end_at_s <= ? ORDER BY e.end_at_s, e.sandbox_id LIMIT ?",
+                    (now_s, limit),
+                ).fetchall()
+            return [(str(sid), bytes(raw)) for sid, raw in rows]
+
+        found = (_decoded(sid, raw) for sid, raw in await self._run("e2b_due", work))
+        return [row for row in found if row is not None and row.state == "running"]
+
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """Which of ``sandbox_ids`` have a row (their primary keys, in one query)."""
         ids = json.dumps([validate_e2b_sandbox_id(i) for i in sandbox_ids])
@@ -225,7 +253,10 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
                     " WHERE sandbox_id = ? AND revision = ? AND namespace = ?",
                     (row.revision, raw, row.sandbox_id, row.revision - 1, row.namespace),
                 )
-                return done.rowcount == 1
+                if done.rowcount != 1:
+                    return False
+                _set_end(db, row)
+                return True
 
         return await self._run("update_e2b_sandbox", work)
 
@@ -238,6 +269,7 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
             now = time.time()
             with self._transaction(write=True) as db:
                 done = db.execute("DELETE FROM e2b_sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+                db.execute("DELETE FROM e2b_ends WHERE sandbox_id = ?", (sandbox_id,))
                 db.execute("DELETE FROM e2b_killed WHERE until_s <= ?", (now,))
                 db.execute(
                     "INSERT OR REPLACE INTO e2b_killed VALUES (?, ?)",
@@ -260,6 +292,15 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
                 return found is not None
 
         return await self._run("e2b_sandbox_killed", work)
+
+
+def _set_end(db: sqlite3.Connection, row: E2bSandboxRow) -> None:
+    """``row``'s entry in ``e2b_ends``: its end while it runs, none otherwise (in the
+    transaction of the row's own write)."""
+    if row.state == "running":
+        db.execute("INSERT OR REPLACE INTO e2b_ends VALUES (?, ?)", (row.sandbox_id, row.end_at_s))
+    else:
+        db.execute("DELETE FROM e2b_ends WHERE sandbox_id = ?", (row.sandbox_id,))
 
 
 def _by_start(order: str, past: str) -> tuple[str, str]:

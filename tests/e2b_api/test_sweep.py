@@ -1,0 +1,143 @@
+"""``E2bSandboxes.expire`` (the timeout sweep every worker runs twice a second) reads
+the registry's due rows (``e2b_due``), not its whole E2B table, but for its first
+sweep and one every ``FULL_SWEEP_S``, which catch rows an older orchestrator wrote
+(missing from the index). Every registry backend (Redis the real redis-server); rows
+are written directly: the sweep kills them (no runner is started)."""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandcell_orchestrator.e2b.sandboxes import FULL_SWEEP_S, E2bSandboxes
+from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
+from sandcell_orchestrator.registry import (
+    E2bSandboxRow,
+    InProcessRegistry,
+    RedisRegistry,
+    SessionRegistry,
+    SqliteRegistry,
+)
+from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
+from sandcell_orchestrator.snapshots import DirectorySnapshotStore
+from tests.orchestrator.conftest import redis_url
+
+__all__ = ["redis_url"]
+
+NOW = 1_765_000_000.0
+
+
+class _Table:
+    """The registry, counting whole-table reads and hiding ``unindexed`` rows from
+    ``e2b_due``, as rows an older orchestrator wrote are missing from the index."""
+
+    def __init__(self, inner: SessionRegistry) -> None:
+        self._inner = inner
+        self.whole_reads = 0
+        self.due_rows: list[int] = []
+        self.unindexed: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
+        if namespace is None:
+            self.whole_reads += 1
+        rows: list[E2bSandboxRow] = await self._inner.e2b_sandboxes(namespace)
+        return rows
+
+    async def e2b_due(self, now_s: float, *, limit: int) -> list[E2bSandboxRow]:
+        rows: list[E2bSandboxRow] = await self._inner.e2b_due(now_s, limit=limit)
+        rows = [row for row in rows if row.sandbox_id not in self.unindexed]
+        self.due_rows.append(len(rows))
+        return rows
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionRegistry]:
+    registry: SessionRegistry
+    if request.param == "memory":
+        registry = InProcessRegistry()
+    elif request.param == "sqlite":
+        registry = SqliteRegistry(tmp_path / "registry.sqlite3")
+    else:
+        url: str = request.getfixturevalue("redis_url")
+        registry = RedisRegistry.from_url(url, prefix=f"e2b-sweep-{uuid.uuid4().hex}:")
+    yield registry
+    if isinstance(registry, RedisRegistry):
+        client = registry._client
+        keys = [key async for key in client.scan_iter(match=f"{registry.prefix}*")]
+        if keys:
+            await client.delete(*keys)
+    await registry.close()
+
+
+def _row(end_at_s: float) -> E2bSandboxRow:
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return E2bSandboxRow(
+        sandbox_id="".join(secrets.choice(alphabet) for _ in range(20)),
+        namespace="tenant-a",
+        template="base",
+        session_id=sandbox_session_key(str(uuid.uuid4())),
+        access_token="access-secret",
+        traffic_token="traffic-secret",
+        metadata={},
+        env={},
+        egress=None,
+        started_at_s=end_at_s - 300,
+        end_at_s=end_at_s,
+        auto_pause=False,
+        state="running",
+    )
+
+
+async def test_a_sweep_reads_the_due_rows_and_the_whole_table_now_and_then(
+    backend: SessionRegistry, tmp_path: Path
+) -> None:
+    clock = [NOW]
+    table = _Table(backend)
+    async with DirectorySnapshotStore(tmp_path / "snapshots") as store:
+        provider = LocalProvider(LocalSettings(runtime_dir=tmp_path / "rt"))
+        manager = SandboxManager(provider, table, store)  # type: ignore[arg-type]
+        sandboxes = E2bSandboxes(manager, keep_at_exit=True, wall_clock=lambda: clock[0])
+        try:
+            running = [_row(NOW + 10_000 + n) for n in range(30)]
+            first_due, first_old = _row(NOW - 5), _row(NOW - 1)
+            for row in [*running, first_due, first_old]:
+                assert await backend.add_e2b_sandbox(row)
+            table.unindexed.add(first_old.sandbox_id)
+
+            # The first sweep reads the table: both due rows go, indexed or not.
+            assert await sandboxes.expire() == 2
+            assert table.whole_reads == 1
+            assert await backend.e2b_sandbox(first_old.sandbox_id) is None
+
+            due, old = _row(NOW + 1), _row(NOW + 2)
+            for row in (due, old):
+                assert await backend.add_e2b_sandbox(row)
+            table.unindexed.add(old.sandbox_id)
+            clock[0] = NOW + 3
+            # Later sweeps read the due rows only: the unindexed one waits.
+            assert await sandboxes.expire() == 1
+            assert await sandboxes.expire() == 0
+            assert table.whole_reads == 1
+            assert table.due_rows == [1, 0]
+            assert await backend.e2b_sandbox(due.sandbox_id) is None
+            assert await backend.e2b_sandbox(old.sandbox_id) is not None
+
+            # ``FULL_SWEEP_S`` on, the table again: the unindexed row goes too.
+            clock[0] = NOW + FULL_SWEEP_S
+            assert await sandboxes.expire() == 1
+            assert table.whole_reads == 2
+            assert await backend.e2b_sandbox(old.sandbox_id) is None
+            survivors = await backend.e2b_sandboxes("tenant-a")
+            assert {row.sandbox_id for row in survivors} == {row.sandbox_id for row in running}
+        finally:
+            await sandboxes.aclose()
+            await manager.aclose(destroy_sandboxes=False)
+            await provider.close()
