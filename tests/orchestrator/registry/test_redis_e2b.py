@@ -64,17 +64,20 @@ def _rows(namespace: str, count: int) -> list[E2bSandboxRow]:
 async def test_key_layout(client: redis.asyncio.Redis, prefix: str) -> None:
     """A row is its hash, an ``e2b_all`` member scored by its start, a member (score
     0) of its namespace's ``e2b_nsids:<sha256>``, one scored by its start of
-    ``e2b_nsstart:<sha256>`` and, while it runs, one of ``e2b_ends`` scored by its end;
-    a removal takes all five away and leaves ``e2b_killed:<id>`` with a TTL."""
+    ``e2b_nsstart:<sha256>`` and, while it runs, one of ``e2b_ends`` scored by its end
+    and one of ``e2b_nsrun:<sha256>`` scored by its start; a removal takes all six away
+    and leaves ``e2b_killed:<id>`` with a TTL."""
     registry = RedisRegistry(client, prefix=prefix)
     row = new_row("tenant a", started_at_s=123.0)
     assert await registry.add_e2b_sandbox(row)
     nsids = f"{prefix}e2b_nsids:{_hash('tenant a')}"
     nsstart = f"{prefix}e2b_nsstart:{_hash('tenant a')}"
     ends = f"{prefix}e2b_ends"
+    nsrun = f"{prefix}e2b_nsrun:{_hash('tenant a')}"
     assert await _keys(client, prefix) == sorted(
-        [f"{prefix}e2b:{row.sandbox_id}", f"{prefix}e2b_all", nsids, nsstart, ends]
+        [f"{prefix}e2b:{row.sandbox_id}", f"{prefix}e2b_all", nsids, nsstart, ends, nsrun]
     )
+    assert await client.zrange(nsrun, 0, -1, withscores=True) == [(row.sandbox_id.encode(), 123.0)]
     assert await client.zrange(ends, 0, -1, withscores=True) == [
         (row.sandbox_id.encode(), row.end_at_s)
     ]
@@ -203,40 +206,48 @@ async def test_rows_an_older_orchestrator_added_are_listed_by_start_time(
     assert await client.zscore(nsstart, gone.sandbox_id) is None
 
 
-async def test_the_sweeps_index_is_put_right_after_an_older_orchestrators_writes(
+async def test_the_running_indexes_are_put_right_after_an_older_orchestrators_writes(
     client: redis.asyncio.Redis, prefix: str
 ) -> None:
-    """``e2b_ends`` entries an older orchestrator left wrong (it knows no ``e2b_ends``:
-    its kill, its pause, its later end) are not answered as due, and are taken out or
-    scored by the row's end; an entry whose row was written again since it was read
-    (a resume on a newer worker) is left as that write set it."""
+    """``e2b_ends`` and ``e2b_nsrun`` entries an older orchestrator left wrong (it knows
+    neither: its kill, its pause, its later end) are not answered, and are taken out
+    or re-scored; a running row it added (in neither) is indexed by ``e2b_index`` (the
+    full sweep's); a fix read at a revision the row has left is not applied."""
     registry = RedisRegistry(client, prefix=prefix)
-    ends = f"{prefix}e2b_ends"
+    ends, nsrun = f"{prefix}e2b_ends", f"{prefix}e2b_nsrun:{_hash('tenant-a')}"
     killed, paused, extended, due = (
-        msgspec.structs.replace(new_row("tenant-a"), end_at_s=100.0 + n) for n in range(4)
+        msgspec.structs.replace(new_row("tenant-a", started_at_s=10.0 + n), end_at_s=100.0 + n)
+        for n in range(4)
     )
     for row in (killed, paused, extended, due):
         assert await registry.add_e2b_sandbox(row)
     # The older orchestrator's writes: the hash (and its own zsets) only.
     await client.delete(f"{prefix}e2b:{killed.sandbox_id}")
-    for row in (
-        msgspec.structs.replace(paused, state="paused", revision=2),
-        msgspec.structs.replace(extended, end_at_s=900.0, revision=2),
-    ):
+    now_paused = msgspec.structs.replace(paused, state="paused", revision=2)
+    now_extended = msgspec.structs.replace(extended, end_at_s=900.0, revision=2)
+    for row in (now_paused, now_extended):
         await client.hset(
             f"{prefix}e2b:{row.sandbox_id}", mapping={"rev": "2", "row": row.to_json()}
         )
+    added = msgspec.structs.replace(new_row("tenant-a", started_at_s=50.0), end_at_s=50.0)
+    await _nsids_era_add(client, prefix, added)
+
     assert await registry.e2b_due(500.0, limit=10) == [due]
     assert await client.zrange(ends, 0, -1, withscores=True) == [
         (due.sandbox_id.encode(), due.end_at_s),
         (extended.sandbox_id.encode(), 900.0),
     ]
-    # Read at revision 1, written since (revision 2): the fix is not applied.
-    fixed = await registry._put_right_e2b_ends(
-        keys=[ends, f"{prefix}e2b:{extended.sandbox_id}"],
-        args=[extended.sandbox_id, "1", ""],
-    )
-    assert fixed == 0
+    assert await registry.e2b_running_of("tenant-a") == [now_extended, due]
+    assert await client.zrange(nsrun, 0, -1) == [
+        extended.sandbox_id.encode(),
+        due.sandbox_id.encode(),
+    ]
+    # The full sweep hands every row it read to ``e2b_index``: the unindexed one joins.
+    await registry.e2b_index(await registry.e2b_sandboxes())
+    assert await registry.e2b_running_of("tenant-a") == [now_extended, due, added]
+    assert await registry.e2b_due(500.0, limit=10) == [added, due]
+    # Read at revision 1, written since (revision 2): not applied.
+    await registry.e2b_index([extended])
     assert await client.zscore(ends, extended.sandbox_id) == 900.0
 
 

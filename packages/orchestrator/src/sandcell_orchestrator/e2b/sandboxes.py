@@ -167,9 +167,10 @@ class E2bSandboxes:
             raise E2bError(404, "not_found", f"sandbox {sandbox_id} not found")
         return await self.views.view(row)
 
-    async def owned_by(self, owner: str) -> list[E2bSandbox]:
-        """``owner``'s sandboxes the registry holds, oldest first."""
-        return [await self.views.view(row) for row in await self.registry.e2b_sandboxes(owner)]
+    async def running_of(self, owner: str) -> list[E2bSandbox]:
+        """``owner``'s running sandboxes, oldest first (reading the running rows only)."""
+        rows = await self.registry.e2b_running_of(owner)
+        return [await self.views.view(row) for row in rows]
 
     async def _recover(self, sandbox_id: str, *, owner: str) -> E2bSandboxRow | None:
         """``owner``'s kept row of ``sandbox_id``, added to the registry again (one revision
@@ -299,8 +300,7 @@ class E2bSandboxes:
         )
 
     async def _check_room(self, owner: str) -> None:
-        rows = await self.registry.e2b_sandboxes(owner)
-        running = sum(row.state == "running" for row in rows)
+        running = len(await self.registry.e2b_running_of(owner))
         if running >= self.max_running_per_tenant:
             raise E2bError(
                 429,
@@ -375,6 +375,8 @@ class E2bSandboxes:
         if now >= self._full_sweep_at:
             self._full_sweep_at = now + FULL_SWEEP_S
             candidates = await self.registry.e2b_sandboxes()
+            # Rows an older orchestrator wrote are in neither index until given to it.
+            await self.registry.e2b_index(candidates)
         else:
             candidates = await self.registry.e2b_due(now, limit=_DUE_ROWS)
         due = [

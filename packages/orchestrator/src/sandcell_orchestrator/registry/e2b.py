@@ -164,6 +164,19 @@ class E2bSandboxTable(Protocol):
         may be missing here: the sweep reads the whole table now and then for those."""
         ...
 
+    async def e2b_running_of(self, namespace: str) -> list[E2bSandboxRow]:
+        """``namespace``'s running rows, by start time then id (the room check of every
+        create and resume, the v1 listing): it reads these rows, not the paused ones.
+        A row last written by an orchestrator that kept no such index may be missing
+        until ``e2b_index`` is given it."""
+        ...
+
+    async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
+        """Put ``rows``, as read (a full sweep's), in the indexes of running rows their
+        state calls for (``e2b_due``, ``e2b_running_of``), each only if it is still at
+        that revision: rows an older orchestrator wrote are indexed this way."""
+        ...
+
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """Which of ``sandbox_ids`` have a row, without reading the rows (one round trip
         for a batch: the merge of a tenant's kept rows checks them by the thousand)."""

@@ -332,6 +332,16 @@ class InProcessRegistry:
         due = (r for r in self._e2b.values() if r.state == "running" and r.end_at_s <= now_s)
         return sorted(due, key=lambda r: (r.end_at_s, r.sandbox_id))[:limit]
 
+    async def e2b_running_of(self, namespace: str) -> list[E2bSandboxRow]:
+        """``namespace``'s running rows, by start time then id."""
+        await anyio.lowlevel.checkpoint()
+        rows = (r for r in self._e2b.values() if r.namespace == namespace and r.state == "running")
+        return sorted(rows, key=_start_key)
+
+    async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
+        """Nothing to do: the in-process table keeps no index (and no older writer)."""
+        await anyio.lowlevel.checkpoint()
+
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """Which of ``sandbox_ids`` have a row."""
         await anyio.lowlevel.checkpoint()

@@ -4,6 +4,8 @@
 <prefix>e2b_all              zset  id -> started_at_s, every sandbox
 <prefix>e2b_ends             zset  id -> end_at_s, every running sandbox (the timeout
                                    sweep reads the ones due, not every row)
+<prefix>e2b_nsrun:<sha256>   zset  id -> started_at_s, one namespace's running sandboxes
+                                   (the room check and the v1 listing read these)
 <prefix>e2b_nsids:<sha256>   zset  one namespace's ids (hashed: any text), all scored 0
                                    so they sort by id (ZRANGEBYLEX pages it)
 <prefix>e2b_nsstart:<sha256> zset  the same ids scored by started_at_s: the E2B
@@ -51,7 +53,7 @@ __all__ = [
     "PAGE_E2B_BY_START_LUA",
     "PAGE_E2B_IDS_LUA",
     "PRUNE_E2B_IDS_LUA",
-    "PUT_RIGHT_E2B_ENDS_LUA",
+    "INDEX_E2B_LUA",
     "REMOVE_E2B_LUA",
     "UPDATE_E2B_LUA",
     "RedisE2bTable",
@@ -60,7 +62,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
-# KEYS[4] its zset by start time, KEYS[5] the running sandboxes' ends zset
+# KEYS[4] its zset by start time, KEYS[5] the running sandboxes' ends zset, KEYS[6] the
+# namespace's running zset
 # ARGV[1] row JSON, ARGV[2] started_at_s, ARGV[3] sandbox id, ARGV[4] namespace,
 # ARGV[5] the row's revision, ARGV[6] its end_at_s if it is running, else ''
 # Returns 1 if added, 0 if the id is taken.
@@ -74,13 +77,16 @@ redis.call('zadd', KEYS[3], 0, ARGV[3])
 redis.call('zadd', KEYS[4], ARGV[2], ARGV[3])
 if ARGV[6] ~= '' then
     redis.call('zadd', KEYS[5], ARGV[6], ARGV[3])
+    redis.call('zadd', KEYS[6], ARGV[2], ARGV[3])
 end
 return 1
 """
 
-# KEYS[1] row hash, KEYS[2] the running sandboxes' ends zset
+# KEYS[1] row hash, KEYS[2] the running sandboxes' ends zset, KEYS[3] the namespace's
+# running zset
 # ARGV[1] the revision expected, ARGV[2] the new revision, ARGV[3] row JSON, ARGV[4] namespace,
-# ARGV[5] sandbox id, ARGV[6] the new row's end_at_s if it is running, else ''
+# ARGV[5] sandbox id, ARGV[6] the new row's end_at_s if it is running, else '', ARGV[7] its
+# started_at_s
 # Returns 1 if replaced, 0 if the stored row is another revision, another namespace's or gone.
 UPDATE_E2B_LUA = """
 if redis.call('hget', KEYS[1], 'rev') == ARGV[1]
@@ -88,8 +94,10 @@ if redis.call('hget', KEYS[1], 'rev') == ARGV[1]
     redis.call('hset', KEYS[1], 'rev', ARGV[2], 'row', ARGV[3])
     if ARGV[6] ~= '' then
         redis.call('zadd', KEYS[2], ARGV[6], ARGV[5])
+        redis.call('zadd', KEYS[3], ARGV[7], ARGV[5])
     else
         redis.call('zrem', KEYS[2], ARGV[5])
+        redis.call('zrem', KEYS[3], ARGV[5])
     end
     return 1
 end
@@ -98,7 +106,7 @@ return 0
 
 # KEYS[1] row hash, KEYS[2] every sandbox's zset, KEYS[3] the namespace's ids zset,
 # KEYS[4] its legacy zset, KEYS[5] the id's killed mark, KEYS[6] its zset by start time,
-# KEYS[7] the running sandboxes' ends zset
+# KEYS[7] the running sandboxes' ends zset, KEYS[8] the namespace's running zset
 # ARGV[1] sandbox id, ARGV[2] namespace (the row's: the namespace zsets are its),
 # ARGV[3] the mark's TTL in seconds
 # Returns 1 if removed, 0 if there was no such row of that namespace. The mark is set
@@ -110,6 +118,7 @@ redis.call('zrem', KEYS[3], ARGV[1])
 redis.call('zrem', KEYS[4], ARGV[1])
 redis.call('zrem', KEYS[6], ARGV[1])
 redis.call('zrem', KEYS[7], ARGV[1])
+redis.call('zrem', KEYS[8], ARGV[1])
 if redis.call('hget', KEYS[1], 'ns') == ARGV[2] then
     redis.call('del', KEYS[1])
     return 1
@@ -191,33 +200,38 @@ return page
 """
 )
 
-# KEYS[1] the running sandboxes' ends zset, KEYS[2..] the row hashes of its entries the
-# sweep found wrong (an older orchestrator's write: a removal, a pause, a later end)
-# ARGV[3i-2], ARGV[3i-1], ARGV[3i]: the id of KEYS[i + 1], the revision the sweep read
-# ('' if the hash was gone), and the row's end_at_s ('' to take the entry out)
-# Each entry is put right only if its row is still at the revision read (or still
-# gone): a write since (a resume) set the entry itself, and is not undone.
-PUT_RIGHT_E2B_ENDS_LUA = """
-local fixed = 0
-for i = 1, #KEYS - 1 do
-    local id, seen, ends = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-    local rev = redis.call('hget', KEYS[i + 1], 'rev')
-    if (seen == '' and not rev) or rev == seen then
-        if ends == '' then
-            fixed = fixed + redis.call('zrem', KEYS[1], id)
-        else
+# KEYS[1] the running sandboxes' ends zset; for each row i, KEYS[2i] its hash and
+# KEYS[2i + 1] its namespace's running zset
+# ARGV[4i-3..4i]: row i's id, the revision it was read at, and its end_at_s and
+# started_at_s if it is running ('' and '' if not)
+# Puts each row in the two zsets (running) or takes it out of them (paused), as its
+# state calls for, only if its hash is still at the revision read: a write since set
+# the entries itself, and is not undone. Rows an older orchestrator wrote (it knows
+# neither zset) are indexed this way: by the full sweep, and where a read finds an
+# entry that does not match its row. Returns how many rows were at their revision.
+INDEX_E2B_LUA = """
+local done = 0
+for i = 1, (#KEYS - 1) / 2 do
+    local id, seen, ends, started = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1], ARGV[4 * i]
+    if redis.call('hget', KEYS[2 * i], 'rev') == seen then
+        if ends ~= '' then
             redis.call('zadd', KEYS[1], ends, id)
-            fixed = fixed + 1
+            redis.call('zadd', KEYS[2 * i + 1], started, id)
+        else
+            redis.call('zrem', KEYS[1], id)
+            redis.call('zrem', KEYS[2 * i + 1], id)
         end
+        done = done + 1
     end
 end
-return fixed
+return done
 """
 
-# KEYS[1] the namespace's ids zset, KEYS[2..] row hashes a page found missing
+# KEYS[1] a zset of ids (a namespace's ids, by id, by start or running; the ends),
+# KEYS[2..] row hashes a read found missing
 # ARGV[1], ARGV[2]... their sandbox ids (ARGV[i]'s hash is KEYS[i + 1])
 # Takes out of the zset each id whose hash is still missing: an older orchestrator's
-# removal leaves the id there (it knows only the legacy zset). Checked in the script, so
+# removal leaves the id there (it knows only its own zsets). Checked in the script, so
 # a row added again meanwhile (rebuilt after a wipe) keeps its id.
 PRUNE_E2B_IDS_LUA = """
 local pruned = 0
@@ -254,8 +268,8 @@ class RedisE2bTable(RedisDatabase):
         return self._client.register_script(PAGE_E2B_BY_START_LUA)
 
     @cached_property
-    def _put_right_e2b_ends(self) -> AsyncScript:
-        return self._client.register_script(PUT_RIGHT_E2B_ENDS_LUA)
+    def _index_e2b(self) -> AsyncScript:
+        return self._client.register_script(INDEX_E2B_LUA)
 
     @cached_property
     def _prune_e2b_ids(self) -> AsyncScript:
@@ -278,6 +292,9 @@ class RedisE2bTable(RedisDatabase):
     def _e2b_by_start_key(self, namespace: str) -> str:
         return f"{self._prefix}e2b_nsstart:{_namespace_hash(namespace)}"
 
+    def _e2b_running_key(self, namespace: str) -> str:
+        return f"{self._prefix}e2b_nsrun:{_namespace_hash(namespace)}"
+
     def _e2b_kept_merged_key(self, namespace: str) -> str:
         return f"{self._prefix}e2b_kept_merged:{_namespace_hash(namespace)}"
 
@@ -295,6 +312,7 @@ class RedisE2bTable(RedisDatabase):
             self._e2b_ns_key(row.namespace),
             self._e2b_by_start_key(row.namespace),
             self._e2b_ends_key,
+            self._e2b_running_key(row.namespace),
         ]
         with map_redis_errors("add_e2b_sandbox"):
             added = await self._add_e2b(
@@ -426,30 +444,75 @@ class RedisE2bTable(RedisDatabase):
         """``ZRANGEBYSCORE`` of ``e2b_ends`` up to ``now_s``, then each row.
 
         An entry that does not match its row (an older orchestrator's write, which
-        knows no ``e2b_ends``: a removal, a pause, a later end) is put right: taken out,
-        or scored by the row's end; its row is listed only if it is due."""
+        knows no ``e2b_ends``: a removal, a pause, a later end) is put right
+        (``_read_indexed``); its row is listed only if it is due."""
         check_page_limit(limit)
         with map_redis_errors("e2b_due"):
-            members = await self._client.zrangebyscore(
-                self._e2b_ends_key, "-inf", repr(now_s), start=0, num=limit
+            entries = await self._client.zrangebyscore(
+                self._e2b_ends_key, "-inf", repr(now_s), start=0, num=limit, withscores=True
             )
+            ends = {
+                text(entry[0]): float(entry[1])
+                for entry in entries
+                if isinstance(entry, list | tuple) and isinstance(entry[0], bytes | str)
+            }
+            read = await self._read_indexed(list(ends), self._e2b_ends_key, ends=ends)
+        return [row for row in read if row.state == "running" and row.end_at_s <= now_s]
+
+    async def e2b_running_of(self, namespace: str) -> list[E2bSandboxRow]:
+        """The namespace's running zset, then each row (put right as ``e2b_due``'s)."""
+        key = self._e2b_running_key(namespace)
+        with map_redis_errors("e2b_running_of"):
+            members = await self._client.zrange(key, 0, -1)
             ids = [text(member) for member in members if isinstance(member, bytes | str)]
-            due: list[E2bSandboxRow] = []
-            wrong: list[tuple[str, str, str]] = []  # (id, revision read, end or '')
-            for sandbox_id, raw, rev in zip(ids, *await self._rows_and_revisions(ids), strict=True):
-                row = None if raw is None else _decoded(sandbox_id, raw)
-                if row is None or row.state != "running":
-                    wrong.append((sandbox_id, rev, ""))
-                elif row.end_at_s > now_s:
-                    wrong.append((sandbox_id, rev, repr(row.end_at_s)))
-                else:
-                    due.append(row)
-            if wrong:
-                await self._put_right_e2b_ends(
-                    keys=[self._e2b_ends_key, *(self._e2b_key(i) for i, _, _ in wrong)],
-                    args=[x for entry in wrong for x in entry],
-                )
-        return due
+            read = await self._read_indexed(ids, key)
+        return [row for row in read if row.state == "running" and row.namespace == namespace]
+
+    async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
+        """``INDEX_E2B_LUA`` for ``rows`` as they were read (500 to a script)."""
+        with map_redis_errors("e2b_index"):
+            for first in range(0, len(rows), 500):
+                await self._index(rows[first : first + 500])
+
+    async def _read_indexed(
+        self, ids: list[str], index: str, *, ends: dict[str, float] | None = None
+    ) -> list[E2bSandboxRow]:
+        """The rows of ``ids`` (entries of the zset ``index``; of ``e2b_ends`` with
+        their scores, ``ends``), with the entries that do not match their row put right:
+        a gone (or unreadable) row's taken out (``PRUNE_E2B_IDS_LUA``), a paused row's
+        or one whose end is not its score re-indexed at its revision (``INDEX_E2B_LUA``)."""
+        rows: list[E2bSandboxRow] = []
+        gone: list[str] = []
+        wrong: list[E2bSandboxRow] = []
+        for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
+            row = None if raw is None else _decoded(sandbox_id, raw)
+            if row is None:
+                gone.append(sandbox_id)
+                continue
+            rows.append(row)
+            if row.state != "running" or (ends is not None and ends[sandbox_id] != row.end_at_s):
+                wrong.append(row)
+        if gone:
+            await self._prune_e2b_ids(keys=[index, *(self._e2b_key(i) for i in gone)], args=gone)
+        if wrong:
+            await self._index(wrong)
+        return rows
+
+    async def _index(self, rows: Sequence[E2bSandboxRow]) -> None:
+        if not rows:
+            return
+        keys = [self._e2b_ends_key]
+        args: list[str] = []
+        for row in rows:
+            keys += [self._e2b_key(row.sandbox_id), self._e2b_running_key(row.namespace)]
+            running = row.state == "running"
+            args += [
+                row.sandbox_id,
+                str(row.revision),
+                _running_end(row),
+                repr(row.started_at_s) if running else "",
+            ]
+        await self._index_e2b(keys=keys, args=args)
 
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """``EXISTS`` of each id's hash, pipelined (one round trip)."""
@@ -475,21 +538,6 @@ class RedisE2bTable(RedisDatabase):
                 self._e2b_kept_merged_key(namespace), b"1", px=max(1, int(ttl_s * 1000))
             )
 
-    async def _rows_and_revisions(
-        self, ids: list[str]
-    ) -> tuple[list[bytes | str | None], list[str]]:
-        """Each id's ``row`` and ``rev`` fields, in one round trip ('' as the revision of
-        a hash that is gone)."""
-        if not ids:
-            return [], []
-        async with self._client.pipeline(transaction=False) as pipe:
-            for sandbox_id in ids:
-                pipe.hmget(self._e2b_key(sandbox_id), ["row", "rev"])
-            found: list[list[bytes | str | None]] = await pipe.execute()
-        raws = [row for row, _ in found]
-        revisions = ["" if rev is None else text(rev) for _, rev in found]
-        return raws, revisions
-
     async def _rows(self, ids: list[str]) -> list[bytes | str | None]:
         """Each id's ``row`` field, in one round trip (``None`` where its hash is gone)."""
         if not ids:
@@ -505,7 +553,7 @@ class RedisE2bTable(RedisDatabase):
         key = self._e2b_key(row.sandbox_id)
         with map_redis_errors("update_e2b_sandbox"):
             done = await self._update_e2b(
-                keys=[key, self._e2b_ends_key],
+                keys=[key, self._e2b_ends_key, self._e2b_running_key(row.namespace)],
                 args=[
                     str(row.revision - 1),
                     str(row.revision),
@@ -513,6 +561,7 @@ class RedisE2bTable(RedisDatabase):
                     row.namespace,
                     row.sandbox_id,
                     _running_end(row),
+                    repr(row.started_at_s),
                 ],
             )
         return bool(done)
@@ -540,6 +589,7 @@ class RedisE2bTable(RedisDatabase):
                 killed,
                 self._e2b_by_start_key(ns),
                 self._e2b_ends_key,
+                self._e2b_running_key(ns),
             ]
             done = await self._remove_e2b(keys=keys, args=[sandbox_id, ns, KILLED_E2B_TTL_S])
         return bool(done)

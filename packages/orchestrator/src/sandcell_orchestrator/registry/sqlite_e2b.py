@@ -200,6 +200,41 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
         found = (_decoded(sid, raw) for sid, raw in await self._run("e2b_due", work))
         return [row for row in found if row is not None and row.state == "running"]
 
+    async def e2b_running_of(self, namespace: str) -> list[E2bSandboxRow]:
+        """``namespace``'s rows that have an end in ``e2b_ends`` (the running ones), by
+        start time then id; the paused rows are not read."""
+
+        def work() -> list[tuple[str, bytes]]:
+            with self._transaction(write=False) as db:
+                rows = db.execute(
+                    "SELECT s.sandbox_id, s.raw FROM e2b_sandboxes s"
+                    " JOIN e2b_ends e ON e.sandbox_id = s.sandbox_id WHERE s.namespace = ?"
+                    " ORDER BY s.started_at_s, s.sandbox_id",
+                    (namespace,),
+                ).fetchall()
+            return [(str(sid), bytes(raw)) for sid, raw in rows]
+
+        found = (_decoded(sid, raw) for sid, raw in await self._run("e2b_running_of", work))
+        return [row for row in found if row is not None and row.state == "running"]
+
+    async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
+        """Each row's ``e2b_ends`` entry as its state calls for, where it is still at the
+        revision read (rows from before ``e2b_ends`` have none)."""
+        wanted = list(rows)
+
+        def work() -> None:
+            with self._transaction(write=True) as db:
+                for row in wanted:
+                    current = db.execute(
+                        "SELECT 1 FROM e2b_sandboxes WHERE sandbox_id = ? AND revision = ?",
+                        (row.sandbox_id, row.revision),
+                    ).fetchone()
+                    if current is not None:
+                        _set_end(db, row)
+
+        if wanted:
+            await self._run("e2b_index", work)
+
     async def e2b_sandboxes_present(self, sandbox_ids: Sequence[str]) -> set[str]:
         """Which of ``sandbox_ids`` have a row (their primary keys, in one query)."""
         ids = json.dumps([validate_e2b_sandbox_id(i) for i in sandbox_ids])
