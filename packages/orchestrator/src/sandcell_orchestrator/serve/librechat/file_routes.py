@@ -17,6 +17,7 @@ from sandcell_protocol import ProtocolError, validate_user_id
 from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of
+from ..headers import content_disposition
 from .auth import Caller, LibreChatAuth
 from .errors import FileNotVisibleError
 from .files import FileMeta, LibreChatFiles, Viewer, visible
@@ -126,11 +127,11 @@ class FileRoutes:
         data = await self.files.read(caller.namespace, session_id, file_id)
         if data is None:
             raise FileNotVisibleError
-        quoted = meta.filename.rsplit("/", 1)[-1].replace('"', "")
+        name = meta.filename.rsplit("/", 1)[-1].replace('"', "")
         return Response(
             data,
             media_type="application/octet-stream",
-            headers={"Content-Disposition": f'attachment; filename="{quoted}"'},
+            headers={"Content-Disposition": content_disposition("attachment", name)},
         )
 
     async def object_info(self, request: Request) -> Response:
