@@ -298,3 +298,14 @@ def test_a_file_of_any_name_downloads_with_its_name(serve: Serve) -> None:
             "attachment; filename=\"a_b.txt\"; filename*=UTF-8''a%0Ab.txt"
         )
 
+
+def test_an_upload_version_past_int_parsing_is_400(serve: Serve) -> None:
+    """``version`` of more digits than Python parses (4300) is a 400 like any bad one."""
+    with serve.client(**{"User-Id": "alice"}) as client:
+        answer = client.post(
+            "/upload",
+            data={"kind": "user", "id": "alice", "version": "9" * 5000},
+            files=[("file", ("v.txt", b"x"))],
+        )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "bad_request"

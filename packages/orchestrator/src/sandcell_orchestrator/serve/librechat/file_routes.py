@@ -67,7 +67,8 @@ class FileRoutes:
                 raise ProtocolError("upload: kind must be user, agent or skill")
             resource_id = _text(form.get("id"))
             version = _text(form.get("version"))
-            if version is not None and not is_ascii_digits(version):
+            # Bounded: past 4300 digits int() raises, and no version is that long.
+            if version is not None and not is_ascii_digits(version, max_length=18):
                 raise ProtocolError("upload: version must be a whole number")
             read_only = (_text(form.get("read_only")) or "").lower() in ("true", "1")
             user = caller.token_user or request.headers.get("user-id") or None
