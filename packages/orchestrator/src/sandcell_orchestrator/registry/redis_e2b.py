@@ -194,18 +194,7 @@ class RedisE2bTable(RedisDatabase):
                 ids = [text(reply) for reply in replies]
                 if not ids:
                     break
-                missing: list[str] = []
-                for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
-                    if raw is None:
-                        missing.append(sandbox_id)
-                        continue
-                    row = _decoded(sandbox_id, raw)
-                    if row is not None and row.namespace == namespace:
-                        found.append(row)
-                if missing:
-                    await self._prune_e2b_ids(
-                        keys=[keys[0], *(self._e2b_key(i) for i in missing)], args=missing
-                    )
+                found += await self._rows_of(namespace, ids, index=keys[0])
                 if wanted < 0 or len(ids) < wanted:
                     break
                 start = ids[-1]
@@ -240,18 +229,7 @@ class RedisE2bTable(RedisDatabase):
                     keys=keys, args=["1" if newest_first else "0", at, after_id, wanted]
                 )
                 ids = [text(reply) for reply in replies[::2]]
-                missing: list[str] = []
-                for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
-                    if raw is None:
-                        missing.append(sandbox_id)
-                        continue
-                    row = _decoded(sandbox_id, raw)
-                    if row is not None and row.namespace == namespace:
-                        found.append(row)
-                if missing:
-                    await self._prune_e2b_ids(
-                        keys=[keys[0], *(self._e2b_key(i) for i in missing)], args=missing
-                    )
+                found += await self._rows_of(namespace, ids, index=keys[0])
                 if len(ids) < wanted:
                     break
                 # The zset's own score: the read goes on past the last id read, whatever
@@ -356,6 +334,25 @@ class RedisE2bTable(RedisDatabase):
             await self._client.set(
                 self._e2b_kept_merged_key(namespace), b"1", px=max(1, int(ttl_s * 1000))
             )
+
+    async def _rows_of(self, namespace: str, ids: list[str], *, index: str) -> list[E2bSandboxRow]:
+        """The rows of ``ids`` (a page of the zset ``index``) that are ``namespace``'s and
+        readable; the ids whose hash is gone are taken out of ``index``
+        (``PRUNE_E2B_IDS_LUA``: an older orchestrator's removal leaves them)."""
+        rows: list[E2bSandboxRow] = []
+        missing: list[str] = []
+        for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
+            if raw is None:
+                missing.append(sandbox_id)
+                continue
+            row = _decoded(sandbox_id, raw)
+            if row is not None and row.namespace == namespace:
+                rows.append(row)
+        if missing:
+            await self._prune_e2b_ids(
+                keys=[index, *(self._e2b_key(i) for i in missing)], args=missing
+            )
+        return rows
 
     async def _rows(self, ids: list[str]) -> list[bytes | str | None]:
         """Each id's ``row`` field, in one round trip (``None`` where its hash is gone)."""
