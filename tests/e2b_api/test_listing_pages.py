@@ -47,16 +47,14 @@ from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import (
     E2bSandboxRow,
     E2bStartKey,
-    InProcessRegistry,
-    RedisRegistry,
     SessionRegistry,
-    SqliteRegistry,
 )
 from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore, S3SnapshotStore, SnapshotStore
-from tests.orchestrator.conftest import S3Server, redis_url, s3_server
+from tests.e2b_api.registries import backend, redis_url
+from tests.orchestrator.conftest import S3Server, s3_server
 
-__all__ = ["redis_url", "s3_server"]
+__all__ = ["backend", "redis_url", "s3_server"]
 
 TENANT, OTHER = "tenant-a", "tenant-b"
 
@@ -133,25 +131,6 @@ class _Listing:
 
         self.kept.page = page  # type: ignore[method-assign]
         return calls
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionRegistry]:
-    registry: SessionRegistry
-    if request.param == "memory":
-        registry = InProcessRegistry()
-    elif request.param == "sqlite":
-        registry = SqliteRegistry(tmp_path / "registry.sqlite3")
-    else:
-        url: str = request.getfixturevalue("redis_url")
-        registry = RedisRegistry.from_url(url, prefix=f"e2b-pages-{uuid.uuid4().hex}:")
-    yield registry
-    if isinstance(registry, RedisRegistry):
-        client = registry._client
-        keys = [key async for key in client.scan_iter(match=f"{registry.prefix}*")]
-        if keys:
-            await client.delete(*keys)
-    await registry.close()
 
 
 @contextlib.asynccontextmanager

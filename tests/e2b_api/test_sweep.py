@@ -8,26 +8,20 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sandcell_orchestrator.e2b.sandboxes import FULL_SWEEP_S, E2bSandboxes
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
 from sandcell_orchestrator.registry import (
     E2bSandboxRow,
-    InProcessRegistry,
-    RedisRegistry,
     SessionRegistry,
-    SqliteRegistry,
 )
 from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
-from tests.orchestrator.conftest import redis_url
+from tests.e2b_api.registries import backend, redis_url
 
-__all__ = ["redis_url"]
+__all__ = ["backend", "redis_url"]
 
 NOW = 1_765_000_000.0
 
@@ -56,25 +50,6 @@ class _Table:
         rows = [row for row in rows if row.sandbox_id not in self.unindexed]
         self.due_rows.append(len(rows))
         return rows
-
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionRegistry]:
-    registry: SessionRegistry
-    if request.param == "memory":
-        registry = InProcessRegistry()
-    elif request.param == "sqlite":
-        registry = SqliteRegistry(tmp_path / "registry.sqlite3")
-    else:
-        url: str = request.getfixturevalue("redis_url")
-        registry = RedisRegistry.from_url(url, prefix=f"e2b-sweep-{uuid.uuid4().hex}:")
-    yield registry
-    if isinstance(registry, RedisRegistry):
-        client = registry._client
-        keys = [key async for key in client.scan_iter(match=f"{registry.prefix}*")]
-        if keys:
-            await client.delete(*keys)
-    await registry.close()
 
 
 def _row(end_at_s: float) -> E2bSandboxRow:

@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio
 
 from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
-from sandcell_orchestrator.registry import redis_e2b as module
+from sandcell_orchestrator.registry import redis_e2b_scripts as scripts
 from sandcell_orchestrator.registry.e2b import KILLED_E2B_TTL_S
 from tests.orchestrator.registry.test_e2b_table import new_row
 
@@ -358,10 +358,10 @@ async def test_pages_with_decode_responses(redis_url: str, prefix: str) -> None:
         await client.aclose()
 
 
-@pytest.mark.parametrize("name", ["PAGE_E2B_IDS_LUA", "PRUNE_E2B_IDS_LUA", "REMOVE_E2B_LUA"])
+@pytest.mark.parametrize("name", scripts.__all__)
 def test_the_scripts_document_their_keys_and_args(name: str) -> None:
     """Each script names what KEYS and ARGV carry (in the source, above it)."""
-    source = inspect.getsource(module)
+    source = inspect.getsource(scripts)
     before = source[: source.index(f"{name} = ")].rsplit("\n\n", 1)[-1]
     assert "# KEYS[1]" in before
     assert "ARGV[1]" in before

@@ -45,7 +45,7 @@ import logging
 import msgspec
 
 from ..errors import CheckpointError
-from ..registry import E2bSandboxRow, validate_e2b_sandbox_id
+from ..registry import E2bSandboxRow, E2bSandboxTable, validate_e2b_sandbox_id
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
 
@@ -123,6 +123,47 @@ class KeptRows:
             log.warning("e2b sandbox %s: the kept row is not this sandbox's", sandbox_id)
             return None
         return row
+
+    async def rebuild(
+        self, registry: E2bSandboxTable, sandbox_id: str, *, owner: str
+    ) -> E2bSandboxRow | None:
+        """``owner``'s kept row of ``sandbox_id``, added to ``registry`` again (one
+        revision past it); the registry's row if another worker added it first; ``None``
+        if there is no kept row, or the sandbox turns out killed.
+
+        A kill on another worker may have rebuilt the row too, deleted the kept row
+        (a kill's first step) and removed the row, all between this read and this add:
+        the add would bring back a killed sandbox (listed as paused, its checkpoints
+        gone). So the kept row is read once more after the add; gone while the added
+        row is as it was added (a resume or change writes the row, at a later
+        revision, before it touches the kept row), it was a kill, and the row goes.
+
+        A pause racing a kill on another worker can also write the kept row after the
+        kill deleted it and removed the row (``views.SandboxViews.change``): the kill's
+        mark in the registry (``e2b_sandbox_killed``, set with the row's removal) tells
+        that kept row from one a wipe left, so it goes too, and the id is a 404."""
+        kept = await self.read(owner, sandbox_id)
+        if kept is None:
+            return None
+        row = rebuilt(kept)
+        if await registry.add_e2b_sandbox(row):
+            # Read after the add, which found no row: a kill that removed the row (or
+            # found none) before the add has marked the id already.
+            if await registry.e2b_sandbox_killed(sandbox_id):
+                if await registry.e2b_sandbox(sandbox_id) == row:
+                    await registry.remove_e2b_sandbox(sandbox_id)
+                await self.drop_quietly(owner, sandbox_id)
+                log.info("e2b sandbox %s: killed; its kept row dropped", sandbox_id)
+                return None
+            if await self.read(owner, sandbox_id) is not None:
+                log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
+                return row
+            if await registry.e2b_sandbox(sandbox_id) == row:
+                await registry.remove_e2b_sandbox(sandbox_id)
+                log.info("e2b sandbox %s: killed while its row was rebuilt", sandbox_id)
+                return None
+        found = await registry.e2b_sandbox(sandbox_id)
+        return found if found is not None and found.namespace == owner else None
 
     async def page(
         self, namespace: str, *, after: str | None, limit: int

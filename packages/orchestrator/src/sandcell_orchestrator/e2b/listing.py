@@ -21,7 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import msgspec
@@ -99,12 +99,10 @@ class SandboxListing:
         *,
         kept: KeptRows,
         views: SandboxViews,
-        recover: Callable[[str, str], Awaitable[E2bSandboxRow | None]],
     ) -> None:
         self._registry = registry
         self._kept = kept
         self._views = views
-        self._recover = recover
 
     def __repr__(self) -> str:
         return f"SandboxListing({self._kept!r})"
@@ -178,7 +176,7 @@ class SandboxListing:
             present = await registry.e2b_sandboxes_present(ids)
             for sandbox_id in ids:
                 if sandbox_id not in present:
-                    await self._recover(sandbox_id, owner)
+                    await self._kept.rebuild(registry, sandbox_id, owner=owner)
             if bound is None:
                 break
             after = bound

@@ -16,7 +16,8 @@ the handle to each sandbox it has reached, reopened when the row says the
 sandbox was resumed since (``views.SandboxViews``). A paused sandbox's row is kept
 in the snapshot store as well (``kept.py``): a registry that lost it (a wiped
 Redis) has it rebuilt on the owner's next lookup or listing, and the sandbox
-resumes from its checkpoint. Create's ``Idempotency-Key``
+resumes from its checkpoint. The listing is ``listing.py``'s, the network updates
+``network.py``'s. Create's ``Idempotency-Key``
 is claimed in the registry too (``create_once``): a retry on any worker gets the
 first create's sandbox. With an embedded registry the sandboxes end with the
 process (``aclose`` kills them); with a distributed one they outlive it, for the
@@ -47,11 +48,11 @@ from ..providers.base import SandboxSpec
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager, sandbox_session_key
-from ..to_the_end import to_the_end
 from .create_once import check_create_key, create_once
 from .errors import E2bError
-from .kept import KeptRows, rebuilt
+from .kept import KeptRows
 from .listing import SandboxListing
+from .network import SandboxNetwork
 from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
 from .views import SandboxViews
 
@@ -121,12 +122,8 @@ class E2bSandboxes:
             kept=self.kept,
             on_forget=lambda sandbox_id: self._retry_at.pop(sandbox_id, None),
         )
-        self.listing = SandboxListing(
-            lambda: self.registry,
-            kept=self.kept,
-            views=self.views,
-            recover=lambda sandbox_id, owner: self._recover(sandbox_id, owner=owner),
-        )
+        self.listing = SandboxListing(lambda: self.registry, kept=self.kept, views=self.views)
+        self.network = SandboxNetwork(manager, views=self.views, spec_of=self._spec)
 
     def __repr__(self) -> str:
         return f"E2bSandboxes(local={len(self.views)})"
@@ -162,7 +159,7 @@ class E2bSandboxes:
         if row is None:
             await self.views.forget(sandbox_id)
         if row is None or row.namespace != owner:
-            row = await self._recover(sandbox_id, owner=owner)
+            row = await self.kept.rebuild(self.registry, sandbox_id, owner=owner)
         if row is None:
             raise E2bError(404, "not_found", f"sandbox {sandbox_id} not found")
         return await self.views.view(row)
@@ -171,44 +168,6 @@ class E2bSandboxes:
         """``owner``'s running sandboxes, oldest first (reading the running rows only)."""
         rows = await self.registry.e2b_running_of(owner)
         return [await self.views.view(row) for row in rows]
-
-    async def _recover(self, sandbox_id: str, *, owner: str) -> E2bSandboxRow | None:
-        """``owner``'s kept row of ``sandbox_id``, added to the registry again (one revision
-        past it); the registry's row if another worker added it first.
-
-        A kill on another worker may have rebuilt the row too, deleted the kept row
-        (a kill's first step) and removed the row, all between this read and this add:
-        the add would bring back a killed sandbox (listed as paused, its checkpoints
-        gone). So the kept row is read once more after the add; gone while the added
-        row is as it was added (a resume or change writes the row, at a later
-        revision, before it touches the kept row), it was a kill, and the row goes.
-
-        A pause racing a kill on another worker can also write the kept row after the
-        kill deleted it and removed the row (``views.SandboxViews.change``): the kill's
-        mark in the registry (``e2b_sandbox_killed``, set with the row's removal) tells
-        that kept row from one a wipe left, so it goes too, and the id is a 404."""
-        kept = await self.kept.read(owner, sandbox_id)
-        if kept is None:
-            return None
-        row = rebuilt(kept)
-        if await self.registry.add_e2b_sandbox(row):
-            # Read after the add, which found no row: a kill that removed the row (or
-            # found none) before the add has marked the id already.
-            if await self.registry.e2b_sandbox_killed(sandbox_id):
-                if await self.registry.e2b_sandbox(sandbox_id) == row:
-                    await self.registry.remove_e2b_sandbox(sandbox_id)
-                await self.kept.drop_quietly(owner, sandbox_id)
-                log.info("e2b sandbox %s: killed; its kept row dropped", sandbox_id)
-                return None
-            if await self.kept.read(owner, sandbox_id) is not None:
-                log.info("e2b sandbox %s: its row rebuilt from the store", sandbox_id)
-                return row
-            if await self.registry.e2b_sandbox(sandbox_id) == row:
-                await self.registry.remove_e2b_sandbox(sandbox_id)
-                log.info("e2b sandbox %s: killed while its row was rebuilt", sandbox_id)
-                return None
-        found = await self.registry.e2b_sandbox(sandbox_id)
-        return found if found is not None and found.namespace == owner else None
 
     async def for_envd(
         self, sandbox_id: str | None, token: str | None, *, traffic_token: str | None = None
@@ -401,75 +360,9 @@ class E2bSandboxes:
 
     # -- network ----------------------------------------------------------------------------
 
-    # Why a running sandbox ends on its row's policy, however an update on one worker and
-    # a resume on another interleave (the per-sandbox lock is per worker; only the row's
-    # compare-and-set on ``revision`` orders them): both do their runner side *before*
-    # their write of the row, for the row that write replaces, and again for the fresh
-    # row after every conflict (``views.change``'s ``prepare``). A write that lands had
-    # its runner side done for the very row it replaced (no write came between), and a
-    # runner step another worker took after it belongs to a write not landed yet, which
-    # fails against the newer revision and is redone on top of it. So the last runner
-    # step is the last write's, and the runner holds the row's policy:
-    # - the update reads "paused", the resume launches with the old spec: whichever write
-    #   lands second re-reads; the update finds "running" and applies to the runner the
-    #   session record names (the resume recorded it before its write), or the resume
-    #   finds the new egress and applies it to the runner it launched;
-    # - two updates: the one that lands second applies its policy again, after the other;
-    # - a resume whose runner was not launched from the row it read (resumed in place, or
-    #   left running by a resume that never wrote the row) applies the row's policy even
-    #   at its first write.
-    # A pause suspends before its write; timeout and metadata writes touch no runner. An
-    # update answered with an error (its write never landed) may leave its policy on the
-    # runner until the next update or resume, as before.
-
-    def _egress(self, row: E2bSandboxRow) -> EgressPolicy:
-        """The policy a runner of ``row`` enforces (sandcell's default, ``deny_all``, when
-        neither the row nor its template names one: a runner launched without one)."""
-        return self._spec(row).egress or EgressPolicy()
-
     async def set_network(self, sandbox: E2bSandbox, policy: EgressPolicy | None) -> None:
-        """Replace the sandbox's egress policy (None: its template's): on its runner at
-        once when it runs, and in its row, so a resume (on any worker) launches with it."""
-
-        applied: list[str] = []
-
-        async def on_runner(row: E2bSandboxRow) -> None:
-            if row.state == "running":
-                # The runner first: if it refuses, the sandbox keeps the policy it has.
-                wanted = self._egress(msgspec.structs.replace(row, egress=policy))
-                applied.append(row.session_id)
-                await self.manager.set_egress(row.session_id, wanted)
-
-        async with sandbox.lock:
-            await self.views.refresh(sandbox)
-            try:
-                await self.views.change(
-                    sandbox,
-                    lambda row: msgspec.structs.replace(row, egress=policy),
-                    prepare=on_runner,
-                )
-            except BaseException:
-                if applied:
-                    # The row was not written (a registry outage, a gone sandbox, the
-                    # caller cancelled): the runner goes back to what the row holds, or a
-                    # failed update would still be enforced, and differ from what a resume
-                    # launches with.
-                    await to_the_end(self._restore_egress(sandbox, applied[-1]))
-                raise
-            sandbox.spec = self._spec(sandbox.row)
-        log.info("e2b sandbox %s: egress policy replaced", sandbox.sandbox_id)
-
-    async def _restore_egress(self, sandbox: E2bSandbox, session_id: str) -> None:
-        """Put the policy of the sandbox's row (as this worker last read it) back on the
-        runner of ``session_id``; a failure is logged: the update's own error is the answer."""
-        try:
-            await self.manager.set_egress(session_id, self._egress(sandbox.row))
-        except Exception as exc:  # the update's error is what the caller needs
-            log.warning(
-                "e2b sandbox %s: egress policy not put back after a failed update: %s",
-                sandbox.sandbox_id,
-                type(exc).__name__,
-            )
+        """Replace the sandbox's egress policy (``network.SandboxNetwork.replace``)."""
+        await self.network.replace(sandbox, policy)
 
     # -- pause, connect, kill ------------------------------------------------------------
 
@@ -503,13 +396,13 @@ class E2bSandboxes:
                 # What the runner enforces: the spec's if it was launched for this resume;
                 # unknown if it was resumed in place (a MicroVM keeps the policy it was
                 # suspended with) or was running (a resume that never wrote the row).
-                enforced = self._egress(sandbox.row) if attached.launched else None
+                enforced = self.network.egress(sandbox.row) if attached.launched else None
 
                 async def align(row: E2bSandboxRow) -> None:
                     # An update that landed since the spec was read (on any worker) left
-                    # this runner to us: see "network" above.
+                    # this runner to us (``network``'s docstring says why).
                     nonlocal enforced
-                    wanted = self._egress(row)
+                    wanted = self.network.egress(row)
                     if wanted != enforced:
                         await self.manager.apply_egress(handle, wanted)
                         enforced = wanted

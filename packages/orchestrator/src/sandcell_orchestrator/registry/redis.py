@@ -15,8 +15,9 @@ and, in the feature modules beside this one: the session index
 (``redis_index``: ``owners``, ``nsids:<sha256>``, and ``ns:<sha256>`` as older
 orchestrators kept it), idempotency keys
 (``redis_idempotency``: ``idem:<key>``) and the E2B sandbox table
-(``redis_e2b``: ``e2b:<id>``, ``e2b_all``, ``e2b_nsids:<sha256>``, and
-``e2b_ns:<sha256>`` as older orchestrators kept it) and fleet-wide
+(``redis_e2b``, its scripts in ``redis_e2b_scripts``: ``e2b:<id>``, ``e2b_all``,
+``e2b_ends``, ``e2b_nsids:<sha256>``, ``e2b_nsstart:<sha256>``, ``e2b_nsrun:<sha256>``,
+and ``e2b_ns:<sha256>`` as older orchestrators kept it) and fleet-wide
 slots (``redis_slots``: ``slots:<scope>``).
 
 Locks are taken with ``SET NX PX``; renew, release, and every write go through
