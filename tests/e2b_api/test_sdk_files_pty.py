@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 from e2b import (
     AsyncSandbox,
@@ -73,6 +74,21 @@ def test_filesystem_calls(sbx: Sandbox) -> None:
         sbx.files.get_info("tree/sub/b.txt")
     with pytest.raises(SandboxException):
         sbx.files.list("/etc")
+
+
+def test_a_file_of_any_name_reads_back(sbx: Sandbox, e2b_serve: E2bServe) -> None:
+    """``GET /files`` of a name a header cannot carry as it is (not Latin-1) answers its
+    bytes, named by RFC 6266's ``filename*``; was a 500."""
+    sbx.files.write("报告.txt", "report")
+    assert sbx.files.read("/home/user/报告.txt") == "report"
+    answer = httpx.get(
+        f"{e2b_serve.url}/e2b/sandbox/files",
+        params={"path": "报告.txt"},
+        headers={"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""},
+    )
+    assert answer.status_code == 200, answer.text
+    disposition = answer.headers["content-disposition"]
+    assert disposition.endswith("filename*=UTF-8''%E6%8A%A5%E5%91%8A.txt"), disposition
 
 
 def test_no_link_is_followed(sbx: Sandbox) -> None:

@@ -272,3 +272,40 @@ def test_a_bad_file_name_is_400_before_any_run(serve: Serve) -> None:
             )
             assert answer.status_code == 400, answer.text
             assert "files[].name" in answer.text, answer.text
+
+
+def test_a_file_of_any_name_downloads_with_its_name(serve: Serve) -> None:
+    """A name a header cannot carry as it is (not Latin-1, a control character), uploaded
+    or written by a run, downloads under RFC 6266's ``filename*``; was a 500."""
+    uploaded = serve.upload([("报告.txt", b"report")], user="alice").json()
+    with serve.client(**{"User-Id": "alice"}) as client:
+        path = f"/download/{uploaded['storage_session_id']}/{uploaded['files'][0]['fileId']}"
+        answer = client.get(path, params={"kind": "user", "id": "alice"})
+        assert answer.status_code == 200, answer.text
+        assert answer.content == b"report"
+        disposition = answer.headers["content-disposition"]
+        assert disposition.endswith("filename*=UTF-8''%E6%8A%A5%E5%91%8A.txt"), disposition
+        run = client.post(
+            "/exec",
+            json={"lang": "py", "code": "open('/mnt/data/a\\nb.txt', 'w').write('y')"},
+        ).json()
+        (out,) = run["files"]
+        assert out["name"] == "a\nb.txt", run
+        answer = client.get(f"/download/{run['session_id']}/{out['id']}")
+        assert answer.status_code == 200, answer.text
+        assert answer.content == b"y"
+        assert answer.headers["content-disposition"] == (
+            "attachment; filename=\"a_b.txt\"; filename*=UTF-8''a%0Ab.txt"
+        )
+
+
+def test_an_upload_version_past_int_parsing_is_400(serve: Serve) -> None:
+    """``version`` of more digits than Python parses (4300) is a 400 like any bad one."""
+    with serve.client(**{"User-Id": "alice"}) as client:
+        answer = client.post(
+            "/upload",
+            data={"kind": "user", "id": "alice", "version": "9" * 5000},
+            files=[("file", ("v.txt", b"x"))],
+        )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"] == "bad_request"

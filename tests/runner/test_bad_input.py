@@ -252,3 +252,19 @@ def test_the_runner_is_unchanged_after_the_properties(runner: RunnerProcess) -> 
     assert "internal error" not in runner.log().lower()
     assert "Traceback" not in runner.log()
     _assert_serving(runner)
+
+
+def test_a_path_number_past_int_parsing_is_a_404_not_a_500(runner: RunnerProcess) -> None:
+    """A pid or port path segment of more digits than ``int()`` parses (4300) matches no
+    route (404 ``not_found``); it raised in the router's converter, a 500."""
+    headers = runner.headers(**{"X-Runtime-Session-Id": SESSION})
+    digits = "9" * 5000
+    for method, path in (
+        ("GET", f"/v1/session/sandbox/processes/{digits}/events"),
+        ("POST", f"/v1/session/sandbox/processes/{digits}/signal"),
+        ("GET", f"/v1/session/ports/{digits}/x"),
+    ):
+        answer = httpx.request(method, runner.url + path, headers=headers, timeout=60)
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["code"] == ErrorCode.NOT_FOUND
+    _assert_serving(runner)

@@ -9,7 +9,7 @@ import time
 import psutil
 
 from tests.golden import load_golden
-from tests.runner.contexts.helpers import ContextClient, png_size
+from tests.runner.contexts.helpers import NDJSON, ContextClient, png_size
 
 GOLDEN = load_golden()
 
@@ -380,3 +380,19 @@ def test_output_past_the_cap_interrupts_the_cell_and_keeps_the_context(
     assert flood["context_lost"] is False
     assert len(flood["stdout"].encode()) <= 1024 * 1024
     assert client.main_text(ctx, "n") == "5"
+
+
+def test_a_bad_env_is_refused_before_a_streamed_run_begins(client: ContextClient, ctx: str) -> None:
+    """A run's bad ``env`` is a 400 ``bad_request``, streamed or not: it was refused only
+    after the stream's 200 began, which callers read as a broken sandbox (a 503)."""
+    for env in ({"A B": "x"}, {"OK": "nul\x00"}):
+        with client.http.stream(
+            "POST",
+            f"/v1/session/contexts/{ctx}/run",
+            json={"code": "1", "env": env},
+            headers={"Accept": NDJSON},
+        ) as response:
+            response.read()
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "bad_request", response.text
+    assert client.main_text(ctx, "1 + 1") == "2"

@@ -27,6 +27,7 @@ from .config import MIB, RunnerSettings
 from .contexts.interpreter import EventCallback
 from .contexts.manager import ContextManager
 from .egress.manager import EgressManager, unavailable_reason
+from .env_vars import checked_env
 from .errors import BusyError
 from .executor import Executor, PreparedRequest
 from .host import prepare_host, weakened_isolation
@@ -254,6 +255,8 @@ class RunnerService:
         """
         self.sessions.require_not_quarantined()
         self.contexts.check_runnable(session_id, context_id)
+        # A bad env is the caller's 400: refused here, before a stream's 200 has begun.
+        checked_env(request.env)
         async with self._job_slot(), self.sessions.locked(session_id) as state:
             self.contexts.check_runnable(session_id, context_id)
             if on_started is not None:

@@ -24,6 +24,7 @@ from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import RunnerRequestError
 from ..serve.errors import MAX_BODY_BYTES, form_of, read_body
+from ..serve.headers import content_disposition
 from .errors import E2bError
 from .sandboxes import E2bSandbox
 
@@ -75,7 +76,7 @@ async def read_file(request: Request, sandbox: E2bSandbox) -> Response:
         data = await sandbox.handle.files.read_bytes(path)
     except RunnerRequestError as exc:
         raise _runner_error(exc, raw or "") from None
-    headers = {"Content-Disposition": f'inline; filename="{posixpath.basename(path)}"'}
+    headers = {"Content-Disposition": content_disposition("inline", posixpath.basename(path))}
     return Response(data, media_type=_OCTET_STREAM, headers=headers)
 
 

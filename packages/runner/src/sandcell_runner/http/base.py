@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
+from starlette.convertors import IntegerConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
@@ -149,6 +150,19 @@ class RouteGroup:
         """The session a session-bound route names, bound, and its app state."""
         state = await self.sessions.bind(self.required_session(request))
         return state, self.service.apps.get(state)
+
+
+class _PathInt(IntegerConvertor):
+    """The protocol's ``{pid:int}`` and ``{port:int}`` path parameters, at most as many
+    digits as ``int()`` parses: Starlette's own converter matches any run of digits and
+    its ``int()`` then raises in the router (a 500) past 4300 of them. Longer matches no
+    route: a 404."""
+
+    regex = "[0-9]{1,4300}"
+
+
+# Before any route is built (routes compile their converters when made).
+register_url_convertor("int", _PathInt())
 
 
 class RunnerStarlette(Starlette):

@@ -17,6 +17,7 @@ from sandcell_protocol import ProtocolError, validate_user_id
 from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of
+from ..headers import content_disposition
 from .auth import Caller, LibreChatAuth
 from .errors import FileNotVisibleError
 from .files import FileMeta, LibreChatFiles, Viewer, visible
@@ -66,7 +67,8 @@ class FileRoutes:
                 raise ProtocolError("upload: kind must be user, agent or skill")
             resource_id = _text(form.get("id"))
             version = _text(form.get("version"))
-            if version is not None and not is_ascii_digits(version):
+            # Bounded: past 4300 digits int() raises, and no version is that long.
+            if version is not None and not is_ascii_digits(version, max_length=18):
                 raise ProtocolError("upload: version must be a whole number")
             read_only = (_text(form.get("read_only")) or "").lower() in ("true", "1")
             user = caller.token_user or request.headers.get("user-id") or None
@@ -126,11 +128,11 @@ class FileRoutes:
         data = await self.files.read(caller.namespace, session_id, file_id)
         if data is None:
             raise FileNotVisibleError
-        quoted = meta.filename.rsplit("/", 1)[-1].replace('"', "")
+        name = meta.filename.rsplit("/", 1)[-1].replace('"', "")
         return Response(
             data,
             media_type="application/octet-stream",
-            headers={"Content-Disposition": f'attachment; filename="{quoted}"'},
+            headers={"Content-Disposition": content_disposition("attachment", name)},
         )
 
     async def object_info(self, request: Request) -> Response:
