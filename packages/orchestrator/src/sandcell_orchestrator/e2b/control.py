@@ -261,7 +261,7 @@ class ControlPlane:
         items = [
             s
             for s in reversed(await self._sandboxes().running_of(owner))
-            if s.state == "running" and all(s.metadata.get(k) == v for k, v in wanted_meta.items())
+            if all(s.metadata.get(k) == v for k, v in wanted_meta.items())
         ]
         return _json([self._listed(s) for s in items])
 

@@ -334,8 +334,9 @@ class E2bSandboxes:
         if now >= self._full_sweep_at:
             self._full_sweep_at = now + FULL_SWEEP_S
             candidates = await self.registry.e2b_sandboxes()
-            # Rows an older orchestrator wrote are in neither index until given to it.
-            await self.registry.e2b_index(candidates)
+            # Running rows an older orchestrator wrote are in neither index until given
+            # to it; a paused one left in an index is put right by the read that meets it.
+            await self.registry.e2b_index([row for row in candidates if row.state == "running"])
         else:
             candidates = await self.registry.e2b_due(now, limit=_DUE_ROWS)
         due = [

@@ -262,8 +262,8 @@ class RedisE2bTable(RedisDatabase):
         with map_redis_errors("e2b_running_of"):
             members = await self._client.zrange(key, 0, -1)
             ids = [text(member) for member in members if isinstance(member, bytes | str)]
-            read = await self._read_indexed(ids, key)
-        return [row for row in read if row.state == "running" and row.namespace == namespace]
+            read = await self._read_indexed(ids, key, namespace=namespace)
+        return [row for row in read if row.state == "running"]
 
     async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
         """``INDEX_E2B_LUA`` for ``rows`` as they were read (500 to a script)."""
@@ -272,25 +272,23 @@ class RedisE2bTable(RedisDatabase):
                 await self._index(rows[first : first + 500])
 
     async def _read_indexed(
-        self, ids: list[str], index: str, *, ends: dict[str, float] | None = None
+        self,
+        ids: list[str],
+        index: str,
+        *,
+        namespace: str | None = None,
+        ends: dict[str, float] | None = None,
     ) -> list[E2bSandboxRow]:
         """The rows of ``ids`` (entries of the zset ``index``; of ``e2b_ends`` with
         their scores, ``ends``), with the entries that do not match their row put right:
-        a gone (or unreadable) row's taken out (``PRUNE_E2B_IDS_LUA``), a paused row's
+        a gone row's taken out (``_rows_of``), a paused row's
         or one whose end is not its score re-indexed at its revision (``INDEX_E2B_LUA``)."""
-        rows: list[E2bSandboxRow] = []
-        gone: list[str] = []
-        wrong: list[E2bSandboxRow] = []
-        for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
-            row = None if raw is None else _decoded(sandbox_id, raw)
-            if row is None:
-                gone.append(sandbox_id)
-                continue
-            rows.append(row)
-            if row.state != "running" or (ends is not None and ends[sandbox_id] != row.end_at_s):
-                wrong.append(row)
-        if gone:
-            await self._prune_e2b_ids(keys=[index, *(self._e2b_key(i) for i in gone)], args=gone)
+        rows = await self._rows_of(namespace, ids, index=index)
+        wrong = [
+            row
+            for row in rows
+            if row.state != "running" or (ends is not None and ends[row.sandbox_id] != row.end_at_s)
+        ]
         if wrong:
             await self._index(wrong)
         return rows
@@ -335,10 +333,12 @@ class RedisE2bTable(RedisDatabase):
                 self._e2b_kept_merged_key(namespace), b"1", px=max(1, int(ttl_s * 1000))
             )
 
-    async def _rows_of(self, namespace: str, ids: list[str], *, index: str) -> list[E2bSandboxRow]:
-        """The rows of ``ids`` (a page of the zset ``index``) that are ``namespace``'s and
-        readable; the ids whose hash is gone are taken out of ``index``
-        (``PRUNE_E2B_IDS_LUA``: an older orchestrator's removal leaves them)."""
+    async def _rows_of(
+        self, namespace: str | None, ids: list[str], *, index: str
+    ) -> list[E2bSandboxRow]:
+        """The rows of ``ids`` (a page of the zset ``index``) that are readable and
+        ``namespace``'s (any with ``None``); the ids whose hash is gone are taken out of
+        ``index`` (``PRUNE_E2B_IDS_LUA``: an older orchestrator's removal leaves them)."""
         rows: list[E2bSandboxRow] = []
         missing: list[str] = []
         for sandbox_id, raw in zip(ids, await self._rows(ids), strict=True):
@@ -346,7 +346,7 @@ class RedisE2bTable(RedisDatabase):
                 missing.append(sandbox_id)
                 continue
             row = _decoded(sandbox_id, raw)
-            if row is not None and row.namespace == namespace:
+            if row is not None and namespace in (None, row.namespace):
                 rows.append(row)
         if missing:
             await self._prune_e2b_ids(
