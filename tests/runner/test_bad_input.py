@@ -268,3 +268,20 @@ def test_a_path_number_past_int_parsing_is_a_404_not_a_500(runner: RunnerProcess
         assert answer.status_code == 404, answer.text
         assert answer.json()["error"]["code"] == ErrorCode.NOT_FOUND
     _assert_serving(runner)
+
+
+def test_a_file_name_with_a_newline_goes_through_the_file_routes(runner: RunnerProcess) -> None:
+    """``a\\nb`` is a workspace path a job can make; the file routes matched no route for
+    it (Starlette's ``path`` converter stops at a newline): envd's write of it was a 404
+    "no such route", the app API's a 500. Now it is written, read and removed."""
+    headers = runner.headers(**{"X-Runtime-Session-Id": SESSION})
+    url = runner.url + "/v1/session/files/nl%0Aname.txt"
+    written = httpx.put(url, content=b"two\nlines\n", headers=headers, timeout=30)
+    assert written.status_code == 200, written.text
+    listed = _post(runner, {"language": "sh", "code": "ls | grep -c name.txt"}, **headers)
+    assert listed.json()["stdout"] == "1\n", listed.text
+    read = httpx.get(url, headers=headers, timeout=30)
+    assert (read.status_code, read.content) == (200, b"two\nlines\n")
+    assert httpx.delete(url, headers=headers, timeout=30).status_code == 204
+    assert httpx.get(url, headers=headers, timeout=30).status_code == 404
+    _assert_serving(runner)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
-from starlette.convertors import IntegerConvertor, register_url_convertor
+from starlette.convertors import IntegerConvertor, PathConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
@@ -161,8 +161,21 @@ class _PathInt(IntegerConvertor):
     regex = "[0-9]{1,4300}"
 
 
+class _WorkspacePath(PathConvertor):
+    """A file route's ``{path}``: any characters, a newline too. Starlette's ``path`` is
+    ``.*``, which stops at a newline, so a name a job can make (``a\nb``) matched no
+    route: its write was a 404 "no such route" through envd and a 500 through the app
+    API. The route's handler validates the path (``validate_workspace_path``)."""
+
+    regex = "(?s:.*)"
+
+
+WORKSPACE_PATH_CONVERTER = "workspace_path"
+"""The converter name of ``_WorkspacePath``: ``{path:workspace_path}``."""
+
 # Before any route is built (routes compile their converters when made).
 register_url_convertor("int", _PathInt())
+register_url_convertor(WORKSPACE_PATH_CONVERTER, _WorkspacePath())
 
 
 class RunnerStarlette(Starlette):

@@ -9,7 +9,10 @@ from starlette.routing import BaseRoute, Route
 from sandcell_protocol import FileListing, ProtocolError, routes, validate_workspace_path
 
 from ..errors import BadRequestError, InvalidPathError
-from .base import RouteGroup, json_response
+from .base import WORKSPACE_PATH_CONVERTER, RouteGroup, json_response
+
+# ``routes.SESSION_FILES`` with a converter that takes a newline too (base.py says why).
+_FILES_ROUTE = f"{routes.SESSION_FILES_PREFIX}{{path:{WORKSPACE_PATH_CONVERTER}}}"
 
 
 class FileRoutes(RouteGroup):
@@ -18,9 +21,9 @@ class FileRoutes(RouteGroup):
     def routes(self) -> list[BaseRoute]:
         g = self.guarded
         return [
-            Route(routes.SESSION_FILES, g(self.get_file), methods=["GET"]),
-            Route(routes.SESSION_FILES, g(self.put_file), methods=["PUT"]),
-            Route(routes.SESSION_FILES, g(self.delete_file), methods=["DELETE"]),
+            Route(_FILES_ROUTE, g(self.get_file), methods=["GET"]),
+            Route(_FILES_ROUTE, g(self.put_file), methods=["PUT"]),
+            Route(_FILES_ROUTE, g(self.delete_file), methods=["DELETE"]),
         ]
 
     async def get_file(self, request: Request) -> Response:
