@@ -99,8 +99,8 @@ class _CountingTable:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        rows = await self._inner.e2b_sandboxes(namespace)
+    async def e2b_sandboxes(self) -> list[E2bSandboxRow]:
+        rows = await self._inner.e2b_sandboxes()
         self.reads.append(len(rows))
         return rows
 

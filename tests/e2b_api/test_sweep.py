@@ -39,10 +39,9 @@ class _Table:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        if namespace is None:
-            self.whole_reads += 1
-        rows: list[E2bSandboxRow] = await self._inner.e2b_sandboxes(namespace)
+    async def e2b_sandboxes(self) -> list[E2bSandboxRow]:
+        self.whole_reads += 1
+        rows: list[E2bSandboxRow] = await self._inner.e2b_sandboxes()
         return rows
 
     async def e2b_due(self, now_s: float, *, limit: int) -> list[E2bSandboxRow]:
@@ -110,7 +109,7 @@ async def test_a_sweep_reads_the_due_rows_and_the_whole_table_now_and_then(
             assert await sandboxes.expire() == 1
             assert table.whole_reads == 2
             assert await backend.e2b_sandbox(old.sandbox_id) is None
-            survivors = await backend.e2b_sandboxes("tenant-a")
+            survivors = await backend.e2b_sandboxes()
             assert {row.sandbox_id for row in survivors} == {row.sandbox_id for row in running}
         finally:
             await sandboxes.aclose()

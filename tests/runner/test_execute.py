@@ -86,7 +86,7 @@ def test_env_and_args(runner: RunnerProcess) -> None:
 def test_job_environment_is_minimal(runner: RunnerProcess) -> None:
     result = execute(runner, language="python", code="import os; print(sorted(os.environ))")
     names = set(eval(result["stdout"]))
-    assert names <= {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
+    assert names <= {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH", "LC_CTYPE"}
     assert "SANDCELL_RUNNER_TOKEN" not in names
 
 

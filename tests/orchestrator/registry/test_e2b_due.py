@@ -2,7 +2,7 @@
 (``e2b_due``: what the timeout sweep reads twice a second on every worker, instead of
 every row): a running row is due once its end has passed, soonest first; a pause, a
 kill or a later end takes it out, a resume or an earlier end puts it (back) in; and
-by namespace (``e2b_running_of``: the room check and the v1 listing)."""
+by namespace (``e2b_running_of`` and its count: the room check and the v1 listing)."""
 
 from __future__ import annotations
 
@@ -76,29 +76,37 @@ async def test_pauses_resumes_new_ends_and_kills_move_a_row_in_and_out(
 
 async def test_a_namespaces_running_rows_are_read_alone(registry: SessionRegistry) -> None:
     """``e2b_running_of``: the namespace's running rows by start time, not its paused
-    ones nor another namespace's; a pause takes a row out, a resume puts it back, a
-    kill takes it out; ``e2b_index`` of rows as they are changes nothing."""
+    ones nor another namespace's (``e2b_running_count``: how many); a pause takes a row
+    out, a resume puts it back, a kill takes it out; ``e2b_index`` of rows as they are
+    changes nothing."""
     ns, other = f"ns-{secrets.token_hex(4)}", f"other {secrets.token_hex(4)}"
     late, early = _ending(ns, 900.0), _ending(ns, 500.0)
     paused, theirs = _ending(ns, 100.0, state="paused"), _ending(other, 300.0)
     for row in (late, paused, theirs, early):
         assert await registry.add_e2b_sandbox(row)
+    assert await registry.e2b_running_count(ns) == 2
     assert await registry.e2b_running_of(ns) == [early, late]
+    assert await registry.e2b_running_count(other) == 1
     assert await registry.e2b_running_of(other) == [theirs]
+    assert await registry.e2b_running_count("nobody") == 0
     assert await registry.e2b_running_of("nobody") == []
 
     now_paused = msgspec.structs.replace(early, state="paused", revision=2)
     assert await registry.update_e2b_sandbox(now_paused)
+    assert await registry.e2b_running_count(ns) == 1
     assert await registry.e2b_running_of(ns) == [late]
     resumed = msgspec.structs.replace(paused, state="running", revision=2)
     assert await registry.update_e2b_sandbox(resumed)
+    assert await registry.e2b_running_count(ns) == 2
     assert await registry.e2b_running_of(ns) == [resumed, late]
     assert await registry.remove_e2b_sandbox(late.sandbox_id)
+    assert await registry.e2b_running_count(ns) == 1
     assert await registry.e2b_running_of(ns) == [resumed]
 
     await registry.e2b_index([resumed, now_paused, theirs])
     # A stale read (revision 1 of a row now at 2) is not applied.
     await registry.e2b_index([early, paused])
+    assert await registry.e2b_running_count(ns) == 1
     assert await registry.e2b_running_of(ns) == [resumed]
     assert _ids(await registry.e2b_due(1e9, limit=10)) == _ids([resumed, theirs])
     await registry.e2b_index([])
@@ -114,9 +122,11 @@ async def test_sqlite_rows_from_before_the_index_are_indexed_by_e2b_index(tmp_pa
         with contextlib.closing(sqlite3.connect(registry.path)) as db, db:
             db.execute("DELETE FROM e2b_ends")
         assert await registry.e2b_due(1e9, limit=10) == []
+        assert await registry.e2b_running_count("tenant-a") == 0
         assert await registry.e2b_running_of("tenant-a") == []
         await registry.e2b_index(await registry.e2b_sandboxes())
         assert await registry.e2b_due(1e9, limit=10) == [row]
+        assert await registry.e2b_running_count("tenant-a") == 1
         assert await registry.e2b_running_of("tenant-a") == [row]
     finally:
         await registry.close()

@@ -38,22 +38,24 @@ def new_row(namespace: str = "tenant-a", started_at_s: float = 1_700_000_000.0) 
 async def test_rows_are_added_once_and_found_by_id_and_namespace(
     registry: SessionRegistry,
 ) -> None:
-    """A second add of one id is refused; listings are per namespace, by start time."""
+    """A second add of one id is refused (also into another namespace); a namespace's
+    listing and its running rows are its own, the whole table everyone's, by start time."""
     ns, other = f"ns-{secrets.token_hex(4)}", f"other {secrets.token_hex(4)}:x"
     late, early, theirs = new_row(ns, 20.0), new_row(ns, 10.0), new_row(other, 5.0)
     for row in (late, early, theirs):
         assert await registry.add_e2b_sandbox(row)
     assert not await registry.add_e2b_sandbox(msgspec.structs.replace(late, namespace=other))
     assert await registry.e2b_sandbox(late.sandbox_id) == late
-    assert await registry.e2b_sandboxes(ns) == [early, late]
-    assert await registry.e2b_sandboxes(other) == [theirs]
-    everyone = [r.sandbox_id for r in await registry.e2b_sandboxes()]
-    assert [r for r in everyone if r in {late.sandbox_id, early.sandbox_id}] == [
-        early.sandbox_id,
-        late.sandbox_id,
-    ]
+    assert await registry.e2b_sandboxes_by_start(ns, limit=10) == [early, late]
+    assert await registry.e2b_sandboxes_by_start(other, limit=10) == [theirs]
+    assert await registry.e2b_running_of(ns) == [early, late]
+    assert await registry.e2b_running_of(other) == [theirs]
+    assert await registry.e2b_running_count(ns) == 2
+    assert await registry.e2b_running_count(other) == 1
+    assert await registry.e2b_sandboxes() == [theirs, early, late]
     assert await registry.e2b_sandbox(new_row().sandbox_id) is None
-    assert await registry.e2b_sandboxes("nobody") == []
+    assert await registry.e2b_sandboxes_by_start("nobody", limit=10) == []
+    assert await registry.e2b_running_count("nobody") == 0
 
 
 async def test_updates_are_compare_and_set_on_the_revision(registry: SessionRegistry) -> None:
@@ -80,8 +82,11 @@ async def test_removed_rows_are_gone_everywhere(registry: SessionRegistry) -> No
     assert await registry.remove_e2b_sandbox(row.sandbox_id)
     assert not await registry.remove_e2b_sandbox(row.sandbox_id)
     assert await registry.e2b_sandbox(row.sandbox_id) is None
-    assert await registry.e2b_sandboxes(ns) == []
-    assert row.sandbox_id not in {r.sandbox_id for r in await registry.e2b_sandboxes()}
+    assert await registry.e2b_sandboxes_by_start(ns, limit=10) == []
+    assert await registry.e2b_running_of(ns) == []
+    assert await registry.e2b_running_count(ns) == 0
+    assert await registry.e2b_due(1e12, limit=10) == []
+    assert await registry.e2b_sandboxes() == []
     assert not await registry.update_e2b_sandbox(msgspec.structs.replace(row, revision=2))
 
 
@@ -135,70 +140,28 @@ async def test_a_rebuilt_row_is_added_at_its_own_revision(registry: SessionRegis
     assert await registry.e2b_sandbox(row.sandbox_id) == resumed
 
 
-async def _every_page(registry: SessionRegistry, namespace: str, *, limit: int) -> list[list[str]]:
-    """``e2b_sandboxes_of`` pages of ``limit``, each after the last id of the one before,
-    up to the first short page."""
-    pages: list[list[str]] = []
-    after: str | None = None
-    while True:
-        rows = await registry.e2b_sandboxes_of(namespace, after=after, limit=limit)
-        assert all(row.namespace == namespace for row in rows)
-        pages.append([row.sandbox_id for row in rows])
-        if len(rows) < limit:
-            return pages
-        after = rows[-1].sandbox_id
-
-
-async def test_a_namespace_pages_by_sandbox_id_after_and_limit(registry: SessionRegistry) -> None:
-    """``e2b_sandboxes_of``: the namespace's rows above ``after``, in id order (not start
-    time), the first ``limit``; pages chained by the last id give each row once, every
-    page but the last full, and never another namespace's row (interleaved by id)."""
-    ns, other = f"ns-{secrets.token_hex(4)}", f"other {secrets.token_hex(4)}"
-    mine = [new_row(ns, started_at_s=float(1_000 - n)) for n in range(25)]
-    theirs = [new_row(other) for _ in range(10)]
-    for row in mine + theirs:
-        assert await registry.add_e2b_sandbox(row)
-    by_id = sorted(mine, key=lambda row: row.sandbox_id)
-    ids = [row.sandbox_id for row in by_id]
-
-    assert await registry.e2b_sandboxes_of(ns) == by_id
-    assert await registry.e2b_sandboxes_of(ns, after=ids[9], limit=3) == by_id[10:13]
-    assert await registry.e2b_sandboxes_of(ns, after=ids[-1]) == []
-    assert await registry.e2b_sandboxes_of(ns, limit=0) == []
-    assert await registry.e2b_sandboxes_of("nobody", limit=5) == []
-    for limit in (1, 2, 3, 7, 24, 25, 26, 100):
-        pages = await _every_page(registry, ns, limit=limit)
-        assert [sandbox_id for page in pages for sandbox_id in page] == ids, limit
-        assert all(len(page) == limit for page in pages[:-1]), limit
-    assert [r.sandbox_id for r in await registry.e2b_sandboxes_of(other)] == sorted(
-        row.sandbox_id for row in theirs
-    )
-    # The start-time listing (the timeout sweep, the room check) is unchanged.
-    assert await registry.e2b_sandboxes(ns) == sorted(mine, key=lambda row: row.started_at_s)
-    with pytest.raises(ValueError, match="limit"):
-        await registry.e2b_sandboxes_of(ns, limit=-1)
-
-
 async def test_a_removed_row_leaves_the_pages(registry: SessionRegistry) -> None:
-    """A row removed between two pages is in neither the next page nor any later one;
-    the pages around it stay full."""
+    """A row removed between two pages by start time is in neither the next page nor any
+    later one; the pages around it stay full."""
     ns = f"ns-{secrets.token_hex(4)}"
-    rows = sorted((new_row(ns) for _ in range(6)), key=lambda row: row.sandbox_id)
+    rows = [new_row(ns, started_at_s=100.0 + n) for n in range(6)]
     for row in rows:
         assert await registry.add_e2b_sandbox(row)
-    first = await registry.e2b_sandboxes_of(ns, limit=2)
+    first = await registry.e2b_sandboxes_by_start(ns, limit=2)
     assert first == rows[:2]
     assert await registry.remove_e2b_sandbox(rows[3].sandbox_id)
-    rest = await registry.e2b_sandboxes_of(ns, after=first[-1].sandbox_id, limit=3)
+    after = (first[-1].started_at_s, first[-1].sandbox_id)
+    rest = await registry.e2b_sandboxes_by_start(ns, after=after, limit=3)
     assert rest == [rows[2], rows[4], rows[5]]
 
 
-async def test_sqlite_pages_read_past_unreadable_rows(tmp_path: Path) -> None:
+async def test_sqlite_reads_past_unreadable_rows(tmp_path: Path) -> None:
     """A row SQLite holds but cannot decode is skipped and the range read on past it: a
-    page is short only at the end."""
+    page by start time is short only at the end. The count of running rows reads no
+    row, so it counts it: a room check at the limit confirms by ``e2b_running_of``."""
     registry = SqliteRegistry(tmp_path / "registry.sqlite3")
     try:
-        rows = sorted((new_row("tenant-a") for _ in range(7)), key=lambda row: row.sandbox_id)
+        rows = [new_row("tenant-a", started_at_s=100.0 + n) for n in range(7)]
         for row in rows:
             assert await registry.add_e2b_sandbox(row)
         with contextlib.closing(sqlite3.connect(registry.path)) as db, db:
@@ -208,9 +171,13 @@ async def test_sqlite_pages_read_past_unreadable_rows(tmp_path: Path) -> None:
                     (b"{not json", broken.sandbox_id),
                 )
         usable = [rows[0], *rows[3:]]
-        assert await registry.e2b_sandboxes_of("tenant-a", limit=3) == usable[:3]
-        assert await _every_page(registry, "tenant-a", limit=2) == [
-            [row.sandbox_id for row in usable[n : n + 2]] for n in range(0, 6, 2)
-        ]
+        assert await registry.e2b_sandboxes_by_start("tenant-a", limit=3) == usable[:3]
+        pages = [await registry.e2b_sandboxes_by_start("tenant-a", limit=2)]
+        while len(pages[-1]) == 2:
+            after = (pages[-1][-1].started_at_s, pages[-1][-1].sandbox_id)
+            pages.append(await registry.e2b_sandboxes_by_start("tenant-a", after=after, limit=2))
+        assert pages == [usable[n : n + 2] for n in range(0, 6, 2)]
+        assert await registry.e2b_running_of("tenant-a") == usable
+        assert await registry.e2b_running_count("tenant-a") == 7
     finally:
         await registry.close()

@@ -1,6 +1,7 @@
 """The E2B table in Redis: its key layout, the move of older orchestrators' per-tenant
-zsets (scored by start time) into the zsets a listing pages by id, and pages that read
-only about ``limit`` rows and read past ids they cannot use."""
+zsets into ``e2b_nsids`` and the listing by start time filled in from it, pages that
+read only about ``limit`` rows and read past ids they cannot use, and the indexes of
+running rows put right after an older orchestrator's writes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import msgspec
 import pytest
 import redis.asyncio
 
-from sandcell_orchestrator.registry import E2bSandboxRow, RedisRegistry
+from sandcell_orchestrator.registry import E2bSandboxRow, E2bStartKey, RedisRegistry
 from sandcell_orchestrator.registry import redis_e2b_scripts as scripts
 from sandcell_orchestrator.registry.e2b import KILLED_E2B_TTL_S
 from tests.orchestrator.registry.test_e2b_table import new_row
@@ -45,20 +46,22 @@ async def _legacy_remove(client: redis.asyncio.Redis, prefix: str, row: E2bSandb
 
 
 async def _every_page(registry: RedisRegistry, namespace: str, *, limit: int) -> list[str]:
+    """The ids of the namespace's pages by start time, each after the last row of the
+    one before, up to the first short page."""
     seen: list[str] = []
-    after: str | None = None
+    after: E2bStartKey | None = None
     while True:
-        rows = await registry.e2b_sandboxes_of(namespace, after=after, limit=limit)
+        rows = await registry.e2b_sandboxes_by_start(namespace, after=after, limit=limit)
+        assert all(row.namespace == namespace for row in rows)
         seen += [row.sandbox_id for row in rows]
         if len(rows) < limit:
             return seen
-        after = rows[-1].sandbox_id
+        after = (rows[-1].started_at_s, rows[-1].sandbox_id)
 
 
 def _rows(namespace: str, count: int) -> list[E2bSandboxRow]:
-    """``count`` rows, in id order, started in the reverse order."""
-    made = [new_row(namespace, started_at_s=float(10_000 - n)) for n in range(count)]
-    return sorted(made, key=lambda row: row.sandbox_id)
+    """``count`` rows, in start order (their ids in no order)."""
+    return [new_row(namespace, started_at_s=10_000.0 + n) for n in range(count)]
 
 
 async def test_key_layout(client: redis.asyncio.Redis, prefix: str) -> None:
@@ -105,13 +108,15 @@ async def test_an_older_orchestrators_zset_is_moved_on_listing_and_nothing_is_lo
 ) -> None:
     """A tenant's rows as older orchestrators wrote them (``e2b_ns:<sha256>`` scored by
     start time), some added by this one: the first listing moves the old zset into
-    ``e2b_nsids`` and deletes it, and pages give every row once, by id. A row removed
-    before the move stays removed; another tenant's old zset is not touched by this
-    tenant's listing; one an older worker adds later (a rolling upgrade) is moved on
-    the next listing, and one it removes after the move is skipped and pruned."""
+    ``e2b_nsids`` and deletes it, and pages give every row once, by start time. A row
+    removed before the move stays removed; another tenant's old zset is not touched by
+    this tenant's listing; one an older worker adds later (a rolling upgrade) is moved
+    on the next listing, and one it removes after the move is skipped and pruned, from
+    ``e2b_nsids`` too (else every later listing would read that zset whole)."""
     registry = RedisRegistry(client, prefix=prefix)
     legacy = f"{prefix}e2b_ns:{_hash('tenant-a')}"
     nsids = f"{prefix}e2b_nsids:{_hash('tenant-a')}"
+    nsstart = f"{prefix}e2b_nsstart:{_hash('tenant-a')}"
     rows = _rows("tenant-a", 14)
     theirs = _rows("tenant-b", 3)
     for row in rows[:10]:
@@ -124,20 +129,17 @@ async def test_an_older_orchestrators_zset_is_moved_on_listing_and_nothing_is_lo
     assert await client.zscore(legacy, rows[4].sandbox_id) is None
     assert await client.exists(legacy) == 1
 
-    first = await registry.e2b_sandboxes_of("tenant-a", limit=3)
+    first = await registry.e2b_sandboxes_by_start("tenant-a", limit=3)
     assert first == [rows[0], rows[1], rows[2]]
     assert await client.exists(legacy) == 0
     expected = [row for n, row in enumerate(rows[:12]) if n != 4]
     assert await client.zrange(nsids, 0, -1, withscores=True) == [
-        (row.sandbox_id.encode(), 0.0) for row in expected
+        (row.sandbox_id.encode(), 0.0) for row in sorted(expected, key=lambda r: r.sandbox_id)
     ]
     ids = [row.sandbox_id for row in expected]
     assert await _every_page(registry, "tenant-a", limit=3) == ids
-    assert await registry.e2b_sandboxes("tenant-a") == sorted(
-        expected, key=lambda row: row.started_at_s
-    )
     assert await client.exists(f"{prefix}e2b_ns:{_hash('tenant-b')}") == 1
-    assert await registry.e2b_sandboxes_of("tenant-b") == theirs
+    assert await registry.e2b_sandboxes_by_start("tenant-b", limit=10) == theirs
     assert await client.exists(f"{prefix}e2b_ns:{_hash('tenant-b')}") == 0
 
     # A rolling upgrade: an older worker adds one (to the old zset) and removes one.
@@ -148,11 +150,12 @@ async def test_an_older_orchestrators_zset_is_moved_on_listing_and_nothing_is_lo
     assert await _every_page(registry, "tenant-a", limit=4) == ids
     assert await client.exists(legacy) == 0
     assert await client.zscore(nsids, rows[1].sandbox_id) is None
+    assert await client.zcard(nsids) == await client.zcard(nsstart) == len(ids)
     # The table itself is whole: updates and removals of moved rows work.
     moved = msgspec.structs.replace(rows[0], state="paused", revision=2)
     assert await registry.update_e2b_sandbox(moved)
     assert await registry.remove_e2b_sandbox(rows[12].sandbox_id)
-    assert (await registry.e2b_sandboxes_of("tenant-a", limit=1)) == [moved]
+    assert (await registry.e2b_sandboxes_by_start("tenant-a", limit=1)) == [moved]
     assert rows[12].sandbox_id not in await _every_page(registry, "tenant-a", limit=100)
 
 
@@ -211,8 +214,10 @@ async def test_the_running_indexes_are_put_right_after_an_older_orchestrators_wr
 ) -> None:
     """``e2b_ends`` and ``e2b_nsrun`` entries an older orchestrator left wrong (it knows
     neither: its kill, its pause, its later end) are not answered, and are taken out
-    or re-scored; a running row it added (in neither) is indexed by ``e2b_index`` (the
-    full sweep's); a fix read at a revision the row has left is not applied."""
+    or re-scored by the reads that meet them (``e2b_running_count`` reads no row: it
+    counts them until then); a running row it added (in neither) is indexed by
+    ``e2b_index`` (the full sweep's); a fix read at a revision the row has left is not
+    applied."""
     registry = RedisRegistry(client, prefix=prefix)
     ends, nsrun = f"{prefix}e2b_ends", f"{prefix}e2b_nsrun:{_hash('tenant-a')}"
     killed, paused, extended, due = (
@@ -232,12 +237,17 @@ async def test_the_running_indexes_are_put_right_after_an_older_orchestrators_wr
     added = msgspec.structs.replace(new_row("tenant-a", started_at_s=50.0), end_at_s=50.0)
     await _nsids_era_add(client, prefix, added)
 
+    assert await registry.e2b_running_count("tenant-a") == 4
     assert await registry.e2b_due(500.0, limit=10) == [due]
     assert await client.zrange(ends, 0, -1, withscores=True) == [
         (due.sandbox_id.encode(), due.end_at_s),
         (extended.sandbox_id.encode(), 900.0),
     ]
+    # The sweep's read put the paused row's entry right, not the killed one's: the count
+    # (which reads no row) runs high until the rows are read.
+    assert await registry.e2b_running_count("tenant-a") == 3
     assert await registry.e2b_running_of("tenant-a") == [now_extended, due]
+    assert await registry.e2b_running_count("tenant-a") == 2
     assert await client.zrange(nsrun, 0, -1) == [
         extended.sandbox_id.encode(),
         due.sandbox_id.encode(),
@@ -245,6 +255,7 @@ async def test_the_running_indexes_are_put_right_after_an_older_orchestrators_wr
     # The full sweep hands every row it read to ``e2b_index``: the unindexed one joins.
     await registry.e2b_index(await registry.e2b_sandboxes())
     assert await registry.e2b_running_of("tenant-a") == [now_extended, due, added]
+    assert await registry.e2b_running_count("tenant-a") == 3
     assert await registry.e2b_due(500.0, limit=10) == [added, due]
     # Read at revision 1, written since (revision 2): not applied.
     await registry.e2b_index([extended])
@@ -255,7 +266,7 @@ async def test_a_page_reads_past_ids_it_cannot_use(
     client: redis.asyncio.Redis, prefix: str
 ) -> None:
     """Ids whose row is gone, unreadable or another namespace's are skipped and the zset
-    read on past them: a page is short only at the end."""
+    by start time read on past them: a page is short only at the end."""
     registry = RedisRegistry(client, prefix=prefix)
     rows = _rows("tenant-a", 9)
     for row in rows:
@@ -265,10 +276,10 @@ async def test_a_page_reads_past_ids_it_cannot_use(
     stolen = msgspec.structs.replace(rows[3], namespace="tenant-b")
     await client.hset(f"{prefix}e2b:{rows[3].sandbox_id}", "row", stolen.to_json())
     usable = [rows[0].sandbox_id, *(row.sandbox_id for row in rows[4:])]
-    page = await registry.e2b_sandboxes_of("tenant-a", limit=3)
+    page = await registry.e2b_sandboxes_by_start("tenant-a", limit=3)
     assert [row.sandbox_id for row in page] == usable[:3]
     assert await _every_page(registry, "tenant-a", limit=2) == usable
-    assert [row.sandbox_id for row in await registry.e2b_sandboxes_of("tenant-a")] == usable
+    assert await _every_page(registry, "tenant-a", limit=100) == usable
 
 
 class _CountingRedis(redis.asyncio.Redis):
@@ -286,7 +297,9 @@ class _CountingRedis(redis.asyncio.Redis):
         command = str(args[0]).upper()
         if command == "HGET" and ":e2b:" in str(args[1]):
             self.reads["rows"] += 1
-        elif command in {"EVALSHA", "ZRANGE", "ZRANGEBYLEX"} and isinstance(reply, list):
+        elif command == "EVALSHA" and isinstance(reply, list):
+            self.reads["ids"] += len(reply) // 2  # the listing's: each id with its score
+        elif command == "ZRANGE" and isinstance(reply, list):
             self.reads["ids"] += len(reply)
 
 
@@ -319,25 +332,29 @@ async def test_a_page_reads_about_limit_rows_not_the_tenants_table(
     redis_url: str, prefix: str
 ) -> None:
     """With 60 rows of a tenant (and 20 of another), a page of 5 reads 5 ids and 5 rows,
-    whichever page it is: never the tenant's whole table, never the other's."""
+    whichever page it is: never the tenant's whole table, never the other's. The count
+    of its running rows reads no id and no row."""
     client = _counting_client(redis_url)
     try:
         registry = RedisRegistry(client, prefix=prefix)
         rows = _rows("tenant-a", 60)
         for row in [*rows, *_rows("tenant-b", 20)]:
             assert await registry.add_e2b_sandbox(row)
-        after: str | None = None
+        after: E2bStartKey | None = None
         seen: list[str] = []
         while True:
             client.reads.clear()
-            page = await registry.e2b_sandboxes_of("tenant-a", after=after, limit=5)
+            page = await registry.e2b_sandboxes_by_start("tenant-a", after=after, limit=5)
             assert client.reads["rows"] == len(page) <= 5, client.reads
             assert client.reads["ids"] <= 5, client.reads
             seen += [row.sandbox_id for row in page]
             if len(page) < 5:
                 break
-            after = page[-1].sandbox_id
+            after = (page[-1].started_at_s, page[-1].sandbox_id)
         assert seen == [row.sandbox_id for row in rows]
+        client.reads.clear()
+        assert await registry.e2b_running_count("tenant-a") == 60
+        assert client.reads == Counter(), client.reads
     finally:
         await client.aclose()
 

@@ -200,6 +200,7 @@ class Executor:
             "PYTHONDONTWRITEBYTECODE": "1",
             **prepared.env,
         }
+        env.update(prepared.language.env(workspace_inside, env))
         argv = prepared.language.argv(prepared.request.args)
         if not self._jail.jailed:
             argv = [a.replace("/mnt/job", job_inside) for a in argv]

@@ -259,13 +259,17 @@ class E2bSandboxes:
         )
 
     async def _check_room(self, owner: str) -> None:
-        running = len(await self.registry.e2b_running_of(owner))
-        if running >= self.max_running_per_tenant:
+        limit = self.max_running_per_tenant
+        # The count reads no row; it can run high (an index entry an older orchestrator
+        # left wrong, an unreadable row), never low, so only a refusal needs the rows,
+        # whose read also puts such entries right.
+        if await self.registry.e2b_running_count(owner) < limit:
+            return
+        if len(await self.registry.e2b_running_of(owner)) >= limit:
             raise E2bError(
                 429,
                 "busy",
-                f"at most {self.max_running_per_tenant} running sandboxes per tenant;"
-                " kill or pause one first",
+                f"at most {limit} running sandboxes per tenant; kill or pause one first",
             )
 
     async def _create(

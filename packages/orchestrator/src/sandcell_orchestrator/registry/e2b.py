@@ -124,20 +124,11 @@ class E2bSandboxTable(Protocol):
         """The row; ``None`` if missing (or unreadable)."""
         ...
 
-    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        """``namespace``'s rows (every row with ``None``), by start time then id: all of
-        them (the timeout sweep, the room check; a listing pages ``e2b_sandboxes_of``)."""
-        ...
-
-    async def e2b_sandboxes_of(
-        self, namespace: str, *, after: str | None = None, limit: int | None = None
-    ) -> list[E2bSandboxRow]:
-        """``namespace``'s rows with sandbox ids above ``after``, by sandbox id: the first
-        ``limit`` of them (all with ``None``).
-
-        Fewer than ``limit`` means there are no more; no row above ``after`` and below
-        the last one returned is left out. A page reads about ``limit`` rows, not the
-        namespace's whole table, and never another namespace's."""
+    async def e2b_sandboxes(self) -> list[E2bSandboxRow]:
+        """Every row of every namespace, by start time then id: the whole table (the
+        full timeout sweep, a worker's kill of all at exit). A tenant's rows are read by
+        ``e2b_sandboxes_by_start`` a page at a time, its running ones by
+        ``e2b_running_of``."""
         ...
 
     async def e2b_sandboxes_by_start(
@@ -165,10 +156,21 @@ class E2bSandboxTable(Protocol):
         ...
 
     async def e2b_running_of(self, namespace: str) -> list[E2bSandboxRow]:
-        """``namespace``'s running rows, by start time then id (the room check of every
-        create and resume, the v1 listing): it reads these rows, not the paused ones.
-        A row last written by an orchestrator that kept no such index may be missing
-        until ``e2b_index`` is given it."""
+        """``namespace``'s running rows, by start time then id (the v1 listing, and the
+        room check where ``e2b_running_count`` is at the limit): it reads these rows, not
+        the paused ones. A row last written by an orchestrator that kept no such index
+        may be missing until ``e2b_index`` is given it."""
+        ...
+
+    async def e2b_running_count(self, namespace: str) -> int:
+        """How many rows ``e2b_running_of`` would answer, without reading them (the room
+        check of every create and resume).
+
+        Never fewer, and as many but for what only a read of the rows can tell: index
+        entries an older orchestrator's writes left wrong (a row it paused or removed: it
+        knows no such index), which ``e2b_running_of`` puts right, and unreadable rows,
+        which it skips. So a count at the limit is to be confirmed by ``e2b_running_of``;
+        one below it needs no read."""
         ...
 
     async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:

@@ -281,24 +281,10 @@ class InProcessRegistry:
         await anyio.lowlevel.checkpoint()
         return self._e2b.get(sandbox_id)
 
-    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        """``namespace``'s rows (all with ``None``), by start time then id."""
+    async def e2b_sandboxes(self) -> list[E2bSandboxRow]:
+        """Every row, by start time then id."""
         await anyio.lowlevel.checkpoint()
-        rows = [r for r in self._e2b.values() if namespace in (None, r.namespace)]
-        return sorted(rows, key=lambda r: (r.started_at_s, r.sandbox_id))
-
-    async def e2b_sandboxes_of(
-        self, namespace: str, *, after: str | None = None, limit: int | None = None
-    ) -> list[E2bSandboxRow]:
-        """``namespace``'s rows above ``after``, by sandbox id: the first ``limit``."""
-        check_page_limit(limit)
-        await anyio.lowlevel.checkpoint()
-        rows = [
-            row
-            for sandbox_id, row in sorted(self._e2b.items())
-            if row.namespace == namespace and (after is None or sandbox_id > after)
-        ]
-        return rows if limit is None else rows[:limit]
+        return sorted(self._e2b.values(), key=_start_key)
 
     async def e2b_sandboxes_by_start(
         self,
@@ -337,6 +323,12 @@ class InProcessRegistry:
         await anyio.lowlevel.checkpoint()
         rows = (r for r in self._e2b.values() if r.namespace == namespace and r.state == "running")
         return sorted(rows, key=_start_key)
+
+    async def e2b_running_count(self, namespace: str) -> int:
+        """How many of ``namespace``'s rows run (a pass over the rows: in-process)."""
+        await anyio.lowlevel.checkpoint()
+        rows = self._e2b.values()
+        return sum(1 for r in rows if r.namespace == namespace and r.state == "running")
 
     async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
         """Nothing to do: the in-process table keeps no index (and no older writer)."""

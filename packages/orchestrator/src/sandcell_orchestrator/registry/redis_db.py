@@ -55,7 +55,7 @@ def moving_page_lua(legacy_members: str) -> str:
     KEYS[1] the ids zset (every score 0), KEYS[2] the legacy key, read by the Lua
     expression ``legacy_members`` (``legacy_move_lua``); ARGV[1] where the page starts
     (``-``, or ``(`` and the id it follows), ARGV[2] how many ids (-1: all). The move
-    and the read are one script. Shared by the session index and the E2B table.
+    and the read are one script (the session index's pages by id).
     """
     return (
         legacy_move_lua(legacy_members)

@@ -5,9 +5,9 @@
 <prefix>e2b_ends             zset  id -> end_at_s, every running sandbox (the timeout
                                    sweep reads the ones due, not every row)
 <prefix>e2b_nsrun:<sha256>   zset  id -> started_at_s, one namespace's running sandboxes
-                                   (the room check and the v1 listing read these)
-<prefix>e2b_nsids:<sha256>   zset  one namespace's ids (hashed: any text), all scored 0
-                                   so they sort by id (ZRANGEBYLEX pages it)
+                                   (the room check counts them, the v1 listing reads them)
+<prefix>e2b_nsids:<sha256>   zset  one namespace's ids (hashed: any text), all scored 0:
+                                   what ``e2b_nsstart`` is filled in from
 <prefix>e2b_nsstart:<sha256> zset  the same ids scored by started_at_s: the E2B
                                    listing's order, start time then id
 <prefix>e2b_kept_merged:<sha256>  string  set (with a TTL) once a listing found the
@@ -17,16 +17,16 @@
 <prefix>e2b_killed:<id>      string  set (with a TTL) by the removal of the id's row:
                                    a kill, not a wipe (``e2b_sandbox_killed``)
 
-A namespace's ids sorted by start time cannot be read a page at a time in id order;
-the zset scored 0 can (the paging of whole tables, ``e2b_sandboxes_of``). The E2B
-listing goes by start time: ``e2b_nsstart``, paged from a row's ``(score, id)`` by the
-row's rank while it is there, by its score once it is gone. Rows added by an older
-orchestrator are missing from it: the listing's script adds every id of ``e2b_nsids``
-it lacks (scored from ``e2b_all``) whenever it holds fewer ids. A zset left by an older
-orchestrator (or added to by one still running during a rolling upgrade) is moved
-into the new one, and deleted, by the listing itself (``PAGE_E2B_IDS_LUA``),
-atomically, so no id is lost or listed from both; a removal takes the id out of both
-keys, so the move cannot bring a removed id back.
+The E2B listing goes by start time: ``e2b_nsstart``, paged from a row's ``(score, id)``
+by the row's rank while it is there, by its score once it is gone. Orchestrators
+before it kept only ``e2b_nsids`` (and ``e2b_all``), and no read pages ``e2b_nsids``
+any more: it stays as the source the listing's script (``PAGE_E2B_BY_START_LUA``)
+fills ``e2b_nsstart`` from, adding every id it lacks (scored from ``e2b_all``)
+whenever it holds fewer, for the rows such an orchestrator added (also during a
+rolling upgrade). A zset left by an even older orchestrator (``e2b_ns``, or added to
+by one still running) is moved into ``e2b_nsids``, and deleted, by that script too,
+atomically, so no id is lost; a removal takes the id out of every key, so the move
+cannot bring a removed id back.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from .redis_e2b_scripts import (
     ADD_E2B_LUA,
     INDEX_E2B_LUA,
     PAGE_E2B_BY_START_LUA,
-    PAGE_E2B_IDS_LUA,
     PRUNE_E2B_IDS_LUA,
     REMOVE_E2B_LUA,
     UPDATE_E2B_LUA,
@@ -77,10 +76,6 @@ class RedisE2bTable(RedisDatabase):
     @cached_property
     def _remove_e2b(self) -> AsyncScript:
         return self._client.register_script(REMOVE_E2B_LUA)
-
-    @cached_property
-    def _page_e2b_ids(self) -> AsyncScript:
-        return self._client.register_script(PAGE_E2B_IDS_LUA)
 
     @cached_property
     def _page_e2b_by_start(self) -> AsyncScript:
@@ -154,12 +149,8 @@ class RedisE2bTable(RedisDatabase):
             raw = await self._client.hget(key, "row")
         return None if raw is None else _decoded(sandbox_id, raw)
 
-    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        """``e2b_all``'s ids, then each row (ids whose row is gone are skipped); a
-        namespace's: all of ``e2b_sandboxes_of``."""
-        if namespace is not None:
-            owned = await self.e2b_sandboxes_of(namespace)
-            return sorted(owned, key=lambda r: (r.started_at_s, r.sandbox_id))
+    async def e2b_sandboxes(self) -> list[E2bSandboxRow]:
+        """``e2b_all``'s ids, then each row (ids whose row is gone are skipped)."""
         with map_redis_errors("e2b_sandboxes"):
             members = await self._client.zrange(self._e2b_all_key, 0, -1)
             ids = [text(member) for member in members if isinstance(member, bytes | str)]
@@ -171,34 +162,6 @@ class RedisE2bTable(RedisDatabase):
         ]
         found = [r for r in rows if r is not None]
         return sorted(found, key=lambda r: (r.started_at_s, r.sandbox_id))
-
-    async def e2b_sandboxes_of(
-        self, namespace: str, *, after: str | None = None, limit: int | None = None
-    ) -> list[E2bSandboxRow]:
-        """A page of the namespace's ids zset (``PAGE_E2B_IDS_LUA``), then each row.
-
-        Ids whose row is gone (``PRUNE_E2B_IDS_LUA`` takes them out), unreadable or
-        another namespace's are skipped, and the zset is read on past them until
-        ``limit`` are found or it ends: a short page has to mean the end, else the
-        listing would stop there."""
-        check_page_limit(limit)
-        keys = [self._e2b_ns_key(namespace), self._legacy_e2b_ns_key(namespace)]
-        found: list[E2bSandboxRow] = []
-        start = after
-        with map_redis_errors("e2b_sandboxes_of"):
-            while limit is None or len(found) < limit:
-                wanted = -1 if limit is None else limit - len(found)
-                replies = await self._page_e2b_ids(
-                    keys=keys, args=["-" if start is None else f"({start}", wanted]
-                )
-                ids = [text(reply) for reply in replies]
-                if not ids:
-                    break
-                found += await self._rows_of(namespace, ids, index=keys[0])
-                if wanted < 0 or len(ids) < wanted:
-                    break
-                start = ids[-1]
-        return found
 
     async def e2b_sandboxes_by_start(
         self,
@@ -264,6 +227,19 @@ class RedisE2bTable(RedisDatabase):
             ids = [text(member) for member in members if isinstance(member, bytes | str)]
             read = await self._read_indexed(ids, key, namespace=namespace)
         return [row for row in read if row.state == "running"]
+
+    async def e2b_running_count(self, namespace: str) -> int:
+        """``ZCARD`` of the namespace's running zset: no row is read.
+
+        An entry an older orchestrator left wrong (its pause or kill of the row, which
+        knows no ``e2b_nsrun``) is counted, not put right: telling it apart takes the
+        row, and reading every row of the zset is what the count is there to spare the
+        room check of every create. Counting it is safe: the count only ever runs high,
+        and a room check at the limit confirms by ``e2b_running_of``, which puts the
+        entry right, so it refuses no create the rows would allow."""
+        with map_redis_errors("e2b_running_count"):
+            count = await self._client.zcard(self._e2b_running_key(namespace))
+        return int(count)
 
     async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
         """``INDEX_E2B_LUA`` for ``rows`` as they were read (500 to a script)."""

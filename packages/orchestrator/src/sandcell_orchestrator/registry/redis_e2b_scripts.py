@@ -9,13 +9,12 @@ right).
 
 from __future__ import annotations
 
-from .redis_db import legacy_move_lua, moving_page_lua
+from .redis_db import legacy_move_lua
 
 __all__ = [
     "ADD_E2B_LUA",
     "INDEX_E2B_LUA",
     "PAGE_E2B_BY_START_LUA",
-    "PAGE_E2B_IDS_LUA",
     "PRUNE_E2B_IDS_LUA",
     "REMOVE_E2B_LUA",
     "UPDATE_E2B_LUA",
@@ -86,25 +85,20 @@ end
 return 0
 """
 
-# KEYS[1] the namespace's ids zset, KEYS[2] its legacy zset (scored by start time)
-# ARGV[1] where the page starts ('-', or '(' and the id it follows), ARGV[2] how many ids
-# (-1: all)
-# Moves the legacy zset's ids into the ids zset (score 0) and deletes the legacy one,
-# then returns the page of ids. One script, so an id is in one key or the other, never
-# neither.
-PAGE_E2B_IDS_LUA = moving_page_lua("redis.call('zrange', KEYS[2], 0, -1)")
-
 # KEYS[1] the namespace's zset by start time, KEYS[2] its ids zset, KEYS[3] every
 # sandbox's zset (its scores are the start times), KEYS[4] its legacy zset
 # ARGV[1] '1' newest first, else '0'; ARGV[2] the start time of the row the page follows
 # ('' from the first), exactly as the row has it (a string: Lua's numbers print
 # rounded); ARGV[3] that row's id; ARGV[4] how many ids
 # Returns the page's ids, each followed by its score. First the legacy zset is moved
-# into the ids zset (``PAGE_E2B_IDS_LUA``'s move), and the ids of the ids zset the
-# start zset lacks are added to it (rows an older orchestrator added). Then the
-# page: past the row's rank if the row is still there (ties on the start time go by
-# id, the zset's own order); past its start time if it is gone, the ties at that very
-# time read whole and filtered by id.
+# into the ids zset (``legacy_move_lua``), and the ids of the ids zset the start zset
+# lacks are added to it (rows an older orchestrator added); one of those with no start
+# time in ``e2b_all`` is a removed row's (a removal by an orchestrator before the ids
+# zset, after the move, leaves it) and is taken out of the ids zset, which only this
+# script reads: else the zsets would stay unequal in size and every page would read
+# the ids zset whole. Then the page: past the row's rank if the row is still there
+# (ties on the start time go by id, the zset's own order); past its start time if it
+# is gone, the ties at that very time read whole and filtered by id.
 PAGE_E2B_BY_START_LUA = (
     legacy_move_lua("redis.call('zrange', KEYS[4], 0, -1)", ids="KEYS[2]", legacy="KEYS[4]")
     + """
@@ -116,6 +110,8 @@ if redis.call('zcard', by_start) < redis.call('zcard', ids) then
             local started = redis.call('zscore', all, known[i])
             if started then
                 redis.call('zadd', by_start, started, known[i])
+            else
+                redis.call('zrem', ids, known[i])
             end
         end
     end

@@ -4,7 +4,6 @@ e2b_sandboxes(sandbox_id, namespace, revision, started_at_s, raw)
                                                  one E2bSandboxRow JSON per sandbox
 e2b_by_namespace_start (namespace, started_at_s, sandbox_id)
                                                  a namespace's rows by start time (a listing page)
-e2b_by_namespace_id  (namespace, sandbox_id)     a namespace's rows by id
 e2b_ends(sandbox_id, end_at_s)                   every running sandbox's end (the sweep)
 e2b_killed(sandbox_id, until_s)                  ids removed (killed) lately
 e2b_kept_merged(namespace, until_s)              tenants whose kept rows were merged lately
@@ -49,7 +48,7 @@ CREATE TABLE IF NOT EXISTS e2b_sandboxes (
 DROP INDEX IF EXISTS e2b_by_namespace;
 CREATE INDEX IF NOT EXISTS e2b_by_namespace_start
     ON e2b_sandboxes (namespace, started_at_s, sandbox_id);
-CREATE INDEX IF NOT EXISTS e2b_by_namespace_id ON e2b_sandboxes (namespace, sandbox_id);
+DROP INDEX IF EXISTS e2b_by_namespace_id;
 CREATE TABLE IF NOT EXISTS e2b_ends (
     sandbox_id TEXT PRIMARY KEY,
     end_at_s REAL NOT NULL
@@ -97,56 +96,18 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
         raw = await self._run("e2b_sandbox", work)
         return None if raw is None else _decoded(sandbox_id, raw)
 
-    async def e2b_sandboxes(self, namespace: str | None = None) -> list[E2bSandboxRow]:
-        """``namespace``'s rows (all with ``None``), by start time then id."""
+    async def e2b_sandboxes(self) -> list[E2bSandboxRow]:
+        """Every row, by start time then id."""
 
         def work() -> list[tuple[str, bytes]]:
             with self._transaction(write=False) as db:
-                if namespace is None:
-                    rows = db.execute(
-                        "SELECT sandbox_id, raw FROM e2b_sandboxes"
-                        " ORDER BY started_at_s, sandbox_id"
-                    ).fetchall()
-                else:
-                    rows = db.execute(
-                        "SELECT sandbox_id, raw FROM e2b_sandboxes WHERE namespace = ?"
-                        " ORDER BY started_at_s, sandbox_id",
-                        (namespace,),
-                    ).fetchall()
+                rows = db.execute(
+                    "SELECT sandbox_id, raw FROM e2b_sandboxes ORDER BY started_at_s, sandbox_id"
+                ).fetchall()
             return [(str(sid), bytes(raw)) for sid, raw in rows]
 
         found = (_decoded(sid, raw) for sid, raw in await self._run("e2b_sandboxes", work))
         return [row for row in found if row is not None]
-
-    async def e2b_sandboxes_of(
-        self, namespace: str, *, after: str | None = None, limit: int | None = None
-    ) -> list[E2bSandboxRow]:
-        """``namespace``'s rows above ``after``, by sandbox id: the first ``limit``
-        (``e2b_by_namespace_id`` serves the range, so a page reads only its rows).
-
-        An unreadable row is skipped and the range read on past it until ``limit`` are
-        found or it ends: a short page has to mean the end."""
-        check_page_limit(limit)
-
-        def work(start: str, wanted: int) -> list[tuple[str, bytes]]:
-            with self._transaction(write=False) as db:
-                rows = db.execute(
-                    "SELECT sandbox_id, raw FROM e2b_sandboxes"
-                    " WHERE namespace = ? AND sandbox_id > ? ORDER BY sandbox_id LIMIT ?",
-                    (namespace, start, wanted),
-                ).fetchall()
-            return [(str(sid), bytes(raw)) for sid, raw in rows]
-
-        found: list[E2bSandboxRow] = []
-        start = "" if after is None else after  # '' is below every id
-        while limit is None or len(found) < limit:
-            wanted = -1 if limit is None else limit - len(found)  # SQLite's LIMIT -1: all
-            read = await self._run("e2b_sandboxes_of", functools.partial(work, start, wanted))
-            found += [row for sid, raw in read if (row := _decoded(sid, raw)) is not None]
-            if wanted < 0 or len(read) < wanted:
-                break
-            start = read[-1][0]
-        return found
 
     async def e2b_sandboxes_by_start(
         self,
@@ -216,6 +177,22 @@ CREATE TABLE IF NOT EXISTS e2b_kept_merged (
 
         found = (_decoded(sid, raw) for sid, raw in await self._run("e2b_running_of", work))
         return [row for row in found if row is not None and row.state == "running"]
+
+    async def e2b_running_count(self, namespace: str) -> int:
+        """``COUNT`` of ``e2b_running_of``'s join: ``e2b_by_namespace_start`` and the
+        ends' primary key serve it, so no row is read. A row this table cannot decode is
+        counted (``e2b_running_of`` skips it): the caller confirms a count at its limit."""
+
+        def work() -> int:
+            with self._transaction(write=False) as db:
+                (count,) = db.execute(
+                    "SELECT COUNT(*) FROM e2b_sandboxes s"
+                    " JOIN e2b_ends e ON e.sandbox_id = s.sandbox_id WHERE s.namespace = ?",
+                    (namespace,),
+                ).fetchone()
+            return int(count)
+
+        return await self._run("e2b_running_count", work)
 
     async def e2b_index(self, rows: Sequence[E2bSandboxRow]) -> None:
         """Each row's ``e2b_ends`` entry as its state calls for, where it is still at the
