@@ -161,21 +161,20 @@ class _PathInt(IntegerConvertor):
     regex = "[0-9]{1,4300}"
 
 
-class _WorkspacePath(PathConvertor):
-    """A file route's ``{path}``: any characters, a newline too. Starlette's ``path`` is
-    ``.*``, which stops at a newline, so a name a job can make (``a\nb``) matched no
-    route: its write was a 404 "no such route" through envd and a 500 through the app
-    API. The route's handler validates the path (``validate_workspace_path``)."""
+class _FilePath(PathConvertor):
+    """The file routes' ``{path:file_path}``: every character, a newline too. Starlette's
+    ``path`` converter is ``.*``, whose ``.`` stops at a newline: ``files/a%0Ab`` matched
+    no route (a 404 even for a write) and ``files/a%0A`` matched as ``a`` (``$`` matches
+    before a final newline), another file. What a name may not hold (NUL, ``..``, a
+    backslash) is the path validation's to refuse, with a 400 naming why; the ports
+    routes keep ``path``, which forwards raw paths."""
 
     regex = "(?s:.*)"
 
 
-WORKSPACE_PATH_CONVERTER = "workspace_path"
-"""The converter name of ``_WorkspacePath``: ``{path:workspace_path}``."""
-
 # Before any route is built (routes compile their converters when made).
 register_url_convertor("int", _PathInt())
-register_url_convertor(WORKSPACE_PATH_CONVERTER, _WorkspacePath())
+register_url_convertor("file_path", _FilePath())
 
 
 class RunnerStarlette(Starlette):

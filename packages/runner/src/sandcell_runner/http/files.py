@@ -9,10 +9,7 @@ from starlette.routing import BaseRoute, Route
 from sandcell_protocol import FileListing, ProtocolError, routes, validate_workspace_path
 
 from ..errors import BadRequestError, InvalidPathError
-from .base import WORKSPACE_PATH_CONVERTER, RouteGroup, json_response
-
-# ``routes.SESSION_FILES`` with a converter that takes a newline too (base.py says why).
-_FILES_ROUTE = f"{routes.SESSION_FILES_PREFIX}{{path:{WORKSPACE_PATH_CONVERTER}}}"
+from .base import RouteGroup, json_response
 
 
 class FileRoutes(RouteGroup):
@@ -21,9 +18,9 @@ class FileRoutes(RouteGroup):
     def routes(self) -> list[BaseRoute]:
         g = self.guarded
         return [
-            Route(_FILES_ROUTE, g(self.get_file), methods=["GET"]),
-            Route(_FILES_ROUTE, g(self.put_file), methods=["PUT"]),
-            Route(_FILES_ROUTE, g(self.delete_file), methods=["DELETE"]),
+            Route(routes.SESSION_FILES, g(self.get_file), methods=["GET"]),
+            Route(routes.SESSION_FILES, g(self.put_file), methods=["PUT"]),
+            Route(routes.SESSION_FILES, g(self.delete_file), methods=["DELETE"]),
         ]
 
     async def get_file(self, request: Request) -> Response:
