@@ -96,9 +96,12 @@ def _multipart(data: bytes) -> dict[str, Any]:
     return {"files": {"file": ("upload.bin", data)}}
 
 
-def test_download_url_reads_the_file_with_no_auth_header(signed: Signed) -> None:
+def test_download_url_reads_the_file_with_no_auth_header(
+    signed: Signed, e2b_serve: E2bServe
+) -> None:
     """``download_url(path)``, fetched by a plain client, answers the file's bytes, for a
-    relative path and an absolute one, with and without an expiration in the future."""
+    relative path and an absolute one, with and without an expiration in the future;
+    path-routed, the same query with the sandbox named in ``E2b-Sandbox-Id``."""
     signed.sdk.files.write("signed/down.bin", b"\x00signed bytes\xff")
     for path in ("signed/down.bin", "/home/user/signed/down.bin"):
         for url in (
@@ -112,6 +115,13 @@ def test_download_url_reads_the_file_with_no_auth_header(signed: Signed) -> None
     # Signed for a user: the URL carries it, and reads as that user.
     answer = signed.client.get(signed.domain.download_url("signed/down.bin", user="root"))
     assert answer.status_code == 200, answer.text
+    query = urllib.parse.urlsplit(signed.domain.download_url("signed/down.bin")).query
+    answer = httpx.get(
+        f"{e2b_serve.url}/e2b/sandbox/files?{query}",
+        headers={"E2b-Sandbox-Id": signed.sdk.sandbox_id},
+        timeout=60,
+    )
+    assert (answer.status_code, answer.content) == (200, b"\x00signed bytes\xff")
 
 
 def test_upload_url_writes_the_file(signed: Signed) -> None:
