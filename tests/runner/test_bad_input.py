@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandcell_protocol import ErrorCode, ExecuteResult, decode, unescape_name
+from sandcell_protocol.env_vars import MAX_ENV_BYTES, env_bytes
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, running_runner
 from tests.golden import load_golden
@@ -330,4 +331,25 @@ def test_any_posix_file_name_moves_through_the_file_routes(runner: RunnerProcess
             assert refused.status_code == 400, (bad, refused.text)
             assert refused.json()["error"]["code"] == ErrorCode.INVALID_PATH
         assert client.delete(url("odd\nd")).status_code == 204
+    _assert_serving(runner)
+
+
+def test_an_environment_past_the_jails_room_is_a_400(runner: RunnerProcess) -> None:
+    """Variables too large for the jail's configuration could never start a job: it was
+    the runner's 500 ``internal`` ("job configuration too large"), at every run. Past
+    ``MAX_ENV_BYTES`` (as ``env_bytes`` counts, escapes included) it is a 400 naming the
+    limit, never the value; at the limit, escapes and all, the job runs."""
+    room = MAX_ENV_BYTES - len("A=")
+    fits = {"A": "x" * (room - 2 * 4 - 2 * 2) + "\n\x01" + '"\\'}
+    assert env_bytes(fits) == MAX_ENV_BYTES
+    ran = execute(runner, language="sh", code='printf %s "$A" | wc -c', env=fits)
+    assert ran["stdout"].strip() == str(room - 8), ran
+    for env in ({"A": "y" * (room + 1)}, {"A": "\n" * (room // 4 + 1)}, {"A": "z" * (1 << 20)}):
+        refused = execute_raw(runner, {"language": "sh", "code": "true", "env": env})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == ErrorCode.BAD_REQUEST
+        assert f"more than the {MAX_ENV_BYTES}" in error["message"]
+        assert "yyy" not in error["message"]
+        assert "zzz" not in error["message"]
     _assert_serving(runner)
