@@ -108,3 +108,11 @@ def test_another_session_sees_no_samples_and_a_new_one_starts_empty() -> None:
     sessions.bound = _State("s2")
     sampler.sample()
     assert len(sampler.query("s2", MetricsQuery()).samples) == 1
+
+
+def test_a_query_before_the_first_sample_takes_one() -> None:
+    cgroups, sessions, clock = _Cgroups(), _Sessions(_State("s1")), _Clock()
+    sampler = _sampler(cgroups, sessions, clock)
+    assert len(sampler.query("s1", MetricsQuery()).samples) == 1
+    assert len(sampler.query("s1", MetricsQuery()).samples) == 1  # not one a query
+    assert sampler.query("s2", MetricsQuery()).samples == []

@@ -115,10 +115,11 @@ class SandboxRoutes(RouteGroup):
         return json_response(result)
 
     async def metrics(self, request: Request) -> Response:
-        # Read from the ring only: no session lock, no bind (a sampled session is bound).
-        session_id = self.required_session(request)
+        # Bound as every sandbox route binds (a sandbox nothing ran in yet has a workspace
+        # to measure too); the ring is read without the session lock.
+        state = await self.sessions.bind(self.required_session(request))
         query = await self.read_message(request, sm.MetricsQuery)
-        return json_response(self.service.metrics.query(session_id, query))
+        return json_response(self.service.metrics.query(state.session_id, query))
 
 
 def _stream(events: AsyncIterator[sm.ProcessEvent]) -> StreamingResponse:

@@ -5,7 +5,8 @@ every ``metrics_interval_s`` (E2B's 5 s by default) it reads its instance cgroup
 counters (every job and process of the session is in a child of it, so the parent's
 memory and CPU figures are the session's) and the workspace's filesystem, and keeps
 the last ``RING_SIZE`` samples (an hour at 5 s) in a ring: memory is bounded whatever
-the sandbox's age. A new bound session starts an empty ring.
+the sandbox's age. A new bound session starts an empty ring; a query finding none of
+its session's takes the first sample then.
 
 The sampling is the runner's own housekeeping, not a job's: it runs in the runner's
 process, outside every jail and job cgroup, so none of it is charged to the session's
@@ -170,9 +171,17 @@ class MetricsSampler:
             return 0, self._workspaces.quota_bytes
         return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
 
+    def _has(self, session_id: str) -> bool:
+        return self._session == session_id and bool(self._samples)
+
     def query(self, session_id: str, query: MetricsQuery) -> SandboxMetrics:
         """The samples of ``session_id`` taken in ``[start_s, end_s]``, oldest first (none
         when the runner is bound to another session, or to none)."""
+        bound = self._sessions.bound
+        if bound is not None and bound.session_id == session_id and not self._has(session_id):
+            # Asked before the loop's first sample of this session (a sandbox just made):
+            # one now, as E2B samples a sandbox at its start.
+            self.sample()
         samples: list[MetricsSample] = []
         if session_id == self._session:
             low = query.start_s if query.start_s is not None else -math.inf
