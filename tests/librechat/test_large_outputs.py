@@ -139,3 +139,29 @@ def test_a_programmatic_run_keeps_a_large_output(serve: Serve, driver: Driver) -
     (kept,) = done["artifact"]["files"]
     assert kept["name"] == "ptc.bin"
     assert download(serve, kept, user="anonymous") == blob(2 * MIB, "f")
+
+
+def test_a_large_output_of_a_control_character_name_downloads(serve: Serve) -> None:
+    """A 2 MiB output (read from the sandbox, not inlined) named with a newline, a tab and
+    DEL is kept and downloads byte-exact under RFC 6266's ``filename*``; the runner's file
+    route matched no such name, so it was refused as unreadable."""
+    name = "a\nb\t\x7f.bin"
+    code = write_blob("placeholder", 2 * MIB, "f").replace(
+        "'/mnt/data/placeholder'", repr(f"/mnt/data/{name}")
+    )
+    with serve.client() as client:
+        answer = client.post("/exec", json={"lang": "py", "user_id": "user-1", "code": code})
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert "artifact_delivery" not in body, body
+        (out,) = body["files"]
+        assert out["name"] == name
+        got = client.get(
+            f"/download/{out['storage_session_id']}/{out['id']}",
+            params={"kind": "user", "id": "user-1"},
+        )
+    assert got.status_code == 200, got.text
+    assert got.content == blob(2 * MIB, "f")
+    assert got.headers["content-disposition"] == (
+        "attachment; filename=\"a_b__.bin\"; filename*=UTF-8''a%0Ab%09%7F.bin"
+    )

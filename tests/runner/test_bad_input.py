@@ -11,6 +11,7 @@ import base64
 import json
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandcell_protocol import ErrorCode, ExecuteResult, decode, unescape_name
+from sandcell_protocol.env_vars import MAX_ENV_BYTES, env_bytes
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, running_runner
 from tests.golden import load_golden
@@ -267,4 +269,87 @@ def test_a_path_number_past_int_parsing_is_a_404_not_a_500(runner: RunnerProcess
         answer = httpx.request(method, runner.url + path, headers=headers, timeout=60)
         assert answer.status_code == 404, answer.text
         assert answer.json()["error"]["code"] == ErrorCode.NOT_FOUND
+    _assert_serving(runner)
+
+
+# Names a POSIX file may have: a newline anywhere (at the end too), other control
+# characters, DEL. Starlette's ``path`` converter (``.*``) matched none with a newline
+# inside, and ``ends\n`` as ``ends`` (``$`` matches before a final newline).
+_ODD_NAMES = ["a\nb", "ends\n", "\n", "ctl\t\r\x01\x1b\x7f\nx"]
+
+
+def test_any_posix_file_name_moves_through_the_file_routes(runner: RunnerProcess) -> None:
+    """PUT, GET, list and DELETE of names holding a newline and other control characters
+    (in a directory whose name has one too), and of a file a job made; NUL and ``..``
+    are still 400 ``invalid_path``, a missing file the same 404 as any."""
+    with httpx.Client(
+        base_url=runner.url,
+        headers=runner.headers(**{"X-Runtime-Session-Id": SESSION}),
+        timeout=60,
+    ) as client:
+
+        def url(path: str) -> str:
+            return "/v1/session/files/" + quote(path, safe="/")
+
+        made = client.post(
+            "/v1/execute",
+            json={
+                "language": "python",
+                "code": "import os; os.makedirs('odd\\nd'); "
+                "open('odd\\nd/job\\nmade', 'w').write('by a job')",
+            },
+        )
+        assert made.status_code == 200, made.text
+        assert client.get(url("odd\nd/job\nmade")).content == b"by a job"
+        for name in _ODD_NAMES:
+            path = f"odd\nd/{name}"
+            written = client.put(url(path), content=name.encode())
+            assert written.status_code == 200, (name, written.text)
+            assert written.json()["name"] == name
+            read = client.get(url(path))
+            assert read.status_code == 200, (name, read.text)
+            assert read.content == name.encode()
+        listing = client.get(url("odd\nd") + "/")
+        assert listing.status_code == 200, listing.text
+        assert {e["name"] for e in listing.json()["entries"]} == {"job\nmade", *_ODD_NAMES}
+        # "ends\n" was written as itself, not as "ends".
+        never = client.get(url("odd\nd/ends"))
+        assert never.status_code == 404, never.text
+        assert never.json()["error"]["code"] == ErrorCode.NOT_FOUND
+        for name in [*_ODD_NAMES, "job\nmade"]:
+            removed = client.delete(url(f"odd\nd/{name}"))
+            assert removed.status_code == 204, (name, removed.text)
+            gone = client.get(url(f"odd\nd/{name}"))
+            assert gone.status_code == 404, gone.text
+            assert gone.json()["error"] == {
+                **never.json()["error"],
+                "message": f"no such file: odd\nd/{name}",
+            }
+        assert never.json()["error"]["message"] == "no such file: odd\nd/ends"
+        for bad in ("odd%0Ad/a%00b", "odd%0Ad/%2E%2E/%2E%2E/x", "a%0A/%2E%2E/%2E%2E/x"):
+            refused = client.put("/v1/session/files/" + bad, content=b"x")
+            assert refused.status_code == 400, (bad, refused.text)
+            assert refused.json()["error"]["code"] == ErrorCode.INVALID_PATH
+        assert client.delete(url("odd\nd")).status_code == 204
+    _assert_serving(runner)
+
+
+def test_an_environment_past_the_jails_room_is_a_400(runner: RunnerProcess) -> None:
+    """Variables too large for the jail's configuration could never start a job: it was
+    the runner's 500 ``internal`` ("job configuration too large"), at every run. Past
+    ``MAX_ENV_BYTES`` (as ``env_bytes`` counts, escapes included) it is a 400 naming the
+    limit, never the value; at the limit, escapes and all, the job runs."""
+    room = MAX_ENV_BYTES - len("A=")
+    fits = {"A": "x" * (room - 2 * 4 - 2 * 2) + "\n\x01" + '"\\'}
+    assert env_bytes(fits) == MAX_ENV_BYTES
+    ran = execute(runner, language="sh", code='printf %s "$A" | wc -c', env=fits)
+    assert ran["stdout"].strip() == str(room - 8), ran
+    for env in ({"A": "y" * (room + 1)}, {"A": "\n" * (room // 4 + 1)}, {"A": "z" * (1 << 20)}):
+        refused = execute_raw(runner, {"language": "sh", "code": "true", "env": env})
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == ErrorCode.BAD_REQUEST
+        assert f"more than the {MAX_ENV_BYTES}" in error["message"]
+        assert "yyy" not in error["message"]
+        assert "zzz" not in error["message"]
     _assert_serving(runner)

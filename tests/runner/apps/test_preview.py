@@ -13,6 +13,41 @@ from tests.runner.apps.helpers import WS_ECHO_SERVER, AppClient, ws_connect, ws_
 
 APP_PORT = 8201
 WS_PORT = 8202
+ODD_WS_PORT = 8203
+
+# A WebSocket server that breaks the protocol the way a hostile app could: by path,
+# a subprotocol the client never offered (not even a token), or a masked frame.
+ODD_WS_SERVER = r"""
+import base64, hashlib, socket, sys, threading
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+def serve(conn):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += conn.recv(4096)
+    lines = head.split(b"\r\n")
+    path = lines[0].split()[1]
+    key = [x.split(b": ", 1)[1] for x in lines if x.lower().startswith(b"sec-websocket-key:")]
+    accept = base64.b64encode(hashlib.sha1(key[0] + GUID).digest())
+    extra = b"Sec-WebSocket-Protocol: \x01zz\r\n" if path == b"/odd-protocol" else b""
+    conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                 b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n" + extra
+                 + b"\r\n")
+    if path == b"/masked":
+        conn.sendall(bytes([0x81, 0x80 | 6]) + b"\x01\x02\x03\x04"
+                     + bytes(b ^ m for b, m in zip(b"secret", b"\x01\x02\x03\x04\x01\x02")))
+    conn.recv(1)
+    conn.close()
+
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", int(sys.argv[1])))
+srv.listen()
+print("odd ws listening", flush=True)
+while True:
+    conn, _ = srv.accept()
+    threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
 
 
 INDEX = "<!doctype html><html><HEAD><title>t</title></HEAD><body>hi</body></html>"
@@ -161,6 +196,51 @@ def test_websocket_echo_through_the_proxy(app: AppClient, app_runner: RunnerProc
         sock.close()
     # The runner serves plain requests on as before.
     assert app.http.get("/v1/session/processes").status_code == 200
+
+
+def _odd_ws(app: AppClient) -> None:
+    running = app.http.get("/v1/session/processes").json()["processes"]
+    if not any(p["tag"] == "odd-ws" and p["state"] == "running" for p in running):
+        app.put("odd_ws.py", ODD_WS_SERVER)
+        app.start("odd-ws", f"exec python3 odd_ws.py {ODD_WS_PORT}")
+        app.wait_log("odd-ws", "odd ws listening")
+
+
+def test_an_upstream_subprotocol_the_client_did_not_offer_is_refused(
+    app: AppClient, app_runner: RunnerProcess
+) -> None:
+    """RFC 6455 4.1: the server picks one of the client's offers. Anything else (here not
+    even a token, which the accept could not send: a 500) is the runner's refusal."""
+    _odd_ws(app)
+    sock, head = ws_connect(
+        app_runner,
+        app.session_id,
+        f"/v1/session/ports/{ODD_WS_PORT}/odd-protocol",
+        extra={"Sec-WebSocket-Protocol": "chat"},
+    )
+    try:
+        body = sock.recv(4096)
+    finally:
+        sock.close()
+    assert head.startswith(b"HTTP/1.1 503"), head
+    assert json.loads(body)["error"]["message"].endswith("answered the WebSocket handshake wrongly")
+    # The runner serves on as before.
+    assert app.http.get("/v1/session/processes").status_code == 200
+
+
+def test_a_masked_frame_from_the_upstream_ends_the_websocket(
+    app: AppClient, app_runner: RunnerProcess
+) -> None:
+    """RFC 6455 5.1: a client fails the connection on a masked server frame (a browser
+    would); the relay does too, rather than unmask it byte by byte in its event loop."""
+    _odd_ws(app)
+    sock, head = ws_connect(app_runner, app.session_id, f"/v1/session/ports/{ODD_WS_PORT}/masked")
+    try:
+        assert head.startswith(b"HTTP/1.1 101"), head
+        opcode, payload = ws_recv(sock)
+        assert (opcode, payload[:2]) == (8, (1011).to_bytes(2, "big")), (opcode, payload)
+    finally:
+        sock.close()
 
 
 def test_refused_upgrade_is_relayed(app: AppClient, app_runner: RunnerProcess) -> None:

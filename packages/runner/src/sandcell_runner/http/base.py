@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
-from starlette.convertors import IntegerConvertor, register_url_convertor
+from starlette.convertors import IntegerConvertor, PathConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
@@ -161,8 +161,20 @@ class _PathInt(IntegerConvertor):
     regex = "[0-9]{1,4300}"
 
 
+class _FilePath(PathConvertor):
+    """The file routes' ``{path:file_path}``: every character, a newline too. Starlette's
+    ``path`` converter is ``.*``, whose ``.`` stops at a newline: ``files/a%0Ab`` matched
+    no route (a 404 even for a write) and ``files/a%0A`` matched as ``a`` (``$`` matches
+    before a final newline), another file. What a name may not hold (NUL, ``..``, a
+    backslash) is the path validation's to refuse, with a 400 naming why; the ports
+    routes keep ``path``, which forwards raw paths."""
+
+    regex = "(?s:.*)"
+
+
 # Before any route is built (routes compile their converters when made).
 register_url_convertor("int", _PathInt())
+register_url_convertor("file_path", _FilePath())
 
 
 class RunnerStarlette(Starlette):

@@ -5,7 +5,8 @@ completes the client's handshake and hands the app a ``websocket`` scope, so
 there is no raw connection to tunnel (``ws_tunnel.py`` covers servers without
 one). The app then opens its own WebSocket to the upstream inside the session's
 namespace and relays whole messages both ways. The upstream end is a minimal RFC
-6455 client (masked frames out, fragments reassembled, pings answered) rather
+6455 client (masked frames out, fragments reassembled, pings answered; a masked
+frame in or a subprotocol the client did not offer fails it, as the RFC says) rather
 than the library's: a dev server that refuses the upgrade often answers in
 HTTP/1.0, which a strict client rejects, and the preview relays that answer to
 the browser as it came. The upstream's subprotocol is passed on at accept;
@@ -95,10 +96,12 @@ class UpstreamSocket:
                 (length,) = struct.unpack(">Q", await self._reader.readexactly(8))
             if length > _MAX_MESSAGE_BYTES or size + length > _MAX_MESSAGE_BYTES:
                 raise BusyError("upstream WebSocket message too large")
-            mask = await self._reader.readexactly(4) if b2 & 0x80 else None
+            if b2 & 0x80:
+                # RFC 6455 5.1: a client must fail a connection on a masked server frame
+                # (browsers do). Unmasking one byte by byte took the runner's event loop
+                # ~1.5 s per 16 MiB frame, CPU that is not the job's.
+                raise BusyError("upstream WebSocket frame is masked")
             payload = await self._reader.readexactly(length)
-            if mask is not None:
-                payload = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
             frame_op = b1 & 0x0F
             if frame_op == 9:
                 await self.send(10, payload)
@@ -128,6 +131,7 @@ async def connect_upstream(
     request_headers: Iterable[tuple[bytes, bytes]],
 ) -> tuple[UpstreamSocket, str | None]:
     """Handshake with the upstream on ``sock``; returns it and its chosen subprotocol."""
+    request_headers = list(request_headers)
     reader, writer = await asyncio.open_connection(sock=sock, limit=64 * 1024)
     key = base64.b64encode(os.urandom(16))
     head = [
@@ -161,7 +165,22 @@ async def connect_upstream(
         writer.close()
         raise BusyError(f"port {port} answered the WebSocket handshake wrongly")
     protocol = headers.get(b"sec-websocket-protocol")
+    if protocol is not None and protocol not in _offered_subprotocols(request_headers):
+        # RFC 6455 4.1: only one the client offered (a browser fails anything else). Passed
+        # on unchecked, a value that is not a token made the accept below raise: a 500.
+        writer.close()
+        raise BusyError(f"port {port} answered the WebSocket handshake wrongly")
     return UpstreamSocket(reader, writer), protocol.decode("latin-1") if protocol else None
+
+
+def _offered_subprotocols(request_headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """The subprotocols the client offered (uvicorn checked they are tokens)."""
+    return {
+        item.strip()
+        for name, value in request_headers
+        if name == b"sec-websocket-protocol"
+        for item in value.split(b",")
+    }
 
 
 async def relay(websocket: WebSocket, upstream: UpstreamSocket, subprotocol: str | None) -> None:

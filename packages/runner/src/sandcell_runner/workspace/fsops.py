@@ -207,6 +207,17 @@ def remove_path(root: Path, relpath: str) -> bool:
         return False
 
 
+def remove_tree(path: Path) -> None:
+    """``shutil.rmtree(path)`` without its recursion: a job may nest 2,000 directories,
+    which took Python's rmtree past the recursion limit (``RecursionError``, no
+    ``OSError``, so no caller's handling saw it). ``path`` itself must not be a symlink."""
+    parent_fd = os.open(path.parent, _DIR_FLAGS)
+    try:
+        _rmtree_at(parent_fd, path.name)
+    finally:
+        os.close(parent_fd)
+
+
 def _rmtree_at(parent_fd: int, name: str) -> None:
     """Remove the tree ``name`` under ``parent_fd``, iteratively (a job may nest 2,000 deep)."""
     # Each level: its fd, its name, the fd it was opened from, its subdirectories left.

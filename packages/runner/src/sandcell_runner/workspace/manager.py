@@ -28,6 +28,7 @@ from ..config import MIB
 from ..errors import ConfigError
 from . import mounts
 from .entry import recycle_job_dir
+from .fsops import remove_tree
 from .images import ImagePool
 
 log = logging.getLogger(__name__)
@@ -173,8 +174,10 @@ class WorkspaceManager:
                 return
         if mounts.is_mount_point(path):
             mounts.unmount(path)
-        if path.exists() or path.is_symlink():
-            shutil.rmtree(path)
+        if path.is_symlink():
+            path.unlink()
+        elif path.exists():
+            remove_tree(path)  # the job's tree, however deep it nests
 
     def disk_full(self, path: Path) -> bool:
         """True when the workspace has (almost) no free space left: a quota hit."""
@@ -332,7 +335,7 @@ class WorkspaceManager:
 
     def remove_dir(self, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(path)
+            remove_tree(path)
 
     # -- reaping --------------------------------------------------------------
 
@@ -374,7 +377,7 @@ class WorkspaceManager:
                 self.images.give(child, reuse=False)
             if mounts.is_mount_point(child):
                 mounts.unmount(child)
-        shutil.rmtree(entry)
+        remove_tree(entry)
 
     def close(self) -> None:
         """Unmount and delete the image pool (at shutdown)."""
