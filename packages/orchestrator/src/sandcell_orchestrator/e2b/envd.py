@@ -2,10 +2,11 @@
 
 The SDK (with ``E2B_SANDBOX_URL``) sends every sandbox's envd traffic to one
 URL, naming the sandbox in ``E2b-Sandbox-Id`` and the port in
-``E2b-Sandbox-Port``; ``X-Access-Token`` carries the sandbox's envd token. This
-app checks the sandbox and token once (a missing sandbox, a paused one's RPCs,
-another tenant's and a wrong token answer alike: E2B's proxy's 502), then hands
-the request to:
+``E2b-Sandbox-Port``; ``X-Access-Token`` carries the sandbox's envd token (or, on
+``/files`` without one, a signed URL's ``signature``: ``signing.py``). This app
+checks the sandbox and token once (a missing sandbox, a paused one's RPCs, another
+tenant's, a wrong token and a wrong signature answer alike: E2B's proxy's 502), then
+hands the request to:
 
     /health                    204
     /files                     GET, POST (envd_http.py)
@@ -37,6 +38,7 @@ from .interpreter import INTERPRETER_PORT, interpreter_route
 from .ports import SandboxPorts, user_port
 from .process import process_app
 from .sandboxes import E2bSandbox, E2bSandboxes
+from .signing import file_signature
 
 if TYPE_CHECKING:
     from connectrpc.request import RequestContext
@@ -66,9 +68,16 @@ class EnvdApp:
         }
         self._ports = SandboxPorts(sandboxes)
 
-    async def _lookup(self, headers: Callable[[str], str | None]) -> E2bSandbox | None:
+    async def _lookup(self, request: Request, path: str) -> E2bSandbox | None:
+        headers = request.headers
+        token = headers.get(ACCESS_TOKEN_HEADER)
+        # As envd: a signature is read only where a URL can carry one and no token was
+        # sent (a token, when sent, decides alone).
+        signed = None
+        if path == "/files" and not token:
+            signed = file_signature(request.method, request.query_params)
         return await self._sandboxes().for_envd(
-            headers(SANDBOX_ID_HEADER), headers(ACCESS_TOKEN_HEADER)
+            headers.get(SANDBOX_ID_HEADER), token, signed=signed
         )
 
     def _sandbox_of(self, ctx: RequestContext[object, object]) -> E2bSandbox:
@@ -102,7 +111,11 @@ class EnvdApp:
         if port == str(INTERPRETER_PORT):
             await self._interpreter(request, path, scope, receive, send)
             return
-        sandbox = await self._lookup(request.headers.get)
+        try:
+            sandbox = await self._lookup(request, path)
+        except E2bError as exc:  # a malformed or an expired signature
+            await e2b_error_response(exc)(scope, receive, send)
+            return
         if sandbox is None or port != str(ENVD_PORT):
             await sandbox_gone_response(sandbox_id)(scope, receive, send)
             return

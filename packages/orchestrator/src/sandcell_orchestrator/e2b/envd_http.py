@@ -4,8 +4,9 @@ Files are the session workspace's, read and written through the runner's file
 routes (the runner's path checks: no link followed, no escape). Paths are
 sandbox paths (``/home/user/…`` or relative to it; ``sandbox_path``). An upload
 is ``multipart/form-data`` (one ``file`` field per file, the filename its path
-when there are several) or ``application/octet-stream`` (optionally
-``Content-Encoding: gzip``), answered by ``[{name, type, path}]``.
+unless a ``path`` is given, which takes one file) or ``application/octet-stream``
+(optionally ``Content-Encoding: gzip``), answered by ``[{name, type, path}]``.
+A signed URL (``signing.py``) is checked before these run.
 """
 
 from __future__ import annotations
@@ -122,10 +123,16 @@ async def write_files(request: Request, sandbox: E2bSandbox) -> Response:
             files = [value for key, value in items if key == "file"]
             if not files:
                 raise E2bError(400, "bad_request", "multipart: no 'file' field")
+            if one_path and len(files) > 1:
+                # As envd: a ``path`` names where every part goes, so one part only (and
+                # a signed URL's path is the one path it may write).
+                raise E2bError(
+                    400, "bad_request", "multipart: several files for the one 'path' given"
+                )
             for upload in files:
                 if not isinstance(upload, UploadFile):
                     raise E2bError(400, "bad_request", "multipart: 'file' must be a file")
-                name = one_path if len(files) == 1 and one_path else upload.filename
+                name = one_path or upload.filename
                 uploads.append((name or "", await upload.read()))
     else:
         encoding = request.headers.get("content-encoding", "").lower()

@@ -55,6 +55,7 @@ from .kept import KeptRows
 from .listing import SandboxListing
 from .network import SandboxNetwork
 from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
+from .signing import FileSignature, file_signature_ok
 from .views import SandboxViews
 
 __all__ = [
@@ -171,17 +172,27 @@ class E2bSandboxes:
         return [await self.views.view(row) for row in rows]
 
     async def for_envd(
-        self, sandbox_id: str | None, token: str | None, *, traffic_token: str | None = None
+        self,
+        sandbox_id: str | None,
+        token: str | None,
+        *,
+        traffic_token: str | None = None,
+        signed: FileSignature | None = None,
     ) -> E2bSandbox | None:
         """The sandbox named by a request to one of its ports, with a handle when it runs,
         if ``token`` is its envd access token (or, where allowed, ``traffic_token`` its
-        traffic token)."""
+        traffic token), or, for a request that sends no token, ``signed`` was made with
+        it (a signed file URL; an expired one that matches is a 401 ``E2bError``)."""
         row = None
         if sandbox_id is not None and valid_sandbox_id(sandbox_id):
             row = await self.registry.e2b_sandbox(sandbox_id)
             if row is None:
                 await self.views.forget(sandbox_id)
-        if not token_ok(row, token, traffic_token) or row is None:
+        if signed is not None and not token:
+            allowed = file_signature_ok(row, signed, now_s=self._now())
+        else:
+            allowed = token_ok(row, token, traffic_token)
+        if not allowed or row is None:
             return None
         return await self.views.attach(await self.views.view(row))
 
