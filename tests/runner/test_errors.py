@@ -183,6 +183,8 @@ class TestSettings:
             ("SANDCELL_NSJAIL", "/nonexistent/nsjail"),
             ("SANDCELL_FILE_SERVER_URL", "ftp://x"),
             ("SANDCELL_RUNNER_SESSIONS", "maybe"),
+            ("SANDCELL_RUNNER_METRICS_INTERVAL_S", "0"),
+            ("SANDCELL_RUNNER_METRICS_INTERVAL_S", "3601"),
         ],
     )
     def test_bad_values_name_the_variable(self, name: str, value: str) -> None:

@@ -36,6 +36,8 @@ SANDBOX_PROCESS_SIGNAL = SANDBOX_PROCESS + "/signal"
 SANDBOX_PROCESS_PTY = SANDBOX_PROCESS + "/pty"
 SANDBOX_FS = SESSION_SANDBOX + "/fs"
 """``POST`` a ``FsRequest``; answered by an ``FsResult``."""
+SANDBOX_METRICS = SESSION_SANDBOX + "/metrics"
+"""``POST`` a ``MetricsQuery``; answered by ``SandboxMetrics``."""
 
 PROCESS_TAG_MAX = 256
 MAX_PTY_SIDE = 1000
@@ -235,6 +237,43 @@ class FsResult(Message, frozen=True, kw_only=True):
     created: bool | None = None
 
 
+# -- metrics --------------------------------------------------------------------
+
+
+class MetricsQuery(Message, frozen=True, kw_only=True):
+    """``POST /v1/session/sandbox/metrics``: the session's samples taken in
+    ``[start_s, end_s]`` (unix seconds; None: unbounded on that side)."""
+
+    start_s: NonNegativeInt | None = None
+    end_s: NonNegativeInt | None = None
+
+
+class MetricsSample(Message, frozen=True, kw_only=True):
+    """What the runner saw of its session's jobs and processes at one instant."""
+
+    at_s: float
+    """When (unix seconds, the runner's clock)."""
+    cpu_count: PositiveInt
+    """CPUs the session may use: its CPU quota, rounded up (the host's CPUs without one)."""
+    cpu_used_pct: Annotated[float, msgspec.Meta(ge=0, le=100)]
+    """Of ``cpu_count``, used since the sample before (0 in the first)."""
+    mem_used_bytes: NonNegativeInt
+    """Charged to the session's cgroups, inactive file cache left out."""
+    mem_cache_bytes: NonNegativeInt
+    mem_total_bytes: NonNegativeInt
+    """The memory limit of each of its jobs and processes."""
+    disk_used_bytes: NonNegativeInt
+    disk_total_bytes: NonNegativeInt
+    """The workspace's size (its quota)."""
+
+
+class SandboxMetrics(Message, frozen=True, kw_only=True):
+    """The samples asked for, oldest first; the runner keeps a bounded number."""
+
+    interval_s: PositiveInt
+    samples: list[MetricsSample]
+
+
 _event_decoder = msgspec.json.Decoder(ProcessEvent)
 _fs_decoder = msgspec.json.Decoder(FsRequest)
 
@@ -260,6 +299,7 @@ __all__ = [
     "PROCESS_TAG_MAX",
     "SANDBOX_FS",
     "SANDBOX_HOME",
+    "SANDBOX_METRICS",
     "SANDBOX_PROCESS",
     "SANDBOX_PROCESSES",
     "SANDBOX_PROCESS_CLOSE_STDIN",
@@ -278,6 +318,8 @@ __all__ = [
     "FsResult",
     "FsSnapshot",
     "FsStat",
+    "MetricsQuery",
+    "MetricsSample",
     "OutputStream",
     "ProcessEnded",
     "ProcessEvent",
@@ -287,6 +329,7 @@ __all__ = [
     "ProcessStarted",
     "PtyResize",
     "PtySize",
+    "SandboxMetrics",
     "SandboxPid",
     "SandboxProcessInfo",
     "SandboxProcessList",

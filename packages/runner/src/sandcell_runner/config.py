@@ -81,6 +81,8 @@ class RunnerSettings:
     input_max_object_bytes: int = 1 << 30
     reap_age_s: int = 3600
     reap_interval_s: int = 300
+    metrics_interval_s: int = 5
+    """How often the runner samples its session's CPU, memory and disk (E2B's 5 s)."""
     log_level: str = "info"
     event_loop: EventLoop = "asyncio"
     """uvicorn's loop: uvloop when it is installed (the default), else asyncio's own."""
@@ -245,6 +247,9 @@ class RunnerSettings:
             input_max_object_bytes=reader.integer("SANDCELL_INPUT_MAX_OBJECT_BYTES", 1 << 30),
             reap_age_s=reader.integer("SANDCELL_RUNNER_REAP_AGE_S", 3600),
             reap_interval_s=reader.integer("SANDCELL_RUNNER_REAP_INTERVAL_S", 300),
+            metrics_interval_s=reader.integer(
+                "SANDCELL_RUNNER_METRICS_INTERVAL_S", 5, minimum=1, maximum=3600
+            ),
             log_level=env.get("SANDCELL_RUNNER_LOG_LEVEL", "info").lower(),
             event_loop=_event_loop(env.get("SANDCELL_RUNNER_EVENT_LOOP", "").strip().lower()),
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),

@@ -41,6 +41,7 @@ from .jail.spawn_helper import SpawnHelper
 from .jail.uidpool import UidPool
 from .languages import LanguageSpec, discover_languages
 from .outputs import OutputCollector
+from .sandbox.metrics import MetricsSampler
 from .sandbox.sessions import SandboxSessions
 from .warmup import Warmup
 from .workspace.files import SessionFiles
@@ -57,7 +58,7 @@ class RunnerService:
     The HTTP layer's one entry point. Routes call its methods (``prepare``,
     ``execute``, ``run_in_context``, ``analyse``, ``health``, ``running``) and its
     feature objects: ``sessions`` (binding), ``files``, ``checkpoints``, ``inputs``,
-    ``apps``, ``contexts`` and ``sandbox``.
+    ``apps``, ``contexts``, ``sandbox`` and ``metrics``.
     The machinery behind them (executor, jail, workspaces, cgroups, UIDs, warmup)
     is its own.
     """
@@ -150,6 +151,9 @@ class RunnerService:
             python=python.binary if python else None,
         )
         self.sessions.release_hooks.append(self.sandbox.release)
+        self.metrics = MetricsSampler(
+            settings, cgroups=self._cgroups, workspaces=self._workspaces, sessions=self.sessions
+        )
         self.sessions.release_hooks.append(self._release_egress)
         self._jail.netns_for = self.sessions.netns_fd_for
         self._jail.egress_for = self.egress.apply
@@ -311,10 +315,11 @@ class RunnerService:
         self.checkpoints.extractors.start()
         reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
         idle = asyncio.create_task(self._idle_loop(), name="sandcell-idle")
+        metrics = asyncio.create_task(self.metrics.run(), name="sandcell-metrics")
         try:
             yield
         finally:
-            for task in (reaper, idle):
+            for task in (reaper, idle, metrics):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

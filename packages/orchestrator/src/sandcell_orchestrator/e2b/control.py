@@ -9,6 +9,7 @@
     DELETE /e2b/sandboxes/{id}               204
     POST   /e2b/sandboxes/{id}/timeout       SetTimeout -> 204
     PUT    /e2b/sandboxes/{id}/network       UpdateNetwork -> 204 (the egress policy, replaced)
+    GET    /e2b/sandboxes/{id}/metrics       [SandboxMetric] (?start=&end=, unix seconds)
     POST   /e2b/sandboxes/{id}/pause         PauseSandbox -> 204 (409 if already paused)
     POST   /e2b/v2/sandboxes/{id}/connect    ConnectSandbox -> 200 (running) / 201 (resumed)
     POST   /e2b/sandboxes/{id}/resume        ConnectSandbox -> 201 (the older resume call)
@@ -36,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 
 from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol.env_vars import validate_env
+from sandcell_protocol.sandbox_messages import MetricsQuery
 
 from .egress import egress_policy, public_traffic
 from .errors import E2bError, e2b_error_response, read_message
@@ -48,6 +50,7 @@ from .wire import (
     PauseSandbox,
     SandboxCreated,
     SandboxDetail,
+    SandboxMetric,
     SetTimeout,
     UpdateNetwork,
 )
@@ -59,6 +62,8 @@ ENVD_VERSION = "0.6.4"
 
 _JSON = "application/json"
 _MAX_LIMIT = 100
+_MAX_UNIX_S = 10_413_791_999
+"""2299-12-31T23:59:59Z: the latest time E2B's metrics take (its store's last date)."""
 Endpoint = Callable[[Request], Awaitable[Response]]
 T = TypeVar("T")
 
@@ -92,6 +97,17 @@ def _instant(raw: str | None) -> float | None:
     return moment.timestamp()
 
 
+def _unix_seconds(request: Request, name: str) -> int | None:
+    """``start`` or ``end`` of a metrics query: whole unix seconds, as the SDK sends them."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    # ASCII digits, few of them: ``int`` takes '²', '-1', ' 7' and 4300-digit strings.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 11) or int(raw) > _MAX_UNIX_S:
+        raise E2bError(400, "bad_request", f"{name}: unix seconds, 0..{_MAX_UNIX_S}")
+    return int(raw)
+
+
 def _json(value: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(encode(value), status_code=status, media_type=_JSON, headers=headers)
 
@@ -121,6 +137,7 @@ class ControlPlane:
             Route(one, g(self.kill), methods=["DELETE"]),
             Route(one + "/timeout", g(self.set_timeout), methods=["POST"]),
             Route(one + "/network", g(self.update_network), methods=["PUT"]),
+            Route(one + "/metrics", g(self.metrics), methods=["GET"]),
             Route(one + "/pause", g(self.pause), methods=["POST"]),
             Route(one + "/resume", g(self.resume), methods=["POST"]),
             Route(prefix + "/v2/sandboxes/{sandbox_id}/connect", g(self.connect), methods=["POST"]),
@@ -291,6 +308,31 @@ class ControlPlane:
         policy = egress_policy(message.allow_internet_access, message.network())
         await self._sandboxes().set_network(sandbox, policy)
         return Response(status_code=204)
+
+    async def metrics(self, request: Request) -> Response:
+        """E2B's ``get_metrics``: the samples the sandbox's runner took in ``[start, end]``
+        (every 5 s; both optional: since the sandbox started, until now)."""
+        sandbox = await self._one(request)
+        start, end = _unix_seconds(request, "start"), _unix_seconds(request, "end")
+        if start is not None and end is not None and start > end:
+            raise E2bError(400, "bad_request", "start time cannot be after end time")
+        samples = await self._sandboxes().metrics(sandbox, MetricsQuery(start_s=start, end_s=end))
+        return _json(
+            [
+                SandboxMetric(
+                    timestamp=_iso(s.at_s),
+                    timestampUnix=int(s.at_s),
+                    cpuCount=s.cpu_count,
+                    cpuUsedPct=s.cpu_used_pct,
+                    memUsed=s.mem_used_bytes,
+                    memTotal=s.mem_total_bytes,
+                    memCache=s.mem_cache_bytes,
+                    diskUsed=s.disk_used_bytes,
+                    diskTotal=s.disk_total_bytes,
+                )
+                for s in samples
+            ]
+        )
 
     async def pause(self, request: Request) -> Response:
         sandbox = await self._one(request)

@@ -41,6 +41,7 @@ import anyio
 import msgspec
 
 from sandcell_protocol import EgressPolicy
+from sandcell_protocol.sandbox_messages import MetricsQuery, MetricsSample
 
 from ..errors import SandcellError
 from ..handle import SandboxHandle
@@ -445,6 +446,16 @@ class E2bSandboxes:
                     lambda row: msgspec.structs.replace(row, end_at_s=max(end, row.end_at_s)),
                 )
         return sandbox
+
+    async def metrics(self, sandbox: E2bSandbox, query: MetricsQuery) -> list[MetricsSample]:
+        """The samples a running sandbox's runner kept in the query's range (oldest
+        first); none for a paused one: its runner, with the samples, is gone or suspended."""
+        if sandbox.state != "running":
+            return []
+        runner = (await self.views.attach(sandbox)).runner
+        if runner is None:
+            return []  # a runner this worker's provider cannot reach (logged by attach)
+        return (await runner.metrics(query)).samples
 
     async def kill(self, sandbox: E2bSandbox) -> None:
         """Destroy the sandbox, its checkpoints, its kept row and its row (idempotent)."""

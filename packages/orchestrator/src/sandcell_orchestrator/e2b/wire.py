@@ -22,6 +22,7 @@ __all__ = [
     "PauseSandbox",
     "SandboxCreated",
     "SandboxDetail",
+    "SandboxMetric",
     "SetTimeout",
     "State",
     "UpdateNetwork",
@@ -149,6 +150,21 @@ class SandboxDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     alias: str | None = None
     domain: str | None = None
+
+
+class SandboxMetric(msgspec.Struct, frozen=True, kw_only=True):
+    """One item of ``GET /sandboxes/{id}/metrics``: a sample (bytes, percent of
+    ``cpuCount``; ``timestamp`` RFC 3339, ``timestampUnix`` whole seconds)."""
+
+    timestamp: str
+    timestampUnix: int
+    cpuCount: int
+    cpuUsedPct: float
+    memUsed: int
+    memTotal: int
+    memCache: int
+    diskUsed: int
+    diskTotal: int
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):

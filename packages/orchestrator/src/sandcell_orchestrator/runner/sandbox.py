@@ -149,3 +149,12 @@ class SandboxRunnerClient:
             "POST", sm.SANDBOX_FS, session_id=self.session_id, message=request
         )
         return self._conn.decode(response, sm.FsResult)
+
+    # -- metrics ------------------------------------------------------------------------
+
+    async def metrics(self, query: sm.MetricsQuery) -> sm.SandboxMetrics:
+        """``POST …/sandbox/metrics``: the session's samples in the query's range."""
+        response = await self._conn.request(
+            "POST", sm.SANDBOX_METRICS, session_id=self.session_id, message=query
+        )
+        return self._conn.decode(response, sm.SandboxMetrics)

@@ -1,4 +1,4 @@
-"""Routes of a session's sandbox features: interactive processes and filesystem calls.
+"""Routes of a session's sandbox features: interactive processes, filesystem calls, metrics.
 
 Session-bound (``X-Runtime-Session-Id``) and behind the bearer token like every
 route. Starting a process and filesystem calls take the session lock briefly
@@ -13,6 +13,7 @@ so a long-running process stays reachable while other calls run.
     POST /v1/session/sandbox/processes/{pid}/signal    ProcessSignal -> 204
     POST /v1/session/sandbox/processes/{pid}/pty       PtyResize -> 204
     POST /v1/session/sandbox/fs                        FsRequest -> FsResult
+    POST /v1/session/sandbox/metrics                   MetricsQuery -> SandboxMetrics
 
 An event stream carries a ``ProcessKeepalive`` line whenever the process has
 been quiet for ``KEEPALIVE_S``.
@@ -41,7 +42,7 @@ _MAX_INPUT_BYTES = 1024 * 1024
 
 
 class SandboxRoutes(RouteGroup):
-    """Interactive processes and filesystem calls of the bound session."""
+    """Interactive processes, filesystem calls and metrics of the bound session."""
 
     def routes(self) -> list[BaseRoute]:
         g = self.guarded
@@ -54,6 +55,7 @@ class SandboxRoutes(RouteGroup):
             Route(sm.SANDBOX_PROCESS_SIGNAL, g(self.signal), methods=["POST"]),
             Route(sm.SANDBOX_PROCESS_PTY, g(self.resize), methods=["POST"]),
             Route(sm.SANDBOX_FS, g(self.fs), methods=["POST"]),
+            Route(sm.SANDBOX_METRICS, g(self.metrics), methods=["POST"]),
         ]
 
     async def _processes(self, request: Request) -> SandboxProcesses:
@@ -111,6 +113,13 @@ class SandboxRoutes(RouteGroup):
             fs = WorkspaceFs(state.workspace, uid=state.uid)
             result = await asyncio.to_thread(run_fs, fs, call)
         return json_response(result)
+
+    async def metrics(self, request: Request) -> Response:
+        # Bound as every sandbox route binds (a sandbox nothing ran in yet has a workspace
+        # to measure too); the ring is read without the session lock.
+        state = await self.sessions.bind(self.required_session(request))
+        query = await self.read_message(request, sm.MetricsQuery)
+        return json_response(self.service.metrics.query(state.session_id, query))
 
 
 def _stream(events: AsyncIterator[sm.ProcessEvent]) -> StreamingResponse:
