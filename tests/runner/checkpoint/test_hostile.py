@@ -73,8 +73,15 @@ def ustar_raw_name(raw: bytes) -> bytes:
     return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
 
 
+def hopping_between_deep_branches() -> list[bytes]:
+    """Files alternating between two branches 100 directories deep: each member leaves
+    one branch and enters the other, 101 directories (O(depth) system calls a member)."""
+    deep = "/".join(["d"] * 100)
+    return [member(f"workspace/{branch}/{deep}/f{i}", b"") for i in range(50) for branch in "ab"]
+
+
 DOTDOT = r"contains '\.\.'"
-OUTSIDE = "points outside|LinkOutsideDestinationError|AbsoluteLinkError"
+OUTSIDE = "points outside"
 SYM, LNK, DIR, REG = tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.DIRTYPE, tarfile.REGTYPE
 
 CASES: dict[str, Hostile] = {
@@ -259,6 +266,11 @@ CASES: dict[str, Hostile] = {
     ),
     "bomb: header size lies high": Hostile(
         lambda a: [member("workspace/f", b"short", size=512 * 1024)], "end of data", end=False
+    ),
+    "bomb: hopping between deep branches": Hostile(
+        lambda a: hopping_between_deep_branches(),
+        "re-enters directories too often",
+        limits=ArchiveLimits(max_bytes=MiB, max_members=1000),
     ),
     "truncated: no end-of-archive marker": Hostile(
         lambda a: [member("workspace/f", b"x")], "truncated", end=False

@@ -46,6 +46,8 @@ class DirStack:
     def __init__(self, root_fd: int) -> None:
         self._root_fd = root_fd
         self._open: list[_OpenDir] = []
+        self.entered = 0
+        """Directories entered so far: an archive in tree order enters each once."""
 
     def make_dir(self, parts: list[str], attrs: Attrs) -> None:
         self._parent_of(parts)
@@ -81,6 +83,7 @@ class DirStack:
         return self._open[-1].fd if self._open else self._root_fd
 
     def _enter(self, name: str, attrs: Attrs | None) -> None:
+        self.entered += 1
         parent_fd = self._open[-1].fd if self._open else self._root_fd
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, 0o700, dir_fd=parent_fd)
