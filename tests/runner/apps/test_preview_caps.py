@@ -40,7 +40,8 @@ HOLD_PORT = 8402
 TUNNEL_PORT = 8403
 
 # Answers /hold only once the file "go" is in the workspace (written through the file
-# routes, which the cap does not count), and prints a line as each request arrives.
+# routes, which the cap does not count), and tells (a line printed, one in the file
+# "arrivals") as each request arrives.
 HOLD_SERVER = r"""
 import os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +50,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/hold":
             print("arrived", flush=True)
+            with open("arrivals", "a") as arrivals:
+                arrivals.write("arrived\n")
             while not os.path.exists("go"):
                 time.sleep(0.02)
         body = b"done"
