@@ -7,16 +7,24 @@ echo server the preview tests run, started with ``commands.run(background=True)`
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import websockets
 from e2b import Sandbox
-from websockets.asyncio.client import connect
+from e2b.exceptions import NotFoundException
+from websockets.asyncio.client import ClientConnection, connect
 
-from tests.e2b_api.conftest import E2bServe
+from tests.e2b_api.conftest import E2bServe, start_serve, stop_serve
+from tests.fixtures.paths import traversable_dir
 from tests.orchestrator.apps.test_websocket import WS_APP
+from tests.orchestrator.cli.conftest import stop_leftovers
+from tests.runner.apps.test_preview_caps import HOLD_SERVER
 
 PORT = 8000
 TOKEN_HEADER = "e2b-traffic-access-token"
@@ -104,5 +112,108 @@ async def test_a_websocket_reaches_the_server_in_the_sandbox(e2b_serve: E2bServe
         with pytest.raises(websockets.exceptions.InvalidStatus):
             async with connect(url, open_timeout=10, **to_service):
                 pass
+    finally:
+        sandbox.kill()
+
+
+CAP = 3
+
+
+@pytest.fixture(scope="module")
+def capped_serve() -> Iterator[E2bServe]:
+    """A service whose sandboxes' runners relay at most CAP WebSockets and CAP requests."""
+    caps = {
+        "SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS": str(CAP),
+        "SANDCELL_RUNNER_MAX_RELAYED_REQUESTS": str(CAP),
+    }
+    with traversable_dir("e2b-caps-") as base:
+        service = start_serve(base, env=caps)
+        try:
+            yield service
+        finally:
+            stop_serve(service)
+            assert not stop_leftovers(service.runtime_dir)
+
+
+def _busy(status: int, body: bytes, setting: str) -> None:
+    assert status == 503, body
+    error = json.loads(body)["error"]
+    assert error["code"] == "busy", error
+    assert f"{setting}={CAP}" in error["message"], error
+
+
+async def test_past_the_sandboxs_cap_a_websocket_is_refused_503_busy(
+    capped_serve: E2bServe,
+) -> None:
+    """The runner's refusal reaches the caller as it came (not a 403 or a 5xx of the
+    service's own), and a closed WebSocket gives its place back."""
+    sandbox = Sandbox.create(**capped_serve.opts())
+    try:
+        _start_server(sandbox)
+        host = sandbox.get_host(PORT)
+        assert _until_served(capped_serve, host, sandbox.traffic_access_token).status_code == 200
+        url, to_service = f"ws://{host}/hmr", {"host": "127.0.0.1", "port": capped_serve.port}
+        token = {TOKEN_HEADER: sandbox.traffic_access_token or ""}
+
+        async def opened() -> ClientConnection:
+            return await connect(url, additional_headers=token, open_timeout=10, **to_service)
+
+        async with contextlib.AsyncExitStack() as stack:
+            held = [await stack.enter_async_context(await opened()) for _ in range(CAP)]
+            with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+                await opened()
+            answer = refused.value.response
+            _busy(answer.status_code, answer.body, "SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS")
+            assert answer.headers["retry-after"] == "1"
+            await held[0].send("still")
+            assert await held[0].recv() == "echo:still"
+            # Plain requests have a cap of their own.
+            assert _get(capped_serve, host, token=sandbox.traffic_access_token).status_code == 200
+            await held[0].close()
+            deadline = time.monotonic() + 20
+            again: ClientConnection | None = None
+            while again is None:
+                status = 101
+                try:
+                    again = await stack.enter_async_context(await opened())
+                except websockets.exceptions.InvalidStatus as exc:
+                    status = exc.response.status_code
+                assert status in (101, 503), status
+                assert time.monotonic() < deadline, "no place came free"
+            await again.send("again")
+            assert await again.recv() == "echo:again"
+    finally:
+        sandbox.kill()
+
+
+def _arrivals(sandbox: Sandbox) -> int:
+    """How many held requests the hold server has seen (read through envd, not a port)."""
+    try:
+        return sandbox.files.read("arrivals").count("arrived")
+    except NotFoundException:
+        return 0
+
+
+def test_past_the_sandboxs_cap_a_request_is_refused_503_busy(capped_serve: E2bServe) -> None:
+    sandbox = Sandbox.create(**capped_serve.opts())
+    try:
+        sandbox.files.write("hold.py", HOLD_SERVER)
+        sandbox.commands.run(f"python3 hold.py {PORT}", background=True)
+        host = sandbox.get_host(PORT)
+        token = sandbox.traffic_access_token
+        assert _until_served(capped_serve, host, token).status_code == 200
+        with ThreadPoolExecutor(CAP) as pool:
+            waiting = [pool.submit(_get, capped_serve, host, "/hold", token=token)]
+            waiting += [pool.submit(_get, capped_serve, host, "/hold", token=token)]
+            waiting += [pool.submit(_get, capped_serve, host, "/hold", token=token)]
+            deadline = time.monotonic() + 30
+            while _arrivals(sandbox) < CAP:
+                assert time.monotonic() < deadline, "the held requests never arrived"
+                time.sleep(0.05)
+            refused = _get(capped_serve, host, token=token)
+            _busy(refused.status_code, refused.content, "SANDCELL_RUNNER_MAX_RELAYED_REQUESTS")
+            sandbox.files.write("go", "")
+            assert [f.result().text for f in waiting] == ["done"] * CAP
+        assert _until_served(capped_serve, host, token).text == "done"
     finally:
         sandbox.kill()

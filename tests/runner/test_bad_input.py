@@ -8,7 +8,9 @@ by Hypothesis check the same property beyond the cases found by hand.
 from __future__ import annotations
 
 import base64
+import itertools
 import json
+import string
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -352,4 +354,44 @@ def test_an_environment_past_the_jails_room_is_a_400(runner: RunnerProcess) -> N
         assert f"more than the {MAX_ENV_BYTES}" in error["message"]
         assert "yyy" not in error["message"]
         assert "zzz" not in error["message"]
+    _assert_serving(runner)
+
+
+def _most_variables() -> dict[str, str]:
+    """As many variables as ``validate_env`` admits: distinct names as short as names
+    go (``[A-Za-z_][A-Za-z0-9_]*``), empty values, up to ``MAX_ENV_BYTES``."""
+    first = string.ascii_letters + "_"
+    names = (
+        head + "".join(tail)
+        for size in itertools.count(0)
+        for head in first
+        for tail in itertools.product(first + string.digits, repeat=size)
+    )
+    env: dict[str, str] = {}
+    size = 0
+    for name in names:
+        size += env_bytes({name: ""})
+        if size > MAX_ENV_BYTES:
+            break
+        env[name] = ""
+    assert env_bytes(env) <= MAX_ENV_BYTES
+    return env
+
+
+def test_as_many_variables_as_the_env_rule_admits_run(runner: RunnerProcess) -> None:
+    """Each variable is a line of the jail's configuration (``envar: "…"``), 10 bytes
+    more than ``env_bytes`` counts: 5,000 empty ones (30,000 bytes by ``env_bytes``)
+    made 83 KB, past the old 60,000-byte cap, the runner's 500 "environment too big" at
+    every run. Whatever the rule admits now runs, the most variables too."""
+    many = {f"V{i:04d}": "" for i in range(5000)}
+    ran = execute(runner, language="sh", code="env | grep -c '^V[0-9]'", env=many)
+    assert ran["stdout"].strip() == "5000", ran
+    most = _most_variables()
+    assert len(most) == 13_149  # nsjail_config.MAX_CONFIG_BYTES's arithmetic
+    ran = execute(runner, language="sh", code="env | wc -l", env=most)
+    assert ran["exit_code"] == 0, ran
+    assert int(ran["stdout"]) >= len(most), ran
+    # Python jobs may start from a warm interpreter (the zygote), sent the environment.
+    ran = execute(runner, language="python", code="import os; print(len(os.environ))", env=most)
+    assert int(ran["stdout"]) >= len(most), ran
     _assert_serving(runner)

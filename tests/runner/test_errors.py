@@ -185,6 +185,9 @@ class TestSettings:
             ("SANDCELL_RUNNER_SESSIONS", "maybe"),
             ("SANDCELL_RUNNER_METRICS_INTERVAL_S", "0"),
             ("SANDCELL_RUNNER_METRICS_INTERVAL_S", "3601"),
+            ("SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS", "0"),
+            ("SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS", "many"),
+            ("SANDCELL_RUNNER_MAX_RELAYED_REQUESTS", "-1"),
         ],
     )
     def test_bad_values_name_the_variable(self, name: str, value: str) -> None:

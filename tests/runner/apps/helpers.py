@@ -266,8 +266,9 @@ uvicorn.run(create_app(RunnerService(settings)), host=settings.host, port=settin
 """
 
 
-def start_runner_without_ws(root: Path) -> RunnerProcess:
-    """A session runner whose uvicorn has no WebSocket protocol (the raw tunnel path)."""
+def start_runner_without_ws(root: Path, *, env: dict[str, str] | None = None) -> RunnerProcess:
+    """A session runner whose uvicorn has no WebSocket protocol (the raw tunnel path);
+    ``env``: more settings."""
     root.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(24)
     port = free_port()
@@ -279,6 +280,7 @@ def start_runner_without_ws(root: Path) -> RunnerProcess:
         "SANDCELL_INPUT_CACHE_DIR": str(root / "input-cache"),
         "SANDCELL_RUNNER_REAP_INTERVAL_S": "3600",
         "SANDCELL_RUNNER_SESSIONS": "1",
+        **(env or {}),
     }
     log_path = root / "runner.log"
     with log_path.open("ab") as log_file:

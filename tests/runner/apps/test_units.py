@@ -21,7 +21,9 @@ from sandcell_runner.apps.runtime_errors import (
     normalize,
 )
 from sandcell_runner.apps.tracescan import TraceScanner
+from sandcell_runner.errors import BusyError
 from sandcell_runner.preview.inject import inject, reporter_prefix, reporter_tag
+from sandcell_runner.preview.relays import PreviewRelays
 
 SAMPLES: list[Any] = [
     am.ProcessStart(tag="web", command="npm run dev", env={"A": "1"}, cwd="app", timeout_ms=5),
@@ -241,3 +243,33 @@ def test_line_buffer_cuts_and_follows() -> None:
         assert [line async for line in buffer.follow().lines()] == []
 
     asyncio.run(scenario())
+
+
+def test_relay_slots_are_refused_past_the_cap_and_given_back_once() -> None:
+    relays = PreviewRelays.create(max_websockets=2, max_requests=1)
+    first, second = (relays.websockets.claim("rt_a") for _ in range(2))
+    with pytest.raises(BusyError, match="SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS=2"):
+        relays.websockets.claim("rt_a")
+    relays.requests.claim("rt_a")  # a cap of its own
+    first.release()
+    first.release()  # idempotent: never frees a place twice
+    assert relays.websockets.active == 1
+    relays.websockets.claim("rt_a")
+    assert relays.websockets.active == 2
+    second.release()
+    assert relays.websockets.active == 1
+
+
+def test_releasing_a_session_aborts_its_relays_and_frees_their_slots() -> None:
+    relays = PreviewRelays.create(max_websockets=3, max_requests=3)
+    aborted: list[str] = []
+    mine = relays.websockets.claim("rt_a")
+    mine.on_abort(lambda: aborted.append("a"))
+    other = relays.websockets.claim("rt_b")
+    other.on_abort(lambda: aborted.append("b"))
+    relays.requests.claim("rt_a")
+    relays.abort_session("rt_a")
+    assert aborted == ["a"]
+    assert (relays.websockets.active, relays.requests.active) == (1, 0)
+    mine.release()  # the relay's own release, after the abort ended it: a no-op
+    assert relays.websockets.active == 1

@@ -21,6 +21,7 @@ import pytest
 from sandcell_runner.errors import JailError
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
+from sandcell_runner.jail.nsjail_config import MAX_CONFIG_BYTES
 from sandcell_runner.jail.spec import JobSpec
 from tests.runner.jail.real_jail import SPAWN_METHODS, real_jail, shell_job
 
@@ -83,7 +84,7 @@ def test_a_job_that_cannot_start_leaks_no_descriptor(
 ) -> None:
     jail, _, root = jail_root
     oversized = dataclasses.replace(
-        _spec(root, "huge", "true"), env={"PATH": "/usr/bin:/bin", "X": "a" * 70_000}
+        _spec(root, "huge", "true"), env={"PATH": "/usr/bin:/bin", "X": "a" * MAX_CONFIG_BYTES}
     )
 
     async def refused() -> None:

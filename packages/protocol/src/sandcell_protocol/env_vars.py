@@ -22,8 +22,9 @@ _ENV_NAME_RE = re.compile(ENV_NAME_PATTERN)
 
 MAX_ENV_BYTES = 48 << 10
 """What a job's variables may take together, counted by ``env_bytes``: the runner's jail
-configuration (nsjail's, at most 60,000 bytes) carries them escaped beside ~5 KB of its
-own. Past it a job could not start: the runner's 500, at every run."""
+configuration carries them escaped, a line each; its cap
+(``sandcell_runner.jail.nsjail_config.MAX_CONFIG_BYTES``) holds the most this admits,
+however many variables that is (13,149 empty ones)."""
 
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
 

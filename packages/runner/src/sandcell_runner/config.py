@@ -88,6 +88,12 @@ class RunnerSettings:
     """uvicorn's loop: uvloop when it is installed (the default), else asyncio's own."""
     max_contexts: int = 8
     """Code contexts (live interpreters) one session may hold."""
+    max_relayed_websockets: int = 256
+    """WebSockets (and other upgrades) the preview relays to the session's ports at once;
+    past it ``503 busy``. Each holds sockets here and in the orchestrator no job pays for."""
+    max_relayed_requests: int = 256
+    """Plain HTTP requests the preview relays to the session's ports at once (waiting
+    for an upstream connection included); past it ``503 busy``."""
     context_idle_s: int = 1800
     """A context's interpreter idle this long is stopped (the context becomes lost)."""
     context_grace_ms: int = 2000
@@ -253,6 +259,8 @@ class RunnerSettings:
             log_level=env.get("SANDCELL_RUNNER_LOG_LEVEL", "info").lower(),
             event_loop=_event_loop(env.get("SANDCELL_RUNNER_EVENT_LOOP", "").strip().lower()),
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
+            max_relayed_websockets=reader.integer("SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS", 256),
+            max_relayed_requests=reader.integer("SANDCELL_RUNNER_MAX_RELAYED_REQUESTS", 256),
             context_idle_s=reader.integer("SANDCELL_RUNNER_CONTEXT_IDLE_S", 1800),
             context_grace_ms=reader.integer("SANDCELL_RUNNER_CONTEXT_GRACE_MS", 2000, minimum=0),
             idle_exit_s=reader.integer("SANDCELL_RUNNER_IDLE_EXIT_S", 0, minimum=0),

@@ -12,7 +12,9 @@ first tokened response sets: HttpOnly, SameSite=Lax, Path=/preview/<id>/,
 Secure when the public URL is https. A missing or wrong token and an unknown
 instance get the same 401; the token of an instance that was deleted gets 404.
 An app that does not answer in its sandbox is the runner's 502
-``app_not_responding``, passed through (the sandbox is fine, the app is not).
+``app_not_responding``, passed through (the sandbox is fine, the app is not), and so is
+its ``503 busy`` past its cap on what it relays at once (for a WebSocket too, where the
+server can answer one with a response).
 
 Every request and WebSocket message counts as activity for idle shutdown.
 Upstream failures are counted; a run of them is one INFO line (``preview_log``).
@@ -47,6 +49,7 @@ from ..runner.port_forward import (
     connect_upstream,
     downstream_response,
     pump,
+    refuse,
     stays_in_port_route,
     upstream_headers,
 )
@@ -262,7 +265,7 @@ class PreviewProxy:
             # The usual one: the dev server is not listening yet and a hot-reload
             # client retries every second (the runner's 502, InvalidStatus here).
             self._failed(instance_id, "websocket", "websocket upstream failed", exc)
-            await websocket.close(code=1011)
+            await refuse(websocket, exc)
             return
         self._failures.succeeded(instance_id, "websocket")
         async with upstream:

@@ -11,7 +11,9 @@ Access: the sandbox's traffic token in ``E2b-Traffic-Access-Token`` (the SDK's
 ``network.allowPublicTraffic: true``. E2B's default is public; sandcell's is the token,
 as a sandbox reaches out only when its creator asked. A missing, paused or foreign
 sandbox, a wrong token and a bad port all get E2B's proxy answer (502, "not found");
-a port nothing listens on is the runner's 502 ``app_not_responding``.
+a port nothing listens on is the runner's 502 ``app_not_responding``. Past the runner's
+cap on what it relays at once (``SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS`` / ``_REQUESTS``)
+a request or WebSocket gets its ``503 busy``, passed on.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..runner.port_forward import (
     connect_upstream,
     downstream_response,
     pump,
+    refuse,
     stays_in_port_route,
     upstream_headers,
 )
@@ -144,7 +147,7 @@ class SandboxPorts:
             log.info(
                 "e2b sandbox %s port %d: no websocket upstream: %r", sandbox.sandbox_id, port, exc
             )
-            await websocket.close(code=1011)
+            await refuse(websocket, exc)
             return
         async with upstream:
             await websocket.accept(subprotocol=upstream.subprotocol)

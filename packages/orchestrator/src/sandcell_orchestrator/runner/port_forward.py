@@ -5,8 +5,9 @@ The runner's ``/v1/session/ports/{port}/…`` reaches a server inside the sessio
 (``apps/preview.py``, with their own tokens and cookie) and E2B's sandbox ports
 (``e2b/ports.py``). What both need the same way lives here: which request headers never
 go upstream (ours, the runner's, hop-by-hop), the path check that keeps a forwarded path
-inside the ports route, the response streamed back with the app's cookies, and the
-WebSocket pump. Who may forward, and what extra headers go along, is each surface's.
+inside the ports route, the response streamed back with the app's cookies, the
+WebSocket pump and the refusal of a WebSocket whose upstream failed. Who may forward,
+and what extra headers go along, is each surface's.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from urllib.parse import unquote
 
 import httpx
 from starlette.background import BackgroundTask
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ __all__ = [
     "connect_upstream",
     "downstream_response",
     "pump",
+    "refuse",
     "stays_in_port_route",
     "upstream_headers",
 ]
@@ -138,6 +140,33 @@ async def connect_upstream(
         logger=_WS_LOG,
         open_timeout=10,
     )
+
+
+async def refuse(websocket: WebSocket, failure: BaseException) -> None:
+    """Refuse the caller's WebSocket (not accepted yet) whose upstream did not open.
+
+    The runner's ``503 busy`` (its cap on relayed WebSockets, or an app that answered
+    the handshake wrongly) goes on as it came: status, JSON body and ``Retry-After``,
+    a refusal a client can read and retry on, where the server can answer a WebSocket
+    with a response (ASGI's ``websocket.http.response``, uvicorn's). Anything else
+    (a silent app, the runner unreachable), or on a server without it: close 1011,
+    which the server answers 403. The runner's other answers are about our credentials
+    and session, and stay ours.
+    """
+    from websockets.exceptions import InvalidStatus
+
+    answer = failure.response if isinstance(failure, InvalidStatus) else None
+    can_answer = "websocket.http.response" in websocket.scope.get("extensions", {})
+    if answer is not None and answer.status_code == 503 and can_answer:
+        kept = {"content-type", "retry-after"}
+        headers = {k: v for k, v in answer.headers.raw_items() if k.lower() in kept}
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+            await websocket.send_denial_response(
+                Response(bytes(answer.body), status_code=503, headers=headers)
+            )
+        return
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):
+        await websocket.close(code=1011)
 
 
 async def pump(

@@ -17,6 +17,7 @@ from ..jail.netns import NetnsUnavailableError, SessionNetns, create_netns
 from ..jail.nsjail import Jail
 from ..languages import LanguageSpec
 from ..preview.proxy import PreviewUpstream
+from ..preview.relays import PreviewRelays
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState
 from .analysis import Analyzer, Checkers, find_ruff
@@ -63,6 +64,11 @@ class AppManager:
         )
         self.analyzer = Analyzer(settings, jail=jail, checkers=self.checkers)
         self.preview_unavailable = self._why_no_netns()
+        self.relays = PreviewRelays.create(
+            max_websockets=settings.max_relayed_websockets,
+            max_requests=settings.max_relayed_requests,
+        )
+        """What the preview relays at once, capped (one runner, one sandbox)."""
         self._apps: dict[str, SessionApp] = {}
 
     def _why_no_netns(self) -> str | None:
@@ -119,7 +125,9 @@ class AppManager:
         )
 
     async def release(self, state: SessionState) -> None:
-        """Stop the session's processes and close its upstream pool (idempotent)."""
+        """End the session's relays, stop its processes and close its upstream pool
+        (idempotent)."""
+        self.relays.abort_session(state.session_id)
         app = self._apps.pop(state.session_id, None)
         if app is None:
             return
@@ -129,6 +137,7 @@ class AppManager:
 
     async def shutdown(self) -> None:
         for app in list(self._apps.values()):
+            self.relays.abort_session(app.session_id)
             await app.processes.stop_all()
             if app.upstream is not None:
                 await app.upstream.aclose()

@@ -1,7 +1,7 @@
 """Runs one job under nsjail with hard limits; the only module that starts nsjail.
 
 Each job gets its own nsjail configuration (rendered by ``nsjail_config.py``, written
-into a pipe nsjail reads as ``/dev/fd/N``, so nothing touches disk) with new user,
+into a memfd nsjail reads as ``/dev/fd/N``, so nothing touches disk) with new user,
 pid, mount, ipc, uts, cgroup and network namespaces; the job's UID is mapped to the
 same unprivileged UID outside. Memory and pids are limited by the job cgroup
 (``cgroups.py``); wall time by the runner's own timer (so a timeout is known, not
@@ -27,13 +27,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sandcell_protocol.env_vars import env_bytes
+
 from ..cancelling import to_thread_to_the_end
 from ..errors import JailError
 from ..languages import JOB_DIR, WORKSPACE_DIR
 from .capture import DRAIN_INTERVAL_S, Capture, OutputCallback, discard, widen
 from .cgroups import CgroupManager, JobCgroup
 from .launched import LaunchedJob
-from .nsjail_config import render_config
+from .nsjail_config import MAX_CONFIG_BYTES, render_config
 from .outcome import (
     JobOutcome,
     decode_status,
@@ -145,9 +147,15 @@ class Jail:
         pass_fds = list(spec.pass_fds)
         if self._nsjail is not None:
             config = self.config_text(spec).encode()
-            # Only a huge environment makes the configuration this large: refuse it.
-            if len(config) > 60_000:
-                raise JailError("job configuration too large (environment too big)")
+            if len(config) > MAX_CONFIG_BYTES:
+                # No request within the protocol's caps gets here (nsjail_config.py says
+                # why): a runner bug, told with what made the configuration large.
+                raise JailError(
+                    f"job configuration too large: {len(config)} bytes, more than"
+                    f" {MAX_CONFIG_BYTES} ({len(spec.env)} variables of"
+                    f" {env_bytes(spec.env)} bytes, {len(spec.readonly_binds)} read-only"
+                    " binds)"
+                )
             # A memfd, not a pipe: nsjail runs as the job's UID and reopens the
             # descriptor by path, and a pipe's inode is its creator's (root), 0600.
             config_fd = os.memfd_create("sandcell-nsjail-config", os.MFD_CLOEXEC)

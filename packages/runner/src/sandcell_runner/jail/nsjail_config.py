@@ -1,7 +1,7 @@
 """One job's nsjail configuration: namespaces, rlimits, mounts and the seccomp policy.
 
 Renders a ``JobSpec`` to nsjail's protobuf text format, nothing more; ``nsjail.py``
-passes the text to nsjail through a pipe and runs the job.
+passes the text to nsjail through a memfd and runs the job.
 """
 
 from __future__ import annotations
@@ -33,6 +33,25 @@ SECCOMP_POLICY = (
     "ERRNO(38) { clone3, io_setup }",
     "DEFAULT ALLOW",
 )
+
+# The most a job's configuration may take; ``nsjail.py`` refuses a larger one. Why no
+# request within the protocol's caps reaches it (tests/runner/test_bad_input.py runs
+# the worst case, ``test_as_many_variables_as_the_env_rule_admits_run``):
+# - A request's only lines are its variables, one ``envar: "NAME=value"`` each: the
+#   escaped entry, which ``env_bytes`` counts and ``validate_env`` caps at
+#   MAX_ENV_BYTES (49,152), plus 10 bytes of line. The most variables that admits is
+#   13,149 (distinct names as short as names go, empty values), so the variables take
+#   at most 49,152 + 10 x 13,149 = 180,642 bytes.
+# - Inputs, however many, add nothing: priming copies them into the workspace; none is
+#   bind-mounted. The read-only binds are the runner's own (ruff for analysis, the
+#   egress resolv.conf, one each), the other paths are its settings' (workspace root,
+#   job directory), and the rest is fixed text: ~4.5 KB in all, its own variables
+#   included.
+# 256 KiB leaves ~80 KB for long configured paths. It was 60,000 bytes, from when the
+# configuration went through a pipe: 5,000 empty variables (30,000 bytes by
+# ``env_bytes``) made 83 KB of configuration, a 500 at every run. nsjail itself read a
+# 500 KB configuration of 20,000 variables (2026-12-07).
+MAX_CONFIG_BYTES = 256 << 10
 
 _SYSTEM_MOUNTS = (
     # (source, mandatory)
@@ -183,4 +202,4 @@ _DEV_MOUNTS = (
 )
 _SECCOMP_LINES = tuple(f"seccomp_string: {_quote(rule)}" for rule in SECCOMP_POLICY)
 
-__all__ = ["MIB", "SECCOMP_POLICY", "render_config"]
+__all__ = ["MAX_CONFIG_BYTES", "MIB", "SECCOMP_POLICY", "render_config"]

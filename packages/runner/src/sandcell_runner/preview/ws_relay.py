@@ -117,6 +117,10 @@ class UpstreamSocket:
             if b1 & 0x80:
                 return opcode, b"".join(parts)
 
+    def abort(self) -> None:
+        """Close the connection from outside the relay: its reads end, and so does it."""
+        self._writer.close()
+
     async def close(self) -> None:
         self._writer.close()
         with contextlib.suppress(Exception):

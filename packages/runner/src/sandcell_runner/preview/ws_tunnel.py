@@ -120,6 +120,10 @@ class Handshake(Response):
         self._head = head
         self._upstream_headers = headers
 
+    def abort(self) -> None:
+        """Close the upstream from outside: the tunnel (or the relayed answer) ends."""
+        self._writer.close()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A ``101`` becomes a tunnel; anything else is relayed as a plain response."""
         try:
