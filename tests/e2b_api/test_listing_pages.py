@@ -17,7 +17,6 @@ import contextlib
 import datetime
 import itertools
 import random
-import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -49,9 +48,9 @@ from sandcell_orchestrator.registry import (
     E2bStartKey,
     SessionRegistry,
 )
-from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
+from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore, S3SnapshotStore, SnapshotStore
-from tests.e2b_api.registries import backend, redis_url
+from tests.e2b_api.registries import backend, e2b_row, redis_url
 from tests.orchestrator.conftest import S3Server, s3_server
 
 __all__ = ["backend", "redis_url", "s3_server"]
@@ -175,21 +174,12 @@ async def dir_listing(backend: SessionRegistry, tmp_path: Path) -> AsyncIterator
 
 
 def _row(namespace: str, *, state: str, metadata: dict[str, str] | None = None) -> E2bSandboxRow:
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return E2bSandboxRow(
-        sandbox_id="".join(secrets.choice(alphabet) for _ in range(20)),
-        namespace=namespace,
-        template="base",
-        session_id=sandbox_session_key(str(uuid.uuid4())),
-        access_token="access-secret",
-        traffic_token="traffic-secret",
-        metadata=metadata or {},
-        env={},
-        egress=None,
+    return e2b_row(
+        namespace,
+        state=state,
         started_at_s=1_700_000_000.0 + random.random(),
         end_at_s=1_700_000_600.0,
-        auto_pause=False,
-        state=state,  # type: ignore[arg-type]
+        metadata=metadata,
     )
 
 

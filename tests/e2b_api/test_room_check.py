@@ -8,9 +8,7 @@ manager launches nothing (an admitted create stops at its launch)."""
 from __future__ import annotations
 
 import contextlib
-import secrets
 import sqlite3
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +26,9 @@ from sandcell_orchestrator.registry import (
     SessionRegistry,
     SqliteRegistry,
 )
-from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
+from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
-from tests.e2b_api.registries import backend, redis_url
+from tests.e2b_api.registries import backend, e2b_row, redis_url
 
 __all__ = ["backend", "redis_url"]
 
@@ -63,22 +61,7 @@ class _Table:
 
 
 def _row(state: str = "running") -> E2bSandboxRow:
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return E2bSandboxRow(
-        sandbox_id="".join(secrets.choice(alphabet) for _ in range(20)),
-        namespace="tenant-a",
-        template="base",
-        session_id=sandbox_session_key(str(uuid.uuid4())),
-        access_token="access-secret",
-        traffic_token="traffic-secret",
-        metadata={},
-        env={},
-        egress=None,
-        started_at_s=1_765_000_000.0,
-        end_at_s=1_765_000_300.0,
-        auto_pause=False,
-        state=state,  # type: ignore[arg-type]
-    )
+    return e2b_row(state=state, end_at_s=1_765_000_300.0)
 
 
 async def _older_orchestrators_pause(registry: SessionRegistry, row: E2bSandboxRow) -> None:

@@ -6,8 +6,6 @@ are written directly: the sweep kills them (no runner is started)."""
 
 from __future__ import annotations
 
-import secrets
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +15,9 @@ from sandcell_orchestrator.registry import (
     E2bSandboxRow,
     SessionRegistry,
 )
-from sandcell_orchestrator.sessions.manager import SandboxManager, sandbox_session_key
+from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
-from tests.e2b_api.registries import backend, redis_url
+from tests.e2b_api.registries import backend, e2b_row, redis_url
 
 __all__ = ["backend", "redis_url"]
 
@@ -52,22 +50,7 @@ class _Table:
 
 
 def _row(end_at_s: float) -> E2bSandboxRow:
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return E2bSandboxRow(
-        sandbox_id="".join(secrets.choice(alphabet) for _ in range(20)),
-        namespace="tenant-a",
-        template="base",
-        session_id=sandbox_session_key(str(uuid.uuid4())),
-        access_token="access-secret",
-        traffic_token="traffic-secret",
-        metadata={},
-        env={},
-        egress=None,
-        started_at_s=end_at_s - 300,
-        end_at_s=end_at_s,
-        auto_pause=False,
-        state="running",
-    )
+    return e2b_row(started_at_s=end_at_s - 300, end_at_s=end_at_s)
 
 
 async def test_a_sweep_reads_the_due_rows_and_the_whole_table_now_and_then(

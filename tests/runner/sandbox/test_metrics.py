@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sandcell_protocol.sandbox_messages import MetricsQuery
 from sandcell_runner.config import MIB, RunnerSettings
-from sandcell_runner.jail.cgroups import InstanceUsage
+from sandcell_runner.jail.instance_usage import InstanceUsage
 from sandcell_runner.sandbox.metrics import RING_SIZE, MetricsSampler
 
 

@@ -35,6 +35,7 @@ from .inputs.cache import InputCache
 from .inputs.priming import Primer
 from .jail.capture import OutputCallback
 from .jail.cgroup_reaper import instance_key, reap_orphans
+from .jail.instance_usage import InstanceCounters
 from .jail.netns import SessionNetns
 from .jail.nsjail import Jail
 from .jail.spawn_helper import SpawnHelper
@@ -152,7 +153,10 @@ class RunnerService:
         )
         self.sessions.release_hooks.append(self.sandbox.release)
         self.metrics = MetricsSampler(
-            settings, cgroups=self._cgroups, workspaces=self._workspaces, sessions=self.sessions
+            settings,
+            cgroups=InstanceCounters(self._cgroups),
+            workspaces=self._workspaces,
+            sessions=self.sessions,
         )
         self.sessions.release_hooks.append(self._release_egress)
         self._jail.netns_for = self.sessions.netns_fd_for

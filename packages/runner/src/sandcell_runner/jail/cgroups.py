@@ -47,22 +47,6 @@ class JobCgroupStats:
     limit counts. None where the kernel keeps no resettable peak (cgroup v2 before 6.12)."""
 
 
-@dataclass(frozen=True, slots=True)
-class InstanceUsage:
-    """What the runner's instance cgroup (every job and process of its session) holds now."""
-
-    memory_bytes: int
-    """Charged to the instance: its jobs' memory, tmpfs files and page cache."""
-    cache_bytes: int
-    """Of which page cache (file-backed, reclaimable)."""
-    inactive_file_bytes: int
-    """Of which inactive file cache: reclaimed first, left out of "used" as ``docker
-    stats`` does."""
-    cpu_ns: int | None
-    """CPU time used by the instance so far (cumulative), None where the hierarchy keeps
-    no CPU account for it (cgroup v1 with ``cpuacct`` mounted apart from ``cpu``)."""
-
-
 class JobCgroup:
     """One job's cgroup (a directory per controller on v1, one directory on v2)."""
 
@@ -246,7 +230,7 @@ class JobCgroup:
         own = os.getpid()
         found = False
         for directory in self._dirs:
-            for pid in _read_pids(directory / "cgroup.procs"):
+            for pid in read_pids(directory / "cgroup.procs"):
                 if pid != own:
                     found = True
                     with contextlib.suppress(ProcessLookupError):
@@ -268,7 +252,7 @@ class JobCgroup:
             own = os.getpid()
             for _ in range(50):
                 # A resident spawner thread puts the runner itself in cgroup.procs.
-                pids = [pid for pid in _read_pids(directory / "cgroup.procs") if pid != own]
+                pids = [pid for pid in read_pids(directory / "cgroup.procs") if pid != own]
                 if not pids:
                     break
                 for pid in pids:
@@ -387,60 +371,12 @@ class CgroupManager:
             return False
         return True
 
-    def _parent_of(self, controller: str) -> Path | None:
-        """The instance's directory in a v1 ``controller`` (``<root>/<c>/sandcell/<instance>``)."""
+    def instance_dir(self, controller: str = "memory") -> Path | None:
+        """The instance's own cgroup directory (``sandcell/<instance>``): the one
+        directory on v2, ``controller``'s on v1; None without cgroups or that controller."""
+        if self.version == 2:
+            return self._parents[0] if self._parents else None
         return next((p for p in self._parents if p.parent.parent.name == controller), None)
-
-    def instance_usage(self) -> InstanceUsage | None:
-        """The instance's memory and CPU counters (None without cgroups, or unreadable).
-
-        A few small kernfs reads (no walk: the instance's counters are hierarchical),
-        for the runner's own metrics sampler, never on a job's path."""
-        if not self._parents:
-            return None
-        try:
-            if self.version == 2:
-                parent = self._parents[0]
-                stat = (parent / "memory.stat").read_text()
-                cpu = keyed_value((parent / "cpu.stat").read_text(), "usage_usec") * 1000
-                return InstanceUsage(
-                    memory_bytes=int((parent / "memory.current").read_text()),
-                    cache_bytes=keyed_value(stat, "file"),
-                    inactive_file_bytes=keyed_value(stat, "inactive_file"),
-                    cpu_ns=cpu,
-                )
-            memory = self._parent_of("memory")
-            if memory is None:
-                return None
-            stat = (memory / "memory.stat").read_text()
-            cpu_ns = None
-            cpu_dir = self._parent_of("cpu")
-            # ``cpu,cpuacct`` mounted together (most v1 hosts): the cpu parent keeps the account.
-            if cpu_dir is not None and (cpu_dir / "cpuacct.usage").exists():
-                cpu_ns = int((cpu_dir / "cpuacct.usage").read_text())
-            return InstanceUsage(
-                memory_bytes=int((memory / "memory.usage_in_bytes").read_text()),
-                cache_bytes=keyed_value(stat, "total_cache"),
-                inactive_file_bytes=keyed_value(stat, "total_inactive_file"),
-                cpu_ns=cpu_ns,
-            )
-        except (OSError, ValueError):
-            return None
-
-    def instance_pids(self) -> list[int]:
-        """The pids in the instance's job cgroups (v1 memory hierarchy): where there is no
-        CPU account, the sampler reads their ``/proc/<pid>/stat`` instead."""
-        memory = self._parent_of("memory") if self.version == 1 else None
-        if memory is None:
-            return []
-        pids = _read_pids(memory / "cgroup.procs")
-        try:
-            children = [c for c in memory.iterdir() if c.name.startswith("job-")]
-        except OSError:
-            return pids
-        for child in children:
-            pids += _read_pids(child / "cgroup.procs")
-        return pids
 
     def reap_leftovers(self) -> int:
         """Kill and remove job cgroups a previous runner with this instance left behind."""
@@ -560,7 +496,8 @@ def keyed_value(text: str, key: str) -> int:
         return 0
 
 
-def _read_pids(path: Path) -> list[int]:
+def read_pids(path: Path) -> list[int]:
+    """The pids a ``cgroup.procs`` file lists ([] when it cannot be read)."""
     try:
         return [int(line) for line in path.read_text().split()]
     except (OSError, ValueError):

@@ -33,7 +33,7 @@ from pathlib import Path
 from sandcell_protocol.sandbox_messages import MetricsQuery, MetricsSample, SandboxMetrics
 
 from ..config import MIB, RunnerSettings
-from ..jail.cgroups import CgroupManager
+from ..jail.instance_usage import InstanceCounters
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionManager
 
@@ -66,7 +66,7 @@ class MetricsSampler:
         self,
         settings: RunnerSettings,
         *,
-        cgroups: CgroupManager,
+        cgroups: InstanceCounters,
         workspaces: WorkspaceManager,
         sessions: SessionManager,
         clock: Callable[[], float] = time.time,
