@@ -23,10 +23,11 @@ from e2b import AsyncSandbox, Sandbox, get_signature
 
 from sandcell_orchestrator.e2b.errors import E2bError
 from sandcell_orchestrator.e2b.signing import (
-    RedactFileSignatures,
+    ACCESS_LOG_SECRET_PARAMETERS,
     file_signature,
     sign_file,
 )
+from sandcell_orchestrator.serve.redaction import RedactQueryParameters
 from tests.e2b_api.conftest import DOMAIN, KEY_A, E2bServe
 from tests.e2b_api.tls_front import tls_front
 
@@ -361,6 +362,6 @@ def test_access_log_lines_lose_their_signature() -> None:
         ),
         None,
     )
-    assert RedactFileSignatures().filter(record)
+    assert RedactQueryParameters(ACCESS_LOG_SECRET_PARAMETERS).filter(record)
     assert "SECRET" not in record.getMessage()
     assert "/files?path=a&signature=[redacted]&signature_expiration=9" in record.getMessage()

@@ -8,7 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sandcell_orchestrator.apps.preview import RedactPreviewTokens
+from sandcell_orchestrator.apps.preview import ACCESS_LOG_SECRET_PARAMETERS
+from sandcell_orchestrator.serve.redaction import RedactQueryParameters
 
 from .conftest import KEY_A, WEBHOOK_SECRET, StartApi
 from .test_diagnostics import THROWING_JS
@@ -25,7 +26,7 @@ def test_access_log_lines_lose_their_token() -> None:
         ("127.0.0.1:1", "GET", "/preview/app_1/?a=1&token=SECRET-abc&b=2", "1.1", 200),
         None,
     )
-    assert RedactPreviewTokens().filter(record)
+    assert RedactQueryParameters(ACCESS_LOG_SECRET_PARAMETERS).filter(record)
     assert "SECRET" not in record.getMessage()
     assert "/preview/app_1/?a=1&token=[redacted]&b=2" in record.getMessage()
 

@@ -27,8 +27,6 @@ Apps must use relative URLs (or the forwarded prefix) to stay under the prefix.
 
 from __future__ import annotations
 
-import logging
-import re
 from collections.abc import Callable
 from urllib.parse import unquote
 
@@ -56,33 +54,14 @@ from ..runner.port_forward import (
 from .instances import AppInstances, Instance
 from .preview_log import Kind, UpstreamFailures
 
-__all__ = ["COOKIE_NAME", "PreviewProxy", "RedactPreviewTokens", "redact_access_logs"]
+__all__ = ["ACCESS_LOG_SECRET_PARAMETERS", "COOKIE_NAME", "PreviewProxy"]
 
 
 COOKIE_NAME = "sandcell_preview"
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-_TOKEN_QUERY_RE = re.compile(r"((?:^|[?&])token=)[^&\s\"]*")
-
-
-class RedactPreviewTokens(logging.Filter):
-    """Scrubs ``token=...`` from access-log lines: a first preview request carries one."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(
-                _TOKEN_QUERY_RE.sub(r"\1[redacted]", arg) if isinstance(arg, str) else arg
-                for arg in record.args
-            )
-        if isinstance(record.msg, str):
-            record.msg = _TOKEN_QUERY_RE.sub(r"\1[redacted]", record.msg)
-        return True
-
-
-def redact_access_logs(logger_name: str = "uvicorn.access") -> None:
-    """Install ``RedactPreviewTokens`` on the server's access logger (idempotent)."""
-    logger = logging.getLogger(logger_name)
-    if not any(isinstance(item, RedactPreviewTokens) for item in logger.filters):
-        logger.addFilter(RedactPreviewTokens())
+ACCESS_LOG_SECRET_PARAMETERS = ("token",)
+"""Query parameters the access log must not keep: a first preview request carries its
+token in the query (serve/redaction.py redacts them)."""
 
 
 def _json_error(status: int, code: ErrorCode, message: str) -> Response:

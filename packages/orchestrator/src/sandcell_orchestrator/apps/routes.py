@@ -40,7 +40,7 @@ from .instances import AppInstances, Instance
 from .lifecycle import InstanceSupervisor
 from .messages import CreateInstance, InstanceInfo, InstanceList, RunCommands, WriteFiles
 from .policy import CommandDeniedError
-from .preview import PreviewProxy, redact_access_logs
+from .preview import PreviewProxy
 from .provision import DEV_TAG
 from .settings import AppSettings
 from .templates import TemplateError, TemplateNotFoundError, TemplateRegistry
@@ -95,8 +95,6 @@ class AppService:
         self._instances: AppInstances | None = None
         self._supervisor: InstanceSupervisor | None = None
         self.preview = PreviewProxy(lambda: self.instances, on_browser_report=self._poke)
-        # A first preview request carries its token in the query string.
-        redact_access_logs()
 
     def __repr__(self) -> str:
         return f"AppService(running={self._instances is not None})"

@@ -34,9 +34,9 @@ from .control import ControlPlane
 from .envd import EnvdApp
 from .hosts import E2bHostRouting
 from .sandboxes import E2bSandboxes
-from .signing import redact_file_signatures
+from .signing import ACCESS_LOG_SECRET_PARAMETERS
 
-__all__ = ["E2bService", "install_e2b_routes"]
+__all__ = ["ACCESS_LOG_SECRET_PARAMETERS", "E2bService", "install_e2b_routes"]
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,6 @@ def install_e2b_routes(
     # envd first: /e2b/sandbox/... must not reach the control plane's /e2b routes.
     envd = EnvdApp(lambda: service.sandboxes, idempotency=idempotency)
     app.router.routes.append(Mount("/e2b/sandbox", app=envd))
-    # A signed file URL's query is a credential: the access log must not keep it.
-    redact_file_signatures()
     app.router.routes.extend(control.routes("/e2b"))
     if domain is not None:
         app.add_middleware(E2bHostRouting, domain=domain)

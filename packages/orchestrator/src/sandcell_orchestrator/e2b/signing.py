@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,13 +34,16 @@ from ..registry import E2bSandboxRow
 from .errors import E2bError
 
 __all__ = [
+    "ACCESS_LOG_SECRET_PARAMETERS",
     "FileSignature",
-    "RedactFileSignatures",
     "file_signature",
     "file_signature_ok",
-    "redact_file_signatures",
     "sign_file",
 ]
+
+ACCESS_LOG_SECRET_PARAMETERS = ("signature",)
+"""Query parameters the access log must not keep: a signed URL is a credential for as
+long as it lives (serve/redaction.py redacts them)."""
 
 _OPERATIONS = {"GET": "read", "POST": "write"}
 _EXPIRATION_RE = re.compile(r"[+-]?[0-9]{1,19}")
@@ -118,28 +120,3 @@ def file_signature_ok(row: E2bSandboxRow | None, signed: FileSignature, *, now_s
     if signed.expiration_s is not None and signed.expiration_s < int(now_s):
         raise E2bError(401, "unauthorized", "signature is already expired")
     return True
-
-
-_SIGNATURE_QUERY_RE = re.compile(r"((?:^|[?&])signature=)[^&\s\"]*")
-
-
-class RedactFileSignatures(logging.Filter):
-    """Scrubs ``signature=...`` from access-log lines: a signed URL is a credential for
-    as long as it lives."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(
-                _SIGNATURE_QUERY_RE.sub(r"\1[redacted]", arg) if isinstance(arg, str) else arg
-                for arg in record.args
-            )
-        if isinstance(record.msg, str):
-            record.msg = _SIGNATURE_QUERY_RE.sub(r"\1[redacted]", record.msg)
-        return True
-
-
-def redact_file_signatures(logger_name: str = "uvicorn.access") -> None:
-    """Install ``RedactFileSignatures`` on the server's access logger (idempotent)."""
-    logger = logging.getLogger(logger_name)
-    if not any(isinstance(item, RedactFileSignatures) for item in logger.filters):
-        logger.addFilter(RedactFileSignatures())

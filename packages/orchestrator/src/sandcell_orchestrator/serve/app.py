@@ -75,6 +75,7 @@ from .errors import (
     read_body,
 )
 from .idempotency import Idempotency, IdempotencyConflict, Replay, idempotency_key, replayed
+from .redaction import redact_access_log
 from .session_list import SessionInfo, SessionList, list_sessions, page_of
 from .stream import run_until_disconnect, stream_turn, wants_stream
 
@@ -311,14 +312,18 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
     handlers: dict[Any, Any] = {HTTPException: http_error_response}
     app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers=handlers)
     # The app-instance API (issue 8) shares the services, keys and lifespan.
+    from ..apps.preview import ACCESS_LOG_SECRET_PARAMETERS as PREVIEW_SECRETS
     from ..apps.routes import install_app_routes
 
     install_app_routes(
         app, settings, services=lambda: service.services, namespace_of=service.keys.namespace
     )
+    # Query parameters that carry a credential, which the access log must not keep.
+    secret_parameters = [*PREVIEW_SECRETS]
     # E2B's control plane and envd (issue 18), when the e2b extra is installed.
     try:
         with needs_extra("e2b", "the E2B API"):
+            from ..e2b import ACCESS_LOG_SECRET_PARAMETERS as E2B_SECRETS
             from ..e2b import install_e2b_routes
     except ConfigError as exc:
         log.info("not serving /e2b: %s", exc)
@@ -330,6 +335,8 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
             namespace_of_key=service.keys.namespace_of_key,
             idempotency=service.idempotency,
         )
+        secret_parameters += E2B_SECRETS
+    redact_access_log(secret_parameters)
     # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
     from .librechat import install_librechat
 
