@@ -82,6 +82,31 @@ def test_archive_of_another_session_rejected(session_runner: RunnerProcess) -> N
         assert tree_digest(session.workspace()) == before
 
 
+def test_a_copy_of_another_session_restores_only_as_that_sessions(
+    session_runner: RunnerProcess,
+) -> None:
+    """``X-Sandcell-Checkpoint-From`` (an E2B snapshot made into a new sandbox) lets a
+    session take another's archive, only the one that header names."""
+    with SessionClient(session_runner) as session:
+        session.execute("open('a.txt', 'w').write('x')")
+        before = tree_digest(session.workspace())
+        source = "rt_" + "0" * 64
+        archive = make_archive(source, [(_member("workspace/copied.txt", size=2), b"hi")])
+        for named in ("rt_" + "1" * 64, "not-a-session"):
+            response = session.http.post(
+                "/v1/session/restore",
+                content=archive,
+                headers={"X-Sandcell-Checkpoint-From": named},
+            )
+            assert response.status_code == 400, response.text
+            assert tree_digest(session.workspace()) == before
+        response = session.http.post(
+            "/v1/session/restore", content=archive, headers={"X-Sandcell-Checkpoint-From": source}
+        )
+        assert response.status_code == 200, response.text
+        assert (session.workspace() / "copied.txt").read_bytes() == b"hi"
+
+
 def _member(name: str, kind: bytes = tarfile.REGTYPE, **attrs: object) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type = kind

@@ -86,6 +86,8 @@ class ServeSettings:
     """``SANDCELL_E2B_DOMAIN``: also route E2B's ``api.{domain}`` / ``{port}-{id}.{domain}``."""
     e2b_max_running: int = 32
     """``SANDCELL_E2B_MAX_SANDBOXES``: running E2B sandboxes one tenant may hold."""
+    e2b_max_snapshots: int = 100
+    """``SANDCELL_E2B_MAX_SNAPSHOTS``: E2B snapshots one tenant may keep."""
     idempotency_ttl_s: float = 86_400.0
     """``SANDCELL_IDEMPOTENCY_TTL_S``: how long an ``Idempotency-Key``'s answer is kept."""
     idempotency_claim_ttl_s: float = 30.0
@@ -102,6 +104,7 @@ class ServeSettings:
             insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
             e2b_domain=_e2b_domain(read.text("SANDCELL_E2B_DOMAIN")),
             e2b_max_running=int(read.number("SANDCELL_E2B_MAX_SANDBOXES", 32, minimum=1)),
+            e2b_max_snapshots=int(read.number("SANDCELL_E2B_MAX_SNAPSHOTS", 100, minimum=1)),
             idempotency_ttl_s=read.number("SANDCELL_IDEMPOTENCY_TTL_S", 86_400.0, minimum=1),
             idempotency_claim_ttl_s=read.number(
                 "SANDCELL_IDEMPOTENCY_CLAIM_TTL_S", 30.0, minimum=1

@@ -19,6 +19,10 @@ AWS_PROXY_AUTH = "X-aws-proxy-auth"
 CHECKPOINT_SHA256 = "X-Sandcell-Checkpoint-Sha256"
 """Hex sha256 of a checkpoint body, sent with a restore; a mismatch rejects it."""
 
+CHECKPOINT_FROM = "X-Sandcell-Checkpoint-From"
+"""The runtime session a restored checkpoint was taken of, when not the one it is
+restored into (an E2B snapshot made into a new sandbox); the archive must name it."""
+
 RETRY_AFTER = "Retry-After"
 
 BEARER_PREFIX = "Bearer "

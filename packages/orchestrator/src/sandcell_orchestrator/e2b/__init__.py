@@ -46,8 +46,15 @@ EXPIRY_INTERVAL_S = 0.5
 class E2bService:
     """The E2B surface's state: its sandbox table, made in the app's lifespan."""
 
-    def __init__(self, *, max_running_per_tenant: int = 32, keep_at_exit: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        max_running_per_tenant: int = 32,
+        max_snapshots_per_tenant: int = 100,
+        keep_at_exit: bool = False,
+    ) -> None:
         self._max_running = max_running_per_tenant
+        self._max_snapshots = max_snapshots_per_tenant
         self._keep_at_exit = keep_at_exit
         self._sandboxes: E2bSandboxes | None = None
 
@@ -64,6 +71,7 @@ class E2bService:
         sandboxes = E2bSandboxes(
             services.manager,
             max_running_per_tenant=self._max_running,
+            max_snapshots_per_tenant=self._max_snapshots,
             keep_at_exit=self._keep_at_exit,
         )
         self._sandboxes = sandboxes
@@ -105,10 +113,12 @@ def install_e2b_routes(
 
     With ``SANDCELL_E2B_DOMAIN`` set, requests for ``api.{domain}`` and
     ``{port}-{id}.{domain}`` are routed there by ``Host`` as well;
-    ``SANDCELL_E2B_MAX_SANDBOXES`` caps each tenant's running sandboxes.
+    ``SANDCELL_E2B_MAX_SANDBOXES`` caps each tenant's running sandboxes,
+    ``SANDCELL_E2B_MAX_SNAPSHOTS`` its snapshots.
     """
     service = E2bService(
         max_running_per_tenant=settings.serve.e2b_max_running,
+        max_snapshots_per_tenant=settings.serve.e2b_max_snapshots,
         keep_at_exit=settings.distributed_registry,
     )
     domain = settings.serve.e2b_domain

@@ -13,6 +13,9 @@
     POST   /e2b/sandboxes/{id}/pause         PauseSandbox -> 204 (409 if already paused)
     POST   /e2b/v2/sandboxes/{id}/connect    ConnectSandbox -> 200 (running) / 201 (resumed)
     POST   /e2b/sandboxes/{id}/resume        ConnectSandbox -> 201 (the older resume call)
+    POST   /e2b/sandboxes/{id}/snapshots     SnapshotSandbox -> 201 SnapshotInfo
+    GET    /e2b/snapshots                    [SnapshotInfo] (?sandboxID=&name=&limit=&nextToken=)
+    DELETE /e2b/templates/{snapshot id}      204 (a snapshot's: the only templates served so)
 
 The API key comes in ``X-API-KEY`` (or as a bearer key) and names the tenant;
 every lookup is scoped by it. Paging: ``limit`` (1..100, default 100) and an
@@ -43,6 +46,7 @@ from .egress import egress_policy, public_traffic
 from .errors import E2bError, e2b_error_response, read_message
 from .listing import ListingOrder, page_key, page_token
 from .sandboxes import E2bSandbox, E2bSandboxes
+from .saved import SnapshotMeta, snapshot_ref
 from .wire import (
     ConnectSandbox,
     ListedSandbox,
@@ -52,6 +56,8 @@ from .wire import (
     SandboxDetail,
     SandboxMetric,
     SetTimeout,
+    SnapshotInfo,
+    SnapshotSandbox,
     UpdateNetwork,
 )
 
@@ -141,6 +147,9 @@ class ControlPlane:
             Route(one + "/pause", g(self.pause), methods=["POST"]),
             Route(one + "/resume", g(self.resume), methods=["POST"]),
             Route(prefix + "/v2/sandboxes/{sandbox_id}/connect", g(self.connect), methods=["POST"]),
+            Route(one + "/snapshots", g(self.snapshot), methods=["POST"]),
+            Route(prefix + "/snapshots", g(self.list_snapshots), methods=["GET"]),
+            Route(prefix + "/templates/{template_id}", g(self.delete_snapshot), methods=["DELETE"]),
         ]
 
     @staticmethod
@@ -174,6 +183,10 @@ class ControlPlane:
             trafficAccessToken=sandbox.traffic_token,
             domain=self._domain,
         )
+
+    @staticmethod
+    def _snapshot_info(meta: SnapshotMeta) -> SnapshotInfo:
+        return SnapshotInfo(snapshotID=meta.ref, names=[meta.ref])
 
     def _listed(self, sandbox: E2bSandbox) -> ListedSandbox:
         return ListedSandbox(
@@ -355,3 +368,59 @@ class ControlPlane:
             raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is running")
         await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
         return _json(self._created(sandbox), 201)
+
+    async def snapshot(self, request: Request) -> Response:
+        """E2B's ``create_snapshot``: the sandbox's workspace, saved; it keeps running."""
+        sandbox = await self._one(request)
+        message = await read_message(request, SnapshotSandbox, empty_ok=True)
+        if message.name is not None:
+            raise E2bError(400, "bad_request", "name: not supported by sandcell")
+        meta = await self._sandboxes().snapshot(sandbox)
+        return _json(self._snapshot_info(meta), 201)
+
+    async def list_snapshots(self, request: Request) -> Response:
+        """E2B's ``list_snapshots``: the caller's snapshots by id, paged (``nextToken``:
+        the last id of the page before), filtered by source ``sandboxID`` and ``name``
+        (a snapshot's id, as sandcell names them by id only)."""
+        owner = self._owner(request)
+        raw_limit = request.query_params.get("limit") or str(_MAX_LIMIT)
+        digits = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3
+        if not digits or not 1 <= int(raw_limit) <= _MAX_LIMIT:
+            raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
+        limit = int(raw_limit)
+        token = request.query_params.get("nextToken") or None
+        after = None if token is None else snapshot_ref(token)
+        if token is not None and after is None:
+            raise E2bError(400, "bad_request", "nextToken: not a token this service gave")
+        source = request.query_params.get("sandboxID") or None
+        name = request.query_params.get("name") or None
+        wanted = None if name is None else (snapshot_ref(name) or "")
+        snapshots = self._sandboxes().snapshots
+        picked: list[SnapshotMeta] = []
+        more = False
+        # The ids are at most the per-tenant cap (one store listing): reading each
+        # one's meta for the filters stays bounded by it.
+        for snapshot_id in await snapshots.ids(owner):
+            if (after is not None and snapshot_id <= after) or (
+                wanted is not None and snapshot_id != wanted
+            ):
+                continue
+            meta = await snapshots.get(owner, snapshot_id)
+            if meta is None or (source is not None and meta.sandbox_id != source):
+                continue
+            if len(picked) == limit:
+                more = True
+                break
+            picked.append(meta)
+        headers = {"X-Next-Token": picked[-1].snapshot_id} if more else None
+        return _json([self._snapshot_info(m) for m in picked], headers=headers)
+
+    async def delete_snapshot(self, request: Request) -> Response:
+        """E2B's ``delete_snapshot`` (its template delete): 404 for an unknown id and for
+        another tenant's alike."""
+        owner = self._owner(request)
+        raw = str(request.path_params["template_id"])
+        bare = snapshot_ref(raw)
+        if bare is None or not await self._sandboxes().snapshots.delete(owner, bare):
+            raise E2bError(404, "not_found", f"template {raw[:80]!r} not found")
+        return Response(status_code=204)

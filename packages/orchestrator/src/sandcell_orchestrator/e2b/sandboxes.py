@@ -55,6 +55,7 @@ from .kept import KeptRows
 from .listing import SandboxListing
 from .network import SandboxNetwork
 from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
+from .saved import SavedSnapshots, SnapshotMeta, snapshot_ref
 from .signing import FileSignature, file_signature_ok
 from .views import SandboxViews
 
@@ -99,6 +100,7 @@ class E2bSandboxes:
         default_timeout_s: int = 300,
         max_timeout_s: int = 86_400,
         max_running_per_tenant: int = 32,
+        max_snapshots_per_tenant: int = 100,
         keep_at_exit: bool = False,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = _new_sandbox_id,
@@ -117,6 +119,7 @@ class E2bSandboxes:
         self._retry_at: dict[str, float] = {}
         self._full_sweep_at = 0.0
         self.kept = KeptRows(manager.store)
+        self.snapshots = SavedSnapshots(manager.store, max_per_tenant=max_snapshots_per_tenant)
         # The sandboxes this worker has seen, with the handles it opened.
         self.views = SandboxViews(
             manager,
@@ -241,9 +244,14 @@ class E2bSandboxes:
         ``idempotency_key``, on any worker, answers the sandbox the first call made);
         ``public_traffic``: its ports answer without the traffic token."""
         check_create_key(idempotency_key)
-        spec = self.templates.get(template)
-        if spec is None:
-            raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
+        source: SnapshotMeta | None = None
+        if template not in self.templates:
+            # A snapshot id is a template of its tenant's only: another's reads as unknown.
+            bare = snapshot_ref(template)
+            source = None if bare is None else await self.snapshots.get(owner, bare)
+            if source is None or source.template not in self.templates:
+                raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
+            template = source.template
         timeout = self._timeout(timeout_s)
 
         async def make(sandbox_id: str | None = None) -> E2bSandbox:
@@ -261,6 +269,7 @@ class E2bSandboxes:
                     egress=egress,
                     public_traffic=public_traffic,
                     sandbox_id=sandbox_id,
+                    source=source,
                 )
             return made  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
 
@@ -296,6 +305,7 @@ class E2bSandboxes:
         egress: EgressPolicy | None = None,
         public_traffic: bool = False,
         sandbox_id: str | None = None,
+        source: SnapshotMeta | None = None,
     ) -> E2bSandbox:
         now = self._now()
         row = E2bSandboxRow(
@@ -317,6 +327,12 @@ class E2bSandboxes:
         sandbox = E2bSandbox(row=row, spec=self._spec(row))
         handle = await self.manager.acquire(row.session_id, sandbox.spec, owner=owner)
         try:
+            if source is not None:
+                # Before the row is added: nobody reaches the sandbox before its files.
+                key = self.snapshots.data_key(owner, source.snapshot_id)
+                await self.manager.restore_workspace(
+                    row.session_id, handle, key, taken_of=source.session_id
+                )
             added = await self.registry.add_e2b_sandbox(row)
         except BaseException:
             await self._discard(handle, row.session_id)
@@ -446,6 +462,40 @@ class E2bSandboxes:
                     lambda row: msgspec.structs.replace(row, end_at_s=max(end, row.end_at_s)),
                 )
         return sandbox
+
+    async def snapshot(self, sandbox: E2bSandbox) -> SnapshotMeta:
+        """Save a running sandbox's workspace as a new snapshot of its tenant's (the
+        sandbox runs on; its processes are not in the snapshot); 409 when it is paused,
+        429 past the tenant's cap."""
+        await self.views.attach(sandbox)
+        async with sandbox.lock:
+            await self.views.refresh(sandbox)
+            handle = sandbox.handle
+            if sandbox.state != "running" or handle is None:
+                raise E2bError(
+                    409, "session_conflict", f"sandbox {sandbox.sandbox_id} is not running"
+                )
+            owner = sandbox.owner
+            if not await self.snapshots.has_room(owner):
+                raise E2bError(
+                    429,
+                    "busy",
+                    f"at most {self.snapshots.max_per_tenant} snapshots per tenant;"
+                    " delete one first",
+                )
+            meta = SnapshotMeta(
+                snapshot_id=self.snapshots.new_id(),
+                namespace=owner,
+                template=sandbox.template,
+                sandbox_id=sandbox.sandbox_id,
+                session_id=sandbox.session_id,
+                created_at_s=self._now(),
+            )
+            key = self.snapshots.data_key(owner, meta.snapshot_id)
+            await self.manager.copy_workspace(sandbox.session_id, handle, key)
+            await self.snapshots.add(meta)
+        log.info("e2b sandbox %s: snapshot %s taken", sandbox.sandbox_id, meta.snapshot_id)
+        return meta
 
     async def metrics(self, sandbox: E2bSandbox, query: MetricsQuery) -> list[MetricsSample]:
         """The samples a running sandbox's runner kept in the query's range (oldest

@@ -24,6 +24,8 @@ __all__ = [
     "SandboxDetail",
     "SandboxMetric",
     "SetTimeout",
+    "SnapshotInfo",
+    "SnapshotSandbox",
     "State",
     "UpdateNetwork",
 ]
@@ -101,6 +103,21 @@ class PauseSandbox(_Request, frozen=True, kw_only=True):
 
     memory: bool | None = None
     requireHealthyGuest: bool | None = None
+
+
+class SnapshotSandbox(_Request, frozen=True, kw_only=True):
+    """``POST /sandboxes/{id}/snapshots``: ``memory`` is taken either way (a snapshot
+    here is always of the filesystem: processes are not carried); ``name`` is not served."""
+
+    name: str | None = None
+    memory: bool | None = None
+
+
+class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot, as create and the listing answer it: ``snapshotID`` is a template id."""
+
+    snapshotID: str
+    names: list[str]
 
 
 class SandboxCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -284,14 +284,18 @@ class RunnerClient(AppRoutes):
         session_id: str,
         sha256: str | None = None,
         timeout_s: float | None = None,
+        taken_of: str | None = None,
     ) -> RestoreResult:
         """``POST /v1/session/restore``, streaming ``chunks`` (the runner sniffs gzip/zstd).
 
-        With ``sha256`` the runner rejects a body whose digest differs.
+        With ``sha256`` the runner rejects a body whose digest differs; with ``taken_of``
+        the body is a checkpoint of that session (not of ``session_id``'s own).
         """
         extra = {"Content-Type": OCTET_STREAM}
         if sha256 is not None:
             extra[headers.CHECKPOINT_SHA256] = sha256
+        if taken_of is not None:
+            extra[headers.CHECKPOINT_FROM] = taken_of
         response = await self._conn.request(
             "POST",
             routes.SESSION_RESTORE,

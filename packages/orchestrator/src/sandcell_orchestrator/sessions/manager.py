@@ -314,6 +314,31 @@ class SandboxManager:
                 raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
             return await self.checkpoint(hold, Attached(handle), workspace=workspace)
 
+    async def copy_workspace(
+        self, session_id: str, handle: SandboxHandle, key: str
+    ) -> SnapshotInfo:
+        """Stream the caller's live sandbox of ``session_id``'s workspace into ``key`` (it
+        keeps running; the session's record and checkpoints are untouched), held so no
+        suspend or turn of the session runs meanwhile."""
+        async with self.hold(session_id) as hold:
+            record = hold.record
+            if record is None or record.state != "active" or record.sandbox_id != handle.sandbox_id:
+                raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
+            return await self.persistence.save_to(handle, session_id=session_id, key=key)
+
+    async def restore_workspace(
+        self, session_id: str, handle: SandboxHandle, key: str, *, taken_of: str
+    ) -> None:
+        """Restore the object under ``key`` (``copy_workspace``'s of session ``taken_of``)
+        into the caller's new sandbox of ``session_id``, before anything runs in it."""
+        await self.persistence.restore(
+            handle,
+            session_id=session_id,
+            key=key,
+            timeout_s=self.budgets.checkpoint_s,
+            taken_of=taken_of,
+        )
+
     async def resume(self, session_id: str, spec: SandboxSpec, *, adopt: bool = False) -> Attached:
         """The session's sandbox, brought back if suspended (the caller owns the handle).
 

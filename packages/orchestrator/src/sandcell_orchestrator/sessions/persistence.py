@@ -147,8 +147,24 @@ class Persistence:
         workspace: PersistentWorkspace | None = None,
     ) -> SnapshotInfo:
         """Stream the session's checkpoint into its own generation's key (never replaced)."""
+        return await self.save_to(
+            handle,
+            session_id=session_id,
+            key=checkpoint_key(session_id, generation),
+            workspace=workspace,
+        )
+
+    async def save_to(
+        self,
+        handle: SandboxHandle,
+        *,
+        session_id: str,
+        key: str,
+        workspace: PersistentWorkspace | None = None,
+    ) -> SnapshotInfo:
+        """Stream the session's workspace into ``key``, a key of the caller's own (an E2B
+        snapshot's): not one of the session's checkpoints, so nothing collects it."""
         selection = workspace or PersistentWorkspace()
-        key = checkpoint_key(session_id, generation)
         async with handle.runner.checkpoint(
             session_id=session_id, include=selection.include, exclude=selection.exclude
         ) as chunks:
@@ -201,15 +217,23 @@ class Persistence:
         return await read_whole(self.store, key, max_bytes=_TURN_RESULT_MAX_BYTES)
 
     async def restore(
-        self, handle: SandboxHandle, *, session_id: str, key: str, timeout_s: float | None
+        self,
+        handle: SandboxHandle,
+        *,
+        session_id: str,
+        key: str,
+        timeout_s: float | None,
+        taken_of: str | None = None,
     ) -> None:
-        """Stream the object under ``key`` into the session; the runner checks its digest."""
+        """Stream the object under ``key`` into the session; the runner checks its digest
+        (and that it is the session's, or ``taken_of``'s: a copy of another's)."""
         async with self.store.get(key, max_bytes=self.max_bytes) as snapshot:
             await handle.runner.restore(
                 snapshot.chunks,
                 session_id=session_id,
                 sha256=snapshot.info.sha256,
                 timeout_s=timeout_s,
+                taken_of=taken_of,
             )
 
     async def stored(self, session_id: str) -> list[StoredCheckpoint]:

@@ -150,9 +150,17 @@ class SessionCheckpoints:
         return fds, True
 
     async def restore(
-        self, session_id: str, body: AsyncIterator[bytes], *, expected_sha256: str | None
+        self,
+        session_id: str,
+        body: AsyncIterator[bytes],
+        *,
+        expected_sha256: str | None,
+        taken_of: str | None = None,
     ) -> RestoreResult:
-        """Replace the session's workspace by the archive in ``body`` (gzip or zstd, sniffed)."""
+        """Replace the session's workspace by the archive in ``body`` (gzip or zstd, sniffed).
+
+        The archive must be the session's own, or, with ``taken_of`` (the caller says
+        so: a copy of another session's workspace), that session's."""
         async with self._sessions.locked(session_id) as state:
             first = b""
             async for chunk in body:
@@ -172,7 +180,7 @@ class SessionCheckpoints:
             except BaseException:
                 await self._sessions.discard_staging(state, staging)
                 raise
-            if meta.session_id != session_id:
+            if meta.session_id != (taken_of or session_id):
                 await self._sessions.discard_staging(state, staging)
                 raise ArchiveRejectedError("checkpoint belongs to another runtime session")
             await self._sessions.swap_in(state, staging)

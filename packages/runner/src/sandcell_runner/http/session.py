@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from sandcell_protocol import headers, routes
+from sandcell_protocol import headers, is_runtime_session_id, routes
 
 from ..checkpoint.compression import choose_encoding
 from ..checkpoint.selection import WorkspaceSelection
@@ -46,8 +46,11 @@ class SessionRoutes(RouteGroup):
         expected = request.headers.get(headers.CHECKPOINT_SHA256)
         if expected is not None and not _SHA256_RE.fullmatch(expected):
             raise BadRequestError(f"{headers.CHECKPOINT_SHA256} must be 64 lowercase hex digits")
+        taken_of = request.headers.get(headers.CHECKPOINT_FROM)
+        if taken_of is not None and not is_runtime_session_id(taken_of):
+            raise BadRequestError(f"{headers.CHECKPOINT_FROM} must be a runtime session id")
         result = await self.service.checkpoints.restore(
-            session_id, request.stream(), expected_sha256=expected
+            session_id, request.stream(), expected_sha256=expected, taken_of=taken_of
         )
         return json_response(result)
 

@@ -1,0 +1,154 @@
+"""``SavedSnapshots``: E2B snapshots, a running sandbox's workspace kept under an id
+its tenant owns, to create sandboxes from (``Sandbox.create(snapshot_id)``).
+
+A snapshot is two objects in the snapshot store, under its tenant's own prefixes:
+
+    e2b-snapshots/<sha256 of the namespace>/<id>        SnapshotMeta JSON
+    e2b-snapshot-data/<sha256 of the namespace>/<id>    the workspace (a checkpoint)
+
+The workspace is written first and the meta after it, so a meta never names a
+missing workspace; a delete removes the meta first (from then on the id is
+unknown), then the workspace. Neither is a session's checkpoint, so the session
+collector never touches them and they outlive the sandbox they were taken of (as
+E2B's do). A lookup reads the caller's own prefix only, so another tenant's
+snapshot id answers exactly as an unknown one (DESIGN rule 8); a listing is one
+store listing of that prefix, bounded by the per-tenant cap.
+
+On the wire a snapshot id is ``<id>:default`` (E2B's ``<template id>:<tag>``);
+the bare ``<id>`` is taken too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+
+import msgspec
+
+from ..errors import CheckpointError
+from ..snapshots import SnapshotNotFoundError, SnapshotStore
+from ..snapshots.whole import put_whole, read_whole
+
+__all__ = ["SNAPSHOT_TAG", "SavedSnapshots", "SnapshotMeta", "snapshot_ref"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_TAG = "default"
+"""The tag of every snapshot id on the wire (``<id>:default``)."""
+
+_META_PREFIX = "e2b-snapshots/"
+_DATA_PREFIX = "e2b-snapshot-data/"
+_META_MAX_BYTES = 64 << 10
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+_ID_CHARS = 20
+
+
+class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """One snapshot: whose it is, what it was taken of, and the template it runs as."""
+
+    snapshot_id: str
+    namespace: str
+    template: str
+    """The source sandbox's template: a sandbox created from the snapshot runs its spec."""
+    sandbox_id: str
+    session_id: str
+    """The source's session: the workspace archive names it (the restore says so)."""
+    created_at_s: float
+
+    @property
+    def ref(self) -> str:
+        """The id on the wire: ``<id>:default``."""
+        return f"{self.snapshot_id}:{SNAPSHOT_TAG}"
+
+
+def snapshot_ref(raw: str) -> str | None:
+    """The bare id of a wire snapshot id (``<id>:default`` or ``<id>``); None if it
+    cannot be one this service handed out."""
+    bare, colon, tag = raw.partition(":")
+    if colon and tag != SNAPSHOT_TAG:
+        return None
+    if len(bare) != _ID_CHARS or not all(c in _ALPHABET for c in bare):
+        return None
+    return bare
+
+
+def _tenant(namespace: str) -> str:
+    return hashlib.sha256(namespace.encode()).hexdigest()
+
+
+class SavedSnapshots:
+    """Snapshots' metadata and workspaces in ``store``; at most ``max_per_tenant`` each."""
+
+    def __init__(self, store: SnapshotStore, *, max_per_tenant: int) -> None:
+        self.store = store
+        self.max_per_tenant = max_per_tenant
+
+    def __repr__(self) -> str:
+        return f"SavedSnapshots({self.store!r})"
+
+    @staticmethod
+    def new_id() -> str:
+        """A fresh snapshot id (a template id's shape: 20 of ``[a-z0-9]``)."""
+        return "".join(secrets.choice(_ALPHABET) for _ in range(_ID_CHARS))
+
+    @staticmethod
+    def data_key(namespace: str, snapshot_id: str) -> str:
+        """Where the snapshot's workspace lives."""
+        return f"{_DATA_PREFIX}{_tenant(namespace)}/{snapshot_id}"
+
+    @staticmethod
+    def _meta_prefix(namespace: str) -> str:
+        return f"{_META_PREFIX}{_tenant(namespace)}/"
+
+    async def ids(self, namespace: str) -> list[str]:
+        """``namespace``'s snapshot ids, by id; at most one past the cap (one listing)."""
+        prefix = self._meta_prefix(namespace)
+        entries = await self.store.list(prefix, limit=self.max_per_tenant + 1)
+        ids = [entry.key.removeprefix(prefix) for entry in entries]
+        return [i for i in ids if snapshot_ref(i) == i]
+
+    async def has_room(self, namespace: str) -> bool:
+        """Whether ``namespace`` may take one more snapshot."""
+        return len(await self.ids(namespace)) < self.max_per_tenant
+
+    async def get(self, namespace: str, snapshot_id: str) -> SnapshotMeta | None:
+        """``namespace``'s snapshot ``snapshot_id`` (bare); None if it has none so named."""
+        try:
+            raw = await read_whole(
+                self.store,
+                self._meta_prefix(namespace) + snapshot_id,
+                max_bytes=_META_MAX_BYTES,
+            )
+        except SnapshotNotFoundError:
+            return None
+        try:
+            meta = msgspec.json.decode(raw, type=SnapshotMeta)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("e2b snapshot %s: unreadable metadata; skipping it", snapshot_id)
+            return None
+        if meta.snapshot_id != snapshot_id or meta.namespace != namespace:
+            return None
+        return meta
+
+    async def add(self, meta: SnapshotMeta) -> None:
+        """Write ``meta`` (its workspace is written already); on a failure the workspace
+        is deleted again and ``CheckpointError`` raised."""
+        try:
+            await put_whole(
+                self.store,
+                self._meta_prefix(meta.namespace) + meta.snapshot_id,
+                msgspec.json.encode(meta),
+                max_bytes=_META_MAX_BYTES,
+            )
+        except CheckpointError:
+            await self.store.delete(self.data_key(meta.namespace, meta.snapshot_id))
+            raise
+
+    async def delete(self, namespace: str, snapshot_id: str) -> bool:
+        """Delete ``namespace``'s snapshot: its meta, then its workspace; False if none."""
+        if await self.get(namespace, snapshot_id) is None:
+            return False
+        await self.store.delete(self._meta_prefix(namespace) + snapshot_id)
+        await self.store.delete(self.data_key(namespace, snapshot_id))
+        return True

@@ -1,0 +1,47 @@
+"""``SavedSnapshots`` on a directory store: the per-tenant cap and the tenant wall."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandcell_orchestrator.e2b.saved import SavedSnapshots, SnapshotMeta, snapshot_ref
+from sandcell_orchestrator.snapshots.directory import DirectorySnapshotStore
+from sandcell_orchestrator.snapshots.whole import put_whole
+
+
+def _meta(store: SavedSnapshots, namespace: str) -> SnapshotMeta:
+    return SnapshotMeta(
+        snapshot_id=store.new_id(),
+        namespace=namespace,
+        template="base",
+        sandbox_id="s" * 20,
+        session_id="rt_" + "0" * 64,
+        created_at_s=1.0,
+    )
+
+
+async def test_the_cap_counts_one_tenants_snapshots_only(tmp_path: Path) -> None:
+    saved = SavedSnapshots(DirectorySnapshotStore(tmp_path), max_per_tenant=2)
+    for _ in range(2):
+        meta = _meta(saved, "tenant-a")
+        await put_whole(
+            saved.store, saved.data_key("tenant-a", meta.snapshot_id), b"w", max_bytes=8
+        )
+        await saved.add(meta)
+        assert await saved.get("tenant-b", meta.snapshot_id) is None
+        assert await saved.delete("tenant-b", meta.snapshot_id) is False
+    assert await saved.has_room("tenant-a") is False
+    assert await saved.has_room("tenant-b") is True
+    first = (await saved.ids("tenant-a"))[0]
+    assert await saved.delete("tenant-a", first) is True
+    assert await saved.has_room("tenant-a") is True
+    assert not await saved.store.exists(saved.data_key("tenant-a", first))
+
+
+def test_wire_ids() -> None:
+    bare = "a" * 20
+    assert snapshot_ref(bare + ":default") == bare
+    assert snapshot_ref(bare) == bare
+    assert snapshot_ref(bare + ":v2") is None
+    assert snapshot_ref("base") is None
+    assert snapshot_ref("A" * 20) is None
