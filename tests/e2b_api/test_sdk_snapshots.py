@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from e2b import Sandbox
-from e2b.exceptions import SandboxException
+from e2b.exceptions import SandboxException, SandboxNotFoundException
 
 from tests.e2b_api.conftest import KEY_B, E2bServe
 
@@ -71,4 +71,28 @@ def test_another_tenants_snapshot_is_unknown(e2b_serve: E2bServe) -> None:
         # Still A's, untouched by B's attempts.
         assert Sandbox.delete_snapshot(info.snapshot_id, **opts) is True
     finally:
+        source.kill()
+
+
+def test_fork_makes_sandboxes_with_the_files(e2b_serve: E2bServe) -> None:
+    """``fork(count=2)``: two new sandboxes with the source's files (the source runs on);
+    the fork's snapshot is not left behind; another tenant's fork is a 404."""
+    opts = e2b_serve.opts()
+    source = Sandbox.create(**opts)
+    forks: list[Sandbox] = []
+    try:
+        source.files.write("forked.txt", "from the source")
+        results = source.fork(count=2, timeout=120)
+        forks = [r for r in results if isinstance(r, Sandbox)]
+        assert len(forks) == 2, results
+        assert len({f.sandbox_id for f in forks} | {source.sandbox_id}) == 3
+        for fork in forks:
+            assert fork.files.read("forked.txt") == "from the source"
+        assert source.is_running() is True
+        assert Sandbox.list_snapshots(**opts).next_items() == []
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.fork(source.sandbox_id, **e2b_serve.opts(KEY_B))
+    finally:
+        for fork in forks:
+            fork.kill()
         source.kill()

@@ -14,6 +14,7 @@
     POST   /e2b/v2/sandboxes/{id}/connect    ConnectSandbox -> 200 (running) / 201 (resumed)
     POST   /e2b/sandboxes/{id}/resume        ConnectSandbox -> 201 (the older resume call)
     POST   /e2b/sandboxes/{id}/snapshots     SnapshotSandbox -> 201 SnapshotInfo
+    POST   /e2b/sandboxes/{id}/fork          ForkSandbox -> 201 [ForkResult]
     GET    /e2b/snapshots                    [SnapshotInfo] (?sandboxID=&name=&limit=&nextToken=)
     DELETE /e2b/templates/{snapshot id}      204 (a snapshot's: the only templates served so)
 
@@ -49,6 +50,9 @@ from .sandboxes import E2bSandbox, E2bSandboxes
 from .saved import SnapshotMeta, snapshot_ref
 from .wire import (
     ConnectSandbox,
+    ForkError,
+    ForkResult,
+    ForkSandbox,
     ListedSandbox,
     NewSandbox,
     PauseSandbox,
@@ -148,6 +152,7 @@ class ControlPlane:
             Route(one + "/resume", g(self.resume), methods=["POST"]),
             Route(prefix + "/v2/sandboxes/{sandbox_id}/connect", g(self.connect), methods=["POST"]),
             Route(one + "/snapshots", g(self.snapshot), methods=["POST"]),
+            Route(one + "/fork", g(self.fork), methods=["POST"]),
             Route(prefix + "/snapshots", g(self.list_snapshots), methods=["GET"]),
             Route(prefix + "/templates/{template_id}", g(self.delete_snapshot), methods=["DELETE"]),
         ]
@@ -424,3 +429,23 @@ class ControlPlane:
         if bare is None or not await self._sandboxes().snapshots.delete(owner, bare):
             raise E2bError(404, "not_found", f"template {raw[:80]!r} not found")
         return Response(status_code=204)
+
+    async def fork(self, request: Request) -> Response:
+        """E2B's ``fork``: a snapshot, then ``count`` sandboxes from it (default 1, with
+        E2B's default timeout of 15 s); each result is a sandbox or that fork's error."""
+        sandbox = await self._one(request)
+        message = await read_message(request, ForkSandbox, empty_ok=True)
+        results = await self._sandboxes().fork(
+            sandbox,
+            timeout_s=15 if message.timeout is None else message.timeout,
+            count=1 if message.count is None else message.count,
+        )
+        return _json(
+            [
+                ForkResult(error=ForkError(code=r.status, message=str(r)))
+                if isinstance(r, E2bError)
+                else ForkResult(sandbox=self._created(r))
+                for r in results
+            ],
+            201,
+        )

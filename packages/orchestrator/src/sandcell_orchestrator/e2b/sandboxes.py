@@ -497,6 +497,44 @@ class E2bSandboxes:
         log.info("e2b sandbox %s: snapshot %s taken", sandbox.sandbox_id, meta.snapshot_id)
         return meta
 
+    async def fork(
+        self, sandbox: E2bSandbox, *, timeout_s: int, count: int
+    ) -> list[E2bSandbox | E2bError]:
+        """E2B's fork: one snapshot of the running sandbox, ``count`` sandboxes created
+        from it (each with the source's metadata, env and network; each fails on its
+        own), then the snapshot deleted. Processes are not carried, as with a snapshot."""
+        if not 1 <= count <= self.max_running_per_tenant:
+            raise E2bError(400, "bad_request", f"count: must be 1..{self.max_running_per_tenant}")
+        self._timeout(timeout_s)
+        meta = await self.snapshot(sandbox)
+        row = sandbox.row
+        results: list[E2bSandbox | E2bError] = []
+        try:
+            for _ in range(count):
+                try:
+                    results.append(
+                        await self.create(
+                            owner=row.namespace,
+                            template=meta.ref,
+                            timeout_s=timeout_s,
+                            metadata=row.metadata,
+                            env=row.env,
+                            auto_pause=row.auto_pause,
+                            egress=row.egress,
+                            public_traffic=row.public_traffic,
+                        )
+                    )
+                except E2bError as exc:
+                    results.append(exc)
+                except SandcellError as exc:
+                    log.warning("e2b sandbox %s: a fork failed: %s", row.sandbox_id, exc)
+                    status = 503 if exc.retryable else 500
+                    results.append(E2bError(status, "internal", "the fork could not be started"))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.snapshots.delete(row.namespace, meta.snapshot_id)
+        return results
+
     async def metrics(self, sandbox: E2bSandbox, query: MetricsQuery) -> list[MetricsSample]:
         """The samples a running sandbox's runner kept in the query's range (oldest
         first); none for a paused one: its runner, with the samples, is gone or suspended."""

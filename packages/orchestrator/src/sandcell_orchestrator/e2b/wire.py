@@ -17,6 +17,9 @@ __all__ = [
     "AutoResume",
     "ConnectSandbox",
     "ErrorBody",
+    "ForkError",
+    "ForkResult",
+    "ForkSandbox",
     "ListedSandbox",
     "NewSandbox",
     "PauseSandbox",
@@ -191,3 +194,24 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
     code: int
     message: str
     error_code: str
+
+
+class ForkSandbox(_Request, frozen=True, kw_only=True):
+    """``POST /sandboxes/{id}/fork``: ``count`` sandboxes from one snapshot of it."""
+
+    timeout: TimeoutSeconds | None = None
+    count: int | None = None
+
+
+class ForkError(msgspec.Struct, frozen=True, kw_only=True):
+    """One fork's failure, as E2B reports it (``code`` is the HTTP status)."""
+
+    code: int
+    message: str
+
+
+class ForkResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One requested fork: exactly one of ``sandbox`` and ``error``."""
+
+    sandbox: SandboxCreated | None = None
+    error: ForkError | None = None
