@@ -17,7 +17,7 @@ sandbox was resumed since (``views.SandboxViews``). A paused sandbox's row is ke
 in the snapshot store as well (``kept.py``): a registry that lost it (a wiped
 Redis) has it rebuilt on the owner's next lookup or listing, and the sandbox
 resumes from its checkpoint. The listing is ``listing.py``'s, the network updates
-``network.py``'s. Create's ``Idempotency-Key``
+``network.py``'s, snapshots and forks ``copies.py``'s. Create's ``Idempotency-Key``
 is claimed in the registry too (``create_once``): a retry on any worker gets the
 first create's sandbox. With an embedded registry the sandboxes end with the
 process (``aclose`` kills them); with a distributed one they outlive it, for the
@@ -49,6 +49,7 @@ from ..providers.base import SandboxSpec
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager, sandbox_session_key
+from .copies import SandboxCopies
 from .create_once import check_create_key, create_once
 from .errors import E2bError
 from .kept import KeptRows
@@ -129,6 +130,14 @@ class E2bSandboxes:
         )
         self.listing = SandboxListing(lambda: self.registry, kept=self.kept, views=self.views)
         self.network = SandboxNetwork(manager, views=self.views, spec_of=self._spec)
+        self.copies = SandboxCopies(
+            manager,
+            views=self.views,
+            snapshots=self.snapshots,
+            create=self.create,
+            max_count=lambda: self.max_running_per_tenant,
+            now=self._now,
+        )
 
     def __repr__(self) -> str:
         return f"E2bSandboxes(local={len(self.views)})"
@@ -464,76 +473,15 @@ class E2bSandboxes:
         return sandbox
 
     async def snapshot(self, sandbox: E2bSandbox) -> SnapshotMeta:
-        """Save a running sandbox's workspace as a new snapshot of its tenant's (the
-        sandbox runs on; its processes are not in the snapshot); 409 when it is paused,
-        429 past the tenant's cap."""
-        await self.views.attach(sandbox)
-        async with sandbox.lock:
-            await self.views.refresh(sandbox)
-            handle = sandbox.handle
-            if sandbox.state != "running" or handle is None:
-                raise E2bError(
-                    409, "session_conflict", f"sandbox {sandbox.sandbox_id} is not running"
-                )
-            owner = sandbox.owner
-            if not await self.snapshots.has_room(owner):
-                raise E2bError(
-                    429,
-                    "busy",
-                    f"at most {self.snapshots.max_per_tenant} snapshots per tenant;"
-                    " delete one first",
-                )
-            meta = SnapshotMeta(
-                snapshot_id=self.snapshots.new_id(),
-                namespace=owner,
-                template=sandbox.template,
-                sandbox_id=sandbox.sandbox_id,
-                session_id=sandbox.session_id,
-                created_at_s=self._now(),
-            )
-            key = self.snapshots.data_key(owner, meta.snapshot_id)
-            await self.manager.copy_workspace(sandbox.session_id, handle, key)
-            await self.snapshots.add(meta)
-        log.info("e2b sandbox %s: snapshot %s taken", sandbox.sandbox_id, meta.snapshot_id)
-        return meta
+        """Save a running sandbox's workspace as a snapshot (``copies.SandboxCopies``)."""
+        return await self.copies.snapshot(sandbox)
 
     async def fork(
         self, sandbox: E2bSandbox, *, timeout_s: int, count: int
     ) -> list[E2bSandbox | E2bError]:
-        """E2B's fork: one snapshot of the running sandbox, ``count`` sandboxes created
-        from it (each with the source's metadata, env and network; each fails on its
-        own), then the snapshot deleted. Processes are not carried, as with a snapshot."""
-        if not 1 <= count <= self.max_running_per_tenant:
-            raise E2bError(400, "bad_request", f"count: must be 1..{self.max_running_per_tenant}")
+        """E2B's fork: a snapshot, then ``count`` creates from it (``copies.SandboxCopies``)."""
         self._timeout(timeout_s)
-        meta = await self.snapshot(sandbox)
-        row = sandbox.row
-        results: list[E2bSandbox | E2bError] = []
-        try:
-            for _ in range(count):
-                try:
-                    results.append(
-                        await self.create(
-                            owner=row.namespace,
-                            template=meta.ref,
-                            timeout_s=timeout_s,
-                            metadata=row.metadata,
-                            env=row.env,
-                            auto_pause=row.auto_pause,
-                            egress=row.egress,
-                            public_traffic=row.public_traffic,
-                        )
-                    )
-                except E2bError as exc:
-                    results.append(exc)
-                except SandcellError as exc:
-                    log.warning("e2b sandbox %s: a fork failed: %s", row.sandbox_id, exc)
-                    status = 503 if exc.retryable else 500
-                    results.append(E2bError(status, "internal", "the fork could not be started"))
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.snapshots.delete(row.namespace, meta.snapshot_id)
-        return results
+        return await self.copies.fork(sandbox, timeout_s=timeout_s, count=count)
 
     async def metrics(self, sandbox: E2bSandbox, query: MetricsQuery) -> list[MetricsSample]:
         """The samples a running sandbox's runner kept in the query's range (oldest

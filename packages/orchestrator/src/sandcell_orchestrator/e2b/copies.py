@@ -1,0 +1,139 @@
+"""``SandboxCopies``: E2B snapshots taken of running sandboxes, and forks made of them.
+
+A snapshot is a copy of a running sandbox's workspace in the snapshot store, under an
+id its tenant owns (``saved.SavedSnapshots``); the sandbox runs on, and its processes
+are not in the copy. A create that names a snapshot as its template restores it
+(``E2bSandboxes.create``). A fork is one snapshot, ``count`` creates from it, then the
+snapshot deleted: each created sandbox, or each one's own error, is its answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+import anyio
+
+from sandcell_protocol import EgressPolicy
+
+from ..errors import SandcellError
+from ..sessions.manager import SandboxManager
+from .errors import E2bError
+from .sandbox import E2bSandbox
+from .saved import SavedSnapshots, SnapshotMeta
+from .views import SandboxViews
+
+__all__ = ["Creates", "SandboxCopies"]
+
+log = logging.getLogger(__name__)
+
+
+class Creates(Protocol):
+    """``E2bSandboxes.create``, as a fork calls it."""
+
+    def __call__(
+        self,
+        *,
+        owner: str,
+        template: str,
+        timeout_s: int | None,
+        metadata: Mapping[str, str],
+        env: Mapping[str, str],
+        auto_pause: bool,
+        egress: EgressPolicy | None = None,
+        public_traffic: bool = False,
+    ) -> Awaitable[E2bSandbox]: ...
+
+
+class SandboxCopies:
+    """Snapshots of a tenant's running sandboxes, and forks of them."""
+
+    def __init__(
+        self,
+        manager: SandboxManager,
+        *,
+        views: SandboxViews,
+        snapshots: SavedSnapshots,
+        create: Creates,
+        max_count: Callable[[], int],
+        now: Callable[[], float],
+    ) -> None:
+        self._manager = manager
+        self._views = views
+        self._snapshots = snapshots
+        self._create = create
+        self._max_count = max_count
+        self._now = now
+
+    async def snapshot(self, sandbox: E2bSandbox) -> SnapshotMeta:
+        """Save a running sandbox's workspace as a new snapshot of its tenant's (the
+        sandbox runs on; its processes are not in the snapshot); 409 when it is paused,
+        429 past the tenant's cap."""
+        await self._views.attach(sandbox)
+        async with sandbox.lock:
+            await self._views.refresh(sandbox)
+            handle = sandbox.handle
+            if sandbox.state != "running" or handle is None:
+                raise E2bError(
+                    409, "session_conflict", f"sandbox {sandbox.sandbox_id} is not running"
+                )
+            owner = sandbox.owner
+            if not await self._snapshots.has_room(owner):
+                raise E2bError(
+                    429,
+                    "busy",
+                    f"at most {self._snapshots.max_per_tenant} snapshots per tenant;"
+                    " delete one first",
+                )
+            meta = SnapshotMeta(
+                snapshot_id=self._snapshots.new_id(),
+                namespace=owner,
+                template=sandbox.template,
+                sandbox_id=sandbox.sandbox_id,
+                session_id=sandbox.session_id,
+                created_at_s=self._now(),
+            )
+            key = self._snapshots.data_key(owner, meta.snapshot_id)
+            await self._manager.copy_workspace(sandbox.session_id, handle, key)
+            await self._snapshots.add(meta)
+        log.info("e2b sandbox %s: snapshot %s taken", sandbox.sandbox_id, meta.snapshot_id)
+        return meta
+
+    async def fork(
+        self, sandbox: E2bSandbox, *, timeout_s: int, count: int
+    ) -> list[E2bSandbox | E2bError]:
+        """E2B's fork: one snapshot of the running sandbox, ``count`` sandboxes created
+        from it (each with the source's metadata, env and network; each fails on its
+        own), then the snapshot deleted. Processes are not carried, as with a snapshot."""
+        most = self._max_count()
+        if not 1 <= count <= most:
+            raise E2bError(400, "bad_request", f"count: must be 1..{most}")
+        meta = await self.snapshot(sandbox)
+        row = sandbox.row
+        results: list[E2bSandbox | E2bError] = []
+        try:
+            for _ in range(count):
+                try:
+                    results.append(
+                        await self._create(
+                            owner=row.namespace,
+                            template=meta.ref,
+                            timeout_s=timeout_s,
+                            metadata=row.metadata,
+                            env=row.env,
+                            auto_pause=row.auto_pause,
+                            egress=row.egress,
+                            public_traffic=row.public_traffic,
+                        )
+                    )
+                except E2bError as exc:
+                    results.append(exc)
+                except SandcellError as exc:
+                    log.warning("e2b sandbox %s: a fork failed: %s", row.sandbox_id, exc)
+                    status = 503 if exc.retryable else 500
+                    results.append(E2bError(status, "internal", "the fork could not be started"))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._snapshots.delete(row.namespace, meta.snapshot_id)
+        return results
