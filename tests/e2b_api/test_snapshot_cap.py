@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sandcell_orchestrator.e2b.sandbox import new_sandbox_id
 from sandcell_orchestrator.e2b.saved import SavedSnapshots, SnapshotMeta, snapshot_ref
 from sandcell_orchestrator.snapshots.directory import DirectorySnapshotStore
 from sandcell_orchestrator.snapshots.whole import put_whole
@@ -11,7 +12,7 @@ from sandcell_orchestrator.snapshots.whole import put_whole
 
 def _meta(store: SavedSnapshots, namespace: str) -> SnapshotMeta:
     return SnapshotMeta(
-        snapshot_id=store.new_id(),
+        snapshot_id=new_sandbox_id(),
         namespace=namespace,
         template="base",
         sandbox_id="s" * 20,

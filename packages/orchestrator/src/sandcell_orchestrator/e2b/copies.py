@@ -20,7 +20,7 @@ from sandcell_protocol import EgressPolicy
 from ..errors import SandcellError
 from ..sessions.manager import SandboxManager
 from .errors import E2bError
-from .sandbox import E2bSandbox
+from .sandbox import E2bSandbox, new_sandbox_id
 from .saved import SavedSnapshots, SnapshotMeta
 from .views import SandboxViews
 
@@ -87,7 +87,7 @@ class SandboxCopies:
                     " delete one first",
                 )
             meta = SnapshotMeta(
-                snapshot_id=self._snapshots.new_id(),
+                snapshot_id=new_sandbox_id(),
                 namespace=owner,
                 template=sandbox.template,
                 sandbox_id=sandbox.sandbox_id,

@@ -26,12 +26,11 @@ import anyio
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..serve.idempotency import Claim
 from .errors import E2bError
-from .sandbox import E2bSandbox, valid_sandbox_id
+from .sandbox import ID_ALPHABET, ID_CHARS, E2bSandbox, valid_sandbox_id
 
 __all__ = ["check_create_key", "create_once", "keyed_sandbox_id"]
 
 _KEY_RE = re.compile(r"[a-z0-9-]{1,255}")
-_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 CREATE_CLAIM_TTL_MS = 30_000
 _CREATE_RESULT_TTL_MS = 24 * 3600 * 1000
 _CREATE_WAIT_S = 60.0
@@ -49,9 +48,9 @@ def keyed_sandbox_id(stored: str) -> str:
     """The id of the sandbox a create claimed as ``stored`` makes: 20 of [a-z0-9]."""
     number = int(hashlib.sha256(f"e2b/sandbox-id\0{stored}".encode()).hexdigest(), 16)
     digits = []
-    for _ in range(20):
-        number, digit = divmod(number, 36)
-        digits.append(_ID_ALPHABET[digit])
+    for _ in range(ID_CHARS):
+        number, digit = divmod(number, len(ID_ALPHABET))
+        digits.append(ID_ALPHABET[digit])
     return "".join(digits)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import re
+import secrets
 from dataclasses import dataclass, field
 
 import anyio
@@ -19,11 +20,27 @@ from ..registry import E2bSandboxRow
 from ..runner.sandbox import SandboxRunnerClient
 from .errors import E2bError
 
-__all__ = ["E2bSandbox", "check_sandbox_id", "token_ok", "valid_sandbox_id"]
+__all__ = [
+    "ID_ALPHABET",
+    "ID_CHARS",
+    "E2bSandbox",
+    "check_sandbox_id",
+    "new_sandbox_id",
+    "token_ok",
+    "valid_sandbox_id",
+]
 
-_SANDBOX_ID_RE = re.compile(r"[a-z0-9]{20}")
+ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+ID_CHARS = 20
+"""The shape of every id this service hands out (sandboxes and snapshots): E2B's."""
+_SANDBOX_ID_RE = re.compile(rf"[{ID_ALPHABET}]{{{ID_CHARS}}}")
 # Compared against when there is no sandbox: the same work either way.
 _NO_TOKEN = "x" * 43
+
+
+def new_sandbox_id() -> str:
+    """A fresh id of the shape ``valid_sandbox_id`` accepts (a snapshot's too)."""
+    return "".join(secrets.choice(ID_ALPHABET) for _ in range(ID_CHARS))
 
 
 def valid_sandbox_id(sandbox_id: str) -> bool:

@@ -55,7 +55,7 @@ from .errors import E2bError
 from .kept import KeptRows
 from .listing import SandboxListing
 from .network import SandboxNetwork
-from .sandbox import E2bSandbox, check_sandbox_id, token_ok, valid_sandbox_id
+from .sandbox import E2bSandbox, check_sandbox_id, new_sandbox_id, token_ok, valid_sandbox_id
 from .saved import SavedSnapshots, SnapshotMeta, snapshot_ref
 from .signing import FileSignature, file_signature_ok
 from .views import SandboxViews
@@ -85,11 +85,6 @@ DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
 """E2B template names served by default, each a sandcell sandbox spec."""
 
 
-def _new_sandbox_id() -> str:
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return "".join(secrets.choice(alphabet) for _ in range(20))
-
-
 class E2bSandboxes:
     """Create, find, time out, pause, resume and kill E2B sandboxes."""
 
@@ -104,7 +99,7 @@ class E2bSandboxes:
         max_snapshots_per_tenant: int = 100,
         keep_at_exit: bool = False,
         wall_clock: Callable[[], float] = time.time,
-        new_id: Callable[[], str] = _new_sandbox_id,
+        new_id: Callable[[], str] = new_sandbox_id,
         new_token: Callable[[], str] = lambda: secrets.token_urlsafe(32),
     ) -> None:
         self.manager = manager

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import secrets
 
 import msgspec
 
 from ..errors import CheckpointError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
+from .sandbox import valid_sandbox_id
 
 __all__ = ["SNAPSHOT_TAG", "SavedSnapshots", "SnapshotMeta", "snapshot_ref"]
 
@@ -40,8 +40,6 @@ SNAPSHOT_TAG = "default"
 _META_PREFIX = "e2b-snapshots/"
 _DATA_PREFIX = "e2b-snapshot-data/"
 _META_MAX_BYTES = 64 << 10
-_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
-_ID_CHARS = 20
 
 
 class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,9 +66,7 @@ def snapshot_ref(raw: str) -> str | None:
     bare, colon, tag = raw.partition(":")
     if colon and tag != SNAPSHOT_TAG:
         return None
-    if len(bare) != _ID_CHARS or not all(c in _ALPHABET for c in bare):
-        return None
-    return bare
+    return bare if valid_sandbox_id(bare) else None
 
 
 def _tenant(namespace: str) -> str:
@@ -86,11 +82,6 @@ class SavedSnapshots:
 
     def __repr__(self) -> str:
         return f"SavedSnapshots({self.store!r})"
-
-    @staticmethod
-    def new_id() -> str:
-        """A fresh snapshot id (a template id's shape: 20 of ``[a-z0-9]``)."""
-        return "".join(secrets.choice(_ALPHABET) for _ in range(_ID_CHARS))
 
     @staticmethod
     def data_key(namespace: str, snapshot_id: str) -> str:
