@@ -46,3 +46,33 @@ def test_wire_ids() -> None:
     assert snapshot_ref(bare + ":v2") is None
     assert snapshot_ref("base") is None
     assert snapshot_ref("A" * 20) is None
+
+
+async def test_a_workers_snapshots_being_taken_hold_their_places(tmp_path: Path) -> None:
+    """``claim`` counts the snapshots this worker is taking: at the cap no claim is
+    given, however many are asked for before any meta is written."""
+    saved = SavedSnapshots(DirectorySnapshotStore(tmp_path), max_per_tenant=2)
+    assert await saved.claim("tenant-a") is True
+    assert await saved.claim("tenant-a") is True
+    assert await saved.claim("tenant-a") is False
+    assert await saved.has_room("tenant-a") is False
+    assert await saved.claim("tenant-b") is True
+    saved.unclaim("tenant-a")
+    assert await saved.claim("tenant-a") is True
+
+
+async def test_two_workers_racing_for_the_last_place_keep_one(tmp_path: Path) -> None:
+    """Two workers (one store) both claim a tenant's last place; the second to write its
+    meta counts past the cap and removes its snapshot again: one is kept."""
+    store = DirectorySnapshotStore(tmp_path)
+    first, second = (SavedSnapshots(store, max_per_tenant=1) for _ in range(2))
+    assert await first.claim("tenant-a") is True
+    assert await second.claim("tenant-a") is True
+    metas = [_meta(first, "tenant-a"), _meta(second, "tenant-a")]
+    for meta in metas:
+        await put_whole(store, first.data_key("tenant-a", meta.snapshot_id), b"w", max_bytes=8)
+    assert await first.add(metas[0]) is True
+    assert await second.add(metas[1]) is False
+    assert await first.ids("tenant-a") == [metas[0].snapshot_id]
+    assert not await store.exists(first.data_key("tenant-a", metas[1].snapshot_id))
+    assert await first.get("tenant-a", metas[1].snapshot_id) is None
