@@ -278,6 +278,25 @@ def test_no_signature_reaches_the_log(signed: Signed, e2b_serve: E2bServe) -> No
     assert urllib.parse.quote(signature, safe="") not in log
 
 
+def test_an_encoded_signature_name_is_redacted_too(signed: Signed, e2b_serve: E2bServe) -> None:
+    """``%73ignature=`` is read as the signature (the file is served), so the access log
+    redacts it as one; it used to keep the line as sent, signature and all."""
+    signed.sdk.files.write("signed/encoded.txt", "encoded")
+    url = signed.domain.download_url("signed/encoded.txt")
+    signature = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))["signature"]
+    encoded = url.replace("&signature=", "&%73ignature=")
+    assert encoded != url
+    answer = signed.client.get(encoded)
+    assert (answer.status_code, answer.text) == (200, "encoded")
+    deadline = time.monotonic() + 10
+    while "/files?path=signed%2Fencoded.txt" not in (log := e2b_serve.log()):
+        assert time.monotonic() < deadline, "the access log has no line for the request"
+        time.sleep(0.05)
+    assert "%73ignature=[redacted]" in log
+    assert urllib.parse.quote(signature, safe="") not in log
+    assert signature.removeprefix("v1_") not in log
+
+
 async def test_the_async_sdk_hands_out_the_same_urls(e2b_serve: E2bServe, front: Front) -> None:
     """``AsyncSandbox.download_url`` / ``upload_url``: the same signatures, served alike."""
     sandbox = await AsyncSandbox.create(**e2b_serve.opts())
@@ -344,6 +363,13 @@ def test_what_a_request_claims() -> None:
         with pytest.raises(E2bError) as raised:
             file_signature("GET", {"path": "a", "signature": "v1_x", **bad})
         assert raised.value.status == 400
+
+
+def test_a_claims_repr_leaves_its_signature_out() -> None:
+    claim = file_signature("GET", {"path": "a", "signature": "v1_SECRET"})
+    assert claim is not None
+    assert "SECRET" not in repr(claim)
+    assert "path='a'" in repr(claim)
 
 
 def test_access_log_lines_lose_their_signature() -> None:
