@@ -19,6 +19,7 @@ from sandcell_protocol import EgressPolicy
 
 from ..errors import SandcellError
 from ..sessions.manager import SandboxManager
+from ..snapshots import SnapshotTooLargeError
 from .errors import E2bError
 from .sandbox import E2bSandbox, new_sandbox_id
 from .saved import SavedSnapshots, SnapshotMeta
@@ -93,7 +94,17 @@ class SandboxCopies:
                     created_at_s=self._now(),
                 )
                 key = self._snapshots.data_key(owner, meta.snapshot_id)
-                await self._manager.copy_workspace(sandbox.session_id, handle, key)
+                try:
+                    await self._manager.copy_workspace(sandbox.session_id, handle, key)
+                except SnapshotTooLargeError:
+                    # The tenant's own files: a 4xx naming the cap, not the store's 500.
+                    most = self._manager.persistence.max_bytes
+                    raise E2bError(
+                        413,
+                        "payload_too_large",
+                        f"sandbox {sandbox.sandbox_id}: its workspace is larger than a"
+                        f" snapshot may be ({most} bytes, SANDCELL_CHECKPOINT_MAX_BYTES)",
+                    ) from None
                 if not await self._snapshots.add(meta):
                     raise self._full()
             finally:

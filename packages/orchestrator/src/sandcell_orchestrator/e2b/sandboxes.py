@@ -49,7 +49,7 @@ from ..providers.base import SandboxSpec
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager, sandbox_session_key
-from ..snapshots import SnapshotNotFoundError
+from ..snapshots import SnapshotNotFoundError, SnapshotTooLargeError
 from .copies import SandboxCopies
 from .create_once import check_create_key, create_once
 from .errors import E2bError
@@ -419,7 +419,17 @@ class E2bSandboxes:
             if sandbox.state == "paused":
                 return False
             # Suspended first: if that fails the sandbox runs on, reachable as before.
-            await self.manager.suspend(sandbox.session_id)
+            try:
+                await self.manager.suspend(sandbox.session_id)
+            except SnapshotTooLargeError:
+                # The tenant's own files: a 4xx naming the cap, not the store's 500.
+                raise E2bError(
+                    413,
+                    "payload_too_large",
+                    f"sandbox {sandbox.sandbox_id}: its workspace is larger than a pause"
+                    f" may save ({self.manager.persistence.max_bytes} bytes,"
+                    " SANDCELL_CHECKPOINT_MAX_BYTES); it runs on",
+                ) from None
             await self.views.close_handle(sandbox)
             await self.views.change(
                 sandbox, lambda row: msgspec.structs.replace(row, state="paused")

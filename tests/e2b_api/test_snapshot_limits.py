@@ -1,12 +1,14 @@
-"""E2B snapshots under concurrency, against a real ``sandcell serve``: the per-tenant cap
+"""E2B snapshots at their limits, against a real ``sandcell serve``: the per-tenant cap
 (``SANDCELL_E2B_MAX_SNAPSHOTS``) holds when a tenant snapshots several sandboxes at
-once, and a create from a snapshot deleted while it was being made is the 404 of a
-deleted snapshot, not a 500."""
+once; a workspace past ``SANDCELL_CHECKPOINT_MAX_BYTES`` is a 413 for a snapshot, a
+fork and a pause (the sandbox runs on); a create from a snapshot deleted while it was
+being made is the 404 of a deleted snapshot. None of them is a 500."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import os
 from collections.abc import Iterator
 
 import httpx
@@ -18,12 +20,17 @@ from tests.fixtures.paths import traversable_dir
 from tests.orchestrator.cli.conftest import stop_leftovers
 
 CAP = 2
+CHECKPOINT_MAX_BYTES = 2 << 20
 
 
 @pytest.fixture(scope="module")
 def capped() -> Iterator[E2bServe]:
     with traversable_dir("e2b-snapcap-") as base:
-        service = start_serve(base, env={"SANDCELL_E2B_MAX_SNAPSHOTS": str(CAP)})
+        env = {
+            "SANDCELL_E2B_MAX_SNAPSHOTS": str(CAP),
+            "SANDCELL_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES),
+        }
+        service = start_serve(base, env=env)
         try:
             yield service
         finally:
@@ -67,10 +74,36 @@ def test_concurrent_snapshots_of_several_sandboxes_keep_to_the_cap(capped: E2bSe
             for snapshot_id in taken:
                 assert api.delete(f"/templates/{snapshot_id}").status_code == 204
             # The places are free again: one more is taken.
-            assert api.post(f"/sandboxes/{sandboxes[0].sandbox_id}/snapshots").status_code == 201
+            again = api.post(f"/sandboxes/{sandboxes[0].sandbox_id}/snapshots")
+            assert again.status_code == 201, again.text
+            assert api.delete(f"/templates/{again.json()['snapshotID']}").status_code == 204
     finally:
         for sandbox in sandboxes:
             sandbox.kill()
+
+
+def test_a_workspace_past_the_checkpoint_cap_is_a_413_and_runs_on(capped: E2bServe) -> None:
+    """Incompressible files past ``SANDCELL_CHECKPOINT_MAX_BYTES``: a snapshot, a fork and
+    a pause are each 413 ``payload_too_large`` naming the cap (they were 500 "the
+    session's saved state could not be restored", with an ERROR line), nothing is
+    stored, and the sandbox runs on."""
+    sandbox = Sandbox.create(**capped.opts())
+    try:
+        sandbox.files.write("noise.bin", os.urandom(CHECKPOINT_MAX_BYTES + (1 << 20)))
+        with _api(capped) as api:
+            for route in ("snapshots", "fork", "pause"):
+                answer = api.post(f"/sandboxes/{sandbox.sandbox_id}/{route}", json={})
+                assert answer.status_code == 413, (route, answer.text)
+                error = answer.json()
+                assert error["error_code"] == "payload_too_large", error
+                assert "SANDCELL_CHECKPOINT_MAX_BYTES" in error["message"], error
+            assert api.get("/snapshots").json() == []
+            detail = api.get(f"/sandboxes/{sandbox.sandbox_id}").json()
+            assert detail["state"] == "running"
+        assert sandbox.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        sandbox.kill()
+    assert "could not be restored" not in capped.log()
 
 
 def test_a_create_from_a_snapshot_deleted_meanwhile_is_a_404(e2b_serve: E2bServe) -> None:
