@@ -27,6 +27,7 @@ from sandcell_orchestrator.e2b.signing import (
     file_signature,
     sign_file,
 )
+from sandcell_orchestrator.e2b.wire import SandboxCreated, SandboxDetail
 from sandcell_orchestrator.serve.redaction import RedactQueryParameters
 from tests.e2b_api.conftest import DOMAIN, KEY_A, E2bServe
 from tests.e2b_api.tls_front import tls_front
@@ -365,11 +366,28 @@ def test_what_a_request_claims() -> None:
         assert raised.value.status == 400
 
 
-def test_a_claims_repr_leaves_its_signature_out() -> None:
+def test_reprs_leave_the_credentials_out() -> None:
+    """A signed request's claim and the answers that carry a sandbox's tokens: a log
+    line or a traceback that formats one shows no credential."""
     claim = file_signature("GET", {"path": "a", "signature": "v1_SECRET"})
     assert claim is not None
     assert "SECRET" not in repr(claim)
     assert "path='a'" in repr(claim)
+    common = {"templateID": "base", "sandboxID": "s" * 20, "clientID": "c", "envdVersion": "1"}
+    created = SandboxCreated(**common, envdAccessToken="SECRET", trafficAccessToken="SECRET")
+    detail = SandboxDetail(
+        **common,
+        startedAt="t",
+        endAt="t",
+        cpuCount=1,
+        memoryMB=0,
+        diskSizeMB=0,
+        state="running",
+        envdAccessToken="SECRET",
+    )
+    for answer in (created, detail):
+        assert "SECRET" not in repr(answer)
+        assert "s" * 20 in repr(answer)
 
 
 def test_access_log_lines_lose_their_signature() -> None:
