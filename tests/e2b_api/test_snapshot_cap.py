@@ -6,6 +6,7 @@ from pathlib import Path
 
 from sandcell_orchestrator.e2b.sandbox import new_sandbox_id
 from sandcell_orchestrator.e2b.saved import SavedSnapshots, SnapshotMeta, snapshot_ref
+from sandcell_orchestrator.snapshots import SnapshotEntry, SnapshotUnavailableError
 from sandcell_orchestrator.snapshots.directory import DirectorySnapshotStore
 from sandcell_orchestrator.snapshots.whole import put_whole
 
@@ -76,3 +77,30 @@ async def test_two_workers_racing_for_the_last_place_keep_one(tmp_path: Path) ->
     assert await first.ids("tenant-a") == [metas[0].snapshot_id]
     assert not await store.exists(first.data_key("tenant-a", metas[1].snapshot_id))
     assert await first.get("tenant-a", metas[1].snapshot_id) is None
+
+
+class _ListFails(DirectorySnapshotStore):
+    """A directory store whose listings fail (an S3 outage after a put went through)."""
+
+    failing = False
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[SnapshotEntry]:
+        if self.failing:
+            raise SnapshotUnavailableError("listing: store unreachable")
+        return await super().list(prefix, start_after=start_after, limit=limit)
+
+
+async def test_a_recount_the_store_cannot_answer_keeps_the_snapshot(tmp_path: Path) -> None:
+    """The place was claimed before the copy: if the count after the meta's write fails,
+    the snapshot is kept (not a failure for a snapshot that then lists)."""
+    store = _ListFails(tmp_path)
+    saved = SavedSnapshots(store, max_per_tenant=1)
+    assert await saved.claim("tenant-a") is True
+    meta = _meta(saved, "tenant-a")
+    await put_whole(store, saved.data_key("tenant-a", meta.snapshot_id), b"w", max_bytes=8)
+    store.failing = True
+    assert await saved.add(meta) is True
+    store.failing = False
+    assert await saved.get("tenant-a", meta.snapshot_id) == meta
