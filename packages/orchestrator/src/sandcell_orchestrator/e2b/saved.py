@@ -27,7 +27,6 @@ and removes the one it wrote).
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 
 import anyio
@@ -36,6 +35,7 @@ import msgspec
 from ..errors import CheckpointError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
+from ..tenants import tenant_digest
 from .sandbox import valid_sandbox_id
 
 __all__ = ["SNAPSHOT_TAG", "SavedSnapshots", "SnapshotMeta", "snapshot_ref"]
@@ -77,10 +77,6 @@ def snapshot_ref(raw: str) -> str | None:
     return bare if valid_sandbox_id(bare) else None
 
 
-def _tenant(namespace: str) -> str:
-    return hashlib.sha256(namespace.encode()).hexdigest()
-
-
 class SavedSnapshots:
     """Snapshots' metadata and workspaces in ``store``; at most ``max_per_tenant`` each."""
 
@@ -99,11 +95,11 @@ class SavedSnapshots:
     @staticmethod
     def data_key(namespace: str, snapshot_id: str) -> str:
         """Where the snapshot's workspace lives."""
-        return f"{_DATA_PREFIX}{_tenant(namespace)}/{snapshot_id}"
+        return f"{_DATA_PREFIX}{tenant_digest(namespace)}/{snapshot_id}"
 
     @staticmethod
     def _meta_prefix(namespace: str) -> str:
-        return f"{_META_PREFIX}{_tenant(namespace)}/"
+        return f"{_META_PREFIX}{tenant_digest(namespace)}/"
 
     async def ids(self, namespace: str) -> list[str]:
         """``namespace``'s snapshot ids, by id; at most one past the cap (one listing)."""
