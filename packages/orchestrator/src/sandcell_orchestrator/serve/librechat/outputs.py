@@ -10,7 +10,8 @@ What one run keeps is bounded by ``SANDCELL_LIBRECHAT_MAX_OUTPUT_BYTES``, inline
 outputs included, in the order the runner lists them; the bytes are read while
 the run still holds its tenant's concurrency slot and its turn, so their cost is
 the run's. An output that does not fit is not kept: the answer's
-``artifact_delivery`` names it with the code ``output_limit_exceeded``.
+``artifact_delivery`` (code ``artifact_delivery_failed``, the one the client reads)
+names it in ``errors`` with the code ``output_limit_exceeded``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ...errors import SandcellError
 from ...handle import SandboxHandle
 from ...metrics import Metrics
 
-__all__ = ["LIMIT_CODE", "READ_FAILED_CODE", "KeptOutputs", "Refusal"]
+__all__ = ["DELIVERY_FAILED_CODE", "LIMIT_CODE", "READ_FAILED_CODE", "KeptOutputs", "Refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,10 @@ LIMIT_CODE = "output_limit_exceeded"
 """An output not kept because the run's outputs passed the byte cap."""
 READ_FAILED_CODE = "artifact_delivery_failed"
 """An output not kept because it could not be read from the sandbox."""
+DELIVERY_FAILED_CODE = "artifact_delivery_failed"
+"""The code of ``artifact_delivery`` itself, whatever its errors' codes: the only one
+``@librechat/agents`` accepts (it drops a summary with another, and so never warns the
+model that files are missing)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,7 +61,7 @@ from .file_routes import FileRoutes
 from .files import LibreChatFiles, Viewer, visible
 from .ids import new_nanoid, require_nanoid
 from .limits import TenantLimiter
-from .outputs import LIMIT_CODE, READ_FAILED_CODE, KeptOutputs, Refusal
+from .outputs import DELIVERY_FAILED_CODE, READ_FAILED_CODE, KeptOutputs, Refusal
 from .settings import LibreChatSettings
 from .wire import (
     ExecAnswer,
@@ -458,9 +458,10 @@ class LibreChatApi(FileRoutes):
                 raise
         delivery: dict[str, object] | None = None
         if errors:
-            codes = {item["code"] for item in errors}
+            # The summary's code is the one the client reads (any other makes it drop the
+            # whole summary, and the model is never warned); each error keeps its reason.
             delivery = {
-                "code": LIMIT_CODE if codes == {LIMIT_CODE} else READ_FAILED_CODE,
+                "code": DELIVERY_FAILED_CODE,
                 "status": "failed" if len(errors) == attempted else "partial",
                 "attempted": attempted,
                 "delivered": attempted - len(errors),
