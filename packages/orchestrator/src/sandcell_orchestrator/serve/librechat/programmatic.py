@@ -1,6 +1,8 @@
 """Programmatic tool calling: ``POST /exec/programmatic`` (and ``/cancel``).
 
-The caller's Python runs with each of its tools as an async function. When the
+The caller's Python runs with each of its tools as an async function (or, with
+``lang: "bash"``, the caller's bash with each tool as a shell function taking one
+JSON string argument, whose stdout is the tool's result). When the
 code awaits tools, the answer is ``{status: "tool_call_required",
 continuation_token, tool_calls: [{id, name, input}]}``; the caller runs the tools
 and posts ``{continuation_token, tool_results: [{call_id, result, is_error,
@@ -56,11 +58,18 @@ from .auth import Caller
 from .errors import librechat_json
 from .ids import new_nanoid
 from .outputs import KeptOutputs
-from .programmatic_runtime import RUNTIME, python_name
+from .programmatic_runtime import BASH_RUNTIME, RUNTIME, bash_name, python_name
 from .programmatic_wire import CancelBody, ProgrammaticBody, ToolResult
 from .routes import LibreChatApi, ResolvedInput
 
-__all__ = ["MAX_ROUND_TRIPS", "RUNTIME", "TOKEN_TTL_S", "Programmatic", "python_name"]
+__all__ = [
+    "MAX_ROUND_TRIPS",
+    "RUNTIME",
+    "TOKEN_TTL_S",
+    "Programmatic",
+    "bash_name",
+    "python_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,10 @@ MAX_ROUND_TRIPS = 20
 TOKEN_TTL_S = 600.0
 REQUEST_ID_HEADER = "x-librechat-code-request-id"
 _QUIET_S = 0.05
+_BASH_QUIET_S = 0.2
+"""Bash's calls each start a process or two (``mkfifo``): parallel ones (``&``) come
+further apart than Python's, and should still share a round."""
+_PYTHON_LANGS = frozenset({"py", "python"})
 
 
 @dataclass
@@ -84,6 +97,8 @@ class _Run:
     kept: KeptOutputs
     """The outputs over the inline cap, read in each round (the byte cap is per run)."""
     expires_at: float
+    quiet_s: float = _QUIET_S
+    """How long the code must have made no new tool call before a round answers its calls."""
     rounds: int = 0
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
@@ -130,12 +145,16 @@ class Programmatic:
             cell = (
                 f"__sandcell_ptc__.resume(__import__('json').loads("
                 f"{json.dumps(_results(body.tool_results))!r}))\n"
-                f"__sandcell_ptc__.wait({_QUIET_S})"
+                f"__sandcell_ptc__.wait({run.quiet_s})"
             )
             return await self._round(request, caller, run, cell, files=[])
+        bash = body.lang == "bash"
+        if not bash and body.lang is not None and body.lang not in _PYTHON_LANGS:
+            return librechat_json(400, {"error": "bad_request", "message": "Unsupported language"})
         if not body.code:
             raise ProtocolError("programmatic: code is required")
-        tools = {python_name(tool.name): tool.name for tool in body.tools or []}
+        named = bash_name if bash else python_name
+        tools = {named(tool.name): tool.name for tool in body.tools or []}
         if "" in tools:
             raise ProtocolError("programmatic: a tool name has no identifier characters")
         user = api.user_of(caller, request, None)
@@ -157,11 +176,16 @@ class Programmatic:
             inputs=inputs,
             kept=api.kept_outputs(inputs),
             expires_at=self._clock() + TOKEN_TTL_S,
+            quiet_s=_BASH_QUIET_S if bash else _QUIET_S,
         )
+        if bash:
+            runtime, kind = f"{RUNTIME}\n{BASH_RUNTIME}", "_SandcellBashProgrammatic"
+        else:
+            runtime, kind = RUNTIME, "_SandcellProgrammatic"
         cell = (
-            f"{RUNTIME}\n"
-            f"__sandcell_ptc__ = _SandcellProgrammatic({body.code!r}, {tools!r})\n"
-            f"__sandcell_ptc__.wait({_QUIET_S})"
+            f"{runtime}\n"
+            f"__sandcell_ptc__ = {kind}({body.code!r}, {tools!r})\n"
+            f"__sandcell_ptc__.wait({run.quiet_s})"
         )
         return await self._round(request, caller, run, cell, files=api.refs_of(inputs))
 
