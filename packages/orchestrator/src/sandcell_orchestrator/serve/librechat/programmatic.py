@@ -89,6 +89,8 @@ class _Run:
 
     namespace: str
     user: str
+    owner: str | None
+    """Who owns the outputs (``LibreChatApi.owner_of``)."""
     hint: str
     own_session: bool
     context_id: str
@@ -158,6 +160,7 @@ class Programmatic:
         if "" in tools:
             raise ProtocolError("programmatic: a tool name has no identifier characters")
         user = api.user_of(caller, request, None)
+        owner = api.owner_of(caller, request, None)
         hint = body.runtime_session_hint
         if request.headers.get("x-codeapi-expected-profile", "").lower() == "default":
             hint = None
@@ -169,6 +172,7 @@ class Programmatic:
         run = _Run(
             namespace=caller.namespace,
             user=user,
+            owner=owner,
             hint=hint,
             own_session=own_session,
             context_id=f"ptc-{new_nanoid()}",
@@ -238,7 +242,7 @@ class Programmatic:
         if state.get("state") == "done":
             session_id = api.new_id()
             files, delivery = await api.keep_outputs(
-                caller, run.user, session_id, list(run.outputs.values()), run.inputs, run.kept
+                caller, run.owner, session_id, list(run.outputs.values()), run.inputs, run.kept
             )
             answer: dict[str, Any] = {
                 "status": "completed",

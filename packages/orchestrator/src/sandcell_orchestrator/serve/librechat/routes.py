@@ -173,6 +173,7 @@ class LibreChatApi(FileRoutes):
         if language is None:
             return librechat_json(400, {"error": "bad_request", "message": "Unsupported language"})
         user = self.user_of(caller, request, body.user_id)
+        owner = self.owner_of(caller, request, body.user_id)
         hint = body.runtime_session_hint
         if request.headers.get(PROFILE_HEADER, "").lower() == "default":
             hint = None
@@ -200,7 +201,7 @@ class LibreChatApi(FileRoutes):
             # Stored while the turn holds its sandbox, before the turn commits: a keyed
             # turn's commit stores the answer, and the answer names these files.
             await kept.collect(handle, files)
-            outputs[:] = [await self.keep_outputs(caller, user, session_id, files, inputs, kept)]
+            outputs[:] = [await self.keep_outputs(caller, owner, session_id, files, inputs, kept)]
 
         def built(result: ExecuteResult) -> bytes | None:
             """The answer to ``result`` (None: a timeout, answered 504 and never kept)."""
@@ -318,8 +319,16 @@ class LibreChatApi(FileRoutes):
 
         Checked whether or not the call names a runtime session: the user is kept
         with the run's output files either way."""
-        user = caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
-        return validate_user_id(user)
+        return self.owner_of(caller, request, named) or _DEFAULT_USER
+
+    @staticmethod
+    def owner_of(caller: Caller, request: Request, named: str | None) -> str | None:
+        """Who owns the run's outputs: the token's user, else the one the call names, else
+        nobody (``None``: the namespace's, ``files.visible``). The client names no user
+        on a programmatic call, so LibreChat's download for its user must still find
+        what an API-key run produced."""
+        user = caller.token_user or named or request.headers.get("user-id") or None
+        return None if user is None else validate_user_id(user)
 
     def timeout_s(self, timeout_ms: int | None) -> float:
         """The call's ``timeout`` (ms) capped, or the default."""
@@ -357,7 +366,9 @@ class LibreChatApi(FileRoutes):
         except ProtocolError as exc:
             raise ProtocolError(f"files[].name {item.name[:100]!r}: {exc}") from exc
         meta = await self.files.meta(caller.namespace, storage, item.id)
-        viewer = Viewer(user_id=caller.token_user, kind=item.kind, resource_id=item.resource_id)
+        viewer = Viewer(
+            user_id=caller.token_user, kind=item.kind, resource_id=item.resource_id, vouched=True
+        )
         if meta is None or (caller.token_user is not None and not visible(meta, viewer)):
             # Absent, another tenant's, or (for a token's user, whom the token vouches
             # for) one that user may not download: the same words either way.
@@ -396,7 +407,7 @@ class LibreChatApi(FileRoutes):
     async def keep_outputs(
         self,
         caller: Caller,
-        user: str,
+        user: str | None,
         session_id: str,
         outputs: list[OutputFile],
         inputs: list[ResolvedInput],
