@@ -25,7 +25,14 @@ from ...errors import SandcellError
 from ...handle import SandboxHandle
 from ...metrics import Metrics
 
-__all__ = ["DELIVERY_FAILED_CODE", "LIMIT_CODE", "READ_FAILED_CODE", "KeptOutputs", "Refusal"]
+__all__ = [
+    "DELIVERY_FAILED_CODE",
+    "LIMIT_CODE",
+    "READ_FAILED_CODE",
+    "KeptOutputs",
+    "Refusal",
+    "deleted_inputs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +126,41 @@ class KeptOutputs:
     def refusal(self, output: OutputFile) -> Refusal | None:
         """Why ``output`` is not kept, if it was refused."""
         return self._refused.get(output.name)
+
+
+async def deleted_inputs(
+    handle: SandboxHandle, inputs: list[str], outputs: list[OutputFile]
+) -> list[str]:
+    """The input names the job removed from its workspace (the answer's ``deleted_files``).
+
+    The client drops a file from its conversation's session only when an answer names
+    it here (absence from ``files`` is no signal), so without it a file the code deleted
+    comes back in the next call. One listing per directory of an input; a name is said
+    deleted only when a listing shows it gone (a listing that fails says nothing, but
+    the directory itself gone from a root listing that succeeds)."""
+    written = {output.name for output in outputs}
+    by_dir: dict[str, set[str]] = {}
+    for name in inputs:
+        if name not in written:
+            parent, _, leaf = name.rpartition("/")
+            by_dir.setdefault(parent, set()).add(leaf)
+    root: set[str] | None = None
+    deleted: list[str] = []
+    for parent in sorted(by_dir):
+        try:
+            present = {entry.name for entry in await handle.files.list(parent)}
+        except SandcellError:
+            if not parent:
+                continue
+            if root is None:
+                try:
+                    root = {entry.name for entry in await handle.files.list("")}
+                except SandcellError:
+                    continue
+            if parent.split("/", 1)[0] in root:
+                continue  # the directory is there: the listing failed for another reason
+            present = set()
+        deleted += sorted(
+            f"{parent}/{leaf}" if parent else leaf for leaf in by_dir[parent] - present
+        )
+    return deleted

@@ -61,7 +61,13 @@ from .file_routes import FileRoutes
 from .files import LibreChatFiles, Viewer, visible
 from .ids import new_nanoid, require_nanoid
 from .limits import TenantLimiter
-from .outputs import DELIVERY_FAILED_CODE, READ_FAILED_CODE, KeptOutputs, Refusal
+from .outputs import (
+    DELIVERY_FAILED_CODE,
+    READ_FAILED_CODE,
+    KeptOutputs,
+    Refusal,
+    deleted_inputs,
+)
 from .settings import LibreChatSettings
 from .wire import (
     ExecAnswer,
@@ -196,12 +202,16 @@ class LibreChatApi(FileRoutes):
         # those outputs (files, artifact_delivery) once stored.
         session_id = self._new_id()
         outputs: list[tuple[list[OutFile], dict[str, object] | None]] = []
+        deleted: list[str] = []
 
         async def collect(handle: SandboxHandle, files: list[OutputFile]) -> None:
             # Stored while the turn holds its sandbox, before the turn commits: a keyed
             # turn's commit stores the answer, and the answer names these files.
             await kept.collect(handle, files)
             outputs[:] = [await self.keep_outputs(caller, owner, session_id, files, inputs, kept)]
+            if inputs:
+                names = [item.wire.name for item in inputs]
+                deleted[:] = await deleted_inputs(handle, names, files)
 
         def built(result: ExecuteResult) -> bytes | None:
             """The answer to ``result`` (None: a timeout, answered 504 and never kept)."""
@@ -209,6 +219,8 @@ class LibreChatApi(FileRoutes):
                 return None
             files, delivery = outputs[0] if outputs else ([], None)
             answer = self._answer(result, session_id, files, delivery)
+            if deleted:
+                answer = msgspec.structs.replace(answer, deleted_files=list(deleted))
             if hint is not None:
                 answer = msgspec.structs.replace(
                     answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)

@@ -97,6 +97,8 @@ class ExecAnswer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Seconds."""
     runtime_session_id: str | None = None
     artifact_delivery: dict[str, object] | None = None
+    deleted_files: list[str] | None = None
+    """Input names the job removed (the client drops them from its session)."""
 
 
 class UploadedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
