@@ -144,3 +144,35 @@ def test_an_api_key_programmatic_output_downloads_for_librechats_user(
     # The serve's JWT tenant is tenant-a, KEY_A's: a token's user owns only its own.
     with serve.client(None, Authorization=f"Bearer {token(sub='user-1')}") as vouched:
         assert vouched.get(where, params=query).status_code == 404
+
+
+def test_a_programmatic_run_names_the_inputs_it_deleted(serve: Serve, driver: Driver) -> None:
+    """As on /exec: an input the code removes (after a tool round) is in the artifact's
+    ``deleted_files``, so the client drops it from the conversation's session."""
+    uploaded = serve.upload([("gone.txt", b"x"), ("kept.txt", b"y")], batch=True).json()
+    refs = [
+        {
+            "id": item["fileId"],
+            "resource_id": "user-1",
+            "name": item["filename"],
+            "storage_session_id": uploaded["storage_session_id"],
+            "kind": "user",
+        }
+        for item in uploaded["files"]
+    ]
+    code = (
+        "import os\n"
+        "w = await get_weather(city='Rome')\n"
+        "os.remove('/mnt/data/gone.txt')\n"
+        "print(w['temp_c'], sorted(os.listdir('/mnt/data')))\n"
+    )
+    done = driver.invoke(
+        tool="ptc",
+        params={"baseUrl": serve.base, "authHeaders": {"X-API-Key": KEY_A}},
+        args={"code": code},
+        ptc_tools=["get_weather"],
+        _injected_files=refs,
+    )
+    assert done["ok"], done
+    assert done["content"].startswith("stdout:\n12 ['kept.txt']"), done
+    assert done["artifact"]["deleted_files"] == ["gone.txt"]

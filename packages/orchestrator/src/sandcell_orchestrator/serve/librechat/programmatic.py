@@ -52,12 +52,13 @@ from sandcell_protocol import (
 from sandcell_protocol import contexts as cx
 
 from ...errors import SandboxError, SandboxNotFoundError
+from ...handle import SandboxHandle
 from ...sessions.execution import Identity
 from ..errors import JSON_MEDIA_TYPE, read_body
 from .auth import Caller
 from .errors import librechat_json
 from .ids import new_nanoid
-from .outputs import KeptOutputs
+from .outputs import KeptOutputs, deleted_inputs
 from .programmatic_runtime import BASH_RUNTIME, RUNTIME, bash_name, python_name
 from .programmatic_wire import CancelBody, ProgrammaticBody, ToolResult
 from .routes import LibreChatApi, ResolvedInput
@@ -105,6 +106,16 @@ class _Run:
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
     outputs: dict[str, OutputFile] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    """The inputs gone from the workspace as of the last round (``deleted_files``)."""
+
+    async def collect(self, handle: SandboxHandle, files: list[OutputFile]) -> None:
+        """A round's collection: its outputs over the inline cap, and the inputs gone."""
+        await self.kept.collect(handle, files)
+        if self.inputs:
+            written = [*self.outputs.values(), *files]
+            names = [item.wire.name for item in self.inputs]
+            self.deleted = await deleted_inputs(handle, names, written)
 
 
 class Programmatic:
@@ -213,7 +224,7 @@ class Programmatic:
                     Identity(namespace=run.namespace, user_id=run.user),
                     hint=run.hint,
                     context_id=run.context_id,
-                    collect=run.kept.collect,
+                    collect=run.collect,
                 )
         except BaseException:
             await self._finish(run)
@@ -253,6 +264,8 @@ class Programmatic:
             }
             if delivery is not None:
                 answer["artifact_delivery"] = delivery
+            if run.deleted:
+                answer["deleted_files"] = run.deleted
             return _json(answer)
         error = state.get("error") or _failure(result)
         return _json({"status": "error", "error": error, "stderr": stderr})
