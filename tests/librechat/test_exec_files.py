@@ -210,6 +210,8 @@ def test_a_stateful_hint_keeps_files_and_an_installed_package_across_calls(
     assert first["ok"], first
     session = first["artifact"]["runtime_session_id"]
     assert session.startswith("rt_")
+    # The client echoes runtime_status beside runtime_session_id (it was absent).
+    assert first["artifact"]["runtime_status"] == "new"
 
     second = driver.invoke(
         tool="bash",
@@ -223,6 +225,7 @@ def test_a_stateful_hint_keeps_files_and_an_installed_package_across_calls(
     )
     assert second["ok"], second
     assert second["artifact"]["runtime_session_id"] == session
+    assert second["artifact"]["runtime_status"] == "reused"
 
     third = driver.invoke(
         params=params,

@@ -223,9 +223,14 @@ class LibreChatApi(FileRoutes):
                 answer = msgspec.structs.replace(answer, deleted_files=list(deleted))
             if hint is not None:
                 answer = msgspec.structs.replace(
-                    answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)
+                    answer,
+                    runtime_session_id=runtime_session_id(caller.namespace, user, hint),
+                    runtime_status="reused" if existed else "new",
                 )
             return msgspec.json.encode(answer)
+
+        # Whether the call's runtime session had a record before it (``runtime_status``).
+        existed = False
 
         # A keyed session turn saves these answer bytes in the store: a retry the
         # registry forgot (a wiped Redis) answers them, file ids and all.
@@ -256,7 +261,15 @@ class LibreChatApi(FileRoutes):
             )
 
         async def answered() -> bytes:
+            nonlocal existed
             async with self.limiter.slot(caller.namespace):
+                if hint is not None:
+                    # Looked up before the turn (which makes the record): a session
+                    # with one has its /mnt/data (warm, or from its checkpoint).
+                    record = await self._services().manager.record(
+                        runtime_session_id(caller.namespace, user, hint)
+                    )
+                    existed = record is not None
                 try:
                     # A keyed session turn: its answer goes with the fenced record write
                     # that commits it (exactly once, as /v1/exec's), and into the store.
