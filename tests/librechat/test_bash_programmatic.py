@@ -90,3 +90,23 @@ def test_bash_tool_names_are_normalized_as_the_client_does(driver: Driver) -> No
     names = ["get_weather", "add-numbers", "my tool", "9lives", "if", "a.b/c", "x-y z", "local"]
     expected = driver.invoke(tool="normalize_bash", args={}, names=names)["content"]
     assert [bash_name(name) for name in names] == expected
+
+
+def test_an_attached_workspace_is_refused_as_a_capability(serve: Serve, driver: Driver) -> None:
+    """The bash tool with a ``workspaceId`` (LibreChat's attached project, persistent across
+    calls) posts to /exec/programmatic with ``X-LibreChat-Code-Workspace-ID``; sandcell has
+    no such workspace, so it answers the capability code the client words as "does not
+    provide a stateful workspace ... Do not retry", never a run that tells the model its
+    project files persist when they do not."""
+    refused = driver.invoke(
+        tool="bash",
+        params={
+            "baseUrl": serve.base,
+            "authHeaders": {"X-API-Key": KEY_A},
+            "workspaceId": "project-1",
+        },
+        args={"command": "echo hi > notes.txt; cat notes.txt"},
+    )
+    assert not refused["ok"], refused
+    assert "does not provide a stateful workspace" in refused["error"], refused
+    assert "Do not retry" in refused["error"], refused

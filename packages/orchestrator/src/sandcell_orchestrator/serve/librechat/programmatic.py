@@ -77,6 +77,9 @@ log = logging.getLogger(__name__)
 MAX_ROUND_TRIPS = 20
 TOKEN_TTL_S = 600.0
 REQUEST_ID_HEADER = "x-librechat-code-request-id"
+WORKSPACE_HEADER = "x-librechat-code-workspace-id"
+"""The client's attached-workspace bash (a persistent project per conversation): not
+served, and refused with the capability code the client turns into "do not retry"."""
 _QUIET_S = 0.05
 _BASH_QUIET_S = 0.2
 """Bash's calls each start a process or two (``mkfifo``): parallel ones (``&``) come
@@ -145,6 +148,14 @@ class Programmatic:
         except msgspec.MsgspecError as exc:
             raise ProtocolError(f"programmatic body: {exc}") from None
         self._expire()
+        if request.headers.get(WORKSPACE_HEADER) is not None:
+            return librechat_json(
+                422,
+                {
+                    "error": "stateful_workspace_unsupported",
+                    "message": "attached workspaces are not served here",
+                },
+            )
         if body.continuation_token is not None:
             run = self._paused.get(body.continuation_token)
             if run is not None and _owns(caller, run):
