@@ -1,125 +1,37 @@
 """E2B's control plane under ``/e2b``: the sandbox lifecycle, as the ``e2b`` SDK calls it.
 
-    POST   /e2b/v2/sandboxes                 NewSandbox -> 201 SandboxCreated
-    GET    /e2b/v2/sandboxes                 [ListedSandbox] (?metadata=&state=&template=
-                                             &startedAfter=&order=&limit=&nextToken=)
-    GET    /e2b/sandboxes                    [ListedSandbox] (running ones, the v1 list;
-                                             ?metadata=)
-    GET    /e2b/sandboxes/{id}               SandboxDetail
-    DELETE /e2b/sandboxes/{id}               204
-    POST   /e2b/sandboxes/{id}/timeout       SetTimeout -> 204
-    PUT    /e2b/sandboxes/{id}/network       UpdateNetwork -> 204 (the egress policy, replaced)
-    GET    /e2b/sandboxes/{id}/metrics       [SandboxMetric] (?start=&end=, unix seconds)
-    POST   /e2b/sandboxes/{id}/pause         PauseSandbox -> 204 (409 if already paused)
-    POST   /e2b/v2/sandboxes/{id}/connect    ConnectSandbox -> 200 (running) / 201 (resumed)
-    POST   /e2b/sandboxes/{id}/resume        ConnectSandbox -> 201 (the older resume call)
-    POST   /e2b/sandboxes/{id}/snapshots     SnapshotSandbox -> 201 SnapshotInfo
-    POST   /e2b/sandboxes/{id}/fork          ForkSandbox -> 201 [ForkResult]
-    GET    /e2b/snapshots                    [SnapshotInfo] (?sandboxID=&name=&limit=&nextToken=)
-    DELETE /e2b/templates/{snapshot id}      204 (a snapshot's: the only templates served so)
+One router over three groups of routes, each in the module that owns it:
 
-The API key comes in ``X-API-KEY`` (or as a bearer key) and names the tenant;
-every lookup is scoped by it. Paging: ``limit`` (1..100, default 100) and an
-opaque ``nextToken``; the next page's token comes back in ``X-Next-Token``. Both
-listings go by start time, newest first as E2B's do (the v2 one oldest first with
-``order=asc``); each v2 page reads at most ``limit + 1`` rows of the registry past
-``nextToken``, more only when the filters leave rows out, and then a bounded number
-(``listing.SandboxListing.page``).
+- ``sandbox_routes.py``: ``/v2/sandboxes`` and ``/sandboxes`` (create, the two
+  listings), ``/sandboxes/{id}`` (detail, kill, timeout, network, pause, resume)
+  and ``/v2/sandboxes/{id}/connect``;
+- ``metric_routes.py``: ``/sandboxes/{id}/metrics``;
+- ``snapshot_routes.py``: ``/sandboxes/{id}/snapshots``, ``/sandboxes/{id}/fork``,
+  ``/snapshots`` and ``/templates/{snapshot id}``.
+
+What they share (the caller's tenant, its sandbox, the JSON answers, the error
+guard) is ``control_context.py``. The API key comes in ``X-API-KEY`` (or as a
+bearer key) and names the tenant; every lookup is scoped by it.
 """
 
 from __future__ import annotations
 
-import datetime
-import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Protocol
 
-import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
-from sandcell_protocol import ProtocolError, encode
-from sandcell_protocol.env_vars import validate_env
-from sandcell_protocol.sandbox_messages import MetricsQuery
-
-from .egress import egress_policy, public_traffic
-from .errors import E2bError, e2b_error_response, read_message
-from .listing import ListingOrder, page_key, page_token
-from .sandboxes import E2bSandbox, E2bSandboxes
-from .saved import SnapshotMeta, snapshot_ref
-from .wire import (
-    ConnectSandbox,
-    ForkError,
-    ForkResult,
-    ForkSandbox,
-    ListedSandbox,
-    NewSandbox,
-    PauseSandbox,
-    SandboxCreated,
-    SandboxDetail,
-    SandboxMetric,
-    SetTimeout,
-    SnapshotInfo,
-    SnapshotSandbox,
-    UpdateNetwork,
-)
+from .control_context import ENVD_VERSION, ControlContext
+from .metric_routes import MetricRoutes
+from .sandbox_routes import SandboxRoutes
+from .sandboxes import E2bSandboxes
+from .snapshot_routes import SnapshotRoutes
 
 __all__ = ["ENVD_VERSION", "ControlPlane"]
 
-ENVD_VERSION = "0.6.4"
-"""The envd version announced: the SDK enables every feature served here from it."""
 
-_JSON = "application/json"
-_MAX_LIMIT = 100
-_MAX_UNIX_S = 10_413_791_999
-"""2299-12-31T23:59:59Z: the latest time E2B's metrics take (its store's last date)."""
-Endpoint = Callable[[Request], Awaitable[Response]]
-T = TypeVar("T")
-
-
-def _iso(epoch_s: float) -> str:
-    return datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC).isoformat()
-
-
-def _metadata_query(request: Request) -> dict[str, str]:
-    """The ``metadata`` query (``key=value&...``, each part escaped once more, as the
-    SDK sends it): what a listed sandbox's metadata must all hold."""
-    metadata = request.query_params.get("metadata")
-    return {
-        urllib.parse.unquote(k): urllib.parse.unquote(v)
-        for k, v in urllib.parse.parse_qsl(metadata or "", keep_blank_values=True)
-    }
-
-
-def _instant(raw: str | None) -> float | None:
-    """``startedAfter`` (RFC 3339, as the SDK sends it; no offset: UTC) in epoch seconds."""
-    if not raw:
-        return None
-    try:
-        moment = datetime.datetime.fromisoformat(raw) if len(raw) <= 64 else None
-    except ValueError:
-        moment = None
-    if moment is None:
-        raise E2bError(400, "bad_request", "startedAfter: an RFC 3339 time")
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return moment.timestamp()
-
-
-def _unix_seconds(request: Request, name: str) -> int | None:
-    """``start`` or ``end`` of a metrics query: whole unix seconds, as the SDK sends them."""
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    # ASCII digits, few of them: ``int`` takes '²', '-1', ' 7' and 4300-digit strings.
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 11) or int(raw) > _MAX_UNIX_S:
-        raise E2bError(400, "bad_request", f"{name}: unix seconds, 0..{_MAX_UNIX_S}")
-    return int(raw)
-
-
-def _json(value: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(encode(value), status_code=status, media_type=_JSON, headers=headers)
+class _RouteGroup(Protocol):
+    def routes(self, prefix: str) -> list[BaseRoute]: ...
 
 
 class ControlPlane:
@@ -132,320 +44,15 @@ class ControlPlane:
         namespace_of_key: Callable[[str | None], str],
         domain: str | None,
     ) -> None:
-        self._sandboxes = sandboxes
-        self._namespace_of_key = namespace_of_key
-        self._domain = domain
+        context = ControlContext(
+            sandboxes=sandboxes, namespace_of_key=namespace_of_key, domain=domain
+        )
+        self._groups: tuple[_RouteGroup, ...] = (
+            SandboxRoutes(context),
+            MetricRoutes(context),
+            SnapshotRoutes(context),
+        )
 
     def routes(self, prefix: str = "/e2b") -> list[BaseRoute]:
-        g = self._guarded
-        one = prefix + "/sandboxes/{sandbox_id}"
-        return [
-            Route(prefix + "/v2/sandboxes", g(self.create), methods=["POST"]),
-            Route(prefix + "/v2/sandboxes", g(self.list_v2), methods=["GET"]),
-            Route(prefix + "/sandboxes", g(self.list_v1), methods=["GET"]),
-            Route(one, g(self.detail), methods=["GET"]),
-            Route(one, g(self.kill), methods=["DELETE"]),
-            Route(one + "/timeout", g(self.set_timeout), methods=["POST"]),
-            Route(one + "/network", g(self.update_network), methods=["PUT"]),
-            Route(one + "/metrics", g(self.metrics), methods=["GET"]),
-            Route(one + "/pause", g(self.pause), methods=["POST"]),
-            Route(one + "/resume", g(self.resume), methods=["POST"]),
-            Route(prefix + "/v2/sandboxes/{sandbox_id}/connect", g(self.connect), methods=["POST"]),
-            Route(one + "/snapshots", g(self.snapshot), methods=["POST"]),
-            Route(one + "/fork", g(self.fork), methods=["POST"]),
-            Route(prefix + "/snapshots", g(self.list_snapshots), methods=["GET"]),
-            Route(prefix + "/templates/{template_id}", g(self.delete_snapshot), methods=["DELETE"]),
-        ]
-
-    @staticmethod
-    def _guarded(endpoint: Endpoint) -> Endpoint:
-        async def guarded(request: Request) -> Response:
-            try:
-                return await endpoint(request)
-            except Exception as exc:
-                return e2b_error_response(exc)
-
-        return guarded
-
-    def _owner(self, request: Request) -> str:
-        key = request.headers.get("x-api-key")
-        if key is None:
-            scheme, _, credential = request.headers.get("authorization", "").partition(" ")
-            key = credential if scheme.lower() == "bearer" else None
-        return self._namespace_of_key(key)
-
-    async def _one(self, request: Request) -> E2bSandbox:
-        owner = self._owner(request)
-        return await self._sandboxes().get(str(request.path_params["sandbox_id"]), owner=owner)
-
-    def _created(self, sandbox: E2bSandbox) -> SandboxCreated:
-        return SandboxCreated(
-            templateID=sandbox.template,
-            sandboxID=sandbox.sandbox_id,
-            clientID="sandcell",
-            envdVersion=ENVD_VERSION,
-            envdAccessToken=sandbox.access_token,
-            trafficAccessToken=sandbox.traffic_token,
-            domain=self._domain,
-        )
-
-    @staticmethod
-    def _snapshot_info(meta: SnapshotMeta) -> SnapshotInfo:
-        return SnapshotInfo(snapshotID=meta.ref, names=[meta.ref])
-
-    def _listed(self, sandbox: E2bSandbox) -> ListedSandbox:
-        return ListedSandbox(
-            templateID=sandbox.template,
-            sandboxID=sandbox.sandbox_id,
-            clientID="sandcell",
-            startedAt=_iso(sandbox.started_at_s),
-            endAt=_iso(sandbox.end_at_s),
-            cpuCount=1,
-            memoryMB=0,
-            diskSizeMB=0,
-            state="paused" if sandbox.state == "paused" else "running",
-            envdVersion=ENVD_VERSION,
-            metadata=sandbox.metadata,
-        )
-
-    # -- routes ---------------------------------------------------------------------
-
-    async def create(self, request: Request) -> Response:
-        owner = self._owner(request)
-        new = await read_message(request, NewSandbox)
-        unsupported = {
-            "mcp": new.mcp,
-            "iam": new.iam,
-            "volumeMounts": new.volumeMounts,
-            "autoResume": new.autoResume is not None and new.autoResume.enabled,
-        }
-        for name, value in unsupported.items():
-            if value:
-                raise E2bError(400, "bad_request", f"{name}: not supported by sandcell")
-        try:
-            # Kept for every later command: a bad name is this call's 400, not theirs.
-            env = validate_env(new.envVars, field="envVars")
-        except ProtocolError as exc:
-            raise E2bError(400, "bad_request", str(exc)) from None
-        sandbox = await self._sandboxes().create(
-            owner=owner,
-            template=new.templateID,
-            timeout_s=new.timeout,
-            metadata=new.metadata,
-            env=env,
-            auto_pause=bool(new.autoPause),
-            idempotency_key=request.headers.get("idempotency-key"),
-            egress=egress_policy(new.allow_internet_access, new.network),
-            public_traffic=public_traffic(new.network),
-        )
-        return _json(self._created(sandbox), 201)
-
-    async def list_v2(self, request: Request) -> Response:
-        owner = self._owner(request)
-        raw_limit = request.query_params.get("limit") or str(_MAX_LIMIT)
-        # ASCII digits, few of them: ``isdigit`` alone takes '²' (which ``int`` refuses)
-        # and other scripts' digits, and ``int`` refuses a string of over 4300 digits.
-        digits = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3
-        if not digits or not 1 <= int(raw_limit) <= _MAX_LIMIT:
-            raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
-        order: ListingOrder
-        match request.query_params.get("order") or "desc":
-            case "asc":
-                order = "asc"
-            case "desc":
-                order = "desc"
-            case _:
-                raise E2bError(400, "bad_request", "order: asc, desc")
-        token = request.query_params.get("nextToken") or None
-        try:
-            after = None if token is None else page_key(token, order)
-        except ValueError:
-            raise E2bError(400, "bad_request", "nextToken: not a token this service gave") from None
-        states = request.query_params.get("state")
-        wanted = set(states.split(",")) if states else {"running", "paused"}
-        if not wanted <= {"running", "paused"}:
-            raise E2bError(400, "bad_request", "state: running, paused")
-        wanted_meta = _metadata_query(request)
-        # The SDK's ``SandboxQuery(template=, started_after=)``: a filter ignored would
-        # answer sandboxes the caller asked to leave out (and, say, kill them).
-        template = request.query_params.get("template") or None
-        started_after = _instant(request.query_params.get("startedAfter"))
-
-        def picks(sandbox: E2bSandbox) -> bool:
-            return (template is None or sandbox.template == template) and all(
-                sandbox.metadata.get(k) == v for k, v in wanted_meta.items()
-            )
-
-        page, next_after = await self._sandboxes().listing.page(
-            owner,
-            after=after,
-            limit=int(raw_limit),
-            order=order,
-            states=sorted(wanted),
-            started_after=started_after,
-            picks=picks,
-        )
-        headers = None if next_after is None else {"X-Next-Token": page_token(next_after, order)}
-        return _json([self._listed(s) for s in page], headers=headers)
-
-    async def list_v1(self, request: Request) -> Response:
-        """E2B's first listing: the running sandboxes, newest first, unpaged, with the
-        same ``metadata`` query as the second."""
-        owner = self._owner(request)
-        wanted_meta = _metadata_query(request)
-        items = [
-            s
-            for s in reversed(await self._sandboxes().running_of(owner))
-            if all(s.metadata.get(k) == v for k, v in wanted_meta.items())
-        ]
-        return _json([self._listed(s) for s in items])
-
-    async def detail(self, request: Request) -> Response:
-        sandbox = await self._one(request)
-        listed = self._listed(sandbox)
-        detail = SandboxDetail(
-            **msgspec.structs.asdict(listed),
-            envdAccessToken=sandbox.access_token,
-            domain=self._domain,
-        )
-        return _json(detail)
-
-    async def kill(self, request: Request) -> Response:
-        await self._sandboxes().kill(await self._one(request))
-        return Response(status_code=204)
-
-    async def set_timeout(self, request: Request) -> Response:
-        sandbox = await self._one(request)
-        message = await read_message(request, SetTimeout)
-        await self._sandboxes().set_timeout(sandbox, message.timeout)
-        return Response(status_code=204)
-
-    async def update_network(self, request: Request) -> Response:
-        sandbox = await self._one(request)
-        message = await read_message(request, UpdateNetwork, empty_ok=True)
-        policy = egress_policy(message.allow_internet_access, message.network())
-        await self._sandboxes().set_network(sandbox, policy)
-        return Response(status_code=204)
-
-    async def metrics(self, request: Request) -> Response:
-        """E2B's ``get_metrics``: the samples the sandbox's runner took in ``[start, end]``
-        (every 5 s; both optional: since the sandbox started, until now)."""
-        sandbox = await self._one(request)
-        start, end = _unix_seconds(request, "start"), _unix_seconds(request, "end")
-        if start is not None and end is not None and start > end:
-            raise E2bError(400, "bad_request", "start time cannot be after end time")
-        samples = await self._sandboxes().metrics(sandbox, MetricsQuery(start_s=start, end_s=end))
-        return _json(
-            [
-                SandboxMetric(
-                    timestamp=_iso(s.at_s),
-                    timestampUnix=int(s.at_s),
-                    cpuCount=s.cpu_count,
-                    cpuUsedPct=s.cpu_used_pct,
-                    memUsed=s.mem_used_bytes,
-                    memTotal=s.mem_total_bytes,
-                    memCache=s.mem_cache_bytes,
-                    diskUsed=s.disk_used_bytes,
-                    diskTotal=s.disk_total_bytes,
-                )
-                for s in samples
-            ]
-        )
-
-    async def pause(self, request: Request) -> Response:
-        sandbox = await self._one(request)
-        await read_message(request, PauseSandbox, empty_ok=True)
-        if not await self._sandboxes().pause(sandbox):
-            raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is paused")
-        return Response(status_code=204)
-
-    async def connect(self, request: Request) -> Response:
-        sandbox = await self._one(request)
-        message = await read_message(request, ConnectSandbox, empty_ok=True)
-        was_paused = sandbox.state == "paused"
-        await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
-        return _json(self._created(sandbox), 201 if was_paused else 200)
-
-    async def resume(self, request: Request) -> Response:
-        sandbox = await self._one(request)
-        message = await read_message(request, ConnectSandbox, empty_ok=True)
-        if sandbox.state != "paused":
-            raise E2bError(409, "session_conflict", f"sandbox {sandbox.sandbox_id} is running")
-        await self._sandboxes().connect(sandbox, timeout_s=message.timeout)
-        return _json(self._created(sandbox), 201)
-
-    async def snapshot(self, request: Request) -> Response:
-        """E2B's ``create_snapshot``: the sandbox's workspace, saved; it keeps running."""
-        sandbox = await self._one(request)
-        message = await read_message(request, SnapshotSandbox, empty_ok=True)
-        if message.name is not None:
-            raise E2bError(400, "bad_request", "name: not supported by sandcell")
-        meta = await self._sandboxes().snapshot(sandbox)
-        return _json(self._snapshot_info(meta), 201)
-
-    async def list_snapshots(self, request: Request) -> Response:
-        """E2B's ``list_snapshots``: the caller's snapshots by id, paged (``nextToken``:
-        the last id of the page before), filtered by source ``sandboxID`` and ``name``
-        (a snapshot's id, as sandcell names them by id only)."""
-        owner = self._owner(request)
-        raw_limit = request.query_params.get("limit") or str(_MAX_LIMIT)
-        digits = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 3
-        if not digits or not 1 <= int(raw_limit) <= _MAX_LIMIT:
-            raise E2bError(400, "bad_request", f"limit: must be 1..{_MAX_LIMIT}")
-        limit = int(raw_limit)
-        token = request.query_params.get("nextToken") or None
-        after = None if token is None else snapshot_ref(token)
-        if token is not None and after is None:
-            raise E2bError(400, "bad_request", "nextToken: not a token this service gave")
-        source = request.query_params.get("sandboxID") or None
-        name = request.query_params.get("name") or None
-        wanted = None if name is None else (snapshot_ref(name) or "")
-        snapshots = self._sandboxes().snapshots
-        picked: list[SnapshotMeta] = []
-        more = False
-        # The ids are at most the per-tenant cap (one store listing): reading each
-        # one's meta for the filters stays bounded by it.
-        for snapshot_id in await snapshots.ids(owner):
-            if (after is not None and snapshot_id <= after) or (
-                wanted is not None and snapshot_id != wanted
-            ):
-                continue
-            meta = await snapshots.get(owner, snapshot_id)
-            if meta is None or (source is not None and meta.sandbox_id != source):
-                continue
-            if len(picked) == limit:
-                more = True
-                break
-            picked.append(meta)
-        headers = {"X-Next-Token": picked[-1].snapshot_id} if more else None
-        return _json([self._snapshot_info(m) for m in picked], headers=headers)
-
-    async def delete_snapshot(self, request: Request) -> Response:
-        """E2B's ``delete_snapshot`` (its template delete): 404 for an unknown id and for
-        another tenant's alike."""
-        owner = self._owner(request)
-        raw = str(request.path_params["template_id"])
-        bare = snapshot_ref(raw)
-        if bare is None or not await self._sandboxes().snapshots.delete(owner, bare):
-            raise E2bError(404, "not_found", f"template {raw[:80]!r} not found")
-        return Response(status_code=204)
-
-    async def fork(self, request: Request) -> Response:
-        """E2B's ``fork``: a snapshot, then ``count`` sandboxes from it (default 1, with
-        E2B's default timeout of 15 s); each result is a sandbox or that fork's error."""
-        sandbox = await self._one(request)
-        message = await read_message(request, ForkSandbox, empty_ok=True)
-        results = await self._sandboxes().fork(
-            sandbox,
-            timeout_s=15 if message.timeout is None else message.timeout,
-            count=1 if message.count is None else message.count,
-        )
-        return _json(
-            [
-                ForkResult(error=ForkError(code=r.status, message=str(r)))
-                if isinstance(r, E2bError)
-                else ForkResult(sandbox=self._created(r))
-                for r in results
-            ],
-            201,
-        )
+        """Every control-plane route under ``prefix``."""
+        return [route for group in self._groups for route in group.routes(prefix)]
