@@ -16,12 +16,20 @@ store listing of that prefix, bounded by the per-tenant cap.
 
 On the wire a snapshot id is ``<id>:default`` (E2B's ``<template id>:<tag>``);
 the bare ``<id>`` is taken too.
+
+The cap holds under concurrent snapshots: a worker claims a place before it copies
+a workspace (its own snapshots being taken count, so two of its requests never
+both take the last place), and counts again once the meta is written, so two
+workers that both took the last place do not both keep it (``add`` answers False
+and removes the one it wrote).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 
+import anyio
 import msgspec
 
 from ..errors import CheckpointError
@@ -75,6 +83,11 @@ class SavedSnapshots:
     def __init__(self, store: SnapshotStore, *, max_per_tenant: int) -> None:
         self.store = store
         self.max_per_tenant = max_per_tenant
+        # Per tenant: snapshots this worker is taking (claimed, meta not yet written),
+        # and the lock that makes a claim's count and increment one step. Tenants are
+        # the configured API keys' namespaces, a fixed few: the locks are kept.
+        self._taking: collections.Counter[str] = collections.Counter()
+        self._claim_locks: dict[str, anyio.Lock] = {}
 
     def __repr__(self) -> str:
         return f"SavedSnapshots({self.store!r})"
@@ -96,8 +109,27 @@ class SavedSnapshots:
         return [i for i in ids if snapshot_ref(i) == i]
 
     async def has_room(self, namespace: str) -> bool:
-        """Whether ``namespace`` may take one more snapshot."""
-        return len(await self.ids(namespace)) < self.max_per_tenant
+        """Whether ``namespace`` may take one more snapshot (counting those this worker
+        is taking)."""
+        taking = self._taking[namespace]
+        return len(await self.ids(namespace)) + taking < self.max_per_tenant
+
+    async def claim(self, namespace: str) -> bool:
+        """Take one of ``namespace``'s places for a snapshot about to be taken; False
+        when none is left. ``unclaim`` gives it back once the meta is written (``add``)
+        or the snapshot failed."""
+        lock = self._claim_locks.setdefault(namespace, anyio.Lock())
+        async with lock:
+            if not await self.has_room(namespace):
+                return False
+            self._taking[namespace] += 1
+        return True
+
+    def unclaim(self, namespace: str) -> None:
+        """Give back a place ``claim`` took."""
+        self._taking[namespace] -= 1
+        if self._taking[namespace] <= 0:
+            del self._taking[namespace]
 
     async def get(self, namespace: str, snapshot_id: str) -> SnapshotMeta | None:
         """``namespace``'s snapshot ``snapshot_id`` (bare); None if it has none so named."""
@@ -118,19 +150,33 @@ class SavedSnapshots:
             return None
         return meta
 
-    async def add(self, meta: SnapshotMeta) -> None:
-        """Write ``meta`` (its workspace is written already); on a failure the workspace
-        is deleted again and ``CheckpointError`` raised."""
+    async def add(self, meta: SnapshotMeta) -> bool:
+        """Write ``meta`` (its workspace is written already). False when its tenant is
+        now past the cap (another worker's snapshot took the last place meanwhile): both
+        are deleted again. On a failure the workspace is deleted and ``CheckpointError``
+        raised."""
+        key = self._meta_prefix(meta.namespace) + meta.snapshot_id
         try:
-            await put_whole(
-                self.store,
-                self._meta_prefix(meta.namespace) + meta.snapshot_id,
-                msgspec.json.encode(meta),
-                max_bytes=_META_MAX_BYTES,
-            )
+            await put_whole(self.store, key, msgspec.json.encode(meta), max_bytes=_META_MAX_BYTES)
         except CheckpointError:
             await self.store.delete(self.data_key(meta.namespace, meta.snapshot_id))
             raise
+        try:
+            kept = len(await self.ids(meta.namespace))
+        except CheckpointError as exc:
+            # The place was claimed before the copy: a recount the store cannot answer
+            # keeps the snapshot (failing here would leave a listed snapshot whose
+            # caller was told it failed).
+            log.warning("e2b snapshot %s: kept uncounted: %s", meta.snapshot_id, exc)
+            return True
+        if kept <= self.max_per_tenant:
+            return True
+        # Two workers that raced for the last place may both give theirs up: the cap
+        # holds either way, and the callers are told to retry.
+        with anyio.CancelScope(shield=True):
+            await self.store.delete(key)
+            await self.store.delete(self.data_key(meta.namespace, meta.snapshot_id))
+        return False
 
     async def delete(self, namespace: str, snapshot_id: str) -> bool:
         """Delete ``namespace``'s snapshot: its meta, then its workspace; False if none."""
