@@ -21,7 +21,7 @@ from ..errors import SandcellError
 from ..sessions.manager import SandboxManager
 from .errors import E2bError
 from .sandbox import E2bSandbox, new_sandbox_id
-from .saved import SavedSnapshots, SnapshotMeta
+from .saved import SNAPSHOT_TAG, SavedSnapshots, SnapshotMeta
 from .views import SandboxViews
 
 __all__ = ["Creates", "SandboxCopies"]
@@ -66,20 +66,23 @@ class SandboxCopies:
         self._max_count = max_count
         self._now = now
 
-    async def snapshot(self, sandbox: E2bSandbox) -> SnapshotMeta:
+    async def snapshot(
+        self, sandbox: E2bSandbox, *, name: str | None = None, tag: str = SNAPSHOT_TAG
+    ) -> SnapshotMeta:
         """Save a running sandbox's workspace as a new snapshot of its tenant's (the
-        sandbox runs on; its processes are not in the snapshot); 409 when it is paused,
-        429 past the tenant's cap."""
+        sandbox runs on; its processes are not in the snapshot), under ``name`` and
+        ``tag`` if given (the older one under them deleted after); 404 when it is
+        paused (as E2B, which snapshots only sandboxes live on a node), 429 past the
+        tenant's cap unless it replaces one under the same name and tag."""
         await self._views.attach(sandbox)
         async with sandbox.lock:
             await self._views.refresh(sandbox)
             handle = sandbox.handle
             if sandbox.state != "running" or handle is None:
-                raise E2bError(
-                    409, "session_conflict", f"sandbox {sandbox.sandbox_id} is not running"
-                )
+                raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             owner = sandbox.owner
-            if not await self._snapshots.has_room(owner):
+            replaces = name is not None and bool(await self._snapshots.named(owner, name, tag))
+            if not replaces and not await self._snapshots.has_room(owner):
                 raise E2bError(
                     429,
                     "busy",
@@ -93,10 +96,13 @@ class SandboxCopies:
                 sandbox_id=sandbox.sandbox_id,
                 session_id=sandbox.session_id,
                 created_at_s=self._now(),
+                name=name,
+                tag=tag,
             )
             key = self._snapshots.data_key(owner, meta.snapshot_id)
             await self._manager.copy_workspace(sandbox.session_id, handle, key)
             await self._snapshots.add(meta)
+            await self._snapshots.supersede(meta)
         log.info("e2b sandbox %s: snapshot %s taken", sandbox.sandbox_id, meta.snapshot_id)
         return meta
 
@@ -118,7 +124,7 @@ class SandboxCopies:
                     results.append(
                         await self._create(
                             owner=row.namespace,
-                            template=meta.ref,
+                            template=meta.snapshot_id,
                             timeout_s=timeout_s,
                             metadata=row.metadata,
                             env=row.env,

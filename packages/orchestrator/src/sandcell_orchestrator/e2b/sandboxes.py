@@ -56,7 +56,14 @@ from .kept import KeptRows
 from .listing import SandboxListing
 from .network import SandboxNetwork
 from .sandbox import E2bSandbox, check_sandbox_id, new_sandbox_id, token_ok, valid_sandbox_id
-from .saved import SavedSnapshots, SnapshotMeta, snapshot_ref
+from .saved import (
+    SNAPSHOT_TAG,
+    SavedSnapshots,
+    SnapshotMeta,
+    parse_snapshot_name,
+    snapshot_ref,
+    team_slug,
+)
 from .signing import FileSignature, file_signature_ok
 from .views import SandboxViews
 
@@ -250,9 +257,8 @@ class E2bSandboxes:
         check_create_key(idempotency_key)
         source: SnapshotMeta | None = None
         if template not in self.templates:
-            # A snapshot id is a template of its tenant's only: another's reads as unknown.
-            bare = snapshot_ref(template)
-            source = None if bare is None else await self.snapshots.get(owner, bare)
+            # A snapshot is a template of its tenant's only: another's reads as unknown.
+            source = await self.snapshot_of(owner, template)
             if source is None or source.template not in self.templates:
                 raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
             template = source.template
@@ -467,9 +473,30 @@ class E2bSandboxes:
                 )
         return sandbox
 
-    async def snapshot(self, sandbox: E2bSandbox) -> SnapshotMeta:
+    async def snapshot(
+        self, sandbox: E2bSandbox, *, name: str | None = None, tag: str = SNAPSHOT_TAG
+    ) -> SnapshotMeta:
         """Save a running sandbox's workspace as a snapshot (``copies.SandboxCopies``)."""
-        return await self.copies.snapshot(sandbox)
+        return await self.copies.snapshot(sandbox, name=name, tag=tag)
+
+    async def snapshot_of(self, owner: str, template: str) -> SnapshotMeta | None:
+        """``owner``'s snapshot a create's ``templateID`` names: a snapshot id
+        (``<id>:default``, ``<id>``) or a name (``[<slug>/]<name>[:<tag>]``, the newest
+        under it; tag ``default`` unless given); None for none, another namespace's
+        name included (it is another tenant's, so unknown). A templateID that is no
+        E2B name at all is E2B's 400."""
+        bare = snapshot_ref(template)
+        meta = None if bare is None else await self.snapshots.get(owner, bare)
+        if meta is not None:
+            return meta
+        try:
+            name = parse_snapshot_name(template)
+        except ValueError as exc:
+            raise E2bError(400, "bad_request", f"Invalid template reference: {exc}") from None
+        if name.namespace is not None and name.namespace != team_slug(owner):
+            return None
+        found = await self.snapshots.named(owner, name.alias, name.tag or SNAPSHOT_TAG)
+        return found[0] if found else None
 
     async def fork(
         self, sandbox: E2bSandbox, *, timeout_s: int, count: int
