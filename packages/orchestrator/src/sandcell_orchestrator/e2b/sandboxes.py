@@ -343,6 +343,7 @@ class E2bSandboxes:
                 await self.manager.restore_workspace(
                     row.session_id, handle, key, taken_of=source.session_id
                 )
+            row = sandbox.row = await self._with_limits(row, handle)
             added = await self.registry.add_e2b_sandbox(row)
         except BaseException:
             await self._discard(handle, row.session_id)
@@ -355,6 +356,27 @@ class E2bSandboxes:
         self.views.add(sandbox)
         log.info("e2b sandbox %s created from template %s", row.sandbox_id, template)
         return sandbox
+
+    @staticmethod
+    async def _with_limits(row: E2bSandboxRow, handle: SandboxHandle) -> E2bSandboxRow:
+        """``row`` with its runner's limits (E2B's ``cpuCount``, ``memoryMB``,
+        ``diskSizeMB``), as the runner's metrics sample reads them: the same figures
+        ``get_metrics`` answers. One runner call at create, so listings read rows only;
+        a runner that cannot say leaves them unknown (0), and the create goes on."""
+        try:
+            samples = (await SandboxRunnerClient.for_handle(handle).metrics(MetricsQuery())).samples
+        except SandcellError as exc:
+            log.warning("e2b sandbox %s: its limits are unknown: %s", row.sandbox_id, exc)
+            return row
+        if not samples:
+            return row
+        last = samples[-1]
+        return msgspec.structs.replace(
+            row,
+            cpu_count=last.cpu_count,
+            memory_mib=last.mem_total_bytes >> 20,
+            disk_mib=last.disk_total_bytes >> 20,
+        )
 
     # -- timeouts ---------------------------------------------------------------------------
 
