@@ -52,6 +52,7 @@ from ..sessions.manager import SandboxManager, sandbox_session_key
 from .copies import SandboxCopies
 from .create_once import check_create_key, create_once
 from .errors import E2bError
+from .history import MetricsHistory, in_range, merge_samples
 from .kept import KeptRows
 from .listing import SandboxListing
 from .network import SandboxNetwork
@@ -122,6 +123,7 @@ class E2bSandboxes:
         self._retry_at: dict[str, float] = {}
         self._full_sweep_at = 0.0
         self.kept = KeptRows(manager.store)
+        self.history = MetricsHistory(manager.store)
         self.snapshots = SavedSnapshots(manager.store, max_per_tenant=max_snapshots_per_tenant)
         # The sandboxes this worker has seen, with the handles it opened.
         self.views = SandboxViews(
@@ -432,11 +434,14 @@ class E2bSandboxes:
     # -- pause, connect, kill ------------------------------------------------------------
 
     async def pause(self, sandbox: E2bSandbox) -> bool:
-        """Suspend a running sandbox (its workspace is saved); False if already paused."""
+        """Suspend a running sandbox (its workspace and metrics samples are saved);
+        False if already paused."""
+        await self.views.attach(sandbox)  # takes the lock itself: before it is held
         async with sandbox.lock:
             await self.views.refresh(sandbox)
             if sandbox.state == "paused":
                 return False
+            await self._keep_metrics(sandbox)
             # Suspended first: if that fails the sandbox runs on, reachable as before.
             await self.manager.suspend(sandbox.session_id)
             await self.views.close_handle(sandbox)
@@ -528,14 +533,31 @@ class E2bSandboxes:
         return await self.copies.fork(sandbox, timeout_s=timeout_s, count=count)
 
     async def metrics(self, sandbox: E2bSandbox, query: MetricsQuery) -> list[MetricsSample]:
-        """The samples a running sandbox's runner kept in the query's range (oldest
-        first); none for a paused one: its runner, with the samples, is gone or suspended."""
+        """The samples in the query's range, oldest first: those its pauses kept
+        (``history.MetricsHistory``) and, while it runs, its runner's ring."""
+        kept: list[MetricsSample] = []
+        if sandbox.row.resumes or sandbox.state == "paused":
+            # Only a sandbox that was ever paused has kept samples: no store read else.
+            kept = in_range(await self.history.read(sandbox.owner, sandbox.sandbox_id), query)
         if sandbox.state != "running":
-            return []
+            return kept
         runner = (await self.views.attach(sandbox)).runner
         if runner is None:
-            return []  # a runner this worker's provider cannot reach (logged by attach)
-        return (await runner.metrics(query)).samples
+            return kept  # a runner this worker's provider cannot reach (logged by attach)
+        return merge_samples(kept, (await runner.metrics(query)).samples)
+
+    async def _keep_metrics(self, sandbox: E2bSandbox) -> None:
+        """Before a pause: the runner's samples into the kept ones (best effort: a
+        runner or store that fails loses them, never the pause)."""
+        runner = sandbox.runner
+        if runner is None:
+            return
+        try:
+            samples = (await runner.metrics(MetricsQuery())).samples
+        except SandcellError as exc:
+            log.warning("e2b sandbox %s: metrics not kept: %s", sandbox.sandbox_id, exc)
+            return
+        await self.history.keep(sandbox.owner, sandbox.sandbox_id, samples)
 
     async def kill(self, sandbox: E2bSandbox) -> None:
         """Destroy the sandbox, its checkpoints, its kept row and its row (idempotent)."""
@@ -554,6 +576,8 @@ class E2bSandboxes:
                     await self.kept.drop_quietly(sandbox.owner, sandbox.sandbox_id)
                 await self.registry.remove_e2b_sandbox(sandbox.sandbox_id)
                 await self.views.forget(sandbox.sandbox_id)
+                if sandbox.row.resumes or sandbox.state == "paused":
+                    await self.history.drop(sandbox.owner, sandbox.sandbox_id)
                 try:
                     await self.manager.destroy(sandbox.session_id)
                 except SandcellError as exc:
