@@ -27,6 +27,7 @@ from sandcell_orchestrator.e2b.signing import (
     file_signature,
     sign_file,
 )
+from sandcell_orchestrator.e2b.wire import SandboxCreated, SandboxDetail
 from sandcell_orchestrator.serve.redaction import RedactQueryParameters
 from tests.e2b_api.conftest import DOMAIN, KEY_A, E2bServe
 from tests.e2b_api.tls_front import tls_front
@@ -278,6 +279,25 @@ def test_no_signature_reaches_the_log(signed: Signed, e2b_serve: E2bServe) -> No
     assert urllib.parse.quote(signature, safe="") not in log
 
 
+def test_an_encoded_signature_name_is_redacted_too(signed: Signed, e2b_serve: E2bServe) -> None:
+    """``%73ignature=`` is read as the signature (the file is served), so the access log
+    redacts it as one; it used to keep the line as sent, signature and all."""
+    signed.sdk.files.write("signed/encoded.txt", "encoded")
+    url = signed.domain.download_url("signed/encoded.txt")
+    signature = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(url).query))["signature"]
+    encoded = url.replace("&signature=", "&%73ignature=")
+    assert encoded != url
+    answer = signed.client.get(encoded)
+    assert (answer.status_code, answer.text) == (200, "encoded")
+    deadline = time.monotonic() + 10
+    while "/files?path=signed%2Fencoded.txt" not in (log := e2b_serve.log()):
+        assert time.monotonic() < deadline, "the access log has no line for the request"
+        time.sleep(0.05)
+    assert "%73ignature=[redacted]" in log
+    assert urllib.parse.quote(signature, safe="") not in log
+    assert signature.removeprefix("v1_") not in log
+
+
 async def test_the_async_sdk_hands_out_the_same_urls(e2b_serve: E2bServe, front: Front) -> None:
     """``AsyncSandbox.download_url`` / ``upload_url``: the same signatures, served alike."""
     sandbox = await AsyncSandbox.create(**e2b_serve.opts())
@@ -344,6 +364,30 @@ def test_what_a_request_claims() -> None:
         with pytest.raises(E2bError) as raised:
             file_signature("GET", {"path": "a", "signature": "v1_x", **bad})
         assert raised.value.status == 400
+
+
+def test_reprs_leave_the_credentials_out() -> None:
+    """A signed request's claim and the answers that carry a sandbox's tokens: a log
+    line or a traceback that formats one shows no credential."""
+    claim = file_signature("GET", {"path": "a", "signature": "v1_SECRET"})
+    assert claim is not None
+    assert "SECRET" not in repr(claim)
+    assert "path='a'" in repr(claim)
+    common = {"templateID": "base", "sandboxID": "s" * 20, "clientID": "c", "envdVersion": "1"}
+    created = SandboxCreated(**common, envdAccessToken="SECRET", trafficAccessToken="SECRET")
+    detail = SandboxDetail(
+        **common,
+        startedAt="t",
+        endAt="t",
+        cpuCount=1,
+        memoryMB=0,
+        diskSizeMB=0,
+        state="running",
+        envdAccessToken="SECRET",
+    )
+    for answer in (created, detail):
+        assert "SECRET" not in repr(answer)
+        assert "s" * 20 in repr(answer)
 
 
 def test_access_log_lines_lose_their_signature() -> None:

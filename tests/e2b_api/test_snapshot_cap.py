@@ -14,6 +14,7 @@ from sandcell_orchestrator.e2b.saved import (
     snapshot_ref,
     team_slug,
 )
+from sandcell_orchestrator.snapshots import SnapshotEntry, SnapshotUnavailableError
 from sandcell_orchestrator.snapshots.directory import DirectorySnapshotStore
 from sandcell_orchestrator.snapshots.whole import put_whole
 
@@ -66,3 +67,60 @@ def test_names_parse_as_e2bs() -> None:
         with pytest.raises(ValueError, match=f"^invalid {why}: "):
             parse_snapshot_name(bad)
     assert team_slug("Tenant.A:1") == "tenant-a-1"
+
+
+async def test_a_workers_snapshots_being_taken_hold_their_places(tmp_path: Path) -> None:
+    """``claim`` counts the snapshots this worker is taking: at the cap no claim is
+    given, however many are asked for before any meta is written."""
+    saved = SavedSnapshots(DirectorySnapshotStore(tmp_path), max_per_tenant=2)
+    assert await saved.claim("tenant-a") is True
+    assert await saved.claim("tenant-a") is True
+    assert await saved.claim("tenant-a") is False
+    assert await saved.has_room("tenant-a") is False
+    assert await saved.claim("tenant-b") is True
+    saved.unclaim("tenant-a")
+    assert await saved.claim("tenant-a") is True
+
+
+async def test_two_workers_racing_for_the_last_place_keep_one(tmp_path: Path) -> None:
+    """Two workers (one store) both claim a tenant's last place; the second to write its
+    meta counts past the cap and removes its snapshot again: one is kept."""
+    store = DirectorySnapshotStore(tmp_path)
+    first, second = (SavedSnapshots(store, max_per_tenant=1) for _ in range(2))
+    assert await first.claim("tenant-a") is True
+    assert await second.claim("tenant-a") is True
+    metas = [_meta(first, "tenant-a"), _meta(second, "tenant-a")]
+    for meta in metas:
+        await put_whole(store, first.data_key("tenant-a", meta.snapshot_id), b"w", max_bytes=8)
+    assert await first.add(metas[0]) is True
+    assert await second.add(metas[1]) is False
+    assert await first.ids("tenant-a") == [metas[0].snapshot_id]
+    assert not await store.exists(first.data_key("tenant-a", metas[1].snapshot_id))
+    assert await first.get("tenant-a", metas[1].snapshot_id) is None
+
+
+class _ListFails(DirectorySnapshotStore):
+    """A directory store whose listings fail (an S3 outage after a put went through)."""
+
+    failing = False
+
+    async def list(
+        self, prefix: str, *, start_after: str | None = None, limit: int | None = None
+    ) -> list[SnapshotEntry]:
+        if self.failing:
+            raise SnapshotUnavailableError("listing: store unreachable")
+        return await super().list(prefix, start_after=start_after, limit=limit)
+
+
+async def test_a_recount_the_store_cannot_answer_keeps_the_snapshot(tmp_path: Path) -> None:
+    """The place was claimed before the copy: if the count after the meta's write fails,
+    the snapshot is kept (not a failure for a snapshot that then lists)."""
+    store = _ListFails(tmp_path)
+    saved = SavedSnapshots(store, max_per_tenant=1)
+    assert await saved.claim("tenant-a") is True
+    meta = _meta(saved, "tenant-a")
+    await put_whole(store, saved.data_key("tenant-a", meta.snapshot_id), b"w", max_bytes=8)
+    store.failing = True
+    assert await saved.add(meta) is True
+    store.failing = False
+    assert await saved.get("tenant-a", meta.snapshot_id) == meta

@@ -62,3 +62,31 @@ def test_each_install_adds_its_names_to_the_one_filter(monkeypatch: pytest.Monke
     assert first.names == {"token", "signature"}
     assert first.redact(LINE) == REDACTED
     assert RedactQueryParameters().redact(LINE) == LINE
+
+
+@pytest.mark.parametrize(
+    ("line", "redacted"),
+    [
+        # The name as the server reads it, percent-decoded once: still the credential.
+        ("/files?path=a&%73ignature=v1_SECRET", "/files?path=a&%73ignature=[redacted]"),
+        ("/files?si%67nature=v1_SECRET&b=2", "/files?si%67nature=[redacted]&b=2"),
+        ("/p?%74oken=SECRET-t", "/p?%74oken=[redacted]"),
+        ("/p?%74%6F%6B%65%6E=SECRET-t", "/p?%74%6F%6B%65%6E=[redacted]"),
+        # After every ``?`` and ``&``, inside another value or after an ``=`` in the path.
+        ("/f?a=b?signature=v1_SECRET", "/f?a=b?signature=[redacted]"),
+        ("/x=y?signature=v1_SECRET", "/x=y?signature=[redacted]"),
+        ("/f?signature=v1_SECRET?token=SECRET", "/f?signature=[redacted]"),
+        # Names the server reads as others: kept.
+        ("/f?%2573ignature=kept&sig+nature=kept", "/f?%2573ignature=kept&sig+nature=kept"),
+        ("/f?Signature=kept&%53ignature=kept", "/f?Signature=kept&%53ignature=kept"),
+    ],
+)
+def test_a_credential_name_is_recognised_as_the_server_reads_it(line: str, redacted: str) -> None:
+    """``%73ignature=`` is the ``signature`` the server reads (Starlette decodes query
+    names), so its value is redacted too; a double-encoded or differently cased name is
+    another parameter to the server, and kept."""
+    from sandcell_orchestrator.serve.redaction import RedactQueryParameters
+
+    redactor = RedactQueryParameters(["token", "signature"])
+    assert redactor.redact(line) == redacted
+    assert "SECRET" not in redactor.redact(line)

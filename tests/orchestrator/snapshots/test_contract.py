@@ -16,6 +16,7 @@ from sandcell_orchestrator.snapshots import (
     SnapshotInfo,
     SnapshotNotFoundError,
     SnapshotStore,
+    SnapshotTooLargeError,
     validate_snapshot_key,
 )
 from sandcell_protocol import (
@@ -96,16 +97,17 @@ async def test_get_of_a_missing_key_is_not_found(store: SnapshotStore) -> None:
 async def test_over_cap_put_fails_and_keeps_the_previous_object(
     store: SnapshotStore, leftovers: Callable[[], list[str]]
 ) -> None:
-    """Passing max_bytes mid-stream stores nothing; the old object stays readable."""
+    """Passing max_bytes mid-stream stores nothing (``SnapshotTooLargeError``, which
+    callers tell from a failing store); the old object stays readable."""
     key = new_key()
     previous = payload(MIB, seed=4)
     await store.put(key, stream_of(previous), max_bytes=CAP)
 
     fresh = new_key()
 
-    with pytest.raises(CheckpointError, match="cap"):
+    with pytest.raises(SnapshotTooLargeError, match="cap"):
         await store.put(key, stream_of(payload(12 * MIB, seed=5)), max_bytes=8 * MIB)
-    with pytest.raises(CheckpointError, match="cap"):
+    with pytest.raises(SnapshotTooLargeError, match="cap"):
         await store.put(fresh, stream_of(payload(12 * MIB, seed=5)), max_bytes=8 * MIB)
 
     assert (await read_all(store, key, max_bytes=CAP))[1] == previous

@@ -27,6 +27,7 @@ def test_all_is_pinned() -> None:
         "SnapshotInfo",
         "SnapshotNotFoundError",
         "SnapshotStore",
+        "SnapshotTooLargeError",
         "SnapshotUnavailableError",
         "open_snapshot_store",
         "validate_snapshot_key",

@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from sandcell_protocol.sandbox_messages import MetricsQuery
 from sandcell_runner.config import MIB, RunnerSettings
 from sandcell_runner.jail.instance_usage import InstanceUsage
-from sandcell_runner.sandbox.metrics import RING_SIZE, MetricsSampler
+from sandcell_runner.sandbox import metrics
+from sandcell_runner.sandbox.metrics import MAX_PROC_READS, RING_SIZE, MetricsSampler
 
 
 @dataclass
@@ -116,3 +119,28 @@ def test_a_query_before_the_first_sample_takes_one() -> None:
     assert len(sampler.query("s1", MetricsQuery()).samples) == 1
     assert len(sampler.query("s1", MetricsQuery()).samples) == 1  # not one a query
     assert sampler.query("s2", MetricsQuery()).samples == []
+
+
+def test_the_proc_fallback_reads_a_bounded_number_of_processes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a CPU account (v1, cpuacct apart) a sample reads ``/proc`` per process:
+    a session of thousands of them (64 processes, each up to its pids limit) is read
+    ``MAX_PROC_READS`` at most; every one of 8,192 was read on the runner's loop."""
+    read: list[int] = []
+
+    def ticks(pid: int) -> tuple[tuple[int, int], int]:
+        read.append(pid)
+        return (pid, 1), 10
+
+    monkeypatch.setattr(metrics, "_proc_ticks", ticks)
+    cgroups = _Cgroups(cpu_limited=False)
+    cgroups.instance_usage = lambda: None  # type: ignore[method-assign]
+    cgroups.instance_pids = lambda: list(range(2, 8194))  # type: ignore[method-assign]
+    sessions, clock = _Sessions(_State("s1")), _Clock()
+    sampler = _sampler(cgroups, sessions, clock)
+    sampler.sample()
+    clock.now += 5
+    sampler.sample()
+    assert len(read) == 2 * MAX_PROC_READS
+    assert len(sampler.query("s1", MetricsQuery()).samples) == 2

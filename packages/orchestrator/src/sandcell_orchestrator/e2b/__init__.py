@@ -1,7 +1,7 @@
 """E2B's API on ``sandcell serve``: the control plane and envd, so E2B's SDKs run unchanged.
 
-One adapter (DESIGN rule 7): ``control.py`` (``/e2b``) and ``envd.py``
-(``/e2b/sandbox``, routed by ``E2b-Sandbox-Id``) translate E2B's wire onto
+One adapter (DESIGN rule 7): ``control.py`` (``/e2b``, its routes in ``*_routes.py``)
+and ``envd.py`` (``/e2b/sandbox``, routed by ``E2b-Sandbox-Id``) translate E2B's wire onto
 ``E2bSandboxes`` (``sandboxes.py``), which holds sandboxes as ``SandboxManager``
 sessions, listed in the registry's E2B table (so any worker serves any sandbox);
 envd's RPCs are served from the generated Connect code the ``e2b`` package ships.

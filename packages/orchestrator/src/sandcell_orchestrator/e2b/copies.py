@@ -19,6 +19,7 @@ from sandcell_protocol import EgressPolicy
 
 from ..errors import SandcellError
 from ..sessions.manager import SandboxManager
+from ..snapshots import SnapshotTooLargeError
 from .errors import E2bError
 from .sandbox import E2bSandbox, new_sandbox_id
 from .saved import SNAPSHOT_TAG, SavedSnapshots, SnapshotMeta
@@ -73,7 +74,7 @@ class SandboxCopies:
         sandbox runs on; its processes are not in the snapshot), under ``name`` and
         ``tag`` if given (the older one under them deleted after); 404 when it is
         paused (as E2B, which snapshots only sandboxes live on a node), 429 past the
-        tenant's cap unless it replaces one under the same name and tag."""
+        tenant's cap (one under a taken name and tag too: the older goes after)."""
         await self._views.attach(sandbox)
         async with sandbox.lock:
             await self._views.refresh(sandbox)
@@ -81,30 +82,47 @@ class SandboxCopies:
             if sandbox.state != "running" or handle is None:
                 raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             owner = sandbox.owner
-            replaces = name is not None and bool(await self._snapshots.named(owner, name, tag))
-            if not replaces and not await self._snapshots.has_room(owner):
-                raise E2bError(
-                    429,
-                    "busy",
-                    f"at most {self._snapshots.max_per_tenant} snapshots per tenant;"
-                    " delete one first",
+            # A place claimed before the copy: concurrent snapshots of the tenant's
+            # other sandboxes count, so they cannot all take the last one.
+            if not await self._snapshots.claim(owner):
+                raise self._full()
+            try:
+                meta = SnapshotMeta(
+                    snapshot_id=new_sandbox_id(),
+                    namespace=owner,
+                    template=sandbox.template,
+                    sandbox_id=sandbox.sandbox_id,
+                    session_id=sandbox.session_id,
+                    created_at_s=self._now(),
+                    name=name,
+                    tag=tag,
                 )
-            meta = SnapshotMeta(
-                snapshot_id=new_sandbox_id(),
-                namespace=owner,
-                template=sandbox.template,
-                sandbox_id=sandbox.sandbox_id,
-                session_id=sandbox.session_id,
-                created_at_s=self._now(),
-                name=name,
-                tag=tag,
-            )
-            key = self._snapshots.data_key(owner, meta.snapshot_id)
-            await self._manager.copy_workspace(sandbox.session_id, handle, key)
-            await self._snapshots.add(meta)
-            await self._snapshots.supersede(meta)
+                key = self._snapshots.data_key(owner, meta.snapshot_id)
+                try:
+                    await self._manager.copy_workspace(sandbox.session_id, handle, key)
+                except SnapshotTooLargeError:
+                    # The tenant's own files: a 4xx naming the cap, not the store's 500.
+                    most = self._manager.persistence.max_bytes
+                    raise E2bError(
+                        413,
+                        "payload_too_large",
+                        f"sandbox {sandbox.sandbox_id}: its workspace is larger than a"
+                        f" snapshot may be ({most} bytes, SANDCELL_CHECKPOINT_MAX_BYTES)",
+                    ) from None
+                if not await self._snapshots.add(meta):
+                    raise self._full()
+                await self._snapshots.supersede(meta)
+            finally:
+                self._snapshots.unclaim(owner)
         log.info("e2b sandbox %s: snapshot %s taken", sandbox.sandbox_id, meta.snapshot_id)
         return meta
+
+    def _full(self) -> E2bError:
+        return E2bError(
+            429,
+            "busy",
+            f"at most {self._snapshots.max_per_tenant} snapshots per tenant; delete one first",
+        )
 
     async def fork(
         self, sandbox: E2bSandbox, *, timeout_s: int, count: int

@@ -14,7 +14,6 @@ store could not take is lost, never a pause.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 
@@ -25,6 +24,7 @@ from sandcell_protocol.sandbox_messages import MetricsQuery, MetricsSample
 from ..errors import SandcellError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
+from ..tenants import tenant_digest
 
 __all__ = ["MAX_SAMPLES", "MetricsHistory", "in_range", "merge_samples"]
 
@@ -66,7 +66,7 @@ class MetricsHistory:
     @staticmethod
     def key(namespace: str, sandbox_id: str) -> str:
         """Where ``namespace``'s sandbox's samples are kept."""
-        return f"{_PREFIX}{hashlib.sha256(namespace.encode()).hexdigest()}/{sandbox_id}"
+        return f"{_PREFIX}{tenant_digest(namespace)}/{sandbox_id}"
 
     async def read(self, namespace: str, sandbox_id: str) -> list[MetricsSample]:
         """The kept samples, oldest first; none if none (or unreadable: logged)."""

@@ -39,7 +39,6 @@ and error here name the sandbox id only.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import msgspec
@@ -48,6 +47,7 @@ from ..errors import CheckpointError
 from ..registry import E2bSandboxRow, E2bSandboxTable, validate_e2b_sandbox_id
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
+from ..tenants import tenant_digest
 
 __all__ = ["KEPT_PREFIX", "KeptRows", "kept_key", "kept_prefix", "rebuilt"]
 
@@ -60,7 +60,7 @@ _ROW_MAX_BYTES = 64 << 20
 
 def kept_prefix(namespace: str) -> str:
     """Where ``namespace``'s paused sandboxes' rows live: ``e2b/<sha256>/``."""
-    return f"{KEPT_PREFIX}{hashlib.sha256(namespace.encode()).hexdigest()}/"
+    return f"{KEPT_PREFIX}{tenant_digest(namespace)}/"
 
 
 def kept_key(namespace: str, sandbox_id: str) -> str:

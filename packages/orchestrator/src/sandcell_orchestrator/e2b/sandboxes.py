@@ -49,6 +49,7 @@ from ..providers.base import SandboxSpec
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager, sandbox_session_key
+from ..snapshots import SnapshotNotFoundError, SnapshotTooLargeError
 from .copies import SandboxCopies
 from .create_once import check_create_key, create_once
 from .errors import E2bError
@@ -258,11 +259,12 @@ class E2bSandboxes:
         ``public_traffic``: its ports answer without the traffic token."""
         check_create_key(idempotency_key)
         source: SnapshotMeta | None = None
+        unknown = E2bError(404, "not_found", f"template {template[:80]!r} not found")
         if template not in self.templates:
             # A snapshot is a template of its tenant's only: another's reads as unknown.
             source = await self.snapshot_of(owner, template)
             if source is None or source.template not in self.templates:
-                raise E2bError(404, "not_found", f"template {template[:80]!r} not found")
+                raise unknown
             template = source.template
         timeout = self._timeout(timeout_s)
 
@@ -271,19 +273,26 @@ class E2bSandboxes:
             # Once a sandbox is being made, it is made and registered even if the caller
             # goes away: a half-made one would be nobody's to destroy.
             with anyio.CancelScope(shield=True):
-                made = await self._create(
-                    owner=owner,
-                    template=template,
-                    timeout_s=timeout,
-                    metadata=metadata,
-                    env=env,
-                    auto_pause=auto_pause,
-                    egress=egress,
-                    public_traffic=public_traffic,
-                    sandbox_id=sandbox_id,
-                    source=source,
-                )
-            return made  # noqa: RET504 (a cancel scope may end the block: mypy needs it here)
+                try:
+                    made = await self._create(
+                        owner=owner,
+                        template=template,
+                        timeout_s=timeout,
+                        metadata=metadata,
+                        env=env,
+                        auto_pause=auto_pause,
+                        egress=egress,
+                        public_traffic=public_traffic,
+                        sandbox_id=sandbox_id,
+                        source=source,
+                    )
+                except SnapshotNotFoundError:
+                    if source is None:
+                        raise
+                    # The snapshot was deleted since its meta was read (a delete takes
+                    # the meta, then the workspace): the create answers as after it.
+                    raise unknown from None
+            return made  # after the block: a cancel scope may end it (mypy needs it here)
 
         if idempotency_key is None:
             return await make()
@@ -443,7 +452,17 @@ class E2bSandboxes:
                 return False
             await self._keep_metrics(sandbox)
             # Suspended first: if that fails the sandbox runs on, reachable as before.
-            await self.manager.suspend(sandbox.session_id)
+            try:
+                await self.manager.suspend(sandbox.session_id)
+            except SnapshotTooLargeError:
+                # The tenant's own files: a 4xx naming the cap, not the store's 500.
+                raise E2bError(
+                    413,
+                    "payload_too_large",
+                    f"sandbox {sandbox.sandbox_id}: its workspace is larger than a pause"
+                    f" may save ({self.manager.persistence.max_bytes} bytes,"
+                    " SANDCELL_CHECKPOINT_MAX_BYTES); it runs on",
+                ) from None
             await self.views.close_handle(sandbox)
             await self.views.change(
                 sandbox, lambda row: msgspec.structs.replace(row, state="paused")

@@ -22,19 +22,27 @@ E2B namespace (``team_slug``). A name is no object of its own: the tenant's meta
 (at most the cap) are read to resolve one, and a new snapshot under a name and tag
 deletes the older ones under them after it is written, so of two racing the newer
 is left (E2B's build assigned to an existing template's tag).
+
+The cap holds under concurrent snapshots: a worker claims a place before it copies
+a workspace (its own snapshots being taken count, so two of its requests never
+both take the last place), and counts again once the meta is written, so two
+workers that both took the last place do not both keep it (``add`` answers False
+and removes the one it wrote).
 """
 
 from __future__ import annotations
 
-import hashlib
+import collections
 import logging
 import re
 
+import anyio
 import msgspec
 
 from ..errors import CheckpointError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
+from ..tenants import tenant_digest
 from .sandbox import valid_sandbox_id
 
 __all__ = [
@@ -137,16 +145,17 @@ def snapshot_ref(raw: str) -> str | None:
     return bare if valid_sandbox_id(bare) else None
 
 
-def _tenant(namespace: str) -> str:
-    return hashlib.sha256(namespace.encode()).hexdigest()
-
-
 class SavedSnapshots:
     """Snapshots' metadata and workspaces in ``store``; at most ``max_per_tenant`` each."""
 
     def __init__(self, store: SnapshotStore, *, max_per_tenant: int) -> None:
         self.store = store
         self.max_per_tenant = max_per_tenant
+        # Per tenant: snapshots this worker is taking (claimed, meta not yet written),
+        # and the lock that makes a claim's count and increment one step. Tenants are
+        # the configured API keys' namespaces, a fixed few: the locks are kept.
+        self._taking: collections.Counter[str] = collections.Counter()
+        self._claim_locks: dict[str, anyio.Lock] = {}
 
     def __repr__(self) -> str:
         return f"SavedSnapshots({self.store!r})"
@@ -154,11 +163,11 @@ class SavedSnapshots:
     @staticmethod
     def data_key(namespace: str, snapshot_id: str) -> str:
         """Where the snapshot's workspace lives."""
-        return f"{_DATA_PREFIX}{_tenant(namespace)}/{snapshot_id}"
+        return f"{_DATA_PREFIX}{tenant_digest(namespace)}/{snapshot_id}"
 
     @staticmethod
     def _meta_prefix(namespace: str) -> str:
-        return f"{_META_PREFIX}{_tenant(namespace)}/"
+        return f"{_META_PREFIX}{tenant_digest(namespace)}/"
 
     async def ids(self, namespace: str) -> list[str]:
         """``namespace``'s snapshot ids, by id; at most one past the cap (one listing)."""
@@ -168,8 +177,27 @@ class SavedSnapshots:
         return [i for i in ids if snapshot_ref(i) == i]
 
     async def has_room(self, namespace: str) -> bool:
-        """Whether ``namespace`` may take one more snapshot."""
-        return len(await self.ids(namespace)) < self.max_per_tenant
+        """Whether ``namespace`` may take one more snapshot (counting those this worker
+        is taking)."""
+        taking = self._taking[namespace]
+        return len(await self.ids(namespace)) + taking < self.max_per_tenant
+
+    async def claim(self, namespace: str) -> bool:
+        """Take one of ``namespace``'s places for a snapshot about to be taken; False
+        when none is left. ``unclaim`` gives it back once the meta is written (``add``)
+        or the snapshot failed."""
+        lock = self._claim_locks.setdefault(namespace, anyio.Lock())
+        async with lock:
+            if not await self.has_room(namespace):
+                return False
+            self._taking[namespace] += 1
+        return True
+
+    def unclaim(self, namespace: str) -> None:
+        """Give back a place ``claim`` took."""
+        self._taking[namespace] -= 1
+        if self._taking[namespace] <= 0:
+            del self._taking[namespace]
 
     async def get(self, namespace: str, snapshot_id: str) -> SnapshotMeta | None:
         """``namespace``'s snapshot ``snapshot_id`` (bare); None if it has none so named."""
@@ -214,19 +242,33 @@ class SavedSnapshots:
             if (older.created_at_s, older.snapshot_id) < (meta.created_at_s, meta.snapshot_id):
                 await self.delete(meta.namespace, older.snapshot_id)
 
-    async def add(self, meta: SnapshotMeta) -> None:
-        """Write ``meta`` (its workspace is written already); on a failure the workspace
-        is deleted again and ``CheckpointError`` raised."""
+    async def add(self, meta: SnapshotMeta) -> bool:
+        """Write ``meta`` (its workspace is written already). False when its tenant is
+        now past the cap (another worker's snapshot took the last place meanwhile): both
+        are deleted again. On a failure the workspace is deleted and ``CheckpointError``
+        raised."""
+        key = self._meta_prefix(meta.namespace) + meta.snapshot_id
         try:
-            await put_whole(
-                self.store,
-                self._meta_prefix(meta.namespace) + meta.snapshot_id,
-                msgspec.json.encode(meta),
-                max_bytes=_META_MAX_BYTES,
-            )
+            await put_whole(self.store, key, msgspec.json.encode(meta), max_bytes=_META_MAX_BYTES)
         except CheckpointError:
             await self.store.delete(self.data_key(meta.namespace, meta.snapshot_id))
             raise
+        try:
+            kept = len(await self.ids(meta.namespace))
+        except CheckpointError as exc:
+            # The place was claimed before the copy: a recount the store cannot answer
+            # keeps the snapshot (failing here would leave a listed snapshot whose
+            # caller was told it failed).
+            log.warning("e2b snapshot %s: kept uncounted: %s", meta.snapshot_id, exc)
+            return True
+        if kept <= self.max_per_tenant:
+            return True
+        # Two workers that raced for the last place may both give theirs up: the cap
+        # holds either way, and the callers are told to retry.
+        with anyio.CancelScope(shield=True):
+            await self.store.delete(key)
+            await self.store.delete(self.data_key(meta.namespace, meta.snapshot_id))
+        return False
 
     async def delete(self, namespace: str, snapshot_id: str) -> bool:
         """Delete ``namespace``'s snapshot: its meta, then its workspace; False if none."""

@@ -28,7 +28,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..registry import E2bSandboxRow
 from .errors import E2bError
@@ -54,12 +54,13 @@ _NO_TOKEN = "x" * 43
 
 @dataclass(frozen=True, kw_only=True)
 class FileSignature:
-    """What a signed ``/files`` request claims: the signature and what it covers."""
+    """What a signed ``/files`` request claims: the signature and what it covers (its
+    ``repr`` leaves the signature out: a signed URL is a credential while it lives)."""
 
     path: str
     operation: str
     username: str
-    signature: str
+    signature: str = field(repr=False)
     expiration_s: int | None
 
 

@@ -125,7 +125,8 @@ class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SandboxCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The answer of create and connect."""
+    """The answer of create and connect (its tokens are the caller's: ``repr`` leaves
+    them out)."""
 
     templateID: str
     sandboxID: str
@@ -135,6 +136,9 @@ class SandboxCreated(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     trafficAccessToken: str | None = None
     alias: str | None = None
     domain: str | None = None
+
+    def __repr__(self) -> str:
+        return f"SandboxCreated(sandboxID={self.sandboxID!r}, templateID={self.templateID!r})"
 
 
 class ListedSandbox(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -155,7 +159,7 @@ class ListedSandbox(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
 
 class SandboxDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """``GET /sandboxes/{id}``."""
+    """``GET /sandboxes/{id}`` (``repr`` leaves the token out)."""
 
     templateID: str
     sandboxID: str
@@ -171,6 +175,9 @@ class SandboxDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     alias: str | None = None
     domain: str | None = None
+
+    def __repr__(self) -> str:
+        return f"SandboxDetail(sandboxID={self.sandboxID!r}, state={self.state!r})"
 
 
 class SandboxMetric(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,13 +31,13 @@ cannot bring a removed id back.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from functools import cached_property
 
 from redis.commands.core import AsyncScript
 
+from ..tenants import tenant_digest
 from .e2b import (
     KILLED_E2B_TTL_S,
     E2bSandboxRow,
@@ -101,22 +101,22 @@ class RedisE2bTable(RedisDatabase):
         return f"{self._prefix}e2b_ends"
 
     def _e2b_ns_key(self, namespace: str) -> str:
-        return f"{self._prefix}e2b_nsids:{_namespace_hash(namespace)}"
+        return f"{self._prefix}e2b_nsids:{tenant_digest(namespace)}"
 
     def _e2b_by_start_key(self, namespace: str) -> str:
-        return f"{self._prefix}e2b_nsstart:{_namespace_hash(namespace)}"
+        return f"{self._prefix}e2b_nsstart:{tenant_digest(namespace)}"
 
     def _e2b_running_key(self, namespace: str) -> str:
-        return f"{self._prefix}e2b_nsrun:{_namespace_hash(namespace)}"
+        return f"{self._prefix}e2b_nsrun:{tenant_digest(namespace)}"
 
     def _e2b_kept_merged_key(self, namespace: str) -> str:
-        return f"{self._prefix}e2b_kept_merged:{_namespace_hash(namespace)}"
+        return f"{self._prefix}e2b_kept_merged:{tenant_digest(namespace)}"
 
     def _e2b_killed_key(self, sandbox_id: str) -> str:
         return f"{self._prefix}e2b_killed:{validate_e2b_sandbox_id(sandbox_id)}"
 
     def _legacy_e2b_ns_key(self, namespace: str) -> str:
-        return f"{self._prefix}e2b_ns:{_namespace_hash(namespace)}"
+        return f"{self._prefix}e2b_ns:{tenant_digest(namespace)}"
 
     async def add_e2b_sandbox(self, row: E2bSandboxRow) -> bool:
         """Store a row at its revision (``ADD_E2B_LUA``); ``False`` if the id is taken."""
@@ -395,10 +395,6 @@ class RedisE2bTable(RedisDatabase):
 def _running_end(row: E2bSandboxRow) -> str:
     """The row's ``e2b_ends`` score: its end if it is running, else '' (no entry)."""
     return repr(row.end_at_s) if row.state == "running" else ""
-
-
-def _namespace_hash(namespace: str) -> str:
-    return hashlib.sha256(namespace.encode()).hexdigest()
 
 
 def _decoded(sandbox_id: str, raw: bytes | str) -> E2bSandboxRow | None:

@@ -17,13 +17,13 @@ gone takes it out of the zset too (``PRUNE_IDS_LUA``).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from functools import cached_property
 
 import msgspec
 from redis.commands.core import AsyncScript
 
+from ..tenants import tenant_digest
 from .core import validate_session_id
 from .index import SessionOwner, check_page_limit
 from .redis_db import RedisDatabase, map_redis_errors, moving_page_lua, text
@@ -67,10 +67,10 @@ class RedisSessionIndex(RedisDatabase):
         return self._client.register_script(PRUNE_IDS_LUA)
 
     def _namespace_key(self, namespace: str) -> str:
-        return f"{self._prefix}nsids:{_namespace_hash(namespace)}"
+        return f"{self._prefix}nsids:{tenant_digest(namespace)}"
 
     def _legacy_namespace_key(self, namespace: str) -> str:
-        return f"{self._prefix}ns:{_namespace_hash(namespace)}"
+        return f"{self._prefix}ns:{tenant_digest(namespace)}"
 
     async def index_session(self, owner: SessionOwner) -> None:
         """``HSET owners`` + ``ZADD`` to the namespace's zset, in one transaction."""
@@ -140,10 +140,6 @@ class RedisSessionIndex(RedisDatabase):
                     pipe.zrem(self._namespace_key(previous.namespace), session_id)
                     pipe.srem(self._legacy_namespace_key(previous.namespace), session_id)
                 await pipe.execute()
-
-
-def _namespace_hash(namespace: str) -> str:
-    return hashlib.sha256(namespace.encode()).hexdigest()
 
 
 def _decode_owner(raw: bytes | str) -> SessionOwner | None:

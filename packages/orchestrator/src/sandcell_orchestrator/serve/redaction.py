@@ -12,19 +12,27 @@ The rule is the access log's own, narrower than ``sandcell_protocol.redaction``
 (which scrubs diagnostics an agent reads): a parameter is named exactly (case
 sensitive; ``mytoken=`` is not ``token=``) after ``?``, ``&`` or the start of the
 text, and its value up to the next ``&``, whitespace or ``"`` becomes
-``[redacted]``.
+``[redacted]``. The name is compared as the server reads it, percent-decoded once
+(``%73ignature=`` is a ``signature``: the log keeps the query as sent), and a
+name is looked for after every ``?`` and ``&``, inside another parameter's value
+too.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import urllib.parse
 from collections.abc import Iterable
 
 __all__ = ["ACCESS_LOGGER", "REDACTED", "RedactQueryParameters", "redact_access_log"]
 
 ACCESS_LOGGER = "uvicorn.access"
 REDACTED = "[redacted]"
+
+# A parameter's name and its ``=``, where one may start; the name as sent (encoded).
+_NAME = re.compile(r'(?:^|(?<=[?&]))([^=&\s"?/]+)=')
+_VALUE_END = re.compile(r'[&\s"]')
 
 
 class RedactQueryParameters(logging.Filter):
@@ -34,7 +42,6 @@ class RedactQueryParameters(logging.Filter):
     def __init__(self, names: Iterable[str] = ()) -> None:
         super().__init__()
         self._names: frozenset[str] = frozenset()
-        self._pattern: re.Pattern[str] | None = None
         self.add(names)
 
     def __repr__(self) -> str:
@@ -47,20 +54,31 @@ class RedactQueryParameters(logging.Filter):
 
     def add(self, names: Iterable[str]) -> None:
         """Redact these parameters too (the ones already named stay redacted)."""
-        merged = self._names | frozenset(names)
-        if merged == self._names:
-            return
-        alternatives = "|".join(re.escape(name) for name in sorted(merged))
-        # One assignment: a record filtered meanwhile sees the old pattern or the new.
-        self._pattern = re.compile(r"((?:^|[?&])(?:" + alternatives + r")=)[^&\s\"]*")
-        self._names = merged
+        # One assignment: a record filtered meanwhile sees the old names or the new.
+        self._names = self._names | frozenset(names)
+
+    @staticmethod
+    def _named(raw: str, names: frozenset[str]) -> bool:
+        # parse_qsl's reading (Starlette's): '+' is a space, %XX decoded once.
+        return raw in names or ("%" in raw and urllib.parse.unquote_plus(raw) in names)
 
     def redact(self, text: str) -> str:
         """``text`` with each named parameter's value replaced by ``[redacted]``."""
-        pattern = self._pattern
-        if pattern is None:
+        names = self._names
+        if not names or "=" not in text:
             return text
-        return pattern.sub(r"\1" + REDACTED, text)
+        parts: list[str] = []
+        done = 0
+        for match in _NAME.finditer(text):
+            if match.start() < done or not self._named(match.group(1), names):
+                continue  # inside a value already redacted, or another parameter
+            end = _VALUE_END.search(text, match.end())
+            parts += [text[done : match.end()], REDACTED]
+            done = len(text) if end is None else end.start()
+        if not parts:
+            return text
+        parts.append(text[done:])
+        return "".join(parts)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):

@@ -26,7 +26,6 @@ listings until its next turn, as before.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import msgspec
@@ -37,6 +36,7 @@ from ..errors import CheckpointError
 from ..registry import SessionIndex, SessionOwner, validate_session_id
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
+from ..tenants import tenant_digest
 
 __all__ = ["OWNERS_PREFIX", "SessionOwners", "owner_key", "owners_prefix"]
 
@@ -51,7 +51,7 @@ _UNSAVED_MAX = 10_000
 
 def owners_prefix(namespace: str) -> str:
     """Where the owners of ``namespace``'s sessions live: ``owners/<sha256>/``."""
-    return f"{OWNERS_PREFIX}{hashlib.sha256(namespace.encode()).hexdigest()}/"
+    return f"{OWNERS_PREFIX}{tenant_digest(namespace)}/"
 
 
 def owner_key(namespace: str, session_id: str) -> str:

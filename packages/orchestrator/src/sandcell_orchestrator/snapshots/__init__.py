@@ -11,6 +11,7 @@ Errors (all ``CheckpointError``):
 
     CheckpointError                 put/get failed, key invalid, over the cap, corrupt body
     ├── SnapshotNotFoundError       no snapshot under that key
+    ├── SnapshotTooLargeError       a put's stream passed its max_bytes (nothing stored)
     └── SnapshotUnavailableError    retryable: the store cannot be reached right now
 """
 
@@ -29,6 +30,7 @@ from .base import (
     SnapshotInfo,
     SnapshotNotFoundError,
     SnapshotStore,
+    SnapshotTooLargeError,
     SnapshotUnavailableError,
 )
 from .directory import DirectorySnapshotStore
@@ -47,6 +49,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFoundError",
     "SnapshotStore",
+    "SnapshotTooLargeError",
     "SnapshotUnavailableError",
     "open_snapshot_store",
     "validate_snapshot_key",

@@ -23,6 +23,7 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFoundError",
     "SnapshotStore",
+    "SnapshotTooLargeError",
     "SnapshotUnavailableError",
 ]
 
@@ -33,6 +34,11 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 class SnapshotNotFoundError(CheckpointError):
     """No snapshot is stored under the key."""
+
+
+class SnapshotTooLargeError(CheckpointError):
+    """A put's stream passed its ``max_bytes``: nothing was stored (what is too big is
+    the caller's, e.g. a workspace, not a fault of the store)."""
 
 
 class SnapshotUnavailableError(CheckpointError):
@@ -155,7 +161,7 @@ def _validate_page(prefix: str, start_after: str | None, limit: int | None) -> N
 
 def _enforce_cap(size: int, *, max_bytes: int, key: str) -> None:
     if size > max_bytes:
-        raise CheckpointError(
+        raise SnapshotTooLargeError(
             f"snapshot put of {key!r}: stream passed its cap of {max_bytes} bytes"
         )
 

@@ -18,6 +18,10 @@ v1 with ``cpu,cpuacct`` mounted together); on a v1 host whose ``cpuacct`` is mou
 apart (the runner places jobs only in memory, pids and cpu) it sums ``utime + stime``
 of the processes in the job cgroups that are alive at both samples, so a process that
 ends between two samples is missed for its last stretch (an undercount, never more).
+That fallback reads at most ``MAX_PROC_READS`` processes a sample: a session may run
+thousands (64 processes, each up to its pids limit), and their ``/proc`` reads, on the
+event loop and charged to no job, took a third of a second a sample at 8,192; the ones
+past it are not counted either.
 """
 
 from __future__ import annotations
@@ -37,10 +41,12 @@ from ..jail.instance_usage import InstanceCounters
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionManager
 
-__all__ = ["RING_SIZE", "MetricsSampler"]
+__all__ = ["MAX_PROC_READS", "RING_SIZE", "MetricsSampler"]
 
 RING_SIZE = 720
 """Samples kept: the last hour at the default interval (a fixed count, not a duration)."""
+MAX_PROC_READS = 512
+"""``/proc/<pid>/stat`` reads one sample of the fallback makes at most (about 20 ms)."""
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -148,7 +154,7 @@ class MetricsSampler:
 
     def _ticks_pct(self, now: float) -> float:
         ticks: dict[tuple[int, int], int] = {}
-        for pid in self._cgroups.instance_pids():
+        for pid in self._cgroups.instance_pids()[:MAX_PROC_READS]:
             found = _proc_ticks(pid)
             if found is not None:
                 ticks[found[0]] = found[1]

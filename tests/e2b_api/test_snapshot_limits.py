@@ -1,0 +1,137 @@
+"""E2B snapshots at their limits, against a real ``sandcell serve``: the per-tenant cap
+(``SANDCELL_E2B_MAX_SNAPSHOTS``) holds when a tenant snapshots several sandboxes at
+once; a workspace past ``SANDCELL_CHECKPOINT_MAX_BYTES`` is a 413 for a snapshot, a
+fork and a pause (the sandbox runs on); a create from a snapshot deleted while it was
+being made is the 404 of a deleted snapshot. None of them is a 500."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import os
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from tests.e2b_api.conftest import KEY_A, MAX_SANDBOXES, E2bServe, start_serve, stop_serve
+from tests.fixtures.paths import traversable_dir
+from tests.orchestrator.cli.conftest import stop_leftovers
+
+CAP = 2
+CHECKPOINT_MAX_BYTES = 2 << 20
+
+
+@pytest.fixture(scope="module")
+def capped() -> Iterator[E2bServe]:
+    with traversable_dir("e2b-snapcap-") as base:
+        env = {
+            "SANDCELL_E2B_MAX_SNAPSHOTS": str(CAP),
+            "SANDCELL_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES),
+        }
+        service = start_serve(base, env=env)
+        try:
+            yield service
+        finally:
+            stop_serve(service)
+            assert not stop_leftovers(service.runtime_dir)
+
+
+def _api(served: E2bServe) -> httpx.Client:
+    return httpx.Client(
+        base_url=f"{served.url}/e2b",
+        headers={"X-API-KEY": KEY_A},
+        timeout=120,
+        limits=httpx.Limits(max_connections=32),
+    )
+
+
+def test_concurrent_snapshots_of_several_sandboxes_keep_to_the_cap(capped: E2bServe) -> None:
+    """Two snapshots of each of the tenant's sandboxes at once: exactly ``CAP`` are taken,
+    the others are 429 ``busy``, and the listing holds exactly those (each request used
+    to check the count before its copy, so all of them saw room: 5 of 9 with a cap of 3).
+    """
+    sandboxes = [Sandbox.create(**capped.opts()) for _ in range(MAX_SANDBOXES)]
+    try:
+        for sandbox in sandboxes:
+            # A copy that takes a while: every request checks the cap during the others'.
+            sandbox.files.write("weight.bin", b"w" * (4 << 20))
+        with _api(capped) as api, concurrent.futures.ThreadPoolExecutor(16) as pool:
+            answers = list(
+                pool.map(
+                    lambda sandbox_id: api.post(f"/sandboxes/{sandbox_id}/snapshots", json={}),
+                    [s.sandbox_id for s in sandboxes for _ in range(2)],
+                )
+            )
+            seen = collections.Counter(a.status_code for a in answers)
+            assert seen == {201: CAP, 429: 2 * MAX_SANDBOXES - CAP}, [a.text for a in answers]
+            for refused in (a for a in answers if a.status_code == 429):
+                assert refused.json()["error_code"] == "busy"
+            taken = {a.json()["snapshotID"] for a in answers if a.status_code == 201}
+            listed = api.get("/snapshots")
+            assert {s["snapshotID"] for s in listed.json()} == taken
+            for snapshot_id in taken:
+                assert api.delete(f"/templates/{snapshot_id}").status_code == 204
+            # The places are free again: one more is taken.
+            again = api.post(f"/sandboxes/{sandboxes[0].sandbox_id}/snapshots")
+            assert again.status_code == 201, again.text
+            assert api.delete(f"/templates/{again.json()['snapshotID']}").status_code == 204
+    finally:
+        for sandbox in sandboxes:
+            sandbox.kill()
+
+
+def test_a_workspace_past_the_checkpoint_cap_is_a_413_and_runs_on(capped: E2bServe) -> None:
+    """Incompressible files past ``SANDCELL_CHECKPOINT_MAX_BYTES``: a snapshot, a fork and
+    a pause are each 413 ``payload_too_large`` naming the cap (they were 500 "the
+    session's saved state could not be restored", with an ERROR line), nothing is
+    stored, and the sandbox runs on."""
+    sandbox = Sandbox.create(**capped.opts())
+    try:
+        sandbox.files.write("noise.bin", os.urandom(CHECKPOINT_MAX_BYTES + (1 << 20)))
+        with _api(capped) as api:
+            for route in ("snapshots", "fork", "pause"):
+                answer = api.post(f"/sandboxes/{sandbox.sandbox_id}/{route}", json={})
+                assert answer.status_code == 413, (route, answer.text)
+                error = answer.json()
+                assert error["error_code"] == "payload_too_large", error
+                assert "SANDCELL_CHECKPOINT_MAX_BYTES" in error["message"], error
+            assert api.get("/snapshots").json() == []
+            detail = api.get(f"/sandboxes/{sandbox.sandbox_id}").json()
+            assert detail["state"] == "running"
+        assert sandbox.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        sandbox.kill()
+    assert "could not be restored" not in capped.log()
+
+
+def test_a_create_from_a_snapshot_deleted_meanwhile_is_a_404(e2b_serve: E2bServe) -> None:
+    """A delete takes the meta, then the workspace: a create that read the meta before
+    the delete finds no workspace. That create answers as one after the delete (the
+    same 404 as for an id nobody made), and logs no error; it used to be a 500
+    "the session's saved state could not be restored". The moment is made here by
+    removing the workspace object alone."""
+    source = Sandbox.create(**e2b_serve.opts())
+    try:
+        source.files.write("gone.txt", "soon")
+        snapshot_id = source.create_snapshot().snapshot_id
+    finally:
+        source.kill()
+    bare = snapshot_id.split(":")[0]
+    data = list((e2b_serve.home / "snapshots" / "e2b-snapshot-data").glob(f"*/{bare}*"))
+    assert data, "the snapshot's workspace object is not where the test looks"
+    for path in data:
+        path.unlink()
+    unknown = "q" * 20 + ":default"
+    with _api(e2b_serve) as api:
+        answer = api.post("/v2/sandboxes", json={"templateID": snapshot_id})
+        missing = api.post("/v2/sandboxes", json={"templateID": unknown})
+        assert answer.status_code == 404, answer.text
+        assert answer.content.replace(snapshot_id.encode(), b"ID") == missing.content.replace(
+            unknown.encode(), b"ID"
+        )
+        # Nothing half-made is left running.
+        assert api.get("/v2/sandboxes").json() == []
+        api.delete(f"/templates/{snapshot_id}")
+    assert "could not be restored" not in e2b_serve.log()
