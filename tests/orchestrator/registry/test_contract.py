@@ -142,6 +142,18 @@ async def test_a_floor_moves_the_generation_past_what_the_store_holds(
         await registry.next_generation(sid, above=-1)
 
 
+async def test_a_wall_clock_floor_stays_exact(registry: SessionRegistry, sid: str) -> None:
+    """A hold after a wipe floors the generation at the wall clock in milliseconds (13
+    digits until the year 2286): every backend hands out the exact next integers, which
+    Redis's Lua (doubles, printed with 14 digits) must not round or print in exponent
+    form."""
+    floor = 9_999_999_999_998  # the last 13-digit millisecond count, in the year 2286
+    assert await registry.next_generation(sid, above=floor) == floor + 1
+    assert await registry.next_generation(sid) == floor + 2
+    assert await registry.current_generation(sid) == floor + 2
+    assert await registry.next_generation(sid, above=floor) == floor + 3
+
+
 async def test_concurrent_generations_are_distinct(registry: SessionRegistry, sid: str) -> None:
     """50 concurrent increments hand out 50 distinct, consecutive generations."""
     seen: list[int] = []

@@ -191,6 +191,25 @@ async def test_a_hold_after_a_registry_wipe_never_takes_a_pre_wipe_generation(
         assert hold.generation > pre_wipe
 
 
+async def test_holds_after_two_registry_wipes_never_share_a_generation(
+    env: tuple[LocalProvider, SnapshotStore, Path],
+) -> None:
+    """Two wipes with nothing uploaded between them: the hold taken after the first (a
+    worker stopped mid-turn, its upload still to come) and the one taken after the
+    second list the same newest object. They must not share a generation, and so a
+    checkpoint key (the stopped worker's upload would replace the newer holder's
+    commit), and the later hold's is the higher one (its objects are the newest)."""
+    provider, store, _ = env
+    session_id = runtime_session_id("tenant-a", "alice", "wiped-twice")
+    await store.put(checkpoint_key(session_id, 5), _one_byte(), max_bytes=8)
+    # Half a second apart: a wipe (a Redis restarting empty) lies between the two.
+    first = SandboxManager(provider, InProcessRegistry(), store, wall_clock=lambda: 1.8e9)
+    second = SandboxManager(provider, InProcessRegistry(), store, wall_clock=lambda: 1.8e9 + 0.5)
+    async with first.hold(session_id) as stopped, second.hold(session_id) as later:
+        assert stopped.checkpoint_key == later.checkpoint_key
+        assert later.generation > stopped.generation
+
+
 async def test_a_hold_with_a_kept_counter_and_no_record_takes_the_next_generation(
     env: tuple[LocalProvider, SnapshotStore, Path],
 ) -> None:

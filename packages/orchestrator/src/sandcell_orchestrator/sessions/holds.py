@@ -4,13 +4,16 @@ A hold takes the session's lock, then its own generation (``next_generation``),
 so no two holders ever share one, even when the second reuses the first's live
 sandbox. When the registry has no record of the session (a new session, an
 embedded registry of a new process, a wiped Redis), the snapshot store says what
-the newest checkpoint is, and the generation moves past it.
+the newest checkpoint is, and the generation moves past it; when the registry forgot
+the counter too, also past the wall clock (in milliseconds), so two holds after two
+wipes never share a generation even when nothing was uploaded between them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 from ..errors import CheckpointError, SandboxUnavailableError, SessionBusyError
 from ..metrics import Metrics
@@ -36,11 +39,13 @@ class Holds:
         *,
         lock_ttl_ms: int,
         metrics: Metrics,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
         self.persistence = persistence
         self.lock_ttl_ms = lock_ttl_ms
         self.metrics = metrics
+        self._now = wall_clock
 
     @contextlib.asynccontextmanager
     async def hold(self, session_id: str, *, wait_ms: int = 0) -> AsyncIterator[Hold]:
@@ -81,7 +86,14 @@ class Holds:
             # past the newest object, and must never share a generation, and so a
             # checkpoint key, with this hold. A kept counter (a new or deleted
             # session, a lost record) already fences: the next one is never reused.
-            floor += _NO_RECORD_GAP
+            # The gap alone is not enough: a hold after an earlier wipe that has
+            # uploaded nothing yet (a stopped worker) listed this same newest object,
+            # so it took this same floor. The wall clock orders the two: every
+            # generation taken since such a floor is below the clock now (a session
+            # takes far fewer than one hold a millisecond), and the later hold's
+            # newer objects stay the newest. Milliseconds keep the numbers exact in
+            # Redis's Lua (doubles, printed with 14 digits).
+            floor = max(floor + _NO_RECORD_GAP, int(self._now() * 1000))
         generation = await self.registry.next_generation(session_id, above=floor)
         key = latest.key if latest else None
         return Hold(session_id, lease, generation, None, key, stored=stored)

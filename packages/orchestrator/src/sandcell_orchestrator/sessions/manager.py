@@ -98,6 +98,7 @@ class SandboxManager:
             # Not the turn's length: the holder renews the lock while the turn runs.
             lock_ttl_ms=math.ceil(self.budgets.lock_ttl_s * 1000),
             metrics=self.metrics,
+            wall_clock=wall_clock,
         )
         self.attacher = Attacher(
             provider,
