@@ -3,7 +3,7 @@
 // stdout line. The tools are invoked without a model, as LibreChat's ToolNode does:
 // tool.invoke({name, id, type: 'tool_call', args, session_id?, _injected_files?}).
 //
-// Request: {id, version: "current"|"legacy", tool: "code"|"bash"|"ptc"|"normalize", params, call}
+// Request: {id, version: "current"|"legacy", tool: "code"|"bash"|"ptc"|"bashptc"|"normalize"|"normalize_bash", params, call}
 //   (call.ptc_tools: names from PTC_TOOLS to hand the programmatic tool)
 // Answer:  {id, ok: true, content, artifact} | {id, ok: false, error}
 'use strict';
@@ -57,6 +57,7 @@ const FACTORIES = {
   code: 'createCodeExecutionTool',
   bash: 'createBashExecutionTool',
   ptc: 'createProgrammaticToolCallingTool',
+  bashptc: 'createBashProgrammaticToolCallingTool',
 };
 
 async function run(request) {
@@ -64,6 +65,9 @@ async function run(request) {
   if (request.tool === 'normalize') {
     // The client's own tool-name normalization, for the server's parity test.
     return { content: (request.call?.names ?? []).map((name) => agents.normalizeToPythonIdentifier(name)) };
+  }
+  if (request.tool === 'normalize_bash') {
+    return { content: (request.call?.names ?? []).map((name) => agents.normalizeToBashIdentifier(name)) };
   }
   const factory = agents[FACTORIES[request.tool]];
   if (typeof factory !== 'function') throw new Error(`${request.version} has no ${request.tool} tool`);

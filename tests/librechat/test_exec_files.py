@@ -210,6 +210,8 @@ def test_a_stateful_hint_keeps_files_and_an_installed_package_across_calls(
     assert first["ok"], first
     session = first["artifact"]["runtime_session_id"]
     assert session.startswith("rt_")
+    # The client echoes runtime_status beside runtime_session_id (it was absent).
+    assert first["artifact"]["runtime_status"] == "new"
 
     second = driver.invoke(
         tool="bash",
@@ -223,6 +225,7 @@ def test_a_stateful_hint_keeps_files_and_an_installed_package_across_calls(
     )
     assert second["ok"], second
     assert second["artifact"]["runtime_session_id"] == session
+    assert second["artifact"]["runtime_status"] == "reused"
 
     third = driver.invoke(
         params=params,
@@ -309,3 +312,52 @@ def test_an_upload_version_past_int_parsing_is_400(serve: Serve) -> None:
         )
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"] == "bad_request"
+
+
+def test_inputs_the_code_deletes_are_named_in_deleted_files(serve: Serve, driver: Driver) -> None:
+    """The client's ToolNode drops a file from its conversation's session only when an
+    answer's ``deleted_files`` names it (absence from ``files`` is no signal): without it
+    a file the code removed came back in the next call. A removed file, one in a removed
+    directory, and not a kept or rewritten one; a run that removes nothing names none."""
+    uploaded = serve.upload([("a.csv", b"a"), ("b.csv", b"b"), ("c.txt", b"c")], batch=True)
+    assert uploaded.status_code == 200, uploaded.text
+    body = uploaded.json()
+    names = {"a.csv": "a.csv", "b.csv": "sub/b.csv", "c.txt": "c.txt"}
+    refs = [
+        {
+            "id": item["fileId"],
+            "resource_id": "user-1",
+            "name": names[item["filename"]],
+            "storage_session_id": body["storage_session_id"],
+            "kind": "user",
+        }
+        for item in body["files"]
+    ]
+    both = [*refs, {**refs[0], "name": "again.csv"}]
+    run = driver.invoke(
+        params=current(serve, user_id="user-1"),
+        args={
+            "lang": "py",
+            "code": (
+                "import os, shutil\n"
+                "os.remove('/mnt/data/a.csv')\n"
+                "shutil.rmtree('/mnt/data/sub')\n"
+                "os.remove('/mnt/data/again.csv')\n"
+                "open('/mnt/data/again.csv', 'w').write('new')\n"
+                "print(sorted(os.listdir('/mnt/data')))\n"
+            ),
+        },
+        _injected_files=both,
+    )
+    assert run["ok"], run
+    assert run["content"].startswith("stdout:\n['again.csv', 'c.txt']"), run
+    assert sorted(run["artifact"]["deleted_files"]) == ["a.csv", "sub/b.csv"]
+    assert [f["name"] for f in run["artifact"]["files"]] == ["again.csv"]
+
+    untouched = driver.invoke(
+        params=current(serve, user_id="user-1"),
+        args={"lang": "py", "code": "print(open('/mnt/data/c.txt').read())"},
+        _injected_files=refs,
+    )
+    assert untouched["ok"], untouched
+    assert "deleted_files" not in untouched["artifact"], untouched

@@ -1,7 +1,8 @@
 """Outputs over the runner's inline cap (1 MiB) are kept and download byte-exact, through
 the real client and over plain HTTP, stateless and in a runtime session; past the run's
 byte cap (``SANDCELL_LIBRECHAT_MAX_OUTPUT_BYTES``, 8 MiB in this folder's serve) an
-output is named in ``artifact_delivery`` with ``output_limit_exceeded``."""
+output is named in ``artifact_delivery`` (``artifact_delivery_failed``, the code the client
+reads; the output's own error says ``output_limit_exceeded``), and the client warns the model."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def test_large_outputs_over_plain_http_stateless_and_in_a_session(serve: Serve) 
 
 def test_outputs_past_the_run_cap_are_named_with_a_code(serve: Serve) -> None:
     """Two 5 MiB outputs against the 8 MiB cap: one kept whole, the other named in
-    ``artifact_delivery`` (``output_limit_exceeded``), never half-kept."""
+    ``artifact_delivery`` (its error ``output_limit_exceeded``), never half-kept."""
     code = write_blob("one.bin", 5 * MIB, "d") + write_blob("two.bin", 5 * MIB, "e")
     with serve.client() as client:
         answer = client.post("/exec", json={"lang": "py", "user_id": "user-1", "code": code})
@@ -122,9 +123,47 @@ def test_outputs_past_the_run_cap_are_named_with_a_code(serve: Serve) -> None:
     delivery = body["artifact_delivery"]
     (refused,) = delivery["errors"]
     assert refused["name"] == ({"one.bin", "two.bin"} - {kept["name"]}).pop()
-    assert refused["code"] == delivery["code"] == "output_limit_exceeded"
+    assert refused["code"] == "output_limit_exceeded"
+    assert delivery["code"] == "artifact_delivery_failed"
     assert "SANDCELL_LIBRECHAT_MAX_OUTPUT_BYTES" in refused["message"]
     assert (delivery["status"], delivery["attempted"], delivery["delivered"]) == ("partial", 2, 1)
+
+
+WARNING = (
+    "Artifact delivery warning: {failed} of {attempted} generated files could not be persisted."
+)
+
+
+def test_the_client_warns_the_model_of_outputs_past_the_run_cap(
+    serve: Serve, driver: Driver
+) -> None:
+    """Through the real client: one 5 MiB output kept and one refused (``partial``), then a
+    lone 9 MiB output refused (``failed``). The client reads ``artifact_delivery`` only with
+    the code ``artifact_delivery_failed`` and tells the model; any other code it drops, and
+    the model would count on a file that is not there."""
+    code = write_blob("one.bin", 5 * MIB, "g") + write_blob("two.bin", 5 * MIB, "h")
+    run = driver.invoke(params=current(serve, user_id="user-1"), args={"lang": "py", "code": code})
+    assert run["ok"], run
+    assert WARNING.format(failed=1, attempted=2) in run["content"], run["content"]
+    assert run["artifact"]["artifact_delivery"] == {
+        "code": "artifact_delivery_failed",
+        "status": "partial",
+        "attempted": 2,
+        "delivered": 1,
+        "failed": 1,
+    }
+    (kept,) = run["artifact"]["files"]
+    assert download(serve, kept) == blob(5 * MIB, {"one.bin": "g", "two.bin": "h"}[kept["name"]])
+
+    lone = driver.invoke(
+        tool="bash",
+        params=current(serve, user_id="user-1"),
+        args={"command": "head -c 9437184 /dev/zero > /mnt/data/nine.bin"},
+    )
+    assert lone["ok"], lone
+    assert WARNING.format(failed=1, attempted=1) in lone["content"], lone["content"]
+    assert lone["artifact"]["artifact_delivery"]["status"] == "failed"
+    assert "files" not in lone["artifact"]
 
 
 def test_a_programmatic_run_keeps_a_large_output(serve: Serve, driver: Driver) -> None:

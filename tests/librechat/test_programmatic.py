@@ -10,6 +10,7 @@ from typing import Any
 
 from sandcell_orchestrator.serve.librechat.programmatic import python_name
 from tests.librechat.conftest import KEY_A, KEY_B, Driver, Serve
+from tests.librechat.test_auth_limits import token
 
 
 def ptc(driver: Driver, serve: Serve, code: str, *tools: str) -> dict[str, Any]:
@@ -122,3 +123,56 @@ def test_a_negative_timeout_is_400(serve: Serve) -> None:
     with serve.client(None) as stranger:
         for route in ("/exec/programmatic", "/exec/programmatic/cancel"):
             assert stranger.post(route, content=b"{").status_code == 401, route
+
+
+def test_an_api_key_programmatic_output_downloads_for_librechats_user(
+    serve: Serve, driver: Driver
+) -> None:
+    """The client's programmatic tool names no user (its factory has no ``user_id``), and
+    LibreChat downloads every output as its user (``?kind=user&id=<user>``): with an API
+    key the output was owned by a made-up ``anonymous`` and answered 404. It is now the
+    tenant's, and still another tenant's 404; a token's user is never shown it."""
+    done = ptc(driver, serve, "open('/mnt/data/ptc-out.txt', 'w').write('made')\nprint(1)\n")
+    assert done["ok"], done
+    (kept,) = done["artifact"]["files"]
+    where = f"/download/{kept['storage_session_id']}/{kept['id']}"
+    query = {"kind": "user", "id": "user-1"}
+    with serve.client() as a, serve.client(KEY_B) as b:
+        got = a.get(where, params=query)
+        assert (got.status_code, got.content) == (200, b"made")
+        assert b.get(where, params=query).status_code == 404
+    # The serve's JWT tenant is tenant-a, KEY_A's: a token's user owns only its own.
+    with serve.client(None, Authorization=f"Bearer {token(sub='user-1')}") as vouched:
+        assert vouched.get(where, params=query).status_code == 404
+
+
+def test_a_programmatic_run_names_the_inputs_it_deleted(serve: Serve, driver: Driver) -> None:
+    """As on /exec: an input the code removes (after a tool round) is in the artifact's
+    ``deleted_files``, so the client drops it from the conversation's session."""
+    uploaded = serve.upload([("gone.txt", b"x"), ("kept.txt", b"y")], batch=True).json()
+    refs = [
+        {
+            "id": item["fileId"],
+            "resource_id": "user-1",
+            "name": item["filename"],
+            "storage_session_id": uploaded["storage_session_id"],
+            "kind": "user",
+        }
+        for item in uploaded["files"]
+    ]
+    code = (
+        "import os\n"
+        "w = await get_weather(city='Rome')\n"
+        "os.remove('/mnt/data/gone.txt')\n"
+        "print(w['temp_c'], sorted(os.listdir('/mnt/data')))\n"
+    )
+    done = driver.invoke(
+        tool="ptc",
+        params={"baseUrl": serve.base, "authHeaders": {"X-API-Key": KEY_A}},
+        args={"code": code},
+        ptc_tools=["get_weather"],
+        _injected_files=refs,
+    )
+    assert done["ok"], done
+    assert done["content"].startswith("stdout:\n12 ['kept.txt']"), done
+    assert done["artifact"]["deleted_files"] == ["gone.txt"]

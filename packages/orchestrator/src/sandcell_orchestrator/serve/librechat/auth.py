@@ -6,12 +6,17 @@
   namespace is the tenant. The key is never logged, echoed or kept. Headers are
   checked first; only a call they do not authenticate has its body read for a key,
   and then at most ``BODY_KEY_MAX_BYTES`` of it (``routes.py``).
-- ``Authorization: Bearer <JWT>`` signed by LibreChat (``jwt.py``): the tenant is
-  ``SANDCELL_LIBRECHAT_JWT_NAMESPACE`` and the token's user is the caller's user.
+- ``Authorization: Bearer <JWT>`` signed by LibreChat (``jwt.py``): the token's user is
+  the caller's user, and its ``tenant_id`` picks the namespace (``jwt_tenant_namespace``):
+  ``SANDCELL_LIBRECHAT_JWT_NAMESPACE`` for LibreChat's single tenant (``legacy``, or no
+  ``tenant_id``), a namespace of its own for every other tenant, so LibreChat's tenants
+  are walls as API-key tenants are.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -19,7 +24,27 @@ from starlette.requests import Request
 from ..auth import ApiKeys, UnauthorizedError
 from .jwt import JwtVerifier, looks_like_jwt
 
-__all__ = ["Caller", "LibreChatAuth"]
+__all__ = ["SINGLE_TENANT_ID", "Caller", "LibreChatAuth", "jwt_tenant_namespace"]
+
+SINGLE_TENANT_ID = "legacy"
+"""The ``tenant_id`` LibreChat signs when it runs a single tenant (its default)."""
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def jwt_tenant_namespace(base: str, tenant: str | None) -> str:
+    """The namespace of a token's LibreChat tenant.
+
+    ``base`` (``SANDCELL_LIBRECHAT_JWT_NAMESPACE``) for the single tenant or none, so a
+    deployment that turns tenants on keeps its files where they were; ``<base>:<tenant>``
+    for another tenant whose id fits a namespace, else ``<base>:t-<digest of the id>``
+    (an id is LibreChat's, any text: it must neither be refused nor meet another's).
+    """
+    if tenant is None or tenant == SINGLE_TENANT_ID:
+        return base
+    named = f"{base}:{tenant}"
+    if _NAMESPACE_RE.fullmatch(named) and not tenant.startswith("t-"):
+        return named
+    return f"{base}:t-{hashlib.sha256(tenant.encode('utf-8', 'surrogatepass')).hexdigest()[:40]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +85,10 @@ class LibreChatAuth:
             if namespace is not None:
                 return Caller(namespace=namespace)
         if bearer and self._verifier.enabled and looks_like_jwt(bearer):
-            user = self._verifier.user_of(bearer)
-            if user is not None:
-                return Caller(namespace=self._jwt_namespace, token_user=user)
+            principal = self._verifier.principal_of(bearer)
+            if principal is not None:
+                namespace = jwt_tenant_namespace(self._jwt_namespace, principal.tenant)
+                return Caller(namespace=namespace, token_user=principal.user)
         return None
 
     def body_key_caller(self, body_key: str | None) -> Caller:

@@ -178,7 +178,8 @@ def _viewer(request: Request, caller: Caller) -> Viewer:
     user = caller.token_user
     if user is None:
         user = resource if kind == "user" else request.headers.get("user-id") or None
-    return Viewer(user_id=user, kind=kind, resource_id=resource)
+    vouched = caller.token_user is not None
+    return Viewer(user_id=user, kind=kind, resource_id=resource, vouched=vouched)
 
 
 def _text(value: object) -> str | None:

@@ -49,6 +49,8 @@ class Viewer(msgspec.Struct, frozen=True, kw_only=True):
     user_id: str | None
     kind: str | None = None
     resource_id: str | None = None
+    vouched: bool = False
+    """The user is a verified token's (not one an API-key caller named)."""
 
 
 def visible(meta: FileMeta, viewer: Viewer) -> bool:
@@ -57,7 +59,10 @@ def visible(meta: FileMeta, viewer: Viewer) -> bool:
     A shared kind is visible to whoever names its resource (LibreChat sends
     ``kind``/``id`` for agent and skill files) and to its uploader; a user file only
     to its user. A caller that names no user at all (a legacy client with only an
-    API key) sees its namespace's files, as the legacy contract had it.
+    API key) sees its namespace's files, as the legacy contract had it; and a file
+    whose maker named no user (an API-key programmatic run: the client sends no user)
+    is its namespace's, seen by any user an API-key caller names (that caller could name
+    any), never by a token's user.
     """
     if (
         meta.kind in SHARED_KINDS
@@ -68,6 +73,8 @@ def visible(meta: FileMeta, viewer: Viewer) -> bool:
         return True
     if viewer.user_id is None:
         return viewer.kind is None
+    if meta.user_id is None:
+        return not viewer.vouched
     return meta.user_id == viewer.user_id
 
 

@@ -3,8 +3,10 @@
 A token is accepted only when it is signed (EdDSA or RS256, nothing else: no
 ``none``, no HMAC with a public key) by one of the operator's public keys, its
 ``iss`` is ``librechat`` and its ``aud`` includes ``codeapi``, it has ``exp`` and
-``iat``, it is valid now, and it lives at most 300 seconds (``exp - iat``). Its
-``sub`` (or ``user_id``) becomes the caller's user.
+``iat``, it is valid now (give or take ``CLOCK_SKEW_S``, for ``exp``, ``nbf`` and
+``iat`` alike), and it lives at most 300 seconds (``exp - iat``). Its ``sub`` (or
+``user_id``) becomes the caller's user, and its ``tenant_id`` (LibreChat's
+tenant; ``legacy`` when LibreChat runs one) the caller's tenant (``auth.py``).
 """
 
 from __future__ import annotations
@@ -13,18 +15,38 @@ import json
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
 from ...extras import needs_extra
 from .settings import JWT_KEYS_ENV
 
-__all__ = ["ALGORITHMS", "MAX_LIFETIME_S", "JwtVerifier", "looks_like_jwt"]
+__all__ = [
+    "ALGORITHMS",
+    "CLOCK_SKEW_S",
+    "MAX_LIFETIME_S",
+    "JwtVerifier",
+    "TokenPrincipal",
+    "looks_like_jwt",
+]
 
 ALGORITHMS = ("EdDSA", "RS256")
 MAX_LIFETIME_S = 300
+CLOCK_SKEW_S = 60
+"""How far LibreChat's clock may run ahead of (or behind) this host's. LibreChat signs
+``iat`` and ``nbf`` as its whole second *now* and sends the token at once: without a
+leeway a host a millisecond behind it across a second's edge refuses a fresh token."""
 ISSUER = "librechat"
 AUDIENCE = "codeapi"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrincipal:
+    """Who a verified token names: its user, and its LibreChat tenant (``None``: none named)."""
+
+    user: str
+    tenant: str | None
 
 
 def looks_like_jwt(credential: str) -> bool:
@@ -64,8 +86,11 @@ class JwtVerifier:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def user_of(self, token: str) -> str | None:
-        """The token's user when it verifies, else ``None`` (never why: that is for logs)."""
+    def principal_of(self, token: str) -> TokenPrincipal | None:
+        """Who the token names when it verifies, else ``None`` (never why: that is for logs).
+
+        A ``tenant_id`` that is present but not a non-empty string refuses the token: a
+        tenant must never be read as another (or as none)."""
         from joserfc import jwt
         from joserfc.errors import JoseError, SecurityWarning
         from joserfc.jwt import JWTClaimsRegistry
@@ -73,6 +98,7 @@ class JwtVerifier:
         now = int(self._clock())
         registry = JWTClaimsRegistry(
             now=now,
+            leeway=CLOCK_SKEW_S,
             iss={"essential": True, "value": ISSUER},
             aud={"essential": True, "value": AUDIENCE},
             exp={"essential": True},
@@ -92,10 +118,15 @@ class JwtVerifier:
             iat, exp = claims.get("iat"), claims.get("exp")
             if not isinstance(iat, int | float) or not isinstance(exp, int | float):
                 return None
-            if exp - iat > MAX_LIFETIME_S or iat > now + 60:
+            if exp - iat > MAX_LIFETIME_S or iat > now + CLOCK_SKEW_S:
                 return None
             user = claims.get("sub", claims.get("user_id"))
-            return user if isinstance(user, str) and user else None
+            tenant = claims.get("tenant_id")
+            if not isinstance(user, str) or not user:
+                return None
+            if tenant is not None and (not isinstance(tenant, str) or not tenant):
+                return None
+            return TokenPrincipal(user=user, tenant=tenant)
         return None
 
 

@@ -10,7 +10,8 @@ What one run keeps is bounded by ``SANDCELL_LIBRECHAT_MAX_OUTPUT_BYTES``, inline
 outputs included, in the order the runner lists them; the bytes are read while
 the run still holds its tenant's concurrency slot and its turn, so their cost is
 the run's. An output that does not fit is not kept: the answer's
-``artifact_delivery`` names it with the code ``output_limit_exceeded``.
+``artifact_delivery`` (code ``artifact_delivery_failed``, the one the client reads)
+names it in ``errors`` with the code ``output_limit_exceeded``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from ...errors import SandcellError
 from ...handle import SandboxHandle
 from ...metrics import Metrics
 
-__all__ = ["LIMIT_CODE", "READ_FAILED_CODE", "KeptOutputs", "Refusal"]
+__all__ = [
+    "DELIVERY_FAILED_CODE",
+    "LIMIT_CODE",
+    "READ_FAILED_CODE",
+    "KeptOutputs",
+    "Refusal",
+    "deleted_inputs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +40,10 @@ LIMIT_CODE = "output_limit_exceeded"
 """An output not kept because the run's outputs passed the byte cap."""
 READ_FAILED_CODE = "artifact_delivery_failed"
 """An output not kept because it could not be read from the sandbox."""
+DELIVERY_FAILED_CODE = "artifact_delivery_failed"
+"""The code of ``artifact_delivery`` itself, whatever its errors' codes: the only one
+``@librechat/agents`` accepts (it drops a summary with another, and so never warns the
+model that files are missing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +126,41 @@ class KeptOutputs:
     def refusal(self, output: OutputFile) -> Refusal | None:
         """Why ``output`` is not kept, if it was refused."""
         return self._refused.get(output.name)
+
+
+async def deleted_inputs(
+    handle: SandboxHandle, inputs: list[str], outputs: list[OutputFile]
+) -> list[str]:
+    """The input names the job removed from its workspace (the answer's ``deleted_files``).
+
+    The client drops a file from its conversation's session only when an answer names
+    it here (absence from ``files`` is no signal), so without it a file the code deleted
+    comes back in the next call. One listing per directory of an input; a name is said
+    deleted only when a listing shows it gone (a listing that fails says nothing, but
+    the directory itself gone from a root listing that succeeds)."""
+    written = {output.name for output in outputs}
+    by_dir: dict[str, set[str]] = {}
+    for name in inputs:
+        if name not in written:
+            parent, _, leaf = name.rpartition("/")
+            by_dir.setdefault(parent, set()).add(leaf)
+    root: set[str] | None = None
+    deleted: list[str] = []
+    for parent in sorted(by_dir):
+        try:
+            present = {entry.name for entry in await handle.files.list(parent)}
+        except SandcellError:
+            if not parent:
+                continue
+            if root is None:
+                try:
+                    root = {entry.name for entry in await handle.files.list("")}
+                except SandcellError:
+                    continue
+            if parent.split("/", 1)[0] in root:
+                continue  # the directory is there: the listing failed for another reason
+            present = set()
+        deleted += sorted(
+            f"{parent}/{leaf}" if parent else leaf for leaf in by_dir[parent] - present
+        )
+    return deleted

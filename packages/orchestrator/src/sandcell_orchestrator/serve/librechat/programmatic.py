@@ -1,6 +1,8 @@
 """Programmatic tool calling: ``POST /exec/programmatic`` (and ``/cancel``).
 
-The caller's Python runs with each of its tools as an async function. When the
+The caller's Python runs with each of its tools as an async function (or, with
+``lang: "bash"``, the caller's bash with each tool as a shell function taking one
+JSON string argument, whose stdout is the tool's result). When the
 code awaits tools, the answer is ``{status: "tool_call_required",
 continuation_token, tool_calls: [{id, name, input}]}``; the caller runs the tools
 and posts ``{continuation_token, tool_results: [{call_id, result, is_error,
@@ -50,24 +52,39 @@ from sandcell_protocol import (
 from sandcell_protocol import contexts as cx
 
 from ...errors import SandboxError, SandboxNotFoundError
+from ...handle import SandboxHandle
 from ...sessions.execution import Identity
 from ..errors import JSON_MEDIA_TYPE, read_body
 from .auth import Caller
 from .errors import librechat_json
 from .ids import new_nanoid
-from .outputs import KeptOutputs
-from .programmatic_runtime import RUNTIME, python_name
+from .outputs import KeptOutputs, deleted_inputs
+from .programmatic_runtime import BASH_RUNTIME, RUNTIME, bash_name, python_name
 from .programmatic_wire import CancelBody, ProgrammaticBody, ToolResult
 from .routes import LibreChatApi, ResolvedInput
 
-__all__ = ["MAX_ROUND_TRIPS", "RUNTIME", "TOKEN_TTL_S", "Programmatic", "python_name"]
+__all__ = [
+    "MAX_ROUND_TRIPS",
+    "RUNTIME",
+    "TOKEN_TTL_S",
+    "Programmatic",
+    "bash_name",
+    "python_name",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_ROUND_TRIPS = 20
 TOKEN_TTL_S = 600.0
 REQUEST_ID_HEADER = "x-librechat-code-request-id"
+WORKSPACE_HEADER = "x-librechat-code-workspace-id"
+"""The client's attached-workspace bash (a persistent project per conversation): not
+served, and refused with the capability code the client turns into "do not retry"."""
 _QUIET_S = 0.05
+_BASH_QUIET_S = 0.2
+"""Bash's calls each start a process or two (``mkfifo``): parallel ones (``&``) come
+further apart than Python's, and should still share a round."""
+_PYTHON_LANGS = frozenset({"py", "python"})
 
 
 @dataclass
@@ -76,6 +93,8 @@ class _Run:
 
     namespace: str
     user: str
+    owner: str | None
+    """Who owns the outputs (``LibreChatApi.owner_of``)."""
     hint: str
     own_session: bool
     context_id: str
@@ -84,10 +103,22 @@ class _Run:
     kept: KeptOutputs
     """The outputs over the inline cap, read in each round (the byte cap is per run)."""
     expires_at: float
+    quiet_s: float = _QUIET_S
+    """How long the code must have made no new tool call before a round answers its calls."""
     rounds: int = 0
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
     outputs: dict[str, OutputFile] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    """The inputs gone from the workspace as of the last round (``deleted_files``)."""
+
+    async def collect(self, handle: SandboxHandle, files: list[OutputFile]) -> None:
+        """A round's collection: its outputs over the inline cap, and the inputs gone."""
+        await self.kept.collect(handle, files)
+        if self.inputs:
+            written = [*self.outputs.values(), *files]
+            names = [item.wire.name for item in self.inputs]
+            self.deleted = await deleted_inputs(handle, names, written)
 
 
 class Programmatic:
@@ -117,6 +148,14 @@ class Programmatic:
         except msgspec.MsgspecError as exc:
             raise ProtocolError(f"programmatic body: {exc}") from None
         self._expire()
+        if request.headers.get(WORKSPACE_HEADER) is not None:
+            return librechat_json(
+                422,
+                {
+                    "error": "stateful_workspace_unsupported",
+                    "message": "attached workspaces are not served here",
+                },
+            )
         if body.continuation_token is not None:
             run = self._paused.get(body.continuation_token)
             if run is not None and _owns(caller, run):
@@ -130,15 +169,20 @@ class Programmatic:
             cell = (
                 f"__sandcell_ptc__.resume(__import__('json').loads("
                 f"{json.dumps(_results(body.tool_results))!r}))\n"
-                f"__sandcell_ptc__.wait({_QUIET_S})"
+                f"__sandcell_ptc__.wait({run.quiet_s})"
             )
             return await self._round(request, caller, run, cell, files=[])
+        bash = body.lang == "bash"
+        if not bash and body.lang is not None and body.lang not in _PYTHON_LANGS:
+            return librechat_json(400, {"error": "bad_request", "message": "Unsupported language"})
         if not body.code:
             raise ProtocolError("programmatic: code is required")
-        tools = {python_name(tool.name): tool.name for tool in body.tools or []}
+        named = bash_name if bash else python_name
+        tools = {named(tool.name): tool.name for tool in body.tools or []}
         if "" in tools:
             raise ProtocolError("programmatic: a tool name has no identifier characters")
         user = api.user_of(caller, request, None)
+        owner = api.owner_of(caller, request, None)
         hint = body.runtime_session_hint
         if request.headers.get("x-codeapi-expected-profile", "").lower() == "default":
             hint = None
@@ -150,6 +194,7 @@ class Programmatic:
         run = _Run(
             namespace=caller.namespace,
             user=user,
+            owner=owner,
             hint=hint,
             own_session=own_session,
             context_id=f"ptc-{new_nanoid()}",
@@ -157,11 +202,16 @@ class Programmatic:
             inputs=inputs,
             kept=api.kept_outputs(inputs),
             expires_at=self._clock() + TOKEN_TTL_S,
+            quiet_s=_BASH_QUIET_S if bash else _QUIET_S,
         )
+        if bash:
+            runtime, kind = f"{RUNTIME}\n{BASH_RUNTIME}", "_SandcellBashProgrammatic"
+        else:
+            runtime, kind = RUNTIME, "_SandcellProgrammatic"
         cell = (
-            f"{RUNTIME}\n"
-            f"__sandcell_ptc__ = _SandcellProgrammatic({body.code!r}, {tools!r})\n"
-            f"__sandcell_ptc__.wait({_QUIET_S})"
+            f"{runtime}\n"
+            f"__sandcell_ptc__ = {kind}({body.code!r}, {tools!r})\n"
+            f"__sandcell_ptc__.wait({run.quiet_s})"
         )
         return await self._round(request, caller, run, cell, files=api.refs_of(inputs))
 
@@ -185,7 +235,7 @@ class Programmatic:
                     Identity(namespace=run.namespace, user_id=run.user),
                     hint=run.hint,
                     context_id=run.context_id,
-                    collect=run.kept.collect,
+                    collect=run.collect,
                 )
         except BaseException:
             await self._finish(run)
@@ -214,7 +264,7 @@ class Programmatic:
         if state.get("state") == "done":
             session_id = api.new_id()
             files, delivery = await api.keep_outputs(
-                caller, run.user, session_id, list(run.outputs.values()), run.inputs, run.kept
+                caller, run.owner, session_id, list(run.outputs.values()), run.inputs, run.kept
             )
             answer: dict[str, Any] = {
                 "status": "completed",
@@ -225,6 +275,8 @@ class Programmatic:
             }
             if delivery is not None:
                 answer["artifact_delivery"] = delivery
+            if run.deleted:
+                answer["deleted_files"] = run.deleted
             return _json(answer)
         error = state.get("error") or _failure(result)
         return _json({"status": "error", "error": error, "stderr": stderr})

@@ -3,7 +3,11 @@
 ``RUNTIME`` is Python source (standard library only) that the first round of a
 programmatic run executes in its code context; ``python_name`` is how a tool's
 name becomes the async function the code calls (as ``@librechat/agents`` spells it).
-``programmatic.py`` drives the rounds.
+``BASH_RUNTIME`` (after ``RUNTIME``) runs ``lang: "bash"`` code, the client's bash
+programmatic tool: a ``bash`` child of the context's interpreter in which each tool is
+a shell function (named by ``bash_name``) taking one JSON string argument; a call
+leaves its request in a file, names it on a pipe, and blocks on a FIFO the next round
+writes its result to. ``programmatic.py`` drives the rounds.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import keyword
 import re
 
-__all__ = ["RUNTIME", "python_name"]
+__all__ = ["BASH_RUNTIME", "RUNTIME", "bash_name", "python_name"]
 
 # The hard keywords only, as the client's list has them (``match`` stays ``match``:
 # a soft keyword is a valid name); a parity test compares with the client.
@@ -100,6 +104,172 @@ class _SandcellProgrammatic:
                     return _SandcellAnswer({"state": "calls", "calls": calls})
             _sc_time.sleep(0.01)
 """
+
+
+# The shell side of a tool call (bash builtins but mkfifo/cat/rm): the request (name, a
+# newline, the argument as given) goes in a file beside the reply FIFO, and only the
+# FIFO's path on the pipe, so calls from background jobs never interleave on it. The
+# reply is "ok" or "error", a newline, then the result (stdout) or the message (stderr).
+_BASH_PRELUDE = r"""
+_sc_ptc_call() {
+  local _sc_fifo _sc_status
+  while :; do
+    _sc_fifo="$SC_PTC_DIR/r.$BASHPID.$RANDOM$RANDOM"
+    mkfifo -m 600 "$_sc_fifo" 2>/dev/null && break
+  done
+  printf '%s\n%s' "$1" "${2-}" > "$_sc_fifo.in"
+  printf '%s\n' "$_sc_fifo" >&"$SC_PTC_FD"
+  {
+    IFS= read -r _sc_status
+    if [ "$_sc_status" = ok ]; then cat; else cat >&2; fi
+  } < "$_sc_fifo"
+  rm -f "$_sc_fifo" "$_sc_fifo.in"
+  [ "$_sc_status" = ok ]
+}
+"""
+
+# Runs inside the context's interpreter after RUNTIME (which it reuses for the answer
+# and the decoding of results); the same rounds as _SandcellProgrammatic.
+BASH_RUNTIME = (
+    r"""
+import os as _sc_os, shlex as _sc_shlex, subprocess as _sc_subprocess, tempfile as _sc_tempfile
+
+_SC_BASH_PRELUDE = """
+    + repr(_BASH_PRELUDE)
+    + r"""
+
+class _SandcellBashProgrammatic:
+    def __init__(self, code, tools):
+        self.lock = _sc_threading.Lock()
+        self.pending = {}
+        self.new = []
+        self.ids = _sc_it.count(1)
+        self.last_call = 0.0
+        self.out = []
+        self.err = []
+        self.dir = _sc_tempfile.mkdtemp(prefix="sandcell-ptc-")
+        functions = "".join(
+            "%s() { _sc_ptc_call %s \"$@\"; }\n" % (name, _sc_shlex.quote(original))
+            for name, original in tools.items()
+        )
+        read_end, write_end = _sc_os.pipe()
+        env = dict(_sc_os.environ, SC_PTC_DIR=self.dir, SC_PTC_FD=str(write_end))
+        self.process = _sc_subprocess.Popen(
+            ["bash", "-c", _SC_BASH_PRELUDE + functions + code, "bash"],
+            stdin=_sc_subprocess.DEVNULL,
+            stdout=_sc_subprocess.PIPE,
+            stderr=_sc_subprocess.PIPE,
+            pass_fds=(write_end,),
+            env=env,
+        )
+        _sc_os.close(write_end)
+        self.pumps = [
+            _sc_threading.Thread(target=self._pump, args=(stream, into), daemon=True)
+            for stream, into in ((self.process.stdout, self.out), (self.process.stderr, self.err))
+        ]
+        for pump in self.pumps:
+            pump.start()
+        _sc_threading.Thread(target=self._requests, args=(read_end,), daemon=True).start()
+
+    def _pump(self, stream, into):
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            with self.lock:
+                into.append(chunk)
+
+    def _requests(self, read_end):
+        with open(read_end, "r", encoding="utf-8", errors="surrogateescape") as requests:
+            for line in requests:
+                fifo = line.rstrip("\n")
+                try:
+                    with open(fifo + ".in", "r", encoding="utf-8", errors="replace") as f:
+                        name, _, argument = f.read().partition("\n")
+                except OSError:
+                    continue
+                value = _sandcell_decode(argument) if argument.strip() else {}
+                with self.lock:
+                    call_id = "call_%d" % next(self.ids)
+                    self.pending[call_id] = fifo
+                    self.new.append({"id": call_id, "name": name, "input": value})
+                    self.last_call = _sc_time.monotonic()
+
+    def _reply(self, fifo, status, text):
+        def write():
+            try:
+                with open(fifo, "w", encoding="utf-8", errors="replace") as f:
+                    f.write(status + "\n" + text)
+            except OSError:
+                pass
+        _sc_threading.Thread(target=write, daemon=True).start()
+
+    def resume(self, results):
+        for item in results:
+            with self.lock:
+                fifo = self.pending.pop(item.get("call_id"), None)
+            if fifo is None:
+                continue
+            if item.get("is_error"):
+                message = item.get("error_message") or "the tool failed"
+                self._reply(fifo, "error", message.rstrip("\n") + "\n")
+                continue
+            value = item.get("result")
+            if not isinstance(value, str):
+                value = _sc_json.dumps(value, separators=(",", ":"), default=str)
+            self._reply(fifo, "ok", value if value == "" or value.endswith("\n") else value + "\n")
+
+    def _flush(self):
+        with self.lock:
+            # In place: the pumps hold these very lists.
+            out, err = self.out[:], self.err[:]
+            del self.out[:], self.err[:]
+        if out:
+            _sc_sys.stdout.write(b"".join(out).decode("utf-8", "replace"))
+        if err:
+            _sc_sys.stderr.write(b"".join(err).decode("utf-8", "replace"))
+
+    def wait(self, quiet_s):
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                # A background job that outlived the script may hold its pipes open.
+                for pump in self.pumps:
+                    pump.join(2.0)
+                self._flush()
+                if code == 0:
+                    return _SandcellAnswer({"state": "done"})
+                shown = code if -9999 <= code <= 9999 else "unknown"
+                error = "Sandbox exited with code %s" % shown
+                return _SandcellAnswer({"state": "error", "error": error})
+            with self.lock:
+                ready = self.new and _sc_time.monotonic() - self.last_call >= quiet_s
+                if ready:
+                    calls, self.new = self.new, []
+            if ready:
+                self._flush()
+                return _SandcellAnswer({"state": "calls", "calls": calls})
+            _sc_time.sleep(0.01)
+"""
+)
+
+_BASH_RESERVED = frozenset(
+    {
+        *("if", "then", "else", "elif", "fi", "case", "esac", "for", "while", "until"),
+        *("do", "done", "in", "function", "select", "time", "coproc", "declare"),
+        *("typeset", "local", "readonly", "export", "unset"),
+    }
+)
+"""The words the client's ``normalizeToBashIdentifier`` suffixes (a parity test compares)."""
+
+
+def bash_name(name: str) -> str:
+    """A tool's name as bash code calls it, as ``@librechat/agents`` normalizes it
+    (``normalizeToBashIdentifier``): hyphens, spaces and dots to ``_``, other characters
+    dropped, a leading digit prefixed with ``_``, a reserved word suffixed with ``_tool``."""
+    normalized = re.sub(r"[^a-zA-Z0-9_]", "", re.sub(r"[-\s.]", "_", name))
+    if re.match(r"[0-9]", normalized):
+        normalized = "_" + normalized
+    if normalized in _BASH_RESERVED:
+        normalized += "_tool"
+    return normalized
 
 
 def python_name(name: str) -> str:

@@ -29,6 +29,8 @@ class ProgrammaticBody(msgspec.Struct, frozen=True, kw_only=True):
 
     Not ``forbid_unknown_fields``, for the reason ``wire.ExecBody`` gives."""
 
+    lang: str | None = None
+    """``bash`` for the client's bash programmatic tool; Python otherwise (``py``, or none)."""
     code: str | None = None
     tools: list[ToolDef] | None = None
     session_id: str | None = None

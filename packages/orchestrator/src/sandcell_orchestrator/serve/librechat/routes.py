@@ -61,7 +61,13 @@ from .file_routes import FileRoutes
 from .files import LibreChatFiles, Viewer, visible
 from .ids import new_nanoid, require_nanoid
 from .limits import TenantLimiter
-from .outputs import LIMIT_CODE, READ_FAILED_CODE, KeptOutputs, Refusal
+from .outputs import (
+    DELIVERY_FAILED_CODE,
+    READ_FAILED_CODE,
+    KeptOutputs,
+    Refusal,
+    deleted_inputs,
+)
 from .settings import LibreChatSettings
 from .wire import (
     ExecAnswer,
@@ -173,6 +179,7 @@ class LibreChatApi(FileRoutes):
         if language is None:
             return librechat_json(400, {"error": "bad_request", "message": "Unsupported language"})
         user = self.user_of(caller, request, body.user_id)
+        owner = self.owner_of(caller, request, body.user_id)
         hint = body.runtime_session_hint
         if request.headers.get(PROFILE_HEADER, "").lower() == "default":
             hint = None
@@ -195,12 +202,16 @@ class LibreChatApi(FileRoutes):
         # those outputs (files, artifact_delivery) once stored.
         session_id = self._new_id()
         outputs: list[tuple[list[OutFile], dict[str, object] | None]] = []
+        deleted: list[str] = []
 
         async def collect(handle: SandboxHandle, files: list[OutputFile]) -> None:
             # Stored while the turn holds its sandbox, before the turn commits: a keyed
             # turn's commit stores the answer, and the answer names these files.
             await kept.collect(handle, files)
-            outputs[:] = [await self.keep_outputs(caller, user, session_id, files, inputs, kept)]
+            outputs[:] = [await self.keep_outputs(caller, owner, session_id, files, inputs, kept)]
+            if inputs:
+                names = [item.wire.name for item in inputs]
+                deleted[:] = await deleted_inputs(handle, names, files)
 
         def built(result: ExecuteResult) -> bytes | None:
             """The answer to ``result`` (None: a timeout, answered 504 and never kept)."""
@@ -208,11 +219,18 @@ class LibreChatApi(FileRoutes):
                 return None
             files, delivery = outputs[0] if outputs else ([], None)
             answer = self._answer(result, session_id, files, delivery)
+            if deleted:
+                answer = msgspec.structs.replace(answer, deleted_files=list(deleted))
             if hint is not None:
                 answer = msgspec.structs.replace(
-                    answer, runtime_session_id=runtime_session_id(caller.namespace, user, hint)
+                    answer,
+                    runtime_session_id=runtime_session_id(caller.namespace, user, hint),
+                    runtime_status="reused" if existed else "new",
                 )
             return msgspec.json.encode(answer)
+
+        # Whether the call's runtime session had a record before it (``runtime_status``).
+        existed = False
 
         # A keyed session turn saves these answer bytes in the store: a retry the
         # registry forgot (a wiped Redis) answers them, file ids and all.
@@ -243,7 +261,15 @@ class LibreChatApi(FileRoutes):
             )
 
         async def answered() -> bytes:
+            nonlocal existed
             async with self.limiter.slot(caller.namespace):
+                if hint is not None:
+                    # Looked up before the turn (which makes the record): a session
+                    # with one has its /mnt/data (warm, or from its checkpoint).
+                    record = await self._services().manager.record(
+                        runtime_session_id(caller.namespace, user, hint)
+                    )
+                    existed = record is not None
                 try:
                     # A keyed session turn: its answer goes with the fenced record write
                     # that commits it (exactly once, as /v1/exec's), and into the store.
@@ -318,8 +344,16 @@ class LibreChatApi(FileRoutes):
 
         Checked whether or not the call names a runtime session: the user is kept
         with the run's output files either way."""
-        user = caller.token_user or named or request.headers.get("user-id") or _DEFAULT_USER
-        return validate_user_id(user)
+        return self.owner_of(caller, request, named) or _DEFAULT_USER
+
+    @staticmethod
+    def owner_of(caller: Caller, request: Request, named: str | None) -> str | None:
+        """Who owns the run's outputs: the token's user, else the one the call names, else
+        nobody (``None``: the namespace's, ``files.visible``). The client names no user
+        on a programmatic call, so LibreChat's download for its user must still find
+        what an API-key run produced."""
+        user = caller.token_user or named or request.headers.get("user-id") or None
+        return None if user is None else validate_user_id(user)
 
     def timeout_s(self, timeout_ms: int | None) -> float:
         """The call's ``timeout`` (ms) capped, or the default."""
@@ -357,7 +391,9 @@ class LibreChatApi(FileRoutes):
         except ProtocolError as exc:
             raise ProtocolError(f"files[].name {item.name[:100]!r}: {exc}") from exc
         meta = await self.files.meta(caller.namespace, storage, item.id)
-        viewer = Viewer(user_id=caller.token_user, kind=item.kind, resource_id=item.resource_id)
+        viewer = Viewer(
+            user_id=caller.token_user, kind=item.kind, resource_id=item.resource_id, vouched=True
+        )
         if meta is None or (caller.token_user is not None and not visible(meta, viewer)):
             # Absent, another tenant's, or (for a token's user, whom the token vouches
             # for) one that user may not download: the same words either way.
@@ -396,7 +432,7 @@ class LibreChatApi(FileRoutes):
     async def keep_outputs(
         self,
         caller: Caller,
-        user: str,
+        user: str | None,
         session_id: str,
         outputs: list[OutputFile],
         inputs: list[ResolvedInput],
@@ -458,9 +494,10 @@ class LibreChatApi(FileRoutes):
                 raise
         delivery: dict[str, object] | None = None
         if errors:
-            codes = {item["code"] for item in errors}
+            # The summary's code is the one the client reads (any other makes it drop the
+            # whole summary, and the model is never warned); each error keeps its reason.
             delivery = {
-                "code": LIMIT_CODE if codes == {LIMIT_CODE} else READ_FAILED_CODE,
+                "code": DELIVERY_FAILED_CODE,
                 "status": "failed" if len(errors) == attempted else "partial",
                 "attempted": attempted,
                 "delivered": attempted - len(errors),

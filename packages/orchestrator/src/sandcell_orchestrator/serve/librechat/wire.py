@@ -96,7 +96,11 @@ class ExecAnswer(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     wall_time: float | None = None
     """Seconds."""
     runtime_session_id: str | None = None
+    runtime_status: str | None = None
+    """With ``runtime_session_id``: ``new`` (no session before this call) or ``reused``."""
     artifact_delivery: dict[str, object] | None = None
+    deleted_files: list[str] | None = None
+    """Input names the job removed (the client drops them from its session)."""
 
 
 class UploadedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
