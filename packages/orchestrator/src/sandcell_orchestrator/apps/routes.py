@@ -21,7 +21,7 @@ Wiring into the serve app (``service_app.create_app``)::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -34,7 +34,8 @@ from sandcell_protocol import ERROR_SEMANTICS, ErrorBody, ErrorCode, decode, enc
 from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
-from ..serve.errors import JSON_MEDIA_TYPE, explained, guarded, read_body
+from ..serve.errors import JSON_MEDIA_TYPE, Endpoint, explained, guarded, read_body
+from ..serve.lifespans import run_in_lifespan
 from .errors import AppRequestError, InstanceStartError
 from .instances import AppInstances, Instance
 from .lifecycle import InstanceSupervisor
@@ -47,8 +48,6 @@ from .templates import TemplateError, TemplateNotFoundError, TemplateRegistry
 from .webhooks import WebhookSender
 
 __all__ = ["AppService", "install_app_routes"]
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 # The app errors whose ``public_detail`` is the caller's to read: built from the
@@ -260,14 +259,7 @@ def install_app_routes(
     service = AppService(settings, namespace_of=namespace_of, app_settings=app_settings)
     app.router.routes.extend(service.routes())
     app.state.apps = service
-    outer = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(target: Any) -> AsyncIterator[Any]:
-        async with outer(target) as state, service.running(services()):
-            yield state
-
-    app.router.lifespan_context = lifespan
+    run_in_lifespan(app, lambda: service.running(services()))
     return service
 
 

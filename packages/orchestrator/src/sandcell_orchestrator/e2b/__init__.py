@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -30,6 +29,7 @@ from ..bootstrap import Services
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
 from ..serve.idempotency import Idempotency
+from ..serve.lifespans import run_in_lifespan
 from .control import ControlPlane
 from .envd import EnvdApp
 from .hosts import E2bHostRouting
@@ -132,12 +132,5 @@ def install_e2b_routes(
     if domain is not None:
         app.add_middleware(E2bHostRouting, domain=domain)
     app.state.e2b = service
-    outer = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(target: Any) -> AsyncIterator[Any]:
-        async with outer(target) as state, service.running(services()):
-            yield state
-
-    app.router.lifespan_context = lifespan
+    run_in_lifespan(app, lambda: service.running(services()))
     return service

@@ -9,7 +9,7 @@ into E2B's error body.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from sandcell_protocol import encode
 
+from ..serve.errors import Endpoint, answered
 from .errors import E2bError, e2b_error_response
 from .sandboxes import E2bSandbox, E2bSandboxes
 from .wire import SandboxCreated
@@ -24,7 +25,6 @@ from .wire import SandboxCreated
 __all__ = [
     "ENVD_VERSION",
     "ControlContext",
-    "Endpoint",
     "guarded",
     "iso",
     "json_response",
@@ -36,7 +36,6 @@ ENVD_VERSION = "0.6.4"
 
 _JSON = "application/json"
 _MAX_LIMIT = 100
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def iso(epoch_s: float) -> str:
@@ -64,14 +63,7 @@ def page_limit(request: Request) -> int:
 
 def guarded(endpoint: Endpoint) -> Endpoint:
     """``endpoint`` answering any exception it raises as E2B's error body."""
-
-    async def guarded_endpoint(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except Exception as exc:
-            return e2b_error_response(exc)
-
-    return guarded_endpoint
+    return answered(endpoint, e2b_error_response)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,7 +42,7 @@ from sandcell_protocol import contexts as cx
 
 from ..errors import RunnerRequestError, SandboxNotFoundError
 from ..sessions.execution import ExecutionService, Identity
-from .errors import JSON_MEDIA_TYPE, guarded, read_body
+from .errors import JSON_MEDIA_TYPE, Endpoint, guarded, read_body
 from .idempotency import IDEMPOTENCY_KEY_HEADER, Idempotency, idempotency_key
 from .stream import Turn
 
@@ -50,7 +50,6 @@ __all__ = ["ContextRoutes"]
 
 log = logging.getLogger(__name__)
 
-Endpoint = Callable[[Request], Awaitable[Response]]
 Remember = Callable[[str, str, str, str], Awaitable[None]]
 """(session id, namespace, user id, hint): index a session this tenant named."""
 Owns = Callable[[str, str], Awaitable[bool]]

@@ -2,7 +2,8 @@
 
 ``map_error`` turns any exception (orchestrator errors, protocol errors, an
 unauthorized caller, a too-large body) into a status and an ``ErrorBody``;
-``guarded`` wraps a route so nothing escapes unmapped, and ``http_error_response``
+``guarded`` wraps a route so nothing escapes unmapped (``answered``: the same with
+another surface's error table), and ``http_error_response``
 answers Starlette's own 404/405s the same way. Unexpected exceptions say
 nothing about themselves: their text may hold secrets. Orchestrator errors say
 what failed (a stable code and this module's words), never how: their own
@@ -54,7 +55,9 @@ from .auth import UnauthorizedError
 __all__ = [
     "JSON_MEDIA_TYPE",
     "MAX_BODY_BYTES",
+    "Endpoint",
     "PayloadTooLargeError",
+    "answered",
     "error_response",
     "explained",
     "form_of",
@@ -231,7 +234,21 @@ def _error(exc: BaseException, extra: ExtraMapping | None = None) -> Response:
 
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+"""A route's endpoint, as Starlette calls it."""
 ExtraMapping = Callable[[BaseException], tuple[int, ErrorBody] | None]
+
+
+def answered(endpoint: Endpoint, answer: Callable[[BaseException], Response]) -> Endpoint:
+    """Wrap a route so every exception it raises is answered by ``answer``: a served
+    surface's error table (``guarded``'s, LibreChat's, E2B's)."""
+
+    async def guarded_endpoint(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception as exc:
+            return answer(exc)
+
+    return guarded_endpoint
 
 
 def guarded(endpoint: Endpoint, *, extra: ExtraMapping | None = None) -> Endpoint:
@@ -239,14 +256,7 @@ def guarded(endpoint: Endpoint, *, extra: ExtraMapping | None = None) -> Endpoin
 
     ``extra`` maps a feature's own errors first (``None``: not one of them).
     """
-
-    async def guarded(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except Exception as exc:
-            return _error(exc, extra)
-
-    return guarded
+    return answered(endpoint, lambda exc: _error(exc, extra))
 
 
 async def read_body(request: Request, *, max_bytes: int = MAX_BODY_BYTES) -> bytes:

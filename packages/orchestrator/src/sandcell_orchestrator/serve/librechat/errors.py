@@ -9,15 +9,12 @@ this API's own cases first; the body is ``{"error": <code>, "message": ...}``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import msgspec
-from starlette.requests import Request
 from starlette.responses import Response
 
 from sandcell_protocol import ErrorCode
 
-from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, map_error
+from ..errors import JSON_MEDIA_TYPE, Endpoint, PayloadTooLargeError, answered, map_error
 from .limits import RateLimitedError
 
 __all__ = [
@@ -26,8 +23,6 @@ __all__ = [
     "librechat_guarded",
     "librechat_json",
 ]
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class ExecutionTimeoutError(Exception):
@@ -73,11 +68,4 @@ def _answer(exc: BaseException) -> Response:
 
 def librechat_guarded(endpoint: Endpoint) -> Endpoint:
     """Answer every exception ``endpoint`` raises through ``_answer``."""
-
-    async def guarded(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except Exception as exc:
-            return _answer(exc)
-
-    return guarded
+    return answered(endpoint, _answer)
