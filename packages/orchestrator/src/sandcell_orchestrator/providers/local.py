@@ -317,7 +317,11 @@ class LocalProvider:
     # -- state ----------------------------------------------------------------
 
     async def dead_sandboxes(self) -> dict[str, float]:
-        """Roots under the runtime directory whose runner is gone (``Remains``), by age."""
+        """The runtime directory's sandboxes that serve no one (``Remains``), by age: the
+        roots whose runner is gone, and the live runners of a session (only a record can
+        still claim one: the record may have gone with a wiped Redis, and nothing else
+        would ever stop it), as Docker's running containers of a session are. A live
+        runner of no session (pooled, or a stateless run's) is left alone."""
         return await asyncio.to_thread(self._dead)
 
     def _dead(self) -> dict[str, float]:
@@ -328,10 +332,15 @@ class LocalProvider:
                 if self._root(entry.name) is None:
                     continue
                 runner = self._read_state(entry.name)
+                aged = entry
                 if runner is not None and runner_alive(runner):
-                    continue
+                    if runner.session_id is None:
+                        continue
+                    # Aged from its session's claim (``create`` writes the state then),
+                    # not the root's making: a pooled runner is older than its session.
+                    aged = entry / "sandbox.json"
                 with contextlib.suppress(OSError):
-                    found[entry.name] = max(0.0, now - entry.stat().st_mtime)
+                    found[entry.name] = max(0.0, now - aged.stat().st_mtime)
         return found
 
     def _root(self, sandbox_id: str) -> Path | None:
