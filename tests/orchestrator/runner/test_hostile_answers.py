@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from sandcell_orchestrator.errors import RunnerAnswerError, SandboxUnavailableError
-from sandcell_orchestrator.runner.answers import AnswerCaps
+from sandcell_orchestrator.providers.lambda_auth import MicrovmProxyAuth, ProxyTokenCache
+from sandcell_orchestrator.runner.answers import DEFAULT_CAPS, AnswerCaps
 from sandcell_orchestrator.runner.client import RunnerClient
 from sandcell_orchestrator.runner.sandbox import SandboxRunnerClient
 from sandcell_protocol import PROTOCOL_VERSION, ExecuteRequest, Health, encode, routes
@@ -254,6 +255,22 @@ async def test_a_gzip_bomb_never_inflates_past_the_cap() -> None:
         finally:
             tracemalloc.stop()
         assert peak < CAPS.fs_bytes + (8 << 20)
+
+
+async def test_a_refusal_behind_the_microvm_proxy_is_read_within_the_error_cap() -> None:
+    """The proxy auth reads a 403's body to tell the runner's refusal from the proxy's."""
+
+    async def mint() -> dict[str, str]:
+        return {"X-aws-proxy-auth": "proxy-token-0001"}
+
+    auth = MicrovmProxyAuth(ProxyTokenCache(mint, lifetime_s=3600))
+    handler = endless_chunked("application/json", status="403 Forbidden")
+    async with hostile(handler, auth=auth) as (runner, client):
+        # The auth's own cap (the default error cap): it is not the client's to choose.
+        with pytest.raises(RunnerAnswerError, match=f"exceeds {DEFAULT_CAPS.error_bytes} bytes"):
+            await client.egress()
+        await runner.done.wait()
+        assert runner.sent < SOCKET_SLACK
 
 
 # -- endless lines ---------------------------------------------------------------------
