@@ -260,6 +260,21 @@ async def supervise(
         await remove_job_dir(workspaces, proc.job_dir)
 
 
+def supervise_soon(
+    proc: SessionProcess,
+    outputs: Outputs,
+    report_r: int,
+    *,
+    workspaces: WorkspaceManager,
+    finish: Callable[[LaunchOutcome | None, Report], None],
+    name: str,
+) -> None:
+    """Start ``supervise`` as ``proc``'s monitor task, named ``name``."""
+    proc.monitor = asyncio.create_task(
+        supervise(proc, outputs, report_r, workspaces=workspaces, finish=finish), name=name
+    )
+
+
 async def stop(
     proc: SessionProcess, *, grace_s: float, term: Callable[[], None], kill: Callable[[], None]
 ) -> None:
@@ -323,5 +338,6 @@ __all__ = [
     "stop",
     "stop_all",
     "supervise",
+    "supervise_soon",
     "write_stdin",
 ]

@@ -12,6 +12,7 @@ restore, a process still running keeps the workspace it started with).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from ..jail.launched import LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.outcome import signal_name
 from ..jail.spec import JobLimits
-from ..session_process import LaunchPipes, Outputs, Report, SessionProcess, SessionTarget
+from ..session_process import LaunchPipes, Report, SessionProcess, SessionTarget
 from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from .logbuffer import LineBuffer
@@ -181,8 +182,13 @@ class ProcessManager:
         proc.stdin_fd = stdin_w
         os.set_blocking(stdin_w, False)
         outputs = session_process.read_outputs({out_r: proc.buffer.feed})
-        proc.monitor = asyncio.create_task(
-            self._monitor(proc, outputs, report_r), name=f"sandcell-proc-{proc.tag}"
+        session_process.supervise_soon(
+            proc,
+            outputs,
+            report_r,
+            workspaces=self._workspaces,
+            finish=functools.partial(self._finish, proc),
+            name=f"sandcell-proc-{proc.tag}",
         )
         if request.timeout_ms is not None:
             timeout_s = min(request.timeout_ms, self._settings.limits.max_timeout_ms) / 1000
@@ -194,15 +200,6 @@ class ProcessManager:
         task = asyncio.ensure_future(self._stop(proc))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _monitor(self, proc: _Process, outputs: Outputs, report_r: int) -> None:
-        await session_process.supervise(
-            proc,
-            outputs,
-            report_r,
-            workspaces=self._workspaces,
-            finish=lambda outcome, report: self._finish(proc, outcome, report),
-        )
 
     def _finish(self, proc: _Process, outcome: LaunchOutcome | None, report: Report) -> None:
         exit_code, signum = report

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -38,7 +39,7 @@ from ..errors import BadRequestError, InvalidPathError, NotFoundError
 from ..jail.launched import LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.spec import JobLimits
-from ..session_process import LaunchPipes, Outputs, Report, SessionProcess, SessionTarget
+from ..session_process import LaunchPipes, Report, SessionProcess, SessionTarget
 from ..workspace.cwd import require_dir
 from ..workspace.manager import WorkspaceManager
 from .env import process_env
@@ -250,8 +251,12 @@ class SandboxProcesses:
                 err_r: publisher("stderr"),
             }
         )
-        proc.monitor = asyncio.create_task(
-            self._monitor(proc, outputs, report_r),
+        session_process.supervise_soon(
+            proc,
+            outputs,
+            report_r,
+            workspaces=self._workspaces,
+            finish=functools.partial(self._finish, proc),
             name=f"sandcell-sandbox-proc-{proc.pid}",
         )
         if timeout_ms is not None:
@@ -268,15 +273,6 @@ class SandboxProcesses:
         task = asyncio.ensure_future(self._stop(proc))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _monitor(self, proc: _Process, outputs: Outputs, report_r: int) -> None:
-        await session_process.supervise(
-            proc,
-            outputs,
-            report_r,
-            workspaces=self._workspaces,
-            finish=lambda outcome, report: self._finish(proc, outcome, report),
-        )
 
     def _finish(self, proc: _Process, outcome: LaunchOutcome | None, report: Report) -> None:
         if proc.control_fd is not None:
