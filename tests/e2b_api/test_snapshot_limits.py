@@ -134,7 +134,8 @@ def test_an_auto_pause_past_the_checkpoint_cap_kills_at_the_timeout(capped: E2bS
             return False
 
         _until(gone)
-        assert sandbox.sandbox_id not in {s.sandbox_id for s in Sandbox.list(**capped.opts()).next_items()}
+        listed = Sandbox.list(**capped.opts()).next_items()
+        assert sandbox.sandbox_id not in {s.sandbox_id for s in listed}
         assert sandbox.is_running() is False
     finally:
         Sandbox.kill(sandbox.sandbox_id, **capped.opts())
