@@ -3,6 +3,8 @@ from the snapshot id, ``list_snapshots``, ``delete_snapshot``, and the tenant wa
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException, SandboxNotFoundException
@@ -89,10 +91,111 @@ def test_fork_makes_sandboxes_with_the_files(e2b_serve: E2bServe) -> None:
         for fork in forks:
             assert fork.files.read("forked.txt") == "from the source"
         assert source.is_running() is True
-        assert Sandbox.list_snapshots(**opts).next_items() == []
+        assert Sandbox.list_snapshots(sandbox_id=source.sandbox_id, **opts).next_items() == []
         with pytest.raises(SandboxNotFoundException):
             Sandbox.fork(source.sandbox_id, **e2b_serve.opts(KEY_B))
     finally:
         for fork in forks:
             fork.kill()
+        source.kill()
+
+
+def test_named_snapshots_as_e2b_names_them(e2b_serve: E2bServe) -> None:
+    """``create_snapshot(name=)``: E2B's ``<team slug>/<name>:<tag>`` id and ``names``;
+    a create by the bare name, the namespaced one or a tag; the name again moves the
+    tag to the new snapshot; listing by name; delete by name removes every tag."""
+    opts = e2b_serve.opts()
+    source = Sandbox.create(**opts)
+    try:
+        source.files.write("v.txt", "one")
+        first = source.create_snapshot(name="app")
+        assert (first.snapshot_id, first.names) == ("tenant-a/app:default", ["tenant-a/app"])
+        source.files.write("v.txt", "two")
+        tagged = source.create_snapshot(name="tenant-a/app:v2")
+        assert (tagged.snapshot_id, tagged.names) == ("tenant-a/app:v2", ["tenant-a/app"])
+        for ref, want in (("app", "one"), ("tenant-a/app:default", "one"), ("app:v2", "two")):
+            assert _read_from(ref, "v.txt", opts) == want, ref
+        # The name and tag again: the newer snapshot answers it, the older is gone.
+        source.files.write("v.txt", "three")
+        again = source.create_snapshot(name="app")
+        assert again.snapshot_id == "tenant-a/app:default"
+        assert _read_from("app", "v.txt", opts) == "three"
+
+        # One entry per name, its newest; an unnamed snapshot has no names.
+        unnamed = source.create_snapshot()
+        assert unnamed.names == []
+        listed = Sandbox.list_snapshots(sandbox_id=source.sandbox_id, **opts).next_items()
+        assert [(s.snapshot_id, s.names) for s in listed] == [
+            (unnamed.snapshot_id, []),
+            ("tenant-a/app:default", ["tenant-a/app"]),
+        ]
+        pages = Sandbox.list_snapshots(sandbox_id=source.sandbox_id, limit=1, **opts)
+        assert [s.snapshot_id for s in pages.next_items()] == [unnamed.snapshot_id]
+        assert pages.has_next is True
+        assert [s.snapshot_id for s in pages.next_items()] == ["tenant-a/app:default"]
+        assert pages.has_next is False
+        by_tag = Sandbox.list_snapshots(name="app:v2", **opts).next_items()
+        assert [s.snapshot_id for s in by_tag] == ["tenant-a/app:v2"]
+        with pytest.raises(SandboxException, match="must match your team 'tenant-a'"):
+            source.create_snapshot(name="tenant-b/app")
+        with pytest.raises(SandboxException, match=r"^400: Invalid name: invalid template ID"):
+            source.create_snapshot(name="no good!")
+
+        assert Sandbox.delete_snapshot("tenant-a/app", **opts) is True
+        assert Sandbox.delete_snapshot("app:v2", **opts) is False
+        assert Sandbox.delete_snapshot(unnamed.snapshot_id, **opts) is True
+        assert Sandbox.list_snapshots(sandbox_id=source.sandbox_id, **opts).next_items() == []
+        with pytest.raises(SandboxException, match=r"^404: template .* not found$"):
+            Sandbox.create("app:v2", **opts)
+    finally:
+        source.kill()
+
+
+def _read_from(template: str, path: str, opts: dict[str, Any]) -> str:
+    """``path`` as a sandbox created from ``template`` has it (the sandbox killed)."""
+    sandbox = Sandbox.create(template, **opts)
+    try:
+        return sandbox.files.read(path)
+    finally:
+        sandbox.kill()
+
+
+def test_another_tenants_name_is_unknown(e2b_serve: E2bServe) -> None:
+    """Tenant B's create, delete and listing by A's name answer as for a name nobody
+    took; B's own name of the same spelling is B's."""
+    opts, other = e2b_serve.opts(), e2b_serve.opts(KEY_B)
+    source = Sandbox.create(**opts)
+    try:
+        source.files.write("secret.txt", "tenant a's")
+        source.create_snapshot(name="shared")
+        with pytest.raises(SandboxException, match=r"^404") as seen:
+            Sandbox.create("tenant-a/shared", **other)
+        with pytest.raises(SandboxException, match=r"^404") as missing:
+            Sandbox.create("tenant-a/nobodys", **other)
+        assert str(seen.value).replace("shared", "X") == str(missing.value).replace("nobodys", "X")
+        with pytest.raises(SandboxException, match=r"^404"):
+            Sandbox.create("shared", **other)
+        assert Sandbox.delete_snapshot("tenant-a/shared", **other) is False
+        assert Sandbox.delete_snapshot("shared", **other) is False
+        assert Sandbox.list_snapshots(name="shared", **other).next_items() == []
+        mine = Sandbox.list_snapshots(sandbox_id=source.sandbox_id, **opts).next_items()
+        assert [s.snapshot_id for s in mine] == ["tenant-a/shared:default"]
+        assert Sandbox.delete_snapshot("tenant-a/shared:default", **opts) is True
+    finally:
+        source.kill()
+
+
+def test_a_paused_sandbox_is_not_snapshotted(e2b_serve: E2bServe) -> None:
+    """E2B snapshots only a sandbox live on a node: a paused one is its 404, the SDK's
+    ``SandboxNotFoundException``; fork likewise."""
+    opts = e2b_serve.opts()
+    source = Sandbox.create(**opts)
+    try:
+        source.pause()
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.create_snapshot(source.sandbox_id, **opts)
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.fork(source.sandbox_id, **opts)
+        assert Sandbox.list_snapshots(sandbox_id=source.sandbox_id, **opts).next_items() == []
+    finally:
         source.kill()

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sandcell_orchestrator.e2b.sandbox import new_sandbox_id
-from sandcell_orchestrator.e2b.saved import SavedSnapshots, SnapshotMeta, snapshot_ref
+from sandcell_orchestrator.e2b.saved import (
+    SavedSnapshots,
+    SnapshotMeta,
+    parse_snapshot_name,
+    snapshot_ref,
+    team_slug,
+)
 from sandcell_orchestrator.snapshots import SnapshotEntry, SnapshotUnavailableError
 from sandcell_orchestrator.snapshots.directory import DirectorySnapshotStore
 from sandcell_orchestrator.snapshots.whole import put_whole
@@ -47,6 +55,18 @@ def test_wire_ids() -> None:
     assert snapshot_ref(bare + ":v2") is None
     assert snapshot_ref("base") is None
     assert snapshot_ref("A" * 20) is None
+
+
+def test_names_parse_as_e2bs() -> None:
+    """E2B's ``id.ParseName``: trimmed, lowercased, ``default`` as no tag."""
+    name = parse_snapshot_name(" Team-A/App:V2 ")
+    assert (name.namespace, name.alias, name.tag, name.tagged) == ("team-a", "app", "v2", True)
+    name = parse_snapshot_name("app:default")
+    assert (name.namespace, name.alias, name.tag, name.tagged) == (None, "app", None, True)
+    for bad, why in (("a b", "template ID"), ("a:b c", "tag"), ("x.y/a", "namespace")):
+        with pytest.raises(ValueError, match=f"^invalid {why}: "):
+            parse_snapshot_name(bad)
+    assert team_slug("Tenant.A:1") == "tenant-a-1"
 
 
 async def test_a_workers_snapshots_being_taken_hold_their_places(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from ..sessions.manager import SandboxManager
 from ..snapshots import SnapshotTooLargeError
 from .errors import E2bError
 from .sandbox import E2bSandbox, new_sandbox_id
-from .saved import SavedSnapshots, SnapshotMeta
+from .saved import SNAPSHOT_TAG, SavedSnapshots, SnapshotMeta
 from .views import SandboxViews
 
 __all__ = ["Creates", "SandboxCopies"]
@@ -67,18 +67,20 @@ class SandboxCopies:
         self._max_count = max_count
         self._now = now
 
-    async def snapshot(self, sandbox: E2bSandbox) -> SnapshotMeta:
+    async def snapshot(
+        self, sandbox: E2bSandbox, *, name: str | None = None, tag: str = SNAPSHOT_TAG
+    ) -> SnapshotMeta:
         """Save a running sandbox's workspace as a new snapshot of its tenant's (the
-        sandbox runs on; its processes are not in the snapshot); 409 when it is paused,
-        429 past the tenant's cap."""
+        sandbox runs on; its processes are not in the snapshot), under ``name`` and
+        ``tag`` if given (the older one under them deleted after); 404 when it is
+        paused (as E2B, which snapshots only sandboxes live on a node), 429 past the
+        tenant's cap (one under a taken name and tag too: the older goes after)."""
         await self._views.attach(sandbox)
         async with sandbox.lock:
             await self._views.refresh(sandbox)
             handle = sandbox.handle
             if sandbox.state != "running" or handle is None:
-                raise E2bError(
-                    409, "session_conflict", f"sandbox {sandbox.sandbox_id} is not running"
-                )
+                raise E2bError(404, "not_found", f"sandbox {sandbox.sandbox_id} not found")
             owner = sandbox.owner
             # A place claimed before the copy: concurrent snapshots of the tenant's
             # other sandboxes count, so they cannot all take the last one.
@@ -92,6 +94,8 @@ class SandboxCopies:
                     sandbox_id=sandbox.sandbox_id,
                     session_id=sandbox.session_id,
                     created_at_s=self._now(),
+                    name=name,
+                    tag=tag,
                 )
                 key = self._snapshots.data_key(owner, meta.snapshot_id)
                 try:
@@ -107,6 +111,7 @@ class SandboxCopies:
                     ) from None
                 if not await self._snapshots.add(meta):
                     raise self._full()
+                await self._snapshots.supersede(meta)
             finally:
                 self._snapshots.unclaim(owner)
         log.info("e2b sandbox %s: snapshot %s taken", sandbox.sandbox_id, meta.snapshot_id)
@@ -137,7 +142,7 @@ class SandboxCopies:
                     results.append(
                         await self._create(
                             owner=row.namespace,
-                            template=meta.ref,
+                            template=meta.snapshot_id,
                             timeout_s=timeout_s,
                             metadata=row.metadata,
                             env=row.env,

@@ -117,9 +117,12 @@ class SandboxRoutes:
             clientID="sandcell",
             startedAt=iso(sandbox.started_at_s),
             endAt=iso(sandbox.end_at_s),
-            cpuCount=1,
-            memoryMB=0,
-            diskSizeMB=0,
+            # The runner's limits as read at create (``E2bSandboxes._with_limits``); a
+            # row that has none (an older orchestrator's, a runner that could not say)
+            # answers 1 CPU and 0 MB, as before.
+            cpuCount=sandbox.row.cpu_count or 1,
+            memoryMB=sandbox.row.memory_mib,
+            diskSizeMB=sandbox.row.disk_mib,
             state="paused" if sandbox.state == "paused" else "running",
             envdVersion=ENVD_VERSION,
             metadata=sandbox.metadata,

@@ -53,11 +53,19 @@ from ..snapshots import SnapshotNotFoundError, SnapshotTooLargeError
 from .copies import SandboxCopies
 from .create_once import check_create_key, create_once
 from .errors import E2bError
+from .history import MetricsHistory, in_range, merge_samples
 from .kept import KeptRows
 from .listing import SandboxListing
 from .network import SandboxNetwork
 from .sandbox import E2bSandbox, check_sandbox_id, new_sandbox_id, token_ok, valid_sandbox_id
-from .saved import SavedSnapshots, SnapshotMeta, snapshot_ref
+from .saved import (
+    SNAPSHOT_TAG,
+    SavedSnapshots,
+    SnapshotMeta,
+    parse_snapshot_name,
+    snapshot_ref,
+    team_slug,
+)
 from .signing import FileSignature, file_signature_ok
 from .views import SandboxViews
 
@@ -123,6 +131,7 @@ class E2bSandboxes:
         self._pause_failures: dict[str, int] = {}
         self._full_sweep_at = 0.0
         self.kept = KeptRows(manager.store)
+        self.history = MetricsHistory(manager.store)
         self.snapshots = SavedSnapshots(manager.store, max_per_tenant=max_snapshots_per_tenant)
         # The sandboxes this worker has seen, with the handles it opened.
         self.views = SandboxViews(
@@ -259,9 +268,8 @@ class E2bSandboxes:
         source: SnapshotMeta | None = None
         unknown = E2bError(404, "not_found", f"template {template[:80]!r} not found")
         if template not in self.templates:
-            # A snapshot id is a template of its tenant's only: another's reads as unknown.
-            bare = snapshot_ref(template)
-            source = None if bare is None else await self.snapshots.get(owner, bare)
+            # A snapshot is a template of its tenant's only: another's reads as unknown.
+            source = await self.snapshot_of(owner, template)
             if source is None or source.template not in self.templates:
                 raise unknown
             template = source.template
@@ -353,6 +361,7 @@ class E2bSandboxes:
                 await self.manager.restore_workspace(
                     row.session_id, handle, key, taken_of=source.session_id
                 )
+            row = sandbox.row = await self._with_limits(row, handle)
             added = await self.registry.add_e2b_sandbox(row)
         except BaseException:
             await self._discard(handle, row.session_id)
@@ -365,6 +374,27 @@ class E2bSandboxes:
         self.views.add(sandbox)
         log.info("e2b sandbox %s created from template %s", row.sandbox_id, template)
         return sandbox
+
+    @staticmethod
+    async def _with_limits(row: E2bSandboxRow, handle: SandboxHandle) -> E2bSandboxRow:
+        """``row`` with its runner's limits (E2B's ``cpuCount``, ``memoryMB``,
+        ``diskSizeMB``), as the runner's metrics sample reads them: the same figures
+        ``get_metrics`` answers. One runner call at create, so listings read rows only;
+        a runner that cannot say leaves them unknown (0), and the create goes on."""
+        try:
+            samples = (await SandboxRunnerClient.for_handle(handle).metrics(MetricsQuery())).samples
+        except SandcellError as exc:
+            log.warning("e2b sandbox %s: its limits are unknown: %s", row.sandbox_id, exc)
+            return row
+        if not samples:
+            return row
+        last = samples[-1]
+        return msgspec.structs.replace(
+            row,
+            cpu_count=last.cpu_count,
+            memory_mib=last.mem_total_bytes >> 20,
+            disk_mib=last.disk_total_bytes >> 20,
+        )
 
     # -- timeouts ---------------------------------------------------------------------------
 
@@ -457,11 +487,14 @@ class E2bSandboxes:
     # -- pause, connect, kill ------------------------------------------------------------
 
     async def pause(self, sandbox: E2bSandbox) -> bool:
-        """Suspend a running sandbox (its workspace is saved); False if already paused."""
+        """Suspend a running sandbox (its workspace and metrics samples are saved);
+        False if already paused."""
+        await self.views.attach(sandbox)  # takes the lock itself: before it is held
         async with sandbox.lock:
             await self.views.refresh(sandbox)
             if sandbox.state == "paused":
                 return False
+            await self._keep_metrics(sandbox)
             # Suspended first: if that fails the sandbox runs on, reachable as before.
             try:
                 await self.manager.suspend(sandbox.session_id)
@@ -530,9 +563,30 @@ class E2bSandboxes:
                 )
         return sandbox
 
-    async def snapshot(self, sandbox: E2bSandbox) -> SnapshotMeta:
+    async def snapshot(
+        self, sandbox: E2bSandbox, *, name: str | None = None, tag: str = SNAPSHOT_TAG
+    ) -> SnapshotMeta:
         """Save a running sandbox's workspace as a snapshot (``copies.SandboxCopies``)."""
-        return await self.copies.snapshot(sandbox)
+        return await self.copies.snapshot(sandbox, name=name, tag=tag)
+
+    async def snapshot_of(self, owner: str, template: str) -> SnapshotMeta | None:
+        """``owner``'s snapshot a create's ``templateID`` names: a snapshot id
+        (``<id>:default``, ``<id>``) or a name (``[<slug>/]<name>[:<tag>]``, the newest
+        under it; tag ``default`` unless given); None for none, another namespace's
+        name included (it is another tenant's, so unknown). A templateID that is no
+        E2B name at all is E2B's 400."""
+        bare = snapshot_ref(template)
+        meta = None if bare is None else await self.snapshots.get(owner, bare)
+        if meta is not None:
+            return meta
+        try:
+            name = parse_snapshot_name(template)
+        except ValueError as exc:
+            raise E2bError(400, "bad_request", f"Invalid template reference: {exc}") from None
+        if name.namespace is not None and name.namespace != team_slug(owner):
+            return None
+        found = await self.snapshots.named(owner, name.alias, name.tag or SNAPSHOT_TAG)
+        return found[0] if found else None
 
     async def fork(
         self, sandbox: E2bSandbox, *, timeout_s: int, count: int
@@ -542,14 +596,31 @@ class E2bSandboxes:
         return await self.copies.fork(sandbox, timeout_s=timeout_s, count=count)
 
     async def metrics(self, sandbox: E2bSandbox, query: MetricsQuery) -> list[MetricsSample]:
-        """The samples a running sandbox's runner kept in the query's range (oldest
-        first); none for a paused one: its runner, with the samples, is gone or suspended."""
+        """The samples in the query's range, oldest first: those its pauses kept
+        (``history.MetricsHistory``) and, while it runs, its runner's ring."""
+        kept: list[MetricsSample] = []
+        if sandbox.row.resumes or sandbox.state == "paused":
+            # Only a sandbox that was ever paused has kept samples: no store read else.
+            kept = in_range(await self.history.read(sandbox.owner, sandbox.sandbox_id), query)
         if sandbox.state != "running":
-            return []
+            return kept
         runner = (await self.views.attach(sandbox)).runner
         if runner is None:
-            return []  # a runner this worker's provider cannot reach (logged by attach)
-        return (await runner.metrics(query)).samples
+            return kept  # a runner this worker's provider cannot reach (logged by attach)
+        return merge_samples(kept, (await runner.metrics(query)).samples)
+
+    async def _keep_metrics(self, sandbox: E2bSandbox) -> None:
+        """Before a pause: the runner's samples into the kept ones (best effort: a
+        runner or store that fails loses them, never the pause)."""
+        runner = sandbox.runner
+        if runner is None:
+            return
+        try:
+            samples = (await runner.metrics(MetricsQuery())).samples
+        except SandcellError as exc:
+            log.warning("e2b sandbox %s: metrics not kept: %s", sandbox.sandbox_id, exc)
+            return
+        await self.history.keep(sandbox.owner, sandbox.sandbox_id, samples)
 
     async def kill(self, sandbox: E2bSandbox) -> None:
         """Destroy the sandbox, its checkpoints, its kept row and its row (idempotent)."""
@@ -568,6 +639,8 @@ class E2bSandboxes:
                     await self.kept.drop_quietly(sandbox.owner, sandbox.sandbox_id)
                 await self.registry.remove_e2b_sandbox(sandbox.sandbox_id)
                 await self.views.forget(sandbox.sandbox_id)
+                if sandbox.row.resumes or sandbox.state == "paused":
+                    await self.history.drop(sandbox.owner, sandbox.sandbox_id)
                 try:
                     await self.manager.destroy(sandbox.session_id)
                 except SandcellError as exc:

@@ -15,7 +15,13 @@ snapshot id answers exactly as an unknown one (DESIGN rule 8); a listing is one
 store listing of that prefix, bounded by the per-tenant cap.
 
 On the wire a snapshot id is ``<id>:default`` (E2B's ``<template id>:<tag>``);
-the bare ``<id>`` is taken too.
+the bare ``<id>`` is taken too. A named snapshot (``create_snapshot(name=)``) is
+one too, its meta carrying the name and tag; on the wire it is
+``<team slug>/<name>:<tag>`` (E2B's), the slug the tenant's namespace made a valid
+E2B namespace (``team_slug``). A name is no object of its own: the tenant's metas
+(at most the cap) are read to resolve one, and a new snapshot under a name and tag
+deletes the older ones under them after it is written, so of two racing the newer
+is left (E2B's build assigned to an existing template's tag).
 
 The cap holds under concurrent snapshots: a worker claims a place before it copies
 a workspace (its own snapshots being taken count, so two of its requests never
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 
 import anyio
 import msgspec
@@ -38,7 +45,15 @@ from ..snapshots.whole import put_whole, read_whole
 from ..tenants import tenant_digest
 from .sandbox import valid_sandbox_id
 
-__all__ = ["SNAPSHOT_TAG", "SavedSnapshots", "SnapshotMeta", "snapshot_ref"]
+__all__ = [
+    "SNAPSHOT_TAG",
+    "SavedSnapshots",
+    "SnapshotMeta",
+    "SnapshotName",
+    "parse_snapshot_name",
+    "snapshot_ref",
+    "team_slug",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +63,10 @@ SNAPSHOT_TAG = "default"
 _META_PREFIX = "e2b-snapshots/"
 _DATA_PREFIX = "e2b-snapshot-data/"
 _META_MAX_BYTES = 64 << 10
+# E2B's id package: an alias and a namespace, and a tag.
+_IDENTIFIER_RE = re.compile(r"[a-z0-9_-]+")
+_TAG_RE = re.compile(r"[a-z0-9_.-]+")
+_SLUG_DROPPED_RE = re.compile(r"[^a-z0-9_-]")
 
 
 class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,11 +80,60 @@ class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
     session_id: str
     """The source's session: the workspace archive names it (the restore says so)."""
     created_at_s: float
+    name: str | None = None
+    """The alias a named snapshot was taken under (no namespace); None for unnamed."""
+    tag: str = SNAPSHOT_TAG
+    """A named snapshot's tag (``default`` unless the name gave one)."""
 
-    @property
-    def ref(self) -> str:
-        """The id on the wire: ``<id>:default``."""
-        return f"{self.snapshot_id}:{SNAPSHOT_TAG}"
+    def ref(self, slug: str) -> str:
+        """The id on the wire: ``<id>:default``, or ``<slug>/<name>:<tag>`` when named."""
+        if self.name is None:
+            return f"{self.snapshot_id}:{SNAPSHOT_TAG}"
+        return f"{slug}/{self.name}:{self.tag}"
+
+    def names(self, slug: str) -> list[str]:
+        """E2B's ``names``: ``[<slug>/<name>]`` when named, else none."""
+        return [] if self.name is None else [f"{slug}/{self.name}"]
+
+
+class SnapshotName(msgspec.Struct, frozen=True, kw_only=True):
+    """A parsed E2B name: ``[<namespace>/]<alias>[:<tag>]``, lowercased and trimmed."""
+
+    namespace: str | None
+    alias: str
+    tag: str | None
+    """None when the name gave no tag, or gave ``default`` (E2B's ParseName)."""
+    tagged: bool
+    """Whether the name had a ``:`` at all (a listing's ``name:default`` filters by tag)."""
+
+
+def _clean(value: str, what: str, pattern: re.Pattern[str]) -> str:
+    cleaned = value.strip().lower()
+    if not pattern.fullmatch(cleaned):
+        raise ValueError(f"invalid {what}: {value[:80]}")
+    return cleaned
+
+
+def parse_snapshot_name(raw: str) -> SnapshotName:
+    """E2B's ``id.ParseName``; ``ValueError`` with E2B's text for an invalid one."""
+    identifier, colon, tag = raw.strip().partition(":")
+    namespace, slash, alias = identifier.partition("/")
+    if not slash:
+        namespace, alias = "", identifier
+    parsed_tag = _clean(tag, "tag", _TAG_RE) if colon else None
+    return SnapshotName(
+        namespace=_clean(namespace, "namespace", _IDENTIFIER_RE) if slash else None,
+        alias=_clean(alias, "template ID", _IDENTIFIER_RE),
+        tag=None if parsed_tag == SNAPSHOT_TAG else parsed_tag,
+        tagged=bool(colon),
+    )
+
+
+def team_slug(namespace: str) -> str:
+    """The E2B namespace (team slug) of a tenant: its namespace lowercased, with ``.``
+    and ``:`` (which E2B's namespaces lack) as ``-``. Two tenants may share a slug;
+    it only names, and every lookup goes by the tenant itself."""
+    return _SLUG_DROPPED_RE.sub("-", namespace.lower())
 
 
 def snapshot_ref(raw: str) -> str | None:
@@ -149,6 +217,30 @@ class SavedSnapshots:
         if meta.snapshot_id != snapshot_id or meta.namespace != namespace:
             return None
         return meta
+
+    async def metas(self, namespace: str) -> list[SnapshotMeta]:
+        """All of ``namespace``'s snapshots (at most one past the cap: one read each)."""
+        found = [await self.get(namespace, i) for i in await self.ids(namespace)]
+        return [m for m in found if m is not None]
+
+    async def named(self, namespace: str, name: str, tag: str | None = None) -> list[SnapshotMeta]:
+        """``namespace``'s snapshots taken under ``name`` (of ``tag`` if given), newest
+        first."""
+        found = [
+            m
+            for m in await self.metas(namespace)
+            if m.name == name and (tag is None or m.tag == tag)
+        ]
+        return sorted(found, key=lambda m: (m.created_at_s, m.snapshot_id), reverse=True)
+
+    async def supersede(self, meta: SnapshotMeta) -> None:
+        """Delete the snapshots under ``meta``'s name and tag older than it: a name and
+        tag name one snapshot, the newest (E2B moves the tag to the new build)."""
+        if meta.name is None:
+            return
+        for older in await self.named(meta.namespace, meta.name, meta.tag):
+            if (older.created_at_s, older.snapshot_id) < (meta.created_at_s, meta.snapshot_id):
+                await self.delete(meta.namespace, older.snapshot_id)
 
     async def add(self, meta: SnapshotMeta) -> bool:
         """Write ``meta`` (its workspace is written already). False when its tenant is

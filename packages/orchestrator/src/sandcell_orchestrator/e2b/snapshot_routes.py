@@ -3,7 +3,8 @@
 POST   /e2b/sandboxes/{id}/snapshots     SnapshotSandbox -> 201 SnapshotInfo
 POST   /e2b/sandboxes/{id}/fork          ForkSandbox -> 201 [ForkResult]
 GET    /e2b/snapshots                    [SnapshotInfo] (?sandboxID=&name=&limit=&nextToken=)
-DELETE /e2b/templates/{snapshot id}      204 (a snapshot's: the only templates served so)
+DELETE /e2b/templates/{snapshot id}      204 (a snapshot's, by id or name: the only
+                                         templates served so)
 """
 
 from __future__ import annotations
@@ -14,14 +15,22 @@ from starlette.routing import BaseRoute, Route
 
 from .control_context import ControlContext, guarded, json_response, page_limit
 from .errors import E2bError, read_message
-from .saved import SnapshotMeta, snapshot_ref
+from .saved import (
+    SNAPSHOT_TAG,
+    SnapshotMeta,
+    SnapshotName,
+    parse_snapshot_name,
+    snapshot_ref,
+    team_slug,
+)
 from .wire import ForkError, ForkResult, ForkSandbox, SnapshotInfo, SnapshotSandbox
 
 __all__ = ["SnapshotRoutes"]
 
 
 def _snapshot_info(meta: SnapshotMeta) -> SnapshotInfo:
-    return SnapshotInfo(snapshotID=meta.ref, names=[meta.ref])
+    slug = team_slug(meta.namespace)
+    return SnapshotInfo(snapshotID=meta.ref(slug), names=meta.names(slug))
 
 
 class SnapshotRoutes:
@@ -37,62 +46,92 @@ class SnapshotRoutes:
             Route(one + "/snapshots", guarded(self.snapshot), methods=["POST"]),
             Route(one + "/fork", guarded(self.fork), methods=["POST"]),
             Route(prefix + "/snapshots", guarded(self.list_snapshots), methods=["GET"]),
+            # ``:path``: the SDK sends a name's ``/`` as ``%2F``, which arrives decoded.
             Route(
-                prefix + "/templates/{template_id}",
+                prefix + "/templates/{template_id:path}",
                 guarded(self.delete_snapshot),
                 methods=["DELETE"],
             ),
         ]
 
     async def snapshot(self, request: Request) -> Response:
-        """E2B's ``create_snapshot``: the sandbox's workspace, saved; it keeps running."""
-        sandbox = await self._context.one(request)
+        """E2B's ``create_snapshot``: the sandbox's workspace, saved; it keeps running.
+        ``name`` is checked first, as E2B does, then the sandbox looked up."""
         message = await read_message(request, SnapshotSandbox, empty_ok=True)
+        name, tag = None, SNAPSHOT_TAG
         if message.name is not None:
-            raise E2bError(400, "bad_request", "name: not supported by sandcell")
-        meta = await self._context.sandboxes().snapshot(sandbox)
+            parsed = _snapshot_name(message.name, self._context.owner(request), "Invalid name")
+            name, tag = parsed.alias, parsed.tag or SNAPSHOT_TAG
+        sandbox = await self._context.one(request)
+        meta = await self._context.sandboxes().snapshot(sandbox, name=name, tag=tag)
         return json_response(_snapshot_info(meta), 201)
 
     async def list_snapshots(self, request: Request) -> Response:
-        """E2B's ``list_snapshots``: the caller's snapshots by id, paged (``nextToken``:
-        the last id of the page before), filtered by source ``sandboxID`` and ``name``
-        (a snapshot's id, as sandcell names them by id only)."""
+        """E2B's ``list_snapshots``: the caller's snapshots, one entry per unnamed
+        snapshot and per name (its newest, or newest of the ``name``'s tag), newest
+        first by when the first was taken, paged (``nextToken``: the last entry of the
+        page before); ``sandboxID``: the sandbox the first was taken of."""
         owner = self._context.owner(request)
         limit = page_limit(request)
         token = request.query_params.get("nextToken") or None
-        after = None if token is None else snapshot_ref(token)
+        after = None if token is None else _snapshot_page_key(token)
         if token is not None and after is None:
-            raise E2bError(400, "bad_request", "nextToken: not a token this service gave")
+            raise E2bError(400, "bad_request", "Invalid next token")
         source = request.query_params.get("sandboxID") or None
-        name = request.query_params.get("name") or None
-        wanted = None if name is None else (snapshot_ref(name) or "")
-        snapshots = self._context.sandboxes().snapshots
-        picked: list[SnapshotMeta] = []
-        more = False
-        # The ids are at most the per-tenant cap (one store listing): reading each
-        # one's meta for the filters stays bounded by it.
-        for snapshot_id in await snapshots.ids(owner):
-            if (after is not None and snapshot_id <= after) or (
-                wanted is not None and snapshot_id != wanted
-            ):
+        raw_name = request.query_params.get("name") or None
+        keys: set[str] | None = None
+        tag: str | None = None
+        if raw_name is not None:
+            wanted = _snapshot_name(raw_name, owner, "Invalid name")
+            keys = {"n" + wanted.alias}
+            bare = snapshot_ref(raw_name.strip())
+            if bare is not None:
+                keys.add("i" + bare)
+            tag = wanted.tag or (SNAPSHOT_TAG if wanted.tagged else None)
+        # At most the per-tenant cap of metas (one store listing, one read each): the
+        # names, the filters and the order all need them.
+        groups: dict[str, list[SnapshotMeta]] = {}
+        for meta in await self._context.sandboxes().snapshots.metas(owner):
+            key = "i" + meta.snapshot_id if meta.name is None else "n" + meta.name
+            groups.setdefault(key, []).append(meta)
+        entries: list[tuple[tuple[int, str], SnapshotMeta]] = []
+        for key, metas in groups.items():
+            metas.sort(key=lambda m: (m.created_at_s, m.snapshot_id))
+            first = metas[0]
+            shown = [m for m in metas if tag is None or m.tag == tag]
+            if (keys is not None and key not in keys) or not shown:
                 continue
-            meta = await snapshots.get(owner, snapshot_id)
-            if meta is None or (source is not None and meta.sandbox_id != source):
+            if source is not None and first.sandbox_id != source:
                 continue
-            if len(picked) == limit:
-                more = True
-                break
-            picked.append(meta)
-        headers = {"X-Next-Token": picked[-1].snapshot_id} if more else None
-        return json_response([_snapshot_info(m) for m in picked], headers=headers)
+            page_at = (round(first.created_at_s * 1_000_000), key)
+            if after is None or page_at < after:
+                entries.append((page_at, shown[-1]))
+        entries.sort(key=lambda entry: entry[0], reverse=True)
+        headers = None
+        if len(entries) > limit:
+            last = entries[limit - 1][0]
+            headers = {"X-Next-Token": f"{last[0]}_{last[1]}"}
+        return json_response([_snapshot_info(m) for _, m in entries[:limit]], headers=headers)
 
     async def delete_snapshot(self, request: Request) -> Response:
-        """E2B's ``delete_snapshot`` (its template delete): 404 for an unknown id and for
-        another tenant's alike."""
+        """E2B's ``delete_snapshot`` (its template delete), by id or by name (every tag
+        of it, as E2B deletes the whole template): 404 for an unknown one and for
+        another tenant's alike; a templateID that is no E2B name is E2B's 400."""
         owner = self._context.owner(request)
         raw = str(request.path_params["template_id"])
+        snapshots = self._context.sandboxes().snapshots
         bare = snapshot_ref(raw)
-        if bare is None or not await self._context.sandboxes().snapshots.delete(owner, bare):
+        if bare is not None and await snapshots.delete(owner, bare):
+            return Response(status_code=204)
+        try:
+            name = parse_snapshot_name(raw)
+        except ValueError as exc:
+            raise E2bError(400, "bad_request", f"Invalid template ID: {exc}") from None
+        found: list[SnapshotMeta] = []
+        if name.namespace is None or name.namespace == team_slug(owner):
+            found = await snapshots.named(owner, name.alias)
+        deleted = [await snapshots.delete(owner, m.snapshot_id) for m in found]
+        if not any(deleted):
             raise E2bError(404, "not_found", f"template {raw[:80]!r} not found")
         return Response(status_code=204)
 
@@ -115,3 +154,34 @@ class SnapshotRoutes:
             ],
             201,
         )
+
+
+def _snapshot_name(raw: str, owner: str, what: str) -> SnapshotName:
+    """A request's snapshot name, E2B's 400s for an invalid one and for another
+    namespace than the caller's (it says only the caller's own slug)."""
+    try:
+        name = parse_snapshot_name(raw)
+    except ValueError as exc:
+        raise E2bError(400, "bad_request", f"{what}: {exc}") from None
+    slug = team_slug(owner)
+    if name.namespace is not None and name.namespace != slug:
+        raise E2bError(
+            400,
+            "bad_request",
+            f"namespace '{name.namespace[:80]}' must match your team '{slug}'",
+        )
+    return name
+
+
+def _snapshot_page_key(token: str) -> tuple[int, str] | None:
+    """A snapshot listing's ``nextToken`` (``<µs>_<entry key>``); None if not one."""
+    micros, sep, key = token.partition("_")
+    valid = (
+        bool(sep)
+        and micros.isascii()
+        and micros.isdigit()
+        and len(micros) <= 20
+        and key[:1] in ("i", "n")
+        and 1 < len(key) <= 200
+    )
+    return (int(micros), key) if valid else None

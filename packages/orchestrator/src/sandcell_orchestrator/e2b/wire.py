@@ -110,7 +110,8 @@ class PauseSandbox(_Request, frozen=True, kw_only=True):
 
 class SnapshotSandbox(_Request, frozen=True, kw_only=True):
     """``POST /sandboxes/{id}/snapshots``: ``memory`` is taken either way (a snapshot
-    here is always of the filesystem: processes are not carried); ``name`` is not served."""
+    here is always of the filesystem: processes are not carried); ``name``:
+    ``[<team slug>/]<name>[:<tag>]``, E2B's named snapshot."""
 
     name: str | None = None
     memory: bool | None = None

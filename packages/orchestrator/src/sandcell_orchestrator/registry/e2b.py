@@ -72,6 +72,12 @@ class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     public_traffic: bool = False
     """Its ports (other than envd's) answer without the traffic token
     (``network.allowPublicTraffic: true`` at create)."""
+    cpu_count: int = 0
+    """CPUs its runner gives it (the CPU quota, rounded up), as read at create; 0: unknown."""
+    memory_mib: int = 0
+    """Its runner's memory limit of each job and process, as read at create; 0: unknown."""
+    disk_mib: int = 0
+    """Its workspace's size (the quota), as read at create; 0: unknown."""
     revision: int = 1
 
     def __post_init__(self) -> None:
