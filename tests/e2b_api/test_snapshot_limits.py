@@ -1,7 +1,8 @@
 """E2B snapshots at their limits, against a real ``sandcell serve``: the per-tenant cap
 (``SANDCELL_E2B_MAX_SNAPSHOTS``) holds when a tenant snapshots several sandboxes at
 once; a workspace past ``SANDCELL_CHECKPOINT_MAX_BYTES`` is a 413 for a snapshot, a
-fork and a pause (the sandbox runs on); a create from a snapshot deleted while it was
+fork and a pause (the sandbox runs on), and an auto-pause at the timeout kills the
+sandbox instead (as E2B ends it at its timeout); a create from a snapshot deleted while it was
 being made is the 404 of a deleted snapshot. None of them is a 500."""
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import NotFoundException, Sandbox
 
 from tests.e2b_api.conftest import KEY_A, MAX_SANDBOXES, E2bServe, start_serve, stop_serve
 from tests.fixtures.paths import traversable_dir
@@ -104,6 +106,45 @@ def test_a_workspace_past_the_checkpoint_cap_is_a_413_and_runs_on(capped: E2bSer
     finally:
         sandbox.kill()
     assert "could not be restored" not in capped.log()
+
+
+def _until(check: Callable[[], bool], *, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.1)
+
+
+def test_an_auto_pause_past_the_checkpoint_cap_kills_at_the_timeout(capped: E2bServe) -> None:
+    """``on_timeout: pause`` with a workspace past the cap: the pause at the timeout can
+    never succeed, so the sandbox is killed (E2B ends a sandbox at its timeout), logged
+    and counted. It used to be retried every 30 s with a warning, running on forever
+    and holding one of the tenant's running places."""
+    sandbox = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"}, **capped.opts())
+    try:
+        sandbox.files.write("noise.bin", os.urandom(CHECKPOINT_MAX_BYTES + (1 << 20)))
+        sandbox.set_timeout(1)
+
+        def gone() -> bool:
+            try:
+                Sandbox.get_info(sandbox.sandbox_id, **capped.opts())
+            except NotFoundException:
+                return True
+            return False
+
+        _until(gone)
+        listed = Sandbox.list(**capped.opts()).next_items()
+        assert sandbox.sandbox_id not in {s.sandbox_id for s in listed}
+        assert sandbox.is_running() is False
+    finally:
+        Sandbox.kill(sandbox.sandbox_id, **capped.opts())
+    with _api(capped) as api:
+        assert api.get("/snapshots").json() == []
+    log = capped.log()
+    assert f"e2b sandbox {sandbox.sandbox_id}: the auto-pause at its timeout cannot be done" in log
+    metrics = httpx.get(f"{capped.url}/metrics").text
+    assert 'sandcell_e2b_timeout_pause_kills_total{reason="too_large"} 1' in metrics
 
 
 def test_a_create_from_a_snapshot_deleted_meanwhile_is_a_404(e2b_serve: E2bServe) -> None:

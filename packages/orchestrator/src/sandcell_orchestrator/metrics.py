@@ -146,6 +146,11 @@ METRIC_HELP = {
     "sandcell_preview_upstream_failures_total": (
         "App preview requests whose sandbox or app did not answer, by kind."
     ),
+    "sandcell_e2b_timeout_pause_kills_total": (
+        "E2B autoPause sandboxes killed at their timeout because the pause could not be "
+        "done, by reason (too_large: past SANDCELL_CHECKPOINT_MAX_BYTES; failed: it kept "
+        "failing)."
+    ),
 }
 
 METRIC_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -161,6 +166,7 @@ METRIC_SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("no_hint", "recycled", "sandbox_lost", "sandbox_gone"),
     ),
     "sandcell_preview_upstream_failures_total": ("kind", ("http", "websocket")),
+    "sandcell_e2b_timeout_pause_kills_total": ("reason", ("too_large", "failed")),
 }
 """The label and the values each labelled counter starts with (at 0)."""
 

@@ -72,6 +72,7 @@ from .views import SandboxViews
 __all__ = [
     "DEFAULT_TEMPLATES",
     "FULL_SWEEP_S",
+    "TIMEOUT_PAUSE_ATTEMPTS",
     "E2bSandbox",
     "E2bSandboxes",
     "check_sandbox_id",
@@ -81,6 +82,10 @@ log = logging.getLogger(__name__)
 
 _OWNER_LABEL = "sandcell.e2b_sandbox"
 _RETRY_EXPIRY_S = 30.0
+TIMEOUT_PAUSE_ATTEMPTS = 3
+"""Failed auto-pauses at a sandbox's timeout before it is killed instead (this worker's
+count, ``_RETRY_EXPIRY_S`` apart): E2B ends a sandbox at its timeout whether or not the
+pause saved it, so sandcell retries a store that is briefly down, then ends it too."""
 _DUE_ROWS = 1000
 """Due rows one sweep reads at most; the rest wait for the next sweep, half a second on."""
 
@@ -122,6 +127,8 @@ class E2bSandboxes:
         self._new_token = new_token
         # sandbox id -> wall-clock time before which the timeout sweep leaves it be.
         self._retry_at: dict[str, float] = {}
+        # sandbox id -> failed auto-pauses at its timeout (``TIMEOUT_PAUSE_ATTEMPTS``).
+        self._pause_failures: dict[str, int] = {}
         self._full_sweep_at = 0.0
         self.kept = KeptRows(manager.store)
         self.history = MetricsHistory(manager.store)
@@ -131,7 +138,7 @@ class E2bSandboxes:
             manager,
             spec_of=self._spec,
             kept=self.kept,
-            on_forget=lambda sandbox_id: self._retry_at.pop(sandbox_id, None),
+            on_forget=self._forget_retries,
         )
         self.listing = SandboxListing(lambda: self.registry, kept=self.kept, views=self.views)
         self.network = SandboxNetwork(manager, views=self.views, spec_of=self._spec)
@@ -425,7 +432,7 @@ class E2bSandboxes:
             sandbox = await self.views.view(row)
             try:
                 if sandbox.auto_pause:
-                    await self.pause(sandbox)
+                    await self._pause_at_timeout(sandbox)
                 else:
                     await self.kill(sandbox)
             except (SandcellError, E2bError) as exc:
@@ -433,6 +440,43 @@ class E2bSandboxes:
                 self._retry_at[row.sandbox_id] = self._now() + _RETRY_EXPIRY_S
                 log.warning("e2b sandbox %s: timeout action failed: %s", row.sandbox_id, exc)
         return len(due)
+
+    async def _pause_at_timeout(self, sandbox: E2bSandbox) -> None:
+        """``autoPause`` at the timeout: paused, or killed when the pause cannot be had.
+
+        E2B ends a sandbox at its timeout: its evictor removes the sandbox whether or
+        not the pause's snapshot succeeds (e2b-dev/infra ``RemoveSandbox``: the store
+        record goes and the VM is stopped either way). A workspace past
+        ``SANDCELL_CHECKPOINT_MAX_BYTES`` can never be paused, so it is killed at once;
+        any other failure (a store that is down) is retried up to
+        ``TIMEOUT_PAUSE_ATTEMPTS`` times, then killed. Until then it keeps counting
+        against the tenant's running sandboxes, as it would have without the kill."""
+        try:
+            await self.pause(sandbox)
+        except (SandcellError, E2bError) as exc:
+            if isinstance(exc, E2bError) and exc.status == 413:
+                reason, why = "too_large", "its workspace is past SANDCELL_CHECKPOINT_MAX_BYTES"
+            else:
+                failures = self._pause_failures.get(sandbox.sandbox_id, 0) + 1
+                self._pause_failures[sandbox.sandbox_id] = failures
+                if failures < TIMEOUT_PAUSE_ATTEMPTS:
+                    raise
+                reason, why = "failed", f"it failed {failures} times (last: {exc})"
+        else:
+            self._pause_failures.pop(sandbox.sandbox_id, None)
+            return
+        log.warning(
+            "e2b sandbox %s: the auto-pause at its timeout cannot be done (%s): killing it,"
+            " as E2B ends a sandbox at its timeout",
+            sandbox.sandbox_id,
+            why,
+        )
+        self.manager.metrics.inc("sandcell_e2b_timeout_pause_kills_total", reason=reason)
+        await self.kill(sandbox)
+
+    def _forget_retries(self, sandbox_id: str) -> None:
+        self._retry_at.pop(sandbox_id, None)
+        self._pause_failures.pop(sandbox_id, None)
 
     # -- network ----------------------------------------------------------------------------
 

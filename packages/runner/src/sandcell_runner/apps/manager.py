@@ -18,10 +18,11 @@ from ..jail.nsjail import Jail
 from ..languages import LanguageSpec
 from ..preview.proxy import PreviewUpstream
 from ..preview.relays import PreviewRelays
+from ..session_process import SessionTarget
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState
 from .analysis import Analyzer, Checkers, find_ruff
-from .processes import ProcessManager, ProcessTarget
+from .processes import ProcessManager
 from .runtime_errors import RuntimeErrorStore
 
 log = logging.getLogger(__name__)
@@ -117,8 +118,8 @@ class AppManager:
             self._apps[state.session_id] = app
         return app
 
-    def target(self, state: SessionState) -> ProcessTarget:
-        return ProcessTarget(
+    def target(self, state: SessionState) -> SessionTarget:
+        return SessionTarget(
             workspace=state.workspace,
             uid=state.uid,
             netns_fd=state.netns.fd if state.netns is not None else None,

@@ -12,32 +12,30 @@ restore, a process still running keeps the workspace it started with).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandcell_protocol.app_messages import ProcessInfo, ProcessStart
 
-from ..cancelling import to_thread_to_the_end
+from .. import session_process
 from ..config import MIB, RunnerSettings
 from ..env_vars import checked_env
 from ..errors import BadRequestError, NotFoundError, SessionConflictError
-from ..jail.fdio import write_all
-from ..jail.launched import LaunchedJob, LaunchOutcome
+from ..jail.launched import LaunchOutcome
 from ..jail.nsjail import Jail
 from ..jail.outcome import signal_name
-from ..jail.spec import JobLimits, JobSpec
-from ..jail.stopping import end_within
+from ..jail.spec import JobLimits
+from ..session_process import LaunchPipes, Report, SessionProcess, SessionTarget
 from ..workspace.cwd import workspace_cwd
 from ..workspace.manager import WorkspaceManager
 from .logbuffer import LineBuffer
-from .procinit import INIT_SOURCE, parse_report
+from .procinit import INIT_SOURCE
 from .runtime_errors import ErrorEvent, RuntimeErrorStore
 from .tracescan import TraceScanner
 
@@ -46,30 +44,15 @@ log = logging.getLogger(__name__)
 NOTE = "[sandcell] "
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessTarget:
-    """Where a process runs: the session's workspace, UID and network namespace."""
-
-    workspace: Path
-    uid: int
-    netns_fd: int | None
-
-
-@dataclass(slots=True)
-class _Process:
+@dataclass(eq=False, slots=True, kw_only=True)
+class _Process(SessionProcess):
     tag: str
     buffer: LineBuffer
     started_at_s: float
-    job_dir: Path
-    job: LaunchedJob | None = None
-    stdin_fd: int | None = None
     ended_at_s: float | None = None
     exit_code: int | None = None
     signal: str | None = None
     sent: int | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    monitor: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None
 
     def info(self) -> ProcessInfo:
         running = not self.done.is_set()
@@ -138,7 +121,7 @@ class ProcessManager:
 
     # -- start ------------------------------------------------------------------
 
-    async def start(self, request: ProcessStart, target: ProcessTarget) -> ProcessInfo:
+    async def start(self, request: ProcessStart, target: SessionTarget) -> ProcessInfo:
         """Launch ``request`` in ``target``; 409 when the tag is running already."""
         old = self._procs.get(request.tag)
         if old is not None and not old.done.is_set():
@@ -149,9 +132,7 @@ class ProcessManager:
         env = self._env(request, home=workspace_inside)
         relative = await workspace_cwd(request.cwd, target.workspace)
         cwd_inside = f"{workspace_inside}/{relative}" if relative else workspace_inside
-        job_dir = await to_thread_to_the_end(
-            self._workspaces.create_session_job_dir, undo=self._workspaces.remove_dir
-        )
+        job_dir = await session_process.new_job_dir(self._workspaces)
         proc = _Process(
             tag=request.tag,
             buffer=LineBuffer(on_line=TraceScanner(f"process:{request.tag}", self._record).feed),
@@ -161,7 +142,7 @@ class ProcessManager:
         try:
             await self._launch(proc, request, target, env, cwd_inside)
         except BaseException:
-            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
+            await session_process.remove_job_dir(self._workspaces, job_dir)
             raise
         self._procs.pop(request.tag, None)
         self._procs[request.tag] = proc
@@ -176,64 +157,42 @@ class ProcessManager:
         self,
         proc: _Process,
         request: ProcessStart,
-        target: ProcessTarget,
+        target: SessionTarget,
         env: dict[str, str],
         cwd_inside: str,
     ) -> None:
-        stdin_r, stdin_w = os.pipe()
-        out_r, out_w = os.pipe()
-        report_r, report_w = os.pipe()
-        keep = {stdin_w, out_r, report_r}
-        try:
+        with LaunchPipes() as pipes:
+            stdin_w, stdin_r = pipes.to_child()
+            out_r, out_w = pipes.from_child()
+            report_r, report_w = pipes.from_child()
             if self._python is not None:
                 argv = [self._python, "-I", "-S", "-c", INIT_SOURCE, str(report_w), cwd_inside]
                 argv += [self._bash, "-lc", request.command]
             else:
                 argv = [self._bash, "-lc", f'cd -- "$0" || exit 1\n{request.command}', cwd_inside]
-            spec = JobSpec(
+            spec = target.job_spec(
                 argv=argv,
-                workspace=target.workspace,
                 job_dir=proc.job_dir,
-                uid=target.uid,
-                gid=target.uid,
                 env=env,
                 limits=self._limits(request),
                 network=self._settings.allow_network,
-                netns_fd=target.netns_fd,
-                long_running=True,
                 pass_fds=(report_w,),
             )
             proc.job = await self._jail.launch(spec, stdin_fd=stdin_r, output_fd=out_w)
-        except BaseException:
-            for fd in keep:
-                os.close(fd)
-            raise
-        finally:
-            for fd in (stdin_r, out_w, report_w):
-                os.close(fd)
         proc.stdin_fd = stdin_w
         os.set_blocking(stdin_w, False)
-        output_done = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def read_output() -> None:
-            try:
-                data = os.read(out_r, 65536)
-            except BlockingIOError:
-                return
-            if data:
-                proc.buffer.feed(data)
-                return
-            loop.remove_reader(out_r)
-            output_done.set()
-
-        os.set_blocking(out_r, False)
-        loop.add_reader(out_r, read_output)
-        proc.monitor = asyncio.create_task(
-            self._monitor(proc, out_r, report_r, output_done), name=f"sandcell-proc-{proc.tag}"
+        outputs = session_process.read_outputs({out_r: proc.buffer.feed})
+        session_process.supervise_soon(
+            proc,
+            outputs,
+            report_r,
+            workspaces=self._workspaces,
+            finish=functools.partial(self._finish, proc),
+            name=f"sandcell-proc-{proc.tag}",
         )
         if request.timeout_ms is not None:
             timeout_s = min(request.timeout_ms, self._settings.limits.max_timeout_ms) / 1000
+            loop = asyncio.get_running_loop()
             proc.timer = loop.call_later(timeout_s, self._on_timeout, proc)
 
     def _on_timeout(self, proc: _Process) -> None:
@@ -242,32 +201,7 @@ class ProcessManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _monitor(
-        self, proc: _Process, out_r: int, report_r: int, output_done: asyncio.Event
-    ) -> None:
-        assert proc.job is not None
-        loop = asyncio.get_running_loop()
-        outcome: LaunchOutcome | None = None
-        try:
-            outcome = await proc.job.wait()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2):
-                    await output_done.wait()
-        finally:
-            loop.remove_reader(out_r)
-            os.close(out_r)
-            report = _read_report(report_r)
-            if proc.stdin_fd is not None:
-                os.close(proc.stdin_fd)
-                proc.stdin_fd = None
-            if proc.timer is not None:
-                proc.timer.cancel()
-            self._finish(proc, outcome, report)
-            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, proc.job_dir))
-
-    def _finish(
-        self, proc: _Process, outcome: LaunchOutcome | None, report: tuple[int | None, int | None]
-    ) -> None:
+    def _finish(self, proc: _Process, outcome: LaunchOutcome | None, report: Report) -> None:
         exit_code, signum = report
         if exit_code is not None or signum is not None:
             proc.exit_code = exit_code
@@ -298,18 +232,20 @@ class ProcessManager:
         return proc.info()
 
     async def _stop(self, proc: _Process) -> None:
-        if proc.done.is_set() or proc.job is None:
-            return
         job = proc.job
-        if proc.sent is None:
-            proc.sent = signal.SIGTERM
-            job.signal(signal.SIGTERM)
+
+        def term() -> None:
+            assert job is not None
+            if proc.sent is None:
+                proc.sent = signal.SIGTERM
+                job.signal(signal.SIGTERM)
 
         def kill() -> None:
+            assert job is not None
             proc.sent = signal.SIGKILL
             job.kill()
 
-        await end_within(proc.done, grace_s=self.grace_s, kill=kill)
+        await session_process.stop(proc, grace_s=self.grace_s, term=term, kill=kill)
 
     async def write_stdin(self, tag: str, data: bytes, *, close: bool = False) -> None:
         """Write to the process's stdin (then close it, when asked); 400 if it has ended."""
@@ -317,24 +253,13 @@ class ProcessManager:
         fd = proc.stdin_fd
         if fd is None or proc.done.is_set():
             raise BadRequestError(f"process {tag!r} is not running")
-        try:
-            await write_all(fd, data)
-        except TimeoutError:
-            raise BadRequestError(f"process {tag!r} is not reading its stdin") from None
-        except BrokenPipeError:
-            raise BadRequestError(f"process {tag!r} closed its stdin") from None
-        if close and proc.stdin_fd is not None:
-            os.close(proc.stdin_fd)
-            proc.stdin_fd = None
+        await session_process.write_stdin(fd, data, shown=repr(tag))
+        if close:
+            proc.close_stdin()
 
     async def stop_all(self) -> None:
         """Stop every running process (release, shutdown); waits for them to end."""
-        running = [p for p in self._procs.values() if not p.done.is_set()]
-        await asyncio.gather(*(self._stop(p) for p in running), return_exceptions=True)
-        for proc in running:
-            if proc.monitor is not None:
-                with contextlib.suppress(BaseException):
-                    await proc.monitor
+        await session_process.stop_all(self._procs.values(), self._stop)
 
     # -- helpers ------------------------------------------------------------------
 
@@ -357,15 +282,11 @@ class ProcessManager:
         asked = request.limits
         memory = asked.memory_mib if asked and asked.memory_mib else conf.memory_mib
         pids = asked.pids if asked and asked.pids else conf.pids
-        return JobLimits(
-            timeout_ms=min(request.timeout_ms or conf.max_timeout_ms, conf.max_timeout_ms),
+        return session_process.job_limits(
+            conf,
+            timeout_ms=request.timeout_ms,
             memory_bytes=min(memory, conf.max_memory_mib) * MIB,
             pids=min(pids, conf.max_pids),
-            stdout_bytes=conf.stdout_bytes,
-            stderr_bytes=conf.stderr_bytes,
-            file_size_mib=conf.file_size_mib,
-            open_files=conf.open_files,
-            tmp_mib=conf.tmp_mib,
         )
 
     def _trim(self) -> None:
@@ -375,15 +296,4 @@ class ProcessManager:
             del self._procs[exited.pop(0).tag]
 
 
-def _read_report(fd: int) -> tuple[int | None, int | None]:
-    try:
-        os.set_blocking(fd, False)
-        text = os.read(fd, 256).decode("ascii", "replace")
-    except OSError:
-        text = ""
-    finally:
-        os.close(fd)
-    return parse_report(text) or (None, None)
-
-
-__all__ = ["ProcessManager", "ProcessTarget"]
+__all__ = ["ProcessManager"]

@@ -11,14 +11,15 @@ namespace and every process left in it.
 PID 1 cannot die of a signal it does not handle, so a command killed by SIGTERM
 would look like ``exit 143``: the init writes ``exit N`` or ``signal N`` to the
 descriptor named by its first argument (passed through nsjail), and the runner
-reports that instead of guessing from 128+N.
+reports that instead of guessing from 128+N (``session_process.read_report``).
 
 Arguments: ``<report fd> <working directory> <argv…>``.
 """
 
 from __future__ import annotations
 
-from sandcell_protocol.digits import is_ascii_digits
+# The report is read by the one reader both inits share.
+from ..session_process import parse_report
 
 INIT_SOURCE = """\
 import os, signal, sys
@@ -75,18 +76,6 @@ if report >= 0:
         pass
 os._exit(code)
 """
-
-
-def parse_report(text: str) -> tuple[int | None, int | None] | None:
-    """(exit code, signal number) from the init's report; None when it wrote none."""
-    kind, _, value = text.strip().partition(" ")
-    if not is_ascii_digits(value, max_length=10):
-        return None
-    if kind == "exit":
-        return int(value), None
-    if kind == "signal":
-        return None, int(value)
-    return None
 
 
 __all__ = ["INIT_SOURCE", "parse_report"]

@@ -34,6 +34,7 @@ import msgspec
 
 from ..errors import ArchiveRejectedError
 from ..jail.capabilities import CAP_SYS_NICE, holds
+from ..jail.helper_socket import PendingRequests, helper_socketpair, stop_reading
 from . import extractor_prefork, extractor_server
 from .extractor_child import ExtractorArgs
 from .extractor_server import ForkRequest, Reply
@@ -103,8 +104,7 @@ class ExtractorServer:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[None] | None = None
-        self._seq = 0
-        self._pending: dict[int, asyncio.Future[_Forked]] = {}
+        self._pending: PendingRequests[_Forked] = PendingRequests()
         self._exits: dict[int, asyncio.Future[int]] = {}
         self._closed = False
 
@@ -133,8 +133,7 @@ class ExtractorServer:
             self._set_nice(_SPARE_NICE)
 
     def _launch(self) -> socket.socket:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
+        with helper_socketpair() as (ours, theirs):
             self._process = subprocess.Popen(
                 [*_ARGV, str(os.getpid())],
                 stdin=theirs.fileno(),
@@ -144,11 +143,6 @@ class ExtractorServer:
                 close_fds=True,
                 start_new_session=True,
             )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
         return ours
 
     async def extract(self, args: ExtractorArgs, fds: Sequence[int]) -> ExtractorProcess:
@@ -184,22 +178,17 @@ class ExtractorServer:
         sock = self._sock
         if sock is None:
             raise ServerLostError("the extractor server exited")
-        self._seq += 1
-        seq = self._seq
+        seq = self._pending.next_seq()
         data = msgspec.json.encode(ForkRequest(seq=seq, args=args))
-        future = asyncio.get_running_loop().create_future()
-        self._pending[seq] = future
-        try:
-            socket.send_fds(sock, [data], fds)
-        except OSError as exc:
-            self._pending.pop(seq, None)
-            raise ServerLostError(f"the extractor server is unreachable: {exc}") from None
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
+        return await self._pending.send(
+            sock,
+            seq,
+            data,
+            fds,
+            unreachable=lambda exc: ServerLostError(f"the extractor server is unreachable: {exc}"),
             # The server forks it anyway: kill it the moment it is known.
-            future.add_done_callback(_kill_when_forked)
-            raise
+            kill_when_answered=_kill_when_forked,
+        )
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -234,7 +223,7 @@ class ExtractorServer:
         exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if reply.op == "forked" and reply.pid is not None:
             self._exits[reply.pid] = exit_code
-        pending = self._pending.pop(reply.seq, None) if reply.seq is not None else None
+        pending = self._pending.pop(reply.seq)
         if pending is not None and not pending.done():
             pending.set_result((reply, fds, exit_code))
         else:
@@ -244,9 +233,7 @@ class ExtractorServer:
     def _lost(self) -> None:
         """The server is gone: its children too (their death signal); tell every waiter."""
         if self._sock is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
+            stop_reading(self._sock, self._loop)
             self._sock = None
         process, self._process = self._process, None
         if process is not None:
@@ -258,10 +245,7 @@ class ExtractorServer:
             self._ready.set_exception(ServerLostError("the extractor server did not start"))
             self._ready.exception()  # retrieved: nobody may be waiting
         self._ready = None
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(ServerLostError("the extractor server exited"))
+        self._pending.fail_all(lambda: ServerLostError("the extractor server exited"))
         exits, self._exits = self._exits, {}
         for exit_code in exits.values():
             if not exit_code.done():

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..errors import JailError
 from . import spawnd
+from .helper_socket import PendingRequests, helper_socketpair, stop_reading
 from .spawner import SpawnRequest
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,7 @@ class SpawnHelper:
         self._process: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._seq = 0
-        self._pending: dict[int, asyncio.Future[HelperProcess]] = {}
+        self._pending: PendingRequests[HelperProcess] = PendingRequests()
         self._running: dict[int, HelperProcess] = {}
         self._quiet: dict[int, QuietProcess] = {}
         """``start``ed processes by request number, until their exit or failure."""
@@ -134,8 +134,7 @@ class SpawnHelper:
 
     def _launch(self) -> None:
         self._extension = extension = _vfork_extension() if self._vfork else None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
+        with helper_socketpair() as (ours, theirs):
             argv = [self._python, "-I", "-S", str(Path(spawnd.__file__))]
             argv += [str(theirs.fileno()), str(os.getpid())]
             if extension is not None:
@@ -151,11 +150,6 @@ class SpawnHelper:
                 start_new_session=True,
                 close_fds=True,
             )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
         ours.settimeout(30)
         try:
             ours.send(marshal.dumps({"op": "ping"}))
@@ -208,19 +202,15 @@ class SpawnHelper:
         """Have the helper fork and exec ``request``; the running process."""
         sock = self._attach()
         seq, data, fds = self._request(request, quiet=False)
-        future: asyncio.Future[HelperProcess] = asyncio.get_running_loop().create_future()
-        self._pending[seq] = future
-        try:
-            socket.send_fds(sock, [data], fds)
-        except OSError as exc:
-            self._pending.pop(seq, None)
-            raise JailError(f"spawn helper unreachable: {exc}") from None
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
+        return await self._pending.send(
+            sock,
+            seq,
+            data,
+            fds,
+            unreachable=lambda exc: JailError(f"spawn helper unreachable: {exc}"),
             # The helper starts it anyway: kill it the moment its pid is known.
-            future.add_done_callback(_kill_when_started)
-            raise
+            kill_when_answered=_kill_when_started,
+        )
 
     def start(self, request: SpawnRequest) -> QuietProcess:
         """Have the helper fork and exec ``request`` without answering it unless it fails:
@@ -252,8 +242,7 @@ class SpawnHelper:
         if request.netns_fd is not None:
             netns = len(fds)
             fds.append(request.netns_fd)
-        self._seq += 1
-        seq = self._seq
+        seq = self._pending.next_seq()
         # Plain str and int only: marshal refuses their subclasses (an IntEnum, a
         # StrEnum), where JSON wrote them out as their values.
         message = {
@@ -326,7 +315,7 @@ class SpawnHelper:
         if op == "failed" and isinstance(seq, int) and seq in self._quiet:
             self._quiet.pop(seq).failed(_start_error(message))
             return
-        future = self._pending.pop(seq, None) if isinstance(seq, int) else None
+        future = self._pending.pop(seq)
         if future is None:
             return
         if op == "spawned":
@@ -343,19 +332,14 @@ class SpawnHelper:
     def _lost(self) -> None:
         """The helper is gone: its children are too (their death signal); say so to every waiter."""
         if self._sock is not None:
-            if self._loop is not None and not self._loop.is_closed():
-                self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
+            stop_reading(self._sock, self._loop)
             self._sock = None
         self._loop = None
         if self._process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(timeout=5)
             self._process = None
-        pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(JailError("spawn helper exited"))
+        self._pending.fail_all(lambda: JailError("spawn helper exited"))
         running, self._running = self._running, {}
         for process in running.values():
             process.exited(_KILLED_STATUS, None)

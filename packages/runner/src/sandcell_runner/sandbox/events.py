@@ -10,14 +10,13 @@ the jail saw; statuses read like envd's (``exit status 1``, ``signal: killed``).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 
 from sandcell_protocol import sandbox_messages as sm
 
-from ..apps.procinit import parse_report
 from ..jail.launched import LaunchOutcome
 from ..jail.outcome import signal_name
+from ..session_process import Report
 
 QUEUE_EVENTS = 256
 SIGNALS = {
@@ -56,9 +55,7 @@ class Subscriber:
         return True
 
 
-def ended(
-    sent: str | None, outcome: LaunchOutcome | None, report: tuple[int | None, int | None]
-) -> sm.ProcessEnded:
+def ended(sent: str | None, outcome: LaunchOutcome | None, report: Report) -> sm.ProcessEnded:
     exit_code, signum = report
     error = None
     if exit_code is None and signum is None:
@@ -81,15 +78,4 @@ def ended(
     return sm.ProcessEnded(exit_code=code, status=f"exit status {code}", error=error)
 
 
-def read_report(fd: int) -> tuple[int | None, int | None]:
-    try:
-        os.set_blocking(fd, False)
-        text = os.read(fd, 256).decode("ascii", "replace")
-    except OSError:
-        text = ""
-    finally:
-        os.close(fd)
-    return parse_report(text) or (None, None)
-
-
-__all__ = ["QUEUE_EVENTS", "SIGNALS", "Subscriber", "ended", "read_report"]
+__all__ = ["QUEUE_EVENTS", "SIGNALS", "Subscriber", "ended"]

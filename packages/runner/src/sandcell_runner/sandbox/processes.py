@@ -33,49 +33,32 @@ from pathlib import Path
 from sandcell_protocol import ProtocolError
 from sandcell_protocol import sandbox_messages as sm
 
-from ..cancelling import to_thread_to_the_end
+from .. import session_process
 from ..config import MIB, RunnerSettings
 from ..errors import BadRequestError, InvalidPathError, NotFoundError
-from ..jail.fdio import write_all
-from ..jail.launched import LaunchedJob, LaunchOutcome
+from ..jail.launched import LaunchOutcome
 from ..jail.nsjail import Jail
-from ..jail.spec import JobLimits, JobSpec
-from ..jail.stopping import end_within
+from ..jail.spec import JobLimits
+from ..session_process import LaunchPipes, Report, SessionProcess, SessionTarget
 from ..workspace.cwd import require_dir
 from ..workspace.manager import WorkspaceManager
 from .env import process_env
-from .events import SIGNALS, Subscriber, ended, read_report
+from .events import SIGNALS, Subscriber, ended
 from .init import INIT_SOURCE
 
 log = logging.getLogger(__name__)
 
-_READ_BYTES = 65536
 _STOP_GRACE_S = 3.0
 
 
-@dataclass(frozen=True, slots=True)
-class SandboxTarget:
-    """Where a process runs: the session's workspace, UID and network namespace."""
-
-    workspace: Path
-    uid: int
-    netns_fd: int | None
-
-
-@dataclass(eq=False)
-class _Process:
+@dataclass(eq=False, kw_only=True)
+class _Process(SessionProcess):
     pid: int
     info: sm.SandboxProcessInfo
-    job_dir: Path
-    job: LaunchedJob | None = None
-    stdin_fd: int | None = None
     control_fd: int | None = None
     sent: str | None = None
     ended: sm.ProcessEnded | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: set[Subscriber] = field(default_factory=set)
-    monitor: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None
 
     def publish(self, event: sm.ProcessEvent | None) -> None:
         for sub in list(self.subscribers):
@@ -132,7 +115,7 @@ class SandboxProcesses:
     # -- start ------------------------------------------------------------------
 
     async def start(
-        self, request: sm.SandboxProcessStart, target: SandboxTarget, *, timeout_ms: int | None
+        self, request: sm.SandboxProcessStart, target: SessionTarget, *, timeout_ms: int | None
     ) -> AsyncIterator[sm.ProcessEvent]:
         """Launch ``request``; its events (``ProcessStarted`` first) as an iterator.
 
@@ -151,9 +134,7 @@ class SandboxProcesses:
         cwd_inside = f"{home}/{relative}" if relative else home
         # A shell's pwd then names /home/user, not the link's target.
         env.setdefault("PWD", cwd_inside)
-        job_dir = await to_thread_to_the_end(
-            self._workspaces.create_session_job_dir, undo=self._workspaces.remove_dir
-        )
+        job_dir = await session_process.new_job_dir(self._workspaces)
         pid = self._new_pid()
         proc = _Process(
             pid=pid,
@@ -173,7 +154,7 @@ class SandboxProcesses:
         try:
             await self._launch(proc, request, target, env, cwd_inside, timeout_ms)
         except BaseException:
-            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, job_dir))
+            await session_process.remove_job_dir(self._workspaces, job_dir)
             raise
         self._procs[pid] = proc
         log.info("sandbox process %d started", pid)
@@ -223,45 +204,32 @@ class SandboxProcesses:
         self,
         proc: _Process,
         request: sm.SandboxProcessStart,
-        target: SandboxTarget,
+        target: SessionTarget,
         env: dict[str, str],
         cwd_inside: str,
         timeout_ms: int | None,
     ) -> None:
-        stdin_r, stdin_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        control_r, control_w = os.pipe()
-        report_r, report_w = os.pipe()
-        keep = [stdin_w, out_r, err_r, control_w, report_r]
         mode = "pipe" if request.pty is None else f"{request.pty.cols}x{request.pty.rows}"
-        argv = [self._python, "-I", "-S", "-c", INIT_SOURCE]
-        argv += [str(report_w), str(err_w), str(control_r), cwd_inside, mode]
-        argv += [request.cmd, *request.args]
-        try:
-            spec = JobSpec(
+        with LaunchPipes() as pipes:
+            stdin_w, stdin_r = pipes.to_child()
+            out_r, out_w = pipes.from_child()
+            err_r, err_w = pipes.from_child()
+            control_w, control_r = pipes.to_child()
+            report_r, report_w = pipes.from_child()
+            argv = [self._python, "-I", "-S", "-c", INIT_SOURCE]
+            argv += [str(report_w), str(err_w), str(control_r), cwd_inside, mode]
+            argv += [request.cmd, *request.args]
+            spec = target.job_spec(
                 argv=argv,
-                workspace=target.workspace,
                 job_dir=proc.job_dir,
-                uid=target.uid,
-                gid=target.uid,
                 env=env,
                 limits=self._limits(timeout_ms),
                 network=self._settings.allow_network,
-                netns_fd=target.netns_fd,
-                long_running=True,
                 pass_fds=(report_w, err_w, control_r),
                 home_link=sm.SANDBOX_HOME,
                 devpts=request.pty is not None,
             )
             proc.job = await self._jail.launch(spec, stdin_fd=stdin_r, output_fd=out_w)
-        except BaseException:
-            for fd in keep:
-                os.close(fd)
-            raise
-        finally:
-            for fd in (stdin_r, out_w, err_w, control_r, report_w):
-                os.close(fd)
         if request.stdin or request.pty is not None:
             os.set_blocking(stdin_w, False)
             proc.stdin_fd = stdin_w
@@ -269,51 +237,36 @@ class SandboxProcesses:
             os.close(stdin_w)
         os.set_blocking(control_w, False)
         proc.control_fd = control_w
-        loop = asyncio.get_running_loop()
-        streams_open = {out_r: "pty" if request.pty is not None else "stdout", err_r: "stderr"}
-        all_read = asyncio.Event()
 
-        def reader(fd: int) -> Callable[[], None]:
-            def read() -> None:
-                try:
-                    data = os.read(fd, _READ_BYTES)
-                except BlockingIOError:
-                    return
-                except OSError:
-                    data = b""
-                if data:
-                    stream = streams_open[fd]
-                    text = base64.b64encode(data).decode("ascii")
-                    proc.publish(sm.ProcessOutput(stream=stream, data=text))  # type: ignore[arg-type]
-                    return
-                loop.remove_reader(fd)
-                del streams_open[fd]
-                if not streams_open:
-                    all_read.set()
+        def publisher(stream: str) -> Callable[[bytes], None]:
+            def publish(data: bytes) -> None:
+                text = base64.b64encode(data).decode("ascii")
+                proc.publish(sm.ProcessOutput(stream=stream, data=text))  # type: ignore[arg-type]
 
-            return read
+            return publish
 
-        for fd in (out_r, err_r):
-            os.set_blocking(fd, False)
-            loop.add_reader(fd, reader(fd))
-        proc.monitor = asyncio.create_task(
-            self._monitor(proc, (out_r, err_r), report_r, all_read),
+        outputs = session_process.read_outputs(
+            {
+                out_r: publisher("pty" if request.pty is not None else "stdout"),
+                err_r: publisher("stderr"),
+            }
+        )
+        session_process.supervise_soon(
+            proc,
+            outputs,
+            report_r,
+            workspaces=self._workspaces,
+            finish=functools.partial(self._finish, proc),
             name=f"sandcell-sandbox-proc-{proc.pid}",
         )
         if timeout_ms is not None:
+            loop = asyncio.get_running_loop()
             proc.timer = loop.call_later(timeout_ms / 1000, self._on_timeout, proc)
 
     def _limits(self, timeout_ms: int | None) -> JobLimits:
         conf = self._settings.limits
-        return JobLimits(
-            timeout_ms=min(timeout_ms or conf.max_timeout_ms, conf.max_timeout_ms),
-            memory_bytes=conf.memory_mib * MIB,
-            pids=conf.pids,
-            stdout_bytes=conf.stdout_bytes,
-            stderr_bytes=conf.stderr_bytes,
-            file_size_mib=conf.file_size_mib,
-            open_files=conf.open_files,
-            tmp_mib=conf.tmp_mib,
+        return session_process.job_limits(
+            conf, timeout_ms=timeout_ms, memory_bytes=conf.memory_mib * MIB, pids=conf.pids
         )
 
     def _on_timeout(self, proc: _Process) -> None:
@@ -321,36 +274,16 @@ class SandboxProcesses:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _monitor(
-        self, proc: _Process, outputs: tuple[int, ...], report_r: int, all_read: asyncio.Event
-    ) -> None:
-        assert proc.job is not None
-        loop = asyncio.get_running_loop()
-        outcome: LaunchOutcome | None = None
-        try:
-            outcome = await proc.job.wait()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(2):
-                    await all_read.wait()
-        finally:
-            for fd in outputs:
-                loop.remove_reader(fd)
-                os.close(fd)
-            report = read_report(report_r)
-            for attr in ("stdin_fd", "control_fd"):
-                fd = getattr(proc, attr)
-                if fd is not None:
-                    os.close(fd)
-                    setattr(proc, attr, None)
-            if proc.timer is not None:
-                proc.timer.cancel()
-            proc.ended = ended(proc.sent, outcome, report)
-            proc.done.set()
-            proc.publish(proc.ended)
-            proc.publish(None)
-            self._procs.pop(proc.pid, None)
-            log.info("sandbox process %d ended (%s)", proc.pid, proc.ended.status)
-            await to_thread_to_the_end(functools.partial(self._workspaces.remove_dir, proc.job_dir))
+    def _finish(self, proc: _Process, outcome: LaunchOutcome | None, report: Report) -> None:
+        if proc.control_fd is not None:
+            os.close(proc.control_fd)
+            proc.control_fd = None
+        proc.ended = ended(proc.sent, outcome, report)
+        proc.done.set()
+        proc.publish(proc.ended)
+        proc.publish(None)
+        self._procs.pop(proc.pid, None)
+        log.info("sandbox process %d ended (%s)", proc.pid, proc.ended.status)
 
     # -- input, signals, terminal --------------------------------------------------------
 
@@ -360,21 +293,14 @@ class SandboxProcesses:
         fd = proc.stdin_fd
         if fd is None:
             raise BadRequestError(f"process {pid} has no open stdin (start it with stdin)")
-        try:
-            await write_all(fd, data)
-        except TimeoutError:
-            raise BadRequestError(f"process {pid} is not reading its stdin") from None
-        except BrokenPipeError:
-            raise BadRequestError(f"process {pid} closed its stdin") from None
+        await session_process.write_stdin(fd, data, shown=str(pid))
 
     def close_stdin(self, pid: int) -> None:
         """Close the process's stdin (EOF); idempotent."""
         proc = self._find(pid)
         if proc.info.pty:
             raise BadRequestError("a PTY process has no stdin to close; send Ctrl-D (0x04)")
-        if proc.stdin_fd is not None:
-            os.close(proc.stdin_fd)
-            proc.stdin_fd = None
+        proc.close_stdin()
 
     def signal(self, pid: int, name: sm.SignalName) -> None:
         """Send ``name`` to the process's group (SIGKILL also ends its whole jail)."""
@@ -401,26 +327,22 @@ class SandboxProcesses:
     # -- stopping ----------------------------------------------------------------------
 
     async def _stop(self, proc: _Process) -> None:
-        if proc.done.is_set() or proc.job is None:
-            return
         job = proc.job
-        proc.sent = "SIGTERM"
-        self._control(proc, f"s {int(signal.SIGTERM)}\n")
+
+        def term() -> None:
+            proc.sent = "SIGTERM"
+            self._control(proc, f"s {int(signal.SIGTERM)}\n")
 
         def kill() -> None:
+            assert job is not None
             proc.sent = "SIGKILL"
             job.kill()
 
-        await end_within(proc.done, grace_s=_STOP_GRACE_S, kill=kill)
+        await session_process.stop(proc, grace_s=_STOP_GRACE_S, term=term, kill=kill)
 
     async def stop_all(self) -> None:
         """Stop every running process (release, shutdown); waits for them to end."""
-        running = [p for p in self._procs.values() if not p.done.is_set()]
-        await asyncio.gather(*(self._stop(p) for p in running), return_exceptions=True)
-        for proc in running:
-            if proc.monitor is not None:
-                with contextlib.suppress(BaseException):
-                    await proc.monitor
+        await session_process.stop_all(list(self._procs.values()), self._stop)
 
 
-__all__ = ["SandboxProcesses", "SandboxTarget"]
+__all__ = ["SandboxProcesses"]

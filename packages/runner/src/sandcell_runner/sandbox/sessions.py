@@ -11,9 +11,10 @@ from pathlib import Path
 from ..config import RunnerSettings
 from ..errors import BadRequestError
 from ..jail.nsjail import Jail
+from ..session_process import SessionTarget
 from ..workspace.manager import WorkspaceManager
 from ..workspace.session import SessionState
-from .processes import SandboxProcesses, SandboxTarget
+from .processes import SandboxProcesses
 
 
 class SandboxSessions:
@@ -47,8 +48,8 @@ class SandboxSessions:
         return found
 
     @staticmethod
-    def target(state: SessionState) -> SandboxTarget:
-        return SandboxTarget(
+    def target(state: SessionState) -> SessionTarget:
+        return SessionTarget(
             workspace=state.workspace,
             uid=state.uid,
             netns_fd=state.netns.fd if state.netns is not None else None,
