@@ -68,6 +68,15 @@ class SandboxUnavailableError(SandboxError):
     retryable = True
 
 
+class RunnerAnswerError(SandboxUnavailableError):
+    """A runner's answer went past what this side reads: too many bytes, or too slow.
+
+    The runner lives in the sandbox's container or VM, so tenant code that took it
+    over can answer anything; the read stops at the cap and the sandbox is treated
+    as unavailable (a 503 to the caller), never as a reason to buffer more.
+    """
+
+
 class SandboxNotFoundError(SandboxError):
     """The sandbox does not exist (any more)."""
 

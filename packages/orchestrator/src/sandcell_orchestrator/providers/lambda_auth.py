@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import anyio
 import httpx
 
+from ..runner.answers import DEFAULT_CAPS, read_bounded
+
 __all__ = [
     "DEFAULT_PROXY_PORT",
     "PROXY_PORT_HEADER",
@@ -165,8 +167,16 @@ class MicrovmProxyAuth(httpx.Auth):
         response = yield request
         if response.status_code not in _REFUSED:
             return
-        await response.aread()
-        if _is_runner_refusal(response.content):
+        # Bounded: the runner behind the proxy is in the tenant's VM and may answer anything.
+        body = await read_bounded(
+            response,
+            max_bytes=DEFAULT_CAPS.error_bytes,
+            budget_s=None,
+            clock=time.monotonic,
+            where=f"{request.method} {request.url.path}",
+        )
+        response._content = body  # what ``aread`` leaves: the caller reads it as usual
+        if _is_runner_refusal(body):
             # The runner refused its bearer token: a new proxy token would not help.
             return
         if not replayable:

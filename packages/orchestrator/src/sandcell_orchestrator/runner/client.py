@@ -42,6 +42,7 @@ from sandcell_protocol import (
     RestoreResult,
     ResultEvent,
     StreamEvent,
+    decode,
     decode_event,
     encode,
     headers,
@@ -50,6 +51,7 @@ from sandcell_protocol import (
 )
 
 from ..errors import RunnerRequestError, SandboxTimeoutError, SandboxUnavailableError
+from .answers import DEFAULT_CAPS, AnswerCaps, read_bounded, read_lines
 from .app_routes import AppRoutes
 from .apps import WebSocketUpgrade
 from .connection import RunnerConnection, new_request_id
@@ -93,6 +95,7 @@ class RunnerClient(AppRoutes):
         connect_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         new_request_id: Callable[[], str] = new_request_id,
+        caps: AnswerCaps = DEFAULT_CAPS,
     ) -> None:
         self._conn = RunnerConnection(
             base_url,
@@ -103,6 +106,7 @@ class RunnerClient(AppRoutes):
             connect_timeout_s=connect_timeout_s,
             clock=clock,
             new_request_id=new_request_id,
+            caps=caps,
         )
         self.contexts = RunnerContexts(self._conn)
         """The code-context routes (``/v1/session/contexts``)."""
@@ -196,7 +200,12 @@ class RunnerClient(AppRoutes):
         """``POST /v1/execute``; the read timeout defaults past the job's own deadline."""
         read_s = self._execute_read_s(request, timeout_s)
         response = await self._conn.request(
-            "POST", routes.EXECUTE, session_id=session_id, message=request, read_timeout_s=read_s
+            "POST",
+            routes.EXECUTE,
+            session_id=session_id,
+            message=request,
+            read_timeout_s=read_s,
+            max_bytes=self._conn.caps.execute_bytes(request),
         )
         return self._conn.decode(response, ExecuteResult)
 
@@ -211,24 +220,42 @@ class RunnerClient(AppRoutes):
 
         Close the iterator (``contextlib.aclosing``) when leaving early.
         """
+        read_s = self._execute_read_s(request, timeout_s)
         response = await self._conn.request(
             "POST",
             routes.EXECUTE,
             session_id=session_id,
             message=request,
             extra_headers={"Accept": routes.NDJSON},
-            read_timeout_s=self._execute_read_s(request, timeout_s),
+            read_timeout_s=read_s,
             stream=True,
         )
+        # The result line holds the whole ExecuteResult; the job's own deadline (plus
+        # the margin) bounds the time the runner may take to send it all.
+        cap = self._conn.caps.execute_bytes(request)
+        where = f"POST {routes.EXECUTE}"
         try:
             with self._conn.mapping(response.request):
                 if not response.headers.get("content-type", "").startswith(routes.NDJSON):
                     # A peer that ignored Accept answered one ExecuteResult.
-                    await response.aread()
-                    yield ResultEvent(result=self._conn.decode(response, ExecuteResult))
+                    body = await read_bounded(
+                        response,
+                        max_bytes=cap,
+                        budget_s=read_s,
+                        clock=self._conn.clock,
+                        where=where,
+                    )
+                    yield ResultEvent(result=_decode_result(body))
                     return
                 seen_result = False
-                async for line in response.aiter_lines():
+                lines = read_lines(
+                    response,
+                    max_line_bytes=cap,
+                    budget_s=read_s,
+                    clock=self._conn.clock,
+                    where=where,
+                )
+                async for line in lines:
                     if line.strip():
                         event = _decode_event(line)
                         seen_result = isinstance(event, ResultEvent)
@@ -360,7 +387,9 @@ class RunnerClient(AppRoutes):
 
     async def read_file(self, path: str, *, session_id: str) -> bytes:
         """``GET /v1/session/files/{path}``: a regular file's bytes."""
-        response = await self._conn.request("GET", file_route(path), session_id=session_id)
+        response = await self._conn.request(
+            "GET", file_route(path), session_id=session_id, max_bytes=self._conn.caps.file_bytes
+        )
         if is_json(response):
             raise RunnerRequestError(
                 f"GET {path}: is a directory", code="invalid_path", public_detail="is a directory"
@@ -370,7 +399,9 @@ class RunnerClient(AppRoutes):
     async def list_files(self, path: str = "", *, session_id: str) -> FileListing:
         """``GET /v1/session/files/{dir}``: the direct entries of a directory ("" = root)."""
         route = file_route(path, allow_root=True)
-        response = await self._conn.request("GET", route, session_id=session_id)
+        response = await self._conn.request(
+            "GET", route, session_id=session_id, max_bytes=self._conn.caps.fs_bytes
+        )
         if not is_json(response):
             raise RunnerRequestError(
                 f"GET {path}: not a directory", code="invalid_path", public_detail="not a directory"
@@ -403,7 +434,14 @@ class RunnerClient(AppRoutes):
         await self._conn.request("DELETE", file_route(path), session_id=session_id)
 
 
-def _decode_event(line: str) -> StreamEvent:
+def _decode_result(body: bytes) -> ExecuteResult:
+    try:
+        return decode(body, ExecuteResult)
+    except ProtocolError as exc:
+        raise SandboxUnavailableError(f"POST {routes.EXECUTE}: malformed answer: {exc}") from None
+
+
+def _decode_event(line: bytes) -> StreamEvent:
     try:
         return decode_event(line)
     except ProtocolError as exc:

@@ -41,6 +41,7 @@ from sandcell_protocol import (
 from sandcell_protocol import ProtocolMismatchError as WireMismatch
 
 from ..errors import ConfigError, ProtocolMismatchError, SandboxUnavailableError
+from .answers import DEFAULT_CAPS, AnswerCaps, read_bounded
 from .close_guard import CloseGuard
 from .errors import (
     HeaderGuard,
@@ -96,6 +97,7 @@ class RunnerConnection:
         connect_timeout_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         new_request_id: Callable[[], str] = new_request_id,
+        caps: AnswerCaps = DEFAULT_CAPS,
     ) -> None:
         url = httpx.URL(base_url)
         if url.scheme not in ("http", "https") or not url.host:
@@ -106,6 +108,8 @@ class RunnerConnection:
         self.base_url = str(url.copy_with(username=None, password=None, query=None))
         self._token = token
         self.timeout_s = timeout_s
+        self.caps = caps
+        """How much of each kind of answer this connection reads (``answers.py``)."""
         self.clock = clock
         self._new_request_id = new_request_id
         self.redact = Redactor([token, headers.BEARER_PREFIX + token])
@@ -151,12 +155,19 @@ class RunnerConnection:
         read_timeout_s: float | None = None,
         stream: bool = False,
         any_status: bool = False,
+        max_bytes: int | None = None,
         **kwargs: object,
     ) -> httpx.Response:
         """Build (validating first), check the protocol on first contact, send.
 
         ``any_status``: hand back a non-2xx answer instead of raising (the port proxy).
+        ``max_bytes``: the cap on this answer's body (``caps.answer_bytes`` if None).
         """
+        if not any_status:
+            # Answers read here are bounded as they come; a compressed one would be
+            # decoded piece by piece (answers.py) but no runner answer needs it.
+            extra_headers = httpx.Headers(extra_headers)
+            extra_headers.setdefault("Accept-Encoding", "identity")
         request = self.build_request(
             method,
             route,
@@ -167,7 +178,7 @@ class RunnerConnection:
             **kwargs,
         )
         await self.ensure_compatible()
-        return await self.send(request, stream=stream, any_status=any_status)
+        return await self.send(request, stream=stream, any_status=any_status, max_bytes=max_bytes)
 
     def build_request(
         self,
@@ -214,15 +225,24 @@ class RunnerConnection:
         return map_transport_errors(request, route=request.url.path, redact=self.redact)
 
     async def send(
-        self, request: httpx.Request, *, stream: bool = False, any_status: bool = False
+        self,
+        request: httpx.Request,
+        *,
+        stream: bool = False,
+        any_status: bool = False,
+        max_bytes: int | None = None,
     ) -> httpx.Response:
         """Send, translating transport failures and non-2xx answers; logs no header.
 
         ``any_status`` returns every answer as it came (the port proxy's are the app's).
+        Without ``stream`` the body is read here, at most ``max_bytes`` of it
+        (``caps.answer_bytes`` if None) within the request's read timeout:
+        ``RunnerAnswerError`` past either. A streamed answer is the caller's to bound.
         """
         started = self.clock()
         with self.mapping(request):
-            response = await self.http.send(request, stream=stream)
+            # Always streamed from httpx: its own read of a body has no size limit.
+            response = await self.http.send(request, stream=True)
         self.redact.learn(response.request.headers)
         log.debug(
             "runner %s %s -> %d in %.1f ms (request %s)",
@@ -232,13 +252,26 @@ class RunnerConnection:
             (self.clock() - started) * 1000,
             request.headers.get(headers.REQUEST_ID),
         )
-        if response.is_success or any_status:
+        if (response.is_success or any_status) and stream:
             return response
+        cap = max_bytes if max_bytes is not None else self.caps.answer_bytes
+        if not response.is_success and not any_status:
+            cap = self.caps.error_bytes
         try:
             with self.mapping(request):
-                body = await response.aread()
+                body = await read_bounded(
+                    response,
+                    max_bytes=cap,
+                    budget_s=_read_timeout(request),
+                    clock=self.clock,
+                    where=f"{request.method} {request.url.path}",
+                )
         finally:
             await response.aclose()
+        if response.is_success or any_status:
+            # What ``aread`` would have left: ``response.content`` reads as before.
+            response._content = body
+            return response
         raise error_from_response(
             method=request.method,
             route=request.url.path,
@@ -270,12 +303,13 @@ class RunnerConnection:
             headers={
                 headers.REQUEST_ID: self._new_request_id(),
                 headers.AUTHORIZATION: headers.BEARER_PREFIX + self._token,
+                "Accept-Encoding": "identity",
             },
         )
         if timeout_s is not None:
             # Connect included: a poll must not outlive the caller's deadline.
             request.extensions["timeout"] = httpx.Timeout(timeout_s).as_dict()
-        response = await self.send(request)
+        response = await self.send(request, max_bytes=self.caps.answer_bytes)
         # Check the version before the full shape: another major may have other fields.
         try:
             peer = msgspec.json.decode(response.content, type=_ProtocolOnly).protocol
@@ -291,3 +325,10 @@ class RunnerConnection:
         health = self.decode(response, Health)
         self._compatible = True
         return health
+
+
+def _read_timeout(request: httpx.Request) -> float | None:
+    """The read timeout ``request`` was sent with: the budget for its whole body."""
+    timeout = request.extensions.get("timeout")
+    read = timeout.get("read") if isinstance(timeout, dict) else None
+    return float(read) if isinstance(read, int | float) else None

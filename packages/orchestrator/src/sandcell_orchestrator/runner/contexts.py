@@ -12,6 +12,7 @@ from sandcell_protocol import ProtocolError, routes
 from sandcell_protocol import contexts as cx
 
 from ..errors import SandboxUnavailableError
+from .answers import read_lines
 from .connection import RunnerConnection
 from .errors import refused_before_sending
 
@@ -85,6 +86,7 @@ class RunnerContexts:
             session_id=session_id,
             message=run,
             read_timeout_s=self._read_s(run, timeout_s),
+            max_bytes=self._conn.caps.execute_bytes(),
         )
         return self._conn.decode(response, cx.ContextRunResult)
 
@@ -101,19 +103,28 @@ class RunnerContexts:
         Close the iterator (``contextlib.aclosing``) when leaving early.
         """
         route = _path(context_id, "run")
+        read_s = self._read_s(run, timeout_s)
         response = await self._conn.request(
             "POST",
             route,
             session_id=session_id,
             message=run,
             extra_headers={"Accept": routes.NDJSON},
-            read_timeout_s=self._read_s(run, timeout_s),
+            read_timeout_s=read_s,
             stream=True,
+        )
+        # A run's own deadline (plus the margin) bounds the time its events take.
+        lines = read_lines(
+            response,
+            max_line_bytes=self._conn.caps.execute_bytes(),
+            budget_s=read_s,
+            clock=self._conn.clock,
+            where=f"POST {route}",
         )
         try:
             with self._conn.mapping(response.request):
                 ended = False
-                async for line in response.aiter_lines():
+                async for line in lines:
                     if not line.strip():
                         continue
                     try:

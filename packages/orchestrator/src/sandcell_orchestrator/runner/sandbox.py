@@ -20,6 +20,7 @@ from sandcell_protocol import sandbox_messages as sm
 
 from ..errors import SandboxUnavailableError
 from ..handle import SandboxHandle
+from .answers import read_lines
 from .client import RunnerClient
 from .connection import RunnerConnection
 
@@ -90,8 +91,17 @@ class SandboxRunnerClient:
     async def _events(self, response: httpx.Response) -> AsyncIterator[sm.ProcessEvent]:
         conn = self._conn
         try:
+            # Each line bounded; the stream itself may last as long as the process
+            # (the runner's keepalives and the read timeout bound a silence).
+            lines = read_lines(
+                response,
+                max_line_bytes=conn.caps.event_line_bytes,
+                budget_s=None,
+                clock=conn.clock,
+                where="process events",
+            )
             with conn.mapping(response.request):
-                async for line in response.aiter_lines():
+                async for line in lines:
                     if not line.strip():
                         continue
                     try:
@@ -146,7 +156,11 @@ class SandboxRunnerClient:
     async def fs(self, request: sm.FsRequest) -> sm.FsResult:
         """``POST …/sandbox/fs``: one filesystem call on the session workspace."""
         response = await self._conn.request(
-            "POST", sm.SANDBOX_FS, session_id=self.session_id, message=request
+            "POST",
+            sm.SANDBOX_FS,
+            session_id=self.session_id,
+            message=request,
+            max_bytes=self._conn.caps.fs_bytes,
         )
         return self._conn.decode(response, sm.FsResult)
 
