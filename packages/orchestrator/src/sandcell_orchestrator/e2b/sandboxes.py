@@ -17,7 +17,8 @@ sandbox was resumed since (``views.SandboxViews``). A paused sandbox's row is ke
 in the snapshot store as well (``kept.py``): a registry that lost it (a wiped
 Redis) has it rebuilt on the owner's next lookup or listing, and the sandbox
 resumes from its checkpoint. The listing is ``listing.py``'s, the network updates
-``network.py``'s, snapshots and forks ``copies.py``'s. Create's ``Idempotency-Key``
+``network.py``'s, snapshots and forks ``copies.py``'s, the timeout sweep
+``timeouts.py``'s. Create's ``Idempotency-Key``
 is claimed in the registry too (``create_once``): a retry on any worker gets the
 first create's sandbox. With an embedded registry the sandboxes end with the
 process (``aclose`` kills them); with a distributed one they outlive it, for the
@@ -67,6 +68,7 @@ from .saved import (
     team_slug,
 )
 from .signing import FileSignature, file_signature_ok
+from .timeouts import FULL_SWEEP_S, TIMEOUT_PAUSE_ATTEMPTS, TimeoutSweep
 from .views import SandboxViews
 
 __all__ = [
@@ -81,17 +83,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _OWNER_LABEL = "sandcell.e2b_sandbox"
-_RETRY_EXPIRY_S = 30.0
-TIMEOUT_PAUSE_ATTEMPTS = 3
-"""Failed auto-pauses at a sandbox's timeout before it is killed instead (this worker's
-count, ``_RETRY_EXPIRY_S`` apart): E2B ends a sandbox at its timeout whether or not the
-pause saved it, so sandcell retries a store that is briefly down, then ends it too."""
-_DUE_ROWS = 1000
-"""Due rows one sweep reads at most; the rest wait for the next sweep, half a second on."""
-
-FULL_SWEEP_S = 600.0
-"""How often the timeout sweep reads every row, not only the index of due ones."""
-
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
     "code-interpreter-v1": SandboxSpec(),
@@ -125,11 +116,15 @@ class E2bSandboxes:
         self._now = wall_clock
         self._new_id = new_id
         self._new_token = new_token
-        # sandbox id -> wall-clock time before which the timeout sweep leaves it be.
-        self._retry_at: dict[str, float] = {}
-        # sandbox id -> failed auto-pauses at its timeout (``TIMEOUT_PAUSE_ATTEMPTS``).
-        self._pause_failures: dict[str, int] = {}
-        self._full_sweep_at = 0.0
+        self.timeouts = TimeoutSweep(
+            lambda: self.registry,
+            # Looked up at each call (views is made below; the methods may be wrapped).
+            view=lambda row: self.views.view(row),
+            pause=lambda sandbox: self.pause(sandbox),
+            kill=lambda sandbox: self.kill(sandbox),
+            metrics=manager.metrics,
+            now=wall_clock,
+        )
         self.kept = KeptRows(manager.store)
         self.history = MetricsHistory(manager.store)
         self.snapshots = SavedSnapshots(manager.store, max_per_tenant=max_snapshots_per_tenant)
@@ -138,7 +133,7 @@ class E2bSandboxes:
             manager,
             spec_of=self._spec,
             kept=self.kept,
-            on_forget=self._forget_retries,
+            on_forget=self.timeouts.forget,
         )
         self.listing = SandboxListing(lambda: self.registry, kept=self.kept, views=self.views)
         self.network = SandboxNetwork(manager, views=self.views, spec_of=self._spec)
@@ -404,79 +399,9 @@ class E2bSandboxes:
         await self.views.change(sandbox, lambda row: msgspec.structs.replace(row, end_at_s=end))
 
     async def expire(self) -> int:
-        """Kill (or, with ``autoPause``, pause) running sandboxes past their end; how many.
-
-        Every worker sweeps; the actions are safe to race (a pause holds the session, a
-        kill removes the row first). A sweep reads the rows that are due
-        (``e2b_due``), not the table; the first sweep and one every ``FULL_SWEEP_S``
-        read every row instead, for rows an older orchestrator wrote (the index does
-        not have them: during and after a rolling upgrade their timeout fires at most
-        that late)."""
-        now = self._now()
-        if now >= self._full_sweep_at:
-            self._full_sweep_at = now + FULL_SWEEP_S
-            candidates = await self.registry.e2b_sandboxes()
-            # Running rows an older orchestrator wrote are in neither index until given
-            # to it; a paused one left in an index is put right by the read that meets it.
-            await self.registry.e2b_index([row for row in candidates if row.state == "running"])
-        else:
-            candidates = await self.registry.e2b_due(now, limit=_DUE_ROWS)
-        due = [
-            row
-            for row in candidates
-            if row.state == "running"
-            and row.end_at_s <= now
-            and self._retry_at.get(row.sandbox_id, 0) <= now
-        ]
-        for row in due:
-            sandbox = await self.views.view(row)
-            try:
-                if sandbox.auto_pause:
-                    await self._pause_at_timeout(sandbox)
-                else:
-                    await self.kill(sandbox)
-            except (SandcellError, E2bError) as exc:
-                # Tried again later, not on every sweep.
-                self._retry_at[row.sandbox_id] = self._now() + _RETRY_EXPIRY_S
-                log.warning("e2b sandbox %s: timeout action failed: %s", row.sandbox_id, exc)
-        return len(due)
-
-    async def _pause_at_timeout(self, sandbox: E2bSandbox) -> None:
-        """``autoPause`` at the timeout: paused, or killed when the pause cannot be had.
-
-        E2B ends a sandbox at its timeout: its evictor removes the sandbox whether or
-        not the pause's snapshot succeeds (e2b-dev/infra ``RemoveSandbox``: the store
-        record goes and the VM is stopped either way). A workspace past
-        ``SANDCELL_CHECKPOINT_MAX_BYTES`` can never be paused, so it is killed at once;
-        any other failure (a store that is down) is retried up to
-        ``TIMEOUT_PAUSE_ATTEMPTS`` times, then killed. Until then it keeps counting
-        against the tenant's running sandboxes, as it would have without the kill."""
-        try:
-            await self.pause(sandbox)
-        except (SandcellError, E2bError) as exc:
-            if isinstance(exc, E2bError) and exc.status == 413:
-                reason, why = "too_large", "its workspace is past SANDCELL_CHECKPOINT_MAX_BYTES"
-            else:
-                failures = self._pause_failures.get(sandbox.sandbox_id, 0) + 1
-                self._pause_failures[sandbox.sandbox_id] = failures
-                if failures < TIMEOUT_PAUSE_ATTEMPTS:
-                    raise
-                reason, why = "failed", f"it failed {failures} times (last: {exc})"
-        else:
-            self._pause_failures.pop(sandbox.sandbox_id, None)
-            return
-        log.warning(
-            "e2b sandbox %s: the auto-pause at its timeout cannot be done (%s): killing it,"
-            " as E2B ends a sandbox at its timeout",
-            sandbox.sandbox_id,
-            why,
-        )
-        self.manager.metrics.inc("sandcell_e2b_timeout_pause_kills_total", reason=reason)
-        await self.kill(sandbox)
-
-    def _forget_retries(self, sandbox_id: str) -> None:
-        self._retry_at.pop(sandbox_id, None)
-        self._pause_failures.pop(sandbox_id, None)
+        """Kill (or, with ``autoPause``, pause) running sandboxes past their end; how
+        many (``timeouts.TimeoutSweep.expire``)."""
+        return await self.timeouts.expire()
 
     # -- network ----------------------------------------------------------------------------
 
