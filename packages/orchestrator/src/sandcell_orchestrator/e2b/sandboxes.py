@@ -523,7 +523,7 @@ class E2bSandboxes:
         if name.namespace is not None and name.namespace != team_slug(owner):
             return None
         found = await self.snapshots.named(owner, name.alias, name.tag or SNAPSHOT_TAG)
-        return found[0] if found else None
+        return await self.snapshots.get(owner, found[0].snapshot_id) if found else None
 
     async def fork(
         self, sandbox: E2bSandbox, *, timeout_s: int, count: int
