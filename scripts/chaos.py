@@ -54,6 +54,12 @@ answer showed (``unsaved_later_durable``) or a later answer lacked
 (``unsaved_lost``: the warm sandbox was lost before the next save, as the answer
 had warned).
 
+``--trace`` runs the workers with the turn trace on (the DEBUG lines of
+``sandcell_orchestrator.sessions.turn``: hold, attach, applied check, commit, each
+tagged with a prefix of the turn's stored idempotency key) and, if an invariant
+broke, prints the timeline of the turns the problems name, from every worker's
+serve.log, each tag mapped back to its turn (``t121``).
+
 ``--bounded`` is the mode the test suite runs (tests/orchestrator/serve/test_chaos.py).
 Prints one JSON report; exit 1 if an invariant broke. Stops only the processes
 it started (by pid / process group).
@@ -67,6 +73,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -104,6 +111,56 @@ FAULTS = (
 )
 STAGES = ("launch", "execute", "checkpoint", "record")
 STARTED, EXECUTED = "@started", "@executed"
+NAMESPACE = "chaos"
+"""The tenant of ``KEY`` (``SANDCELL_API_KEYS``): part of each turn's stored key."""
+TRACE_LOGGER = "sandcell_orchestrator.sessions.turn"
+# ``sandcell serve`` sets the root logger to INFO and has no log level setting of its
+# own: a traced worker is the same CLI, with the turn logger at DEBUG first.
+TRACED_SERVE = (
+    "import logging, sys\n"
+    f"logging.getLogger({TRACE_LOGGER!r}).setLevel(logging.DEBUG)\n"
+    "from sandcell_orchestrator.cli import main\n"
+    "sys.exit(main(['serve']))\n"
+)
+
+
+def serve_argv(*, trace: bool) -> list[str]:
+    """How a worker is started: ``sandcell serve``, with the turn trace if ``trace``."""
+    if trace:
+        return [sys.executable, "-c", TRACED_SERVE]
+    return [sys.executable, "-m", "sandcell_orchestrator", "serve"]
+
+
+def trace_tag_of(header_key: str) -> str:
+    """The tag a worker's trace lines give the turn sent with ``Idempotency-Key:
+    header_key`` (on /v1/exec, as ``KEY``'s tenant)."""
+    from sandcell_orchestrator.serve.idempotency import Idempotency
+    from sandcell_orchestrator.sessions.turn import trace_tag
+
+    return trace_tag(Idempotency.scoped("v1/exec", NAMESPACE, header_key))
+
+
+def turn_timelines(
+    logs: dict[str, str], tags: dict[str, str], turns: list[str]
+) -> dict[str, list[str]]:
+    """Each of ``turns`` (``t121``): its trace lines from every worker's ``logs``
+    (worker name: serve.log text), oldest first, each led by its worker's name and with
+    the tag replaced by the turn's name. ``tags``: turn name -> trace tag."""
+    wanted = {tags[turn]: turn for turn in turns if turn in tags}
+    found: dict[str, list[tuple[str, str]]] = {turn: [] for turn in turns}
+    for worker, text in logs.items():
+        for entry in text.splitlines():
+            _, marker, rest = entry.partition(f"{TRACE_LOGGER}: turn ")
+            tag = rest.partition(" ")[0]
+            if marker and tag in wanted:
+                turn = wanted[tag]
+                stamp = entry.partition(" DEBUG ")[0]
+                found[turn].append((stamp, f"{stamp} {worker} {turn}{rest[len(tag) :]}"))
+    # asctime sorts as text; a worker's lines keep their order (a stable sort).
+    return {
+        turn: [line for _, line in sorted(lines, key=lambda p: p[0])]
+        for turn, lines in found.items()
+    }
 
 
 def free_port() -> int:
@@ -314,6 +371,8 @@ class Worker:
     port: int
     env: dict[str, str]
     runtime_dir: Path
+    trace: bool = False
+    """Started with the turn trace on (``--trace``)."""
     process: subprocess.Popen[bytes] | None = None
     lock: threading.RLock = field(default_factory=threading.RLock)
     """Held by start, kill and stop: two fault threads never start one worker twice."""
@@ -340,7 +399,7 @@ class Worker:
                 self.env["SANDCELL_SERVE_PORT"] = str(self.port)
             with (self.root / "serve.log").open("ab") as out:
                 self.process = subprocess.Popen(
-                    [sys.executable, "-m", "sandcell_orchestrator", "serve"],
+                    serve_argv(trace=self.trace),
                     env=self.env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -510,13 +569,15 @@ class Chaos:
         self.sessions = []
         for n in range(args.sessions):
             hint = f"chaos-{n}-{uuid.uuid4().hex[:6]}"
-            self.sessions.append(Session(hint, runtime_session_id("chaos", "u", hint)))
+            self.sessions.append(Session(hint, runtime_session_id(NAMESPACE, "u", hint)))
         self._mutex = threading.Lock()
         # One fault at a time: a fault is injected, waited out (worker back up,
         # S3 back), then the next may be scheduled.
         self._fault_free = threading.Event()
         self._fault_free.set()
         self._step = 0
+        self.header_keys: dict[str, str] = {}
+        """Each turn's ``Idempotency-Key`` (the same on every retry), by its name."""
         self._plan = self._schedule()
         self._stopped: set[int] = set()
         self._fired: set[str] = set()
@@ -573,7 +634,7 @@ class Chaos:
             "SANDCELL_S3_ENDPOINT": endpoint,
             "SANDCELL_S3_ACCESS_KEY": S3_ACCESS,
             "SANDCELL_S3_SECRET_KEY": S3_SECRET,
-            "SANDCELL_API_KEYS": f"{KEY}=chaos",
+            "SANDCELL_API_KEYS": f"{KEY}={NAMESPACE}",
             "SANDCELL_IDEMPOTENCY_CLAIM_TTL_S": str(self.args.claim_ttl_s),
             # A killed worker's session waits out the lock TTL; a small one keeps the
             # run fast (the holder renews it every third of it while a turn runs).
@@ -605,7 +666,7 @@ class Chaos:
                 "SANDCELL_LOCAL_RUNTIME_DIR": str(runtime),
                 "SANDCELL_SERVE_PORT": str(port),
             }
-            worker = Worker(n, root, port, env, runtime)
+            worker = Worker(n, root, port, env, runtime, trace=self.args.trace)
             worker.start()
             self.workers.append(worker)
 
@@ -785,6 +846,16 @@ class Chaos:
             f"{root} ({age_s:.1f} s old, {entries}); runner.log ends {said!r};"
             f" the workers' logs: {mentions[-4:]}"
         )
+
+    def timelines(self, problems: list[str]) -> dict[str, list[str]]:
+        """The trace timelines of the turns ``problems`` name (``--trace``)."""
+        turns = sorted(set(re.findall(r"\bt\d+\b", " ".join(problems))), key=lambda t: int(t[1:]))
+        tags = {turn: trace_tag_of(key) for turn, key in self.header_keys.items()}
+        logs = {}
+        for worker in self.workers:
+            with contextlib.suppress(OSError):
+                logs[f"w{worker.index}"] = (worker.root / "serve.log").read_text(errors="replace")
+        return turn_timelines(logs, tags, turns)
 
     def _cgroups(self) -> list[str]:
         """Job cgroups of this run's runners (named by their workspace roots)."""
@@ -1004,10 +1075,8 @@ class Chaos:
             "runtime_session_hint": session.hint,
             "code": code,
         }
-        headers = self._auth() | {
-            "Idempotency-Key": f"turn-{uuid.uuid4().hex}",
-            "Accept": "application/x-ndjson",
-        }
+        header_key = f"turn-{uuid.uuid4().hex}"
+        headers = self._auth() | {"Idempotency-Key": header_key, "Accept": "application/x-ndjson"}
         started = time.monotonic()
         epoch, calm = self._epoch, self._fault_free.is_set()
         deadline = started + self.args.turn_deadline_s
@@ -1015,6 +1084,7 @@ class Chaos:
         with self._mutex:
             self.report.turns += 1
             self._in_flight.add(line)
+            self.header_keys[line] = header_key
         with httpx.Client(timeout=self.args.request_timeout_s) as client:
             while time.monotonic() < deadline:
                 worker = self.workers[(step + attempt) % len(self.workers)]
@@ -1236,6 +1306,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turn-deadline-s", type=float, default=120.0)
     parser.add_argument("--json", type=Path, default=None, help="also write the report here")
     parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="turn trace on in the workers; on a failure, print the failed turns' timelines",
+    )
+    parser.add_argument(
         "--kinds", default=None, help=f"comma-separated fault kinds (default: all of {FAULTS})"
     )
     args = parser.parse_args(argv)
@@ -1291,6 +1366,11 @@ def main(argv: list[str] | None = None) -> int:
     if summary["ok"]:
         shutil.rmtree(base, ignore_errors=True)
     else:
+        if args.trace:
+            for turn, lines in chaos.timelines(chaos.report.problems).items():
+                print(f"-- {turn} ({len(lines)} trace lines)", file=sys.stderr)
+                for entry in lines:
+                    print(f"   {entry}", file=sys.stderr)
         print(f"kept for a look: {base} (workers' serve.log)", file=sys.stderr)
     return 0 if summary["ok"] else 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,30 @@ def test_no_raw_environment_is_kept() -> None:
 def test_a_bad_value_stops_start_up_naming_its_variable(env: dict[str, str], variable: str) -> None:
     """Sub-settings (provider, S3, apps, serve) are validated at start-up, not on first use."""
     with pytest.raises(ConfigError, match=variable):
+        OrchestratorSettings.from_env({**HOME, **env})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SANDCELL_SERVE_PORT": "99999"}, "SANDCELL_SERVE_PORT: must be >= 0 and <= 65535"),
+        ({"SANDCELL_SERVE_PORT": "80.5"}, "SANDCELL_SERVE_PORT: must be an integer"),
+        ({"SANDCELL_E2B_MAX_SANDBOXES": "2.5"}, "SANDCELL_E2B_MAX_SANDBOXES: must be an integer"),
+        ({"SANDCELL_E2B_MAX_SNAPSHOTS": "0"}, "SANDCELL_E2B_MAX_SNAPSHOTS: must be >= 1"),
+        ({"SANDCELL_LOCAL_POOL_SIZE": "1.5"}, "SANDCELL_LOCAL_POOL_SIZE: must be an integer"),
+        ({"SANDCELL_CHECKPOINT_MAX_BYTES": "-1"}, "SANDCELL_CHECKPOINT_MAX_BYTES: must be >= 1"),
+        (
+            {"SANDCELL_PROVIDER": "docker", "SANDCELL_DOCKER_PIDS": "64.5"},
+            "SANDCELL_DOCKER_PIDS: must be an integer",
+        ),
+    ],
+)
+def test_counts_sizes_and_ports_are_whole_numbers_in_range(
+    env: dict[str, str], message: str
+) -> None:
+    """A count, size or port is refused when fractional or out of range, not truncated
+    (``80.5`` served on 80) or passed on to fail later (port 99999 at bind)."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
         OrchestratorSettings.from_env({**HOME, **env})
 
 

@@ -194,6 +194,22 @@ class TestSettings:
         with pytest.raises(ConfigError, match=name):
             RunnerSettings.from_env({"SANDCELL_RUNNER_TOKEN": "x" * 32, name: value})
 
+    def test_an_unknown_log_level_is_a_config_error_not_a_traceback(self) -> None:
+        """``logging`` would refuse it later with a ValueError traceback at start-up."""
+        env = {"SANDCELL_RUNNER_TOKEN": "x" * 32, "SANDCELL_RUNNER_LOG_LEVEL": "verbose"}
+        with pytest.raises(ConfigError, match=r"^SANDCELL_RUNNER_LOG_LEVEL must be one of"):
+            RunnerSettings.from_env(env)
+        assert RunnerSettings.from_env({**env, "SANDCELL_RUNNER_LOG_LEVEL": "DEBUG"}).log_level == (
+            "debug"
+        )
+
+    def test_a_non_integer_says_what_it_must_be(self) -> None:
+        env = {"SANDCELL_RUNNER_TOKEN": "x" * 32, "SANDCELL_RUNNER_MEMORY_MIB": "lots"}
+        with pytest.raises(
+            ConfigError, match=r"^SANDCELL_RUNNER_MEMORY_MIB: must be an integer, got 'lots'$"
+        ):
+            RunnerSettings.from_env(env)
+
     def test_token_hidden_from_repr(self) -> None:
         settings = RunnerSettings.from_env({"SANDCELL_RUNNER_TOKEN": "s3cret-s3cret-s3cret"})
         assert "s3cret" not in repr(settings)

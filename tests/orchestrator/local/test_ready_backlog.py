@@ -20,7 +20,7 @@ import pytest
 from sandcell_orchestrator.errors import SandboxUnavailableError
 from sandcell_orchestrator.providers.base import SandboxSpec
 from sandcell_orchestrator.providers.local import LocalProvider, LocalSettings
-from sandcell_orchestrator.providers.local_ready import wait_ready_unless_exited
+from sandcell_orchestrator.providers.local_ready import runner_log_tail, wait_ready_unless_exited
 from sandcell_orchestrator.runner.client import RunnerClient
 from tests.fixtures.paths import traversable_dir
 
@@ -126,3 +126,12 @@ async def test_a_runner_slower_to_start_than_one_try_gets_one_ready_request() ->
             await provider.close()
         # ss: State Recv-Q Send-Q ...; a listener's Recv-Q is its accept queue.
         assert Path(count).read_text().split()[1] == "1"
+
+
+def test_the_log_tail_of_a_runner_that_never_got_ready_is_one_line(tmp_path: Path) -> None:
+    """It ends the CLI's one-line error: no trailing blank line after the runner's words."""
+    (tmp_path / "runner.log").write_text(
+        "sandcell-runner: configuration error: SANDCELL_RUNNER_MEMORY_MIB: must be ...\n\n"
+    )
+    assert runner_log_tail(tmp_path).endswith("must be ...")
+    assert runner_log_tail(tmp_path / "missing") == ""

@@ -99,12 +99,12 @@ class ServeSettings:
         read = EnvReader(env)
         return cls(
             host=read.text("SANDCELL_SERVE_HOST") or "127.0.0.1",
-            port=int(read.number("SANDCELL_SERVE_PORT", 8000.0, minimum=0)),
+            port=read.integer("SANDCELL_SERVE_PORT", 8000, minimum=0, maximum=65535),
             api_keys=_api_keys(read.text("SANDCELL_API_KEYS") or ""),
             insecure_no_auth=read.text(INSECURE_NO_AUTH_ENV) == "1",
             e2b_domain=_e2b_domain(read.text("SANDCELL_E2B_DOMAIN")),
-            e2b_max_running=int(read.number("SANDCELL_E2B_MAX_SANDBOXES", 32, minimum=1)),
-            e2b_max_snapshots=int(read.number("SANDCELL_E2B_MAX_SNAPSHOTS", 100, minimum=1)),
+            e2b_max_running=read.integer("SANDCELL_E2B_MAX_SANDBOXES", 32, minimum=1),
+            e2b_max_snapshots=read.integer("SANDCELL_E2B_MAX_SNAPSHOTS", 100, minimum=1),
             idempotency_ttl_s=read.number("SANDCELL_IDEMPOTENCY_TTL_S", 86_400.0, minimum=1),
             idempotency_claim_ttl_s=read.number(
                 "SANDCELL_IDEMPOTENCY_CLAIM_TTL_S", 30.0, minimum=1
@@ -209,7 +209,7 @@ class OrchestratorSettings:
         snapshot_url = read.text("SANDCELL_SNAPSHOT_URL")
         if snapshot_url is not None and not snapshot_url.startswith(("s3://", "file://")):
             raise ConfigError("SANDCELL_SNAPSHOT_URL must be s3://bucket/prefix or file:///path")
-        checkpoint_max_bytes = int(read.number("SANDCELL_CHECKPOINT_MAX_BYTES", float(1 << 30)))
+        checkpoint_max_bytes = read.integer("SANDCELL_CHECKPOINT_MAX_BYTES", 1 << 30, minimum=1)
         serve = ServeSettings.from_env(env)
         return cls(
             home=home,

@@ -256,7 +256,7 @@ class RunnerSettings:
             metrics_interval_s=reader.integer(
                 "SANDCELL_RUNNER_METRICS_INTERVAL_S", 5, minimum=1, maximum=3600
             ),
-            log_level=env.get("SANDCELL_RUNNER_LOG_LEVEL", "info").lower(),
+            log_level=_log_level(env.get("SANDCELL_RUNNER_LOG_LEVEL", "").strip().lower()),
             event_loop=_event_loop(env.get("SANDCELL_RUNNER_EVENT_LOOP", "").strip().lower()),
             max_contexts=reader.integer("SANDCELL_RUNNER_MAX_CONTEXTS", 8),
             max_relayed_websockets=reader.integer("SANDCELL_RUNNER_MAX_RELAYED_WEBSOCKETS", 256),
@@ -285,7 +285,10 @@ class _EnvReader:
         self, name: str, default: int, *, minimum: int = 1, maximum: int | None = None
     ) -> int:
         def parse(raw: str) -> int:
-            value = int(raw)
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ValueError(f"must be an integer, got {raw[:40]!r}") from None
             if value < minimum or (maximum is not None and value > maximum):
                 bound = f"between {minimum} and {maximum}" if maximum else f">= {minimum}"
                 raise ValueError(f"must be an integer {bound}, got {raw!r}")
@@ -324,6 +327,20 @@ class _EnvReader:
 
 def _is_within(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
+
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+"""The levels both ``logging`` and uvicorn know."""
+
+
+def _log_level(asked: str) -> str:
+    # Checked here: logging and uvicorn refuse an unknown level with a traceback.
+    if asked == "":
+        return "info"
+    if asked not in _LOG_LEVELS:
+        listed = ", ".join(_LOG_LEVELS)
+        raise ConfigError(f"SANDCELL_RUNNER_LOG_LEVEL must be one of {listed}, got {asked[:40]!r}")
+    return asked
 
 
 def _event_loop(asked: str) -> EventLoop:

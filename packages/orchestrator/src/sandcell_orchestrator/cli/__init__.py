@@ -32,12 +32,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.metadata
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from sandcell_protocol import ProtocolError
+from sandcell_protocol import PROTOCOL_VERSION, ProtocolError
 
 from ..config import OrchestratorSettings
 from ..errors import SandcellError
@@ -65,8 +66,12 @@ __all__ = ["CLI_NAMESPACE", "build_parser", "job_exit_code", "main"]
 def build_parser() -> argparse.ArgumentParser:
     """The ``sandcell`` argument parser."""
     parser = argparse.ArgumentParser(
-        prog="sandcell", description="Run untrusted code in sandboxes."
+        prog="sandcell",
+        description="Run untrusted code in sandboxes.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     exec_command.add_parser(commands)
     run_command.add_parser(commands)
@@ -75,6 +80,27 @@ def build_parser() -> argparse.ArgumentParser:
     files_command.add_parser(commands)
     instances_command.add_parser(commands)
     return parser
+
+
+_EPILOG = """\
+examples:
+  sandcell exec --session demo "print(6*7)"   files persist across calls of a session
+  sandcell run --session nb "x = 1"           variables persist in a code context
+  sandcell serve                              the HTTP API (SANDCELL_API_KEYS=key=tenant)
+
+'sandcell COMMAND --help' describes a command. Settings are SANDCELL_* environment
+variables, read and checked at start-up (README.md, "Configuration").
+exit codes: the job's own (124 timeout, 137 killed); 2 sandcell failed; 75 session
+busy; 130 interrupted"""
+
+
+def _version() -> str:
+    """``sandcell X (protocol Y)``: what an operator quotes in a bug report."""
+    try:
+        installed = importlib.metadata.version("sandcell-orchestrator")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        installed = "unknown"
+    return f"sandcell {installed} (protocol {PROTOCOL_VERSION})"
 
 
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:

@@ -71,6 +71,7 @@ def runner_log_tail(root: Path) -> str:
     """The end of the runner's log under ``root`` ("" when there is none), for an error
     that says why the runner did not become ready."""
     try:
-        return (root / "runner.log").read_text(errors="replace")[-_LOG_TAIL_CHARS:]
+        # Stripped: it ends a one-line CLI error, where a trailing newline is a blank line.
+        return (root / "runner.log").read_text(errors="replace")[-_LOG_TAIL_CHARS:].strip()
     except OSError:
         return ""

@@ -62,7 +62,7 @@ class LocalSettings:
         read = EnvReader(env)
         return cls(
             runtime_dir=read.path("SANDCELL_LOCAL_RUNTIME_DIR", default_runtime_dir()),
-            pool_size=int(read.number("SANDCELL_LOCAL_POOL_SIZE", 0.0, minimum=0)),
+            pool_size=read.integer("SANDCELL_LOCAL_POOL_SIZE", 0),
             zygote=read.choice("SANDCELL_LOCAL_ZYGOTE", ("1", "0"), "1") == "1",
             # Runner limits and jail settings pass through unchanged.
             runner_env=read.passthrough(("SANDCELL_RUNNER_",), names=_INHERITED, exclude=_OWN_ENV),

@@ -46,9 +46,39 @@ from .inputs import InputSource, deliver_inputs
 from .manager import Attached, Hold, SandboxManager
 from .persistence import TurnResult
 
-__all__ = ["Keyed", "SessionTurns", "TurnSettings"]
+__all__ = ["TRACE_KEY_CHARS", "Keyed", "SessionTurns", "TurnSettings", "trace_tag"]
 
 log = logging.getLogger(__name__)
+
+TRACE_KEY_CHARS = 12
+"""How much of a keyed turn's stored key its trace lines show (``trace_tag``)."""
+
+
+def trace_tag(turn_key: str | None) -> str:
+    """A turn's name in its DEBUG trace lines: the first ``TRACE_KEY_CHARS`` hex digits
+    of its stored idempotency key, "-" for a turn without one.
+
+    The stored key is already a SHA-256 of (surface, tenant, the client's header)
+    (``Idempotency.scoped``), so the client's key, which a client may treat as a
+    secret, never shows; a prefix, not the whole storage key, keeps the log from
+    naming the registry entry outright, yet still finds the turn's ``answer/``
+    objects in the store, and a client that knows its header recomputes the tag."""
+    return "-" if turn_key is None else turn_key[:TRACE_KEY_CHARS]
+
+
+def _checkpoint_name(key: str | None) -> str:
+    """A checkpoint key without its session prefix (the session is on the line)."""
+    return "-" if key is None else key.rpartition("/")[2]
+
+
+def _trace(tag: str, step: str, session_id: str, **fields: object) -> None:
+    """One DEBUG line of a turn's steps: ``turn <tag> <step> session=… k=v …``.
+
+    Only ids, flags and generations: never code, output, tokens or keys."""
+    if log.isEnabledFor(logging.DEBUG):
+        shown = " ".join(f"{name}={value}" for name, value in fields.items())
+        log.debug("turn %s %s session=%s %s", tag, step, session_id[:11], shown)
+
 
 _T = TypeVar("_T")
 
@@ -143,18 +173,42 @@ class SessionTurns:
         """``run``'s turn under the hold; with a keyed turn's result to keep by key."""
         manager = self.manager
         settings = self.settings
+        tag = trace_tag(None if keyed is None else keyed.turn_key)
         async with manager.hold(session_id, wait_ms=settings.session_wait_ms) as hold:
             # Judged by the record the hold found, before attach: a launch records its
             # sandbox (a session without a record has one after it), and a launch and
             # restore can outlast the young-record window.
             forgot = manager.may_have_forgotten(hold)
+            record = hold.record
+            _trace(
+                tag,
+                "held",
+                session_id,
+                generation=hold.generation,
+                record=record is not None,
+                adopted=record is not None and record.adopted,
+                turn_open=record is not None and record.turn_open,
+                unsaved=record is not None and record.unsaved,
+                forgot=forgot,
+                checkpoint=_checkpoint_name(hold.checkpoint_key),
+            )
             attached = await manager.attach(hold, spec, verify=verify)
+            _trace(
+                tag,
+                "attached",
+                session_id,
+                launched=attached.launched,
+                restored=attached.restored,
+                checkpoint=_checkpoint_name(hold.checkpoint_key),
+                sandbox=attached.handle.sandbox_id,
+            )
             # A restored checkpoint is asked too, whatever the record's age: a record a
             # retry made after a wipe (its restore then failed) ages past the window
             # during a long outage, still pointing at the turn's own checkpoint. Beside
             # a restore, two small reads cost little; a warm turn reads nothing.
             if keyed is not None and answer is not None and (forgot or attached.restored):
                 applied = await self._found_applied(hold, keyed, answer)
+                _trace(tag, "applied-check", session_id, found=applied is not None)
                 if applied is not None:
                     # Kept by key too (it may have been found only by its checkpoint).
                     return applied, True, TurnResult(keyed.turn_key, keyed.encode(applied))
@@ -174,14 +228,16 @@ class SessionTurns:
                 # is a timeout's: the session keeps what the job wrote until then. Not
                 # for a keyed turn: its client retries it, and the retry must not find
                 # half of it applied (exactly once), so it goes back to the last commit.
+                _trace(tag, "interrupted", session_id, keep=answer is None)
                 if answer is None:
                     await manager.sandboxes.shielded(self._keep_interrupted(hold, attached))
                 else:
                     await manager.sandboxes.shielded(manager.recycle(hold, attached))
                 raise
-            except (LockLostError, SandboxUnavailableError, SandboxTimeoutError):
+            except (LockLostError, SandboxUnavailableError, SandboxTimeoutError) as exc:
                 # Lost the lock, unreachable, or timed out while the job may still
                 # run: the sandbox may be dirty, so it is recycled, never reused.
+                _trace(tag, "recycled", session_id, error=type(exc).__name__)
                 await manager.recycle(hold, attached)
                 raise
             except SandcellError:
@@ -209,17 +265,27 @@ class SessionTurns:
             saved = None if keyed is None else TurnResult(keyed.turn_key, keyed.encode(result))
 
             durable = True
-            if (
+            unchanged = (
                 changed(result) is False
                 and (hold.checkpoint_key is not None or pristine)
                 and not unsaved
-            ):
+            )
+            if unchanged:
                 self.metrics.inc("sandcell_checkpoints_total", outcome="unchanged")
                 await manager.close_turn(hold, answer=answer_of(True))
             else:
                 durable = await self._checkpoint_retrying(
                     hold, attached, answer_of, turn_result=saved
                 )
+            _trace(
+                tag,
+                "committed",
+                session_id,
+                durable=durable,
+                unchanged=unchanged,
+                generation=hold.generation,
+                checkpoint=_checkpoint_name(hold.checkpoint_key),
+            )
             # Committed: by its key, the store says so whatever checkpoint a retry
             # restores (a not durable turn is in no checkpoint: nothing to find).
             committed = saved if answer is not None and durable else None
