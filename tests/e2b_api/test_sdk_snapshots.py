@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, SandboxQuery
 from e2b.exceptions import SandboxException, SandboxNotFoundException
 
 from tests.e2b_api.conftest import KEY_B, E2bServe
@@ -198,4 +198,53 @@ def test_a_paused_sandbox_is_not_snapshotted(e2b_serve: E2bServe) -> None:
             Sandbox.fork(source.sandbox_id, **opts)
         assert Sandbox.list_snapshots(sandbox_id=source.sandbox_id, **opts).next_items() == []
     finally:
+        source.kill()
+
+
+def test_a_sandbox_reports_the_snapshot_it_was_made_from(e2b_serve: E2bServe) -> None:
+    """As E2B: a sandbox made from a snapshot has the snapshot's template id (and, named,
+    its name as ``SandboxInfo.name``), which the listing's ``template`` filter finds it
+    by; a served template is its own name; a fork reports its source's template."""
+    opts = e2b_serve.opts()
+    source = Sandbox.create(**opts)
+    made: list[Sandbox] = []
+    try:
+        assert (source.get_info().template_id, source.get_info().name) == ("base", "base")
+        unnamed = source.create_snapshot()
+        named = source.create_snapshot(name="tmpl-app")
+        plain = Sandbox.create(unnamed.snapshot_id, **opts)
+        made.append(plain)
+        assert plain.get_info().template_id == unnamed.snapshot_id.removesuffix(":default")
+        assert plain.get_info().name is None
+        app = Sandbox.create("tmpl-app", **opts)
+        made.append(app)
+        app_info = app.get_info()
+        assert app_info.name == "tmpl-app"
+        assert app_info.template_id not in ("base", "tmpl-app")
+
+        def listed(template: str) -> set[str]:
+            query = SandboxQuery(template=template)
+            return {s.sandbox_id for s in Sandbox.list(query=query, **opts).next_items()}
+
+        assert listed("tmpl-app") == {app.sandbox_id}
+        assert listed(f"{named.names[0]}") == {app.sandbox_id}
+        assert listed(app_info.template_id) == {app.sandbox_id}
+        assert listed(plain.get_info().template_id) == {plain.sandbox_id}
+        assert source.sandbox_id in listed("base")
+        assert not {plain.sandbox_id, app.sandbox_id} & listed("base")
+        with pytest.raises(SandboxException, match="tags are not supported"):
+            listed("tmpl-app:default")
+
+        plain.kill()  # the tenant's third running sandbox is the fork
+        results = app.fork(count=1, timeout=120)
+        forks = [f for f in results if isinstance(f, Sandbox)]
+        made.extend(forks)
+        assert len(forks) == 1, results
+        fork_info = forks[0].get_info()
+        assert (fork_info.template_id, fork_info.name) == (app_info.template_id, "tmpl-app")
+        Sandbox.delete_snapshot(unnamed.snapshot_id, **opts)
+        Sandbox.delete_snapshot(named.snapshot_id, **opts)
+    finally:
+        for sandbox in made:
+            sandbox.kill()
         source.kill()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from sandcell_orchestrator.e2b.sandbox import new_sandbox_id
@@ -14,9 +16,10 @@ from sandcell_orchestrator.e2b.saved import (
     snapshot_ref,
     team_slug,
 )
-from sandcell_orchestrator.snapshots import SnapshotEntry, SnapshotUnavailableError
+from sandcell_orchestrator.snapshots import Snapshot, SnapshotEntry, SnapshotUnavailableError
 from sandcell_orchestrator.snapshots.directory import DirectorySnapshotStore
 from sandcell_orchestrator.snapshots.whole import put_whole
+from sandcell_orchestrator.tenants import tenant_digest
 
 
 def _meta(store: SavedSnapshots, namespace: str) -> SnapshotMeta:
@@ -124,3 +127,62 @@ async def test_a_recount_the_store_cannot_answer_keeps_the_snapshot(tmp_path: Pa
     assert await saved.add(meta) is True
     store.failing = False
     assert await saved.get("tenant-a", meta.snapshot_id) == meta
+
+
+class _CountsReads(DirectorySnapshotStore):
+    """A directory store that counts the objects read (``get``)."""
+
+    reads = 0
+
+    def get(self, key: str, *, max_bytes: int) -> AbstractAsyncContextManager[Snapshot]:
+        self.reads += 1
+        return super().get(key, max_bytes=max_bytes)
+
+
+async def _add(saved: SavedSnapshots, meta: SnapshotMeta) -> None:
+    await put_whole(
+        saved.store, saved.data_key(meta.namespace, meta.snapshot_id), b"w", max_bytes=8
+    )
+    assert await saved.add(meta) is True
+
+
+async def test_a_listing_reads_no_metas(tmp_path: Path) -> None:
+    """The listing's summaries come from the index entries' keys: two store listings,
+    no reads; a meta with no entry (an older orchestrator's) is read once, its entry
+    written; an entry whose meta is gone (a delete cut short) is not listed."""
+    store = _CountsReads(tmp_path)
+    saved = SavedSnapshots(store, max_per_tenant=10)
+    metas = [
+        msgspec.structs.replace(_meta(saved, "tenant-a"), created_at_s=1.5 + i, name=name)
+        for i, name in enumerate([None, "app", "x" * 240])
+    ]
+    for meta in metas:
+        await _add(saved, meta)
+    store.reads = 0
+    listed = await saved.summaries("tenant-a")
+    assert sorted(s.snapshot_id for s in listed) == sorted(m.snapshot_id for m in metas)
+    assert {s.snapshot_id: s for s in listed}[metas[1].snapshot_id] == metas[1].summary()
+    # Only the name too long for a key component is read from its meta.
+    assert store.reads == 1
+    # An older orchestrator's snapshot: a meta and no index entry.
+    legacy = _meta(saved, "tenant-a")
+    await put_whole(
+        store,
+        f"e2b-snapshots/{tenant_digest('tenant-a')}/{legacy.snapshot_id}",
+        msgspec.json.encode(legacy),
+        max_bytes=1 << 16,
+    )
+    store.reads = 0
+    assert legacy.snapshot_id in {s.snapshot_id for s in await saved.summaries("tenant-a")}
+    assert store.reads == 2
+    store.reads = 0
+    await saved.summaries("tenant-a")
+    assert store.reads == 1
+    # A delete cut short after the meta: the entry left over is not listed.
+    await store.delete(f"e2b-snapshots/{tenant_digest('tenant-a')}/{metas[1].snapshot_id}")
+    assert metas[1].snapshot_id not in {s.snapshot_id for s in await saved.summaries("tenant-a")}
+    assert await saved.summaries("tenant-b") == []
+    assert [s.snapshot_id for s in await saved.named("tenant-a", "app")] == []
+    assert await saved.delete("tenant-a", metas[0].snapshot_id) is True
+    index = await store.list(f"e2b-snapshot-index/{tenant_digest('tenant-a')}/")
+    assert not any(e.key.rsplit("/", 1)[1].startswith(metas[0].snapshot_id) for e in index)

@@ -92,7 +92,8 @@ class ControlContext:
     def created(self, sandbox: E2bSandbox) -> SandboxCreated:
         """What a create, connect, resume or fork answers for ``sandbox``."""
         return SandboxCreated(
-            templateID=sandbox.template,
+            templateID=sandbox.template_id,
+            alias=sandbox.alias,
             sandboxID=sandbox.sandbox_id,
             clientID="sandcell",
             envdVersion=ENVD_VERSION,

@@ -18,6 +18,7 @@ import anyio
 from sandcell_protocol import EgressPolicy
 
 from ..errors import SandcellError
+from ..registry import E2bSandboxRow
 from ..sessions.manager import SandboxManager
 from ..snapshots import SnapshotTooLargeError
 from .errors import E2bError
@@ -44,6 +45,7 @@ class Creates(Protocol):
         auto_pause: bool,
         egress: EgressPolicy | None = None,
         public_traffic: bool = False,
+        fork_of: E2bSandboxRow | None = None,
     ) -> Awaitable[E2bSandbox]: ...
 
 
@@ -149,6 +151,7 @@ class SandboxCopies:
                             auto_pause=row.auto_pause,
                             egress=row.egress,
                             public_traffic=row.public_traffic,
+                            fork_of=row,
                         )
                     )
                 except E2bError as exc:

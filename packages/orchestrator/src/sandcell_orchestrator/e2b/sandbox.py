@@ -81,6 +81,17 @@ class E2bSandbox:
         return self.row.template
 
     @property
+    def template_id(self) -> str:
+        """E2B's ``templateID``: the template, or the snapshot it was created from."""
+        return self.row.template_id or self.row.template
+
+    @property
+    def alias(self) -> str | None:
+        """E2B's ``alias`` (the SDK's ``SandboxInfo.name``): the template's name, or the
+        snapshot's it was created from (None for an unnamed snapshot)."""
+        return self.row.alias if self.row.template_id is not None else self.row.template
+
+    @property
     def session_id(self) -> str:
         return self.row.session_id
 

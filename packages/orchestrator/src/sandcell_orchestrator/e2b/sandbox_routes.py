@@ -45,6 +45,7 @@ from .egress import egress_policy, public_traffic
 from .errors import E2bError, read_message
 from .listing import ListingOrder, page_key, page_token
 from .sandboxes import E2bSandbox
+from .saved import SnapshotName, parse_snapshot_name, team_slug
 from .wire import (
     ConnectSandbox,
     ListedSandbox,
@@ -83,6 +84,31 @@ def _instant(raw: str | None) -> float | None:
     return moment.timestamp()
 
 
+def _template_query(raw: str | None) -> SnapshotName | None:
+    """The ``template`` filter, parsed as E2B parses it: a template id or name, with no
+    tag (a sandbox is of a template, not of one of its tags); 400 otherwise, with
+    E2B's texts."""
+    if raw is None:
+        return None
+    if ":" in raw:
+        reason = "tags are not supported here because sandboxes are not tag-scoped"
+        raise E2bError(400, "bad_request", f"Invalid template: {reason}")
+    try:
+        return parse_snapshot_name(raw)
+    except ValueError as exc:
+        raise E2bError(400, "bad_request", f"Invalid template: {exc}") from None
+
+
+def _made_from(sandbox: E2bSandbox, template: SnapshotName, slug: str) -> bool:
+    """Whether ``sandbox`` is of ``template``: by its ``templateID`` or its ``alias``
+    (a snapshot's name also as ``<slug>/<name>``), as E2B resolves the filter to a
+    template id."""
+    if template.namespace is None:
+        return template.alias in (sandbox.template_id, sandbox.alias)
+    named = sandbox.row.template_id is not None and sandbox.alias is not None
+    return named and template.namespace == slug and template.alias == sandbox.alias
+
+
 class SandboxRoutes:
     """The routes over one sandbox's lifecycle and the tenant's listings of them."""
 
@@ -112,7 +138,8 @@ class SandboxRoutes:
     @staticmethod
     def _listed(sandbox: E2bSandbox) -> ListedSandbox:
         return ListedSandbox(
-            templateID=sandbox.template,
+            templateID=sandbox.template_id,
+            alias=sandbox.alias,
             sandboxID=sandbox.sandbox_id,
             clientID="sandcell",
             startedAt=iso(sandbox.started_at_s),
@@ -183,11 +210,12 @@ class SandboxRoutes:
         wanted_meta = _metadata_query(request)
         # The SDK's ``SandboxQuery(template=, started_after=)``: a filter ignored would
         # answer sandboxes the caller asked to leave out (and, say, kill them).
-        template = request.query_params.get("template") or None
+        template = _template_query(request.query_params.get("template") or None)
         started_after = _instant(request.query_params.get("startedAfter"))
+        slug = team_slug(owner)
 
         def picks(sandbox: E2bSandbox) -> bool:
-            return (template is None or sandbox.template == template) and all(
+            return (template is None or _made_from(sandbox, template, slug)) and all(
                 sandbox.metadata.get(k) == v for k, v in wanted_meta.items()
             )
 

@@ -255,12 +255,17 @@ class E2bSandboxes:
         idempotency_key: str | None = None,
         egress: EgressPolicy | None = None,
         public_traffic: bool = False,
+        fork_of: E2bSandboxRow | None = None,
     ) -> E2bSandbox:
         """Acquire a sandbox for ``owner`` from ``template`` (a retry with the same
         ``idempotency_key``, on any worker, answers the sandbox the first call made);
-        ``public_traffic``: its ports answer without the traffic token."""
+        ``public_traffic``: its ports answer without the traffic token. A sandbox made
+        from a snapshot reports the snapshot as its ``templateID`` (and its name as
+        ``alias``), as E2B does; a fork (``fork_of``: its source) reports its source's,
+        as E2B's fork, a resume of the source's snapshot, does."""
         check_create_key(idempotency_key)
         source: SnapshotMeta | None = None
+        reported: tuple[str | None, str | None] = (None, None)
         unknown = E2bError(404, "not_found", f"template {template[:80]!r} not found")
         if template not in self.templates:
             # A snapshot is a template of its tenant's only: another's reads as unknown.
@@ -268,6 +273,9 @@ class E2bSandboxes:
             if source is None or source.template not in self.templates:
                 raise unknown
             template = source.template
+            reported = (source.snapshot_id, source.name)
+        if fork_of is not None:
+            reported = (fork_of.template_id, fork_of.alias)
         timeout = self._timeout(timeout_s)
 
         async def make(sandbox_id: str | None = None) -> E2bSandbox:
@@ -287,6 +295,7 @@ class E2bSandboxes:
                         public_traffic=public_traffic,
                         sandbox_id=sandbox_id,
                         source=source,
+                        reported=reported,
                     )
                 except SnapshotNotFoundError:
                     if source is None:
@@ -329,6 +338,7 @@ class E2bSandboxes:
         public_traffic: bool = False,
         sandbox_id: str | None = None,
         source: SnapshotMeta | None = None,
+        reported: tuple[str | None, str | None] = (None, None),
     ) -> E2bSandbox:
         now = self._now()
         row = E2bSandboxRow(
@@ -346,6 +356,8 @@ class E2bSandboxes:
             auto_pause=auto_pause,
             state="running",
             public_traffic=public_traffic,
+            template_id=reported[0],
+            alias=reported[1],
         )
         sandbox = E2bSandbox(row=row, spec=self._spec(row))
         handle = await self.manager.acquire(row.session_id, sandbox.spec, owner=owner)
@@ -511,7 +523,7 @@ class E2bSandboxes:
         if name.namespace is not None and name.namespace != team_slug(owner):
             return None
         found = await self.snapshots.named(owner, name.alias, name.tag or SNAPSHOT_TAG)
-        return found[0] if found else None
+        return await self.snapshots.get(owner, found[0].snapshot_id) if found else None
 
     async def fork(
         self, sandbox: E2bSandbox, *, timeout_s: int, count: int

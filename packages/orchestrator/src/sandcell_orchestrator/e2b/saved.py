@@ -1,14 +1,22 @@
 """``SavedSnapshots``: E2B snapshots, a running sandbox's workspace kept under an id
 its tenant owns, to create sandboxes from (``Sandbox.create(snapshot_id)``).
 
-A snapshot is two objects in the snapshot store, under its tenant's own prefixes:
+A snapshot is three objects in the snapshot store, under its tenant's own prefixes:
 
     e2b-snapshots/<sha256 of the namespace>/<id>        SnapshotMeta JSON
+    e2b-snapshot-index/<sha256 of the namespace>/<id>C<µs>S<sandbox id>T<tag>[N<name>]
+                                                        empty: the key is the summary
     e2b-snapshot-data/<sha256 of the namespace>/<id>    the workspace (a checkpoint)
 
 The workspace is written first and the meta after it, so a meta never names a
 missing workspace; a delete removes the meta first (from then on the id is
-unknown), then the workspace. Neither is a session's checkpoint, so the session
+unknown), then the index entry and the workspace. The index entry's key holds what a
+listing shows and filters by (``SnapshotSummary``; the separators are capitals, which
+no id, name or tag has), so a listing is two store listings and no reads: the metas'
+keys say which snapshots exist, the index keys what they are. A meta without an entry
+(written by an orchestrator before the index, or whose entry's write failed) is read
+and its entry written then; an entry without a meta (a delete cut short) is not shown.
+Neither is a session's checkpoint, so the session
 collector never touches them and they outlive the sandbox they were taken of (as
 E2B's do). A lookup reads the caller's own prefix only, so another tenant's
 snapshot id answers exactly as an unknown one (DESIGN rule 8); a listing is one
@@ -50,6 +58,7 @@ __all__ = [
     "SavedSnapshots",
     "SnapshotMeta",
     "SnapshotName",
+    "SnapshotSummary",
     "parse_snapshot_name",
     "snapshot_ref",
     "team_slug",
@@ -61,12 +70,63 @@ SNAPSHOT_TAG = "default"
 """The tag of every snapshot id on the wire (``<id>:default``)."""
 
 _META_PREFIX = "e2b-snapshots/"
+_INDEX_PREFIX = "e2b-snapshot-index/"
+_INDEX_RE = re.compile(
+    r"(?P<id>[a-z0-9]{20})C(?P<us>[0-9]{1,20})S(?P<sandbox>[a-z0-9]{20})"
+    r"T(?P<tag>[a-z0-9_.-]+?)(?:N(?P<name>[a-z0-9_-]+))?"
+)
+_INDEX_KEY_MAX = 255
 _DATA_PREFIX = "e2b-snapshot-data/"
 _META_MAX_BYTES = 64 << 10
 # E2B's id package: an alias and a namespace, and a tag.
 _IDENTIFIER_RE = re.compile(r"[a-z0-9_-]+")
 _TAG_RE = re.compile(r"[a-z0-9_.-]+")
 _SLUG_DROPPED_RE = re.compile(r"[^a-z0-9_-]")
+
+
+class SnapshotSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What a listing shows of a snapshot, and what names and filters go by."""
+
+    snapshot_id: str
+    namespace: str
+    sandbox_id: str
+    created_at_us: int
+    """When it was taken, in whole microseconds (the listing's order and its tokens)."""
+    name: str | None = None
+    tag: str = SNAPSHOT_TAG
+
+    def ref(self, slug: str) -> str:
+        """The id on the wire: ``<id>:default``, or ``<slug>/<name>:<tag>`` when named."""
+        if self.name is None:
+            return f"{self.snapshot_id}:{SNAPSHOT_TAG}"
+        return f"{slug}/{self.name}:{self.tag}"
+
+    def names(self, slug: str) -> list[str]:
+        """E2B's ``names``: ``[<slug>/<name>]`` when named, else none."""
+        return [] if self.name is None else [f"{slug}/{self.name}"]
+
+    def index_name(self) -> str | None:
+        """The index entry's last key component; None if it would not fit one (a very
+        long name: the snapshot is then listed from its meta)."""
+        raw = f"{self.snapshot_id}C{self.created_at_us}S{self.sandbox_id}T{self.tag}"
+        if self.name is not None:
+            raw += f"N{self.name}"
+        return raw if len(raw) <= _INDEX_KEY_MAX and _INDEX_RE.fullmatch(raw) else None
+
+    @classmethod
+    def from_index(cls, namespace: str, component: str) -> SnapshotSummary | None:
+        """The summary an index key's last component holds; None if it holds none."""
+        found = _INDEX_RE.fullmatch(component)
+        if found is None:
+            return None
+        return cls(
+            snapshot_id=found["id"],
+            namespace=namespace,
+            sandbox_id=found["sandbox"],
+            created_at_us=int(found["us"]),
+            name=found["name"],
+            tag=found["tag"],
+        )
 
 
 class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +154,17 @@ class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
     def names(self, slug: str) -> list[str]:
         """E2B's ``names``: ``[<slug>/<name>]`` when named, else none."""
         return [] if self.name is None else [f"{slug}/{self.name}"]
+
+    def summary(self) -> SnapshotSummary:
+        """What the listing shows of it (``SnapshotSummary``)."""
+        return SnapshotSummary(
+            snapshot_id=self.snapshot_id,
+            namespace=self.namespace,
+            sandbox_id=self.sandbox_id,
+            created_at_us=round(self.created_at_s * 1_000_000),
+            name=self.name,
+            tag=self.tag,
+        )
 
 
 class SnapshotName(msgspec.Struct, frozen=True, kw_only=True):
@@ -218,28 +289,73 @@ class SavedSnapshots:
             return None
         return meta
 
-    async def metas(self, namespace: str) -> list[SnapshotMeta]:
-        """All of ``namespace``'s snapshots (at most one past the cap: one read each)."""
-        found = [await self.get(namespace, i) for i in await self.ids(namespace)]
-        return [m for m in found if m is not None]
+    @staticmethod
+    def _index_prefix(namespace: str) -> str:
+        return f"{_INDEX_PREFIX}{tenant_digest(namespace)}/"
 
-    async def named(self, namespace: str, name: str, tag: str | None = None) -> list[SnapshotMeta]:
+    def _index_key(self, summary: SnapshotSummary) -> str | None:
+        component = summary.index_name()
+        return None if component is None else self._index_prefix(summary.namespace) + component
+
+    async def _index(self, summary: SnapshotSummary) -> None:
+        """Write ``summary``'s index entry; a failure is logged (the snapshot is then
+        listed from its meta, and its entry written by that listing)."""
+        key = self._index_key(summary)
+        if key is None:
+            return
+        try:
+            await put_whole(self.store, key, b"", max_bytes=0)
+        except CheckpointError as exc:
+            log.warning("e2b snapshot %s: index entry not written: %s", summary.snapshot_id, exc)
+
+    async def summaries(self, namespace: str) -> list[SnapshotSummary]:
+        """All of ``namespace``'s snapshots as listings show them: two store listings
+        (the metas' keys, the index's), plus a read of each meta that has no index
+        entry (then written)."""
+        ids = await self.ids(namespace)
+        prefix = self._index_prefix(namespace)
+        # Entries without a meta (a delete cut short) may add to the cap's: twice it.
+        entries = await self.store.list(prefix, limit=2 * (self.max_per_tenant + 1))
+        indexed: dict[str, SnapshotSummary] = {}
+        for entry in entries:
+            summary = SnapshotSummary.from_index(namespace, entry.key.removeprefix(prefix))
+            if summary is not None:
+                indexed[summary.snapshot_id] = summary
+        found: list[SnapshotSummary] = []
+        for snapshot_id in ids:
+            summary = indexed.get(snapshot_id)
+            if summary is None:
+                meta = await self.get(namespace, snapshot_id)
+                if meta is None:
+                    continue
+                summary = meta.summary()
+                await self._index(summary)
+            found.append(summary)
+        return found
+
+    async def named(
+        self, namespace: str, name: str, tag: str | None = None
+    ) -> list[SnapshotSummary]:
         """``namespace``'s snapshots taken under ``name`` (of ``tag`` if given), newest
         first."""
         found = [
             m
-            for m in await self.metas(namespace)
+            for m in await self.summaries(namespace)
             if m.name == name and (tag is None or m.tag == tag)
         ]
-        return sorted(found, key=lambda m: (m.created_at_s, m.snapshot_id), reverse=True)
+        return sorted(found, key=lambda m: (m.created_at_us, m.snapshot_id), reverse=True)
 
     async def supersede(self, meta: SnapshotMeta) -> None:
         """Delete the snapshots under ``meta``'s name and tag older than it: a name and
         tag name one snapshot, the newest (E2B moves the tag to the new build)."""
         if meta.name is None:
             return
+        newest = meta.summary()
         for older in await self.named(meta.namespace, meta.name, meta.tag):
-            if (older.created_at_s, older.snapshot_id) < (meta.created_at_s, meta.snapshot_id):
+            if (older.created_at_us, older.snapshot_id) < (
+                newest.created_at_us,
+                newest.snapshot_id,
+            ):
                 await self.delete(meta.namespace, older.snapshot_id)
 
     async def add(self, meta: SnapshotMeta) -> bool:
@@ -260,8 +376,10 @@ class SavedSnapshots:
             # keeps the snapshot (failing here would leave a listed snapshot whose
             # caller was told it failed).
             log.warning("e2b snapshot %s: kept uncounted: %s", meta.snapshot_id, exc)
+            await self._index(meta.summary())
             return True
         if kept <= self.max_per_tenant:
+            await self._index(meta.summary())
             return True
         # Two workers that raced for the last place may both give theirs up: the cap
         # holds either way, and the callers are told to retry.
@@ -271,9 +389,14 @@ class SavedSnapshots:
         return False
 
     async def delete(self, namespace: str, snapshot_id: str) -> bool:
-        """Delete ``namespace``'s snapshot: its meta, then its workspace; False if none."""
-        if await self.get(namespace, snapshot_id) is None:
+        """Delete ``namespace``'s snapshot: its meta, then its index entry and its
+        workspace; False if none."""
+        meta = await self.get(namespace, snapshot_id)
+        if meta is None:
             return False
         await self.store.delete(self._meta_prefix(namespace) + snapshot_id)
+        index_key = self._index_key(meta.summary())
+        if index_key is not None:
+            await self.store.delete(index_key)
         await self.store.delete(self.data_key(namespace, snapshot_id))
         return True

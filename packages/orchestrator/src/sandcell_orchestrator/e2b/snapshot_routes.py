@@ -19,6 +19,7 @@ from .saved import (
     SNAPSHOT_TAG,
     SnapshotMeta,
     SnapshotName,
+    SnapshotSummary,
     parse_snapshot_name,
     snapshot_ref,
     team_slug,
@@ -28,7 +29,7 @@ from .wire import ForkError, ForkResult, ForkSandbox, SnapshotInfo, SnapshotSand
 __all__ = ["SnapshotRoutes"]
 
 
-def _snapshot_info(meta: SnapshotMeta) -> SnapshotInfo:
+def _snapshot_info(meta: SnapshotMeta | SnapshotSummary) -> SnapshotInfo:
     slug = team_slug(meta.namespace)
     return SnapshotInfo(snapshotID=meta.ref(slug), names=meta.names(slug))
 
@@ -88,22 +89,23 @@ class SnapshotRoutes:
             if bare is not None:
                 keys.add("i" + bare)
             tag = wanted.tag or (SNAPSHOT_TAG if wanted.tagged else None)
-        # At most the per-tenant cap of metas (one store listing, one read each): the
-        # names, the filters and the order all need them.
-        groups: dict[str, list[SnapshotMeta]] = {}
-        for meta in await self._context.sandboxes().snapshots.metas(owner):
+        # At most the per-tenant cap of snapshots, from two store listings (their
+        # index entries' keys hold the names and times: ``saved``): the names, the
+        # filters and the order all need them.
+        groups: dict[str, list[SnapshotSummary]] = {}
+        for meta in await self._context.sandboxes().snapshots.summaries(owner):
             key = "i" + meta.snapshot_id if meta.name is None else "n" + meta.name
             groups.setdefault(key, []).append(meta)
-        entries: list[tuple[tuple[int, str], SnapshotMeta]] = []
+        entries: list[tuple[tuple[int, str], SnapshotSummary]] = []
         for key, metas in groups.items():
-            metas.sort(key=lambda m: (m.created_at_s, m.snapshot_id))
+            metas.sort(key=lambda m: (m.created_at_us, m.snapshot_id))
             first = metas[0]
             shown = [m for m in metas if tag is None or m.tag == tag]
             if (keys is not None and key not in keys) or not shown:
                 continue
             if source is not None and first.sandbox_id != source:
                 continue
-            page_at = (round(first.created_at_s * 1_000_000), key)
+            page_at = (first.created_at_us, key)
             if after is None or page_at < after:
                 entries.append((page_at, shown[-1]))
         entries.sort(key=lambda entry: entry[0], reverse=True)
@@ -127,7 +129,7 @@ class SnapshotRoutes:
             name = parse_snapshot_name(raw)
         except ValueError as exc:
             raise E2bError(400, "bad_request", f"Invalid template ID: {exc}") from None
-        found: list[SnapshotMeta] = []
+        found: list[SnapshotSummary] = []
         if name.namespace is None or name.namespace == team_slug(owner):
             found = await snapshots.named(owner, name.alias)
         deleted = [await snapshots.delete(owner, m.snapshot_id) for m in found]

@@ -78,6 +78,12 @@ class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """Its runner's memory limit of each job and process, as read at create; 0: unknown."""
     disk_mib: int = 0
     """Its workspace's size (the quota), as read at create; 0: unknown."""
+    template_id: str | None = None
+    """E2B's ``templateID`` where it is not ``template``: the snapshot (its bare id) it
+    was created from, as E2B reports a snapshot template's id (``template`` is then the
+    snapshot's source's, whose spec it runs). None: ``template`` itself."""
+    alias: str | None = None
+    """With ``template_id``: E2B's ``alias``, the snapshot's name (None: unnamed)."""
     revision: int = 1
 
     def __post_init__(self) -> None:
