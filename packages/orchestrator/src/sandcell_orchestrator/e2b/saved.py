@@ -145,16 +145,6 @@ class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
     tag: str = SNAPSHOT_TAG
     """A named snapshot's tag (``default`` unless the name gave one)."""
 
-    def ref(self, slug: str) -> str:
-        """The id on the wire: ``<id>:default``, or ``<slug>/<name>:<tag>`` when named."""
-        if self.name is None:
-            return f"{self.snapshot_id}:{SNAPSHOT_TAG}"
-        return f"{slug}/{self.name}:{self.tag}"
-
-    def names(self, slug: str) -> list[str]:
-        """E2B's ``names``: ``[<slug>/<name>]`` when named, else none."""
-        return [] if self.name is None else [f"{slug}/{self.name}"]
-
     def summary(self) -> SnapshotSummary:
         """What the listing shows of it (``SnapshotSummary``)."""
         return SnapshotSummary(

@@ -30,8 +30,10 @@ __all__ = ["SnapshotRoutes"]
 
 
 def _snapshot_info(meta: SnapshotMeta | SnapshotSummary) -> SnapshotInfo:
-    slug = team_slug(meta.namespace)
-    return SnapshotInfo(snapshotID=meta.ref(slug), names=meta.names(slug))
+    # A meta answers as its summary: one place spells the wire id and names.
+    summary = meta.summary() if isinstance(meta, SnapshotMeta) else meta
+    slug = team_slug(summary.namespace)
+    return SnapshotInfo(snapshotID=summary.ref(slug), names=summary.names(slug))
 
 
 class SnapshotRoutes:
