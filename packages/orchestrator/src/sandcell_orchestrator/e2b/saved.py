@@ -54,6 +54,7 @@ from ..tenants import tenant_digest
 from .sandbox import valid_sandbox_id
 
 __all__ = [
+    "NAME_MAX_CHARS",
     "SNAPSHOT_TAG",
     "SavedSnapshots",
     "SnapshotMeta",
@@ -68,6 +69,11 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_TAG = "default"
 """The tag of every snapshot id on the wire (``<id>:default``)."""
+
+NAME_MAX_CHARS = 128
+"""The longest name (alias) and the longest tag a new snapshot may be taken under: its
+meta then stays far inside ``_META_MAX_BYTES`` (an index entry's key may still not
+hold both at their longest: that snapshot is listed from its meta)."""
 
 _META_PREFIX = "e2b-snapshots/"
 _INDEX_PREFIX = "e2b-snapshot-index/"
