@@ -3,7 +3,8 @@
 While a sandbox runs its runner holds a bounded ring of samples
 (``runner/sandbox/metrics.py``); a pause copies the ring into the snapshot store
 (``history.MetricsHistory``), where ``get_metrics`` reads it back merged with the
-live ring after a resume.
+live ring after a resume. A kill retires them (the ring's last samples too): a
+killed sandbox's ``get_metrics`` answers them, as E2B's does, for a bounded time.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from sandcell_protocol.sandbox_messages import MetricsQuery, MetricsSample
 
 from ..errors import SandcellError
 from .history import MetricsHistory, in_range, merge_samples
-from .sandbox import E2bSandbox
+from .sandbox import E2bSandbox, valid_sandbox_id
 from .views import SandboxViews
 
 __all__ = ["SandboxMetrics"]
@@ -55,3 +56,24 @@ class SandboxMetrics:
             log.warning("e2b sandbox %s: metrics not kept: %s", sandbox.sandbox_id, exc)
             return
         await self._history.keep(sandbox.owner, sandbox.sandbox_id, samples)
+
+    async def retire(self, sandbox: E2bSandbox) -> None:
+        """At a kill, before its runner goes: its samples, the ring's (when this worker
+        reaches the runner) with those its pauses kept, retired (best effort)."""
+        samples: list[MetricsSample] = []
+        runner = sandbox.runner if sandbox.state == "running" else None
+        if runner is not None:
+            try:
+                samples = (await runner.metrics(MetricsQuery())).samples
+            except SandcellError as exc:
+                log.warning("e2b sandbox %s: last metrics not read: %s", sandbox.sandbox_id, exc)
+        await self._history.retire(sandbox.owner, sandbox.sandbox_id, samples)
+
+    async def read_killed(
+        self, owner: str, sandbox_id: str, query: MetricsQuery
+    ) -> list[MetricsSample]:
+        """The query's range of ``owner``'s killed sandbox's retired samples, oldest
+        first: none for one it never had (unknown and another tenant's alike)."""
+        if not valid_sandbox_id(sandbox_id):
+            return []
+        return in_range(await self._history.read_killed(owner, sandbox_id), query)

@@ -118,7 +118,7 @@ class E2bSandboxes:
             now=wall_clock,
         )
         self.kept = KeptRows(manager.store)
-        self.history = MetricsHistory(manager.store)
+        self.history = MetricsHistory(manager.store, wall_clock=wall_clock)
         self.snapshots = SavedSnapshots(manager.store, max_per_tenant=max_snapshots_per_tenant)
         # The sandboxes this worker has seen, with the handles it opened.
         self.views = SandboxViews(
@@ -335,12 +335,22 @@ class E2bSandboxes:
         """The samples in the query's range, oldest first (``metrics.SandboxMetrics``)."""
         return await self.samples.read(sandbox, query)
 
+    async def killed_metrics(
+        self, owner: str, sandbox_id: str, query: MetricsQuery
+    ) -> list[MetricsSample]:
+        """The samples ``owner``'s killed sandbox retired, in the query's range (none
+        for an id ``owner`` never had: ``metrics.SandboxMetrics.read_killed``)."""
+        return await self.samples.read_killed(owner, sandbox_id, query)
+
     async def kill(self, sandbox: E2bSandbox) -> None:
-        """Destroy the sandbox, its checkpoints, its kept row and its row (idempotent)."""
+        """Destroy the sandbox, its checkpoints, its kept row and its row (idempotent);
+        its metrics samples are retired first (``history.MetricsHistory.retire``)."""
         with anyio.CancelScope(shield=True):
             async with sandbox.lock:
                 if sandbox.gone:
                     return
+                # Its samples outlive it, as E2B's (read while its runner still runs).
+                await self.samples.retire(sandbox)
                 # The kept row first: once it is gone no lookup rebuilds the row. A
                 # paused sandbox's kill fails when the store does, with nothing removed
                 # yet; a running one has a kept row only where a delete failed before,
