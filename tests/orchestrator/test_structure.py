@@ -33,9 +33,10 @@ VENDOR_HOMES = {
         "registry/redis_slots.py",
         "providers/ratelimit_redis.py",
     },
-    "minio": {"snapshots/s3.py"},
+    # The S3 store: its core, its upload and its error table.
+    "minio": {"snapshots/s3.py", "snapshots/s3_upload.py", "snapshots/s3_errors.py"},
     "joserfc": {"serve/librechat/jwt.py"},
-    "urllib3": {"snapshots/s3.py"},
+    "urllib3": {"snapshots/s3.py", "snapshots/s3_errors.py"},
     # envd's generated Connect code ships in the e2b package.
     "e2b": {"e2b/process.py", "e2b/filesystem.py"},
     "connectrpc": {

@@ -24,7 +24,7 @@ from sandcell_orchestrator.snapshots import (
     SnapshotNotFoundError,
     SnapshotUnavailableError,
 )
-from sandcell_orchestrator.snapshots.s3 import translate_error
+from sandcell_orchestrator.snapshots.s3_errors import translate_error
 from sandcell_protocol import checkpoint_key, checkpoint_prefix, runtime_session_id
 from tests.orchestrator.snapshots import MIB, new_key, payload, read_all, stream_of
 from tests.orchestrator.snapshots.conftest import (

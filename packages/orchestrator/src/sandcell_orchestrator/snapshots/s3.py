@@ -4,9 +4,9 @@ A put streams into a staging object under ``<prefix>/.staging/`` and then copies
 it server-side onto the key with ``x-amz-meta-sha256``: S3 fixes an object's
 metadata when its upload starts, and the digest is known only when the stream
 ends. That copy is the single step that replaces the previous object, so a put
-that fails or passes its cap leaves it intact. The upload is minio's multipart
-``put_object`` reading, in a worker thread, from a bounded channel the event loop
-fills, so memory stays at a few parts (see ``S3Settings``) whatever the stream's size.
+that fails or passes its cap leaves it intact. The upload itself, in bounded
+memory, is ``s3_upload.py``'s; every foreign error becomes a ``CheckpointError``
+in ``s3_errors.py``.
 
 Operators: give the bucket a lifecycle rule that expires ``<prefix>/.staging/``
 and aborts incomplete multipart uploads after a day, for puts cut off by a crash.
@@ -15,22 +15,19 @@ and aborts incomplete multipart uploads after a day, for puts cut off by a crash
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 import logging
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import BinaryIO, Self, TypeVar, cast
+from typing import Self, TypeVar, cast
 
 import anyio
 import urllib3
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from minio import Minio
 from minio.commonconfig import ComposeSource
 from minio.datatypes import Object
-from minio.error import InvalidResponseError, S3Error, ServerError
 
 from ..errors import CheckpointError
 from .base import (
@@ -38,8 +35,6 @@ from .base import (
     SnapshotEntry,
     SnapshotInfo,
     SnapshotNotFoundError,
-    SnapshotUnavailableError,
-    _enforce_cap,
     _is_sha256_hex,
     _validate_max_bytes,
     _validate_page,
@@ -47,7 +42,9 @@ from .base import (
     _VerifiedChunks,
 )
 from .keys import validate_snapshot_key
+from .s3_errors import translate_error
 from .s3_settings import S3Settings
+from .s3_upload import upload_stream
 
 __all__ = ["S3SnapshotStore"]
 
@@ -56,20 +53,6 @@ _log = logging.getLogger(__name__)
 
 SHA256_METADATA = "x-amz-meta-sha256"
 _STAGING_DIR = ".staging"
-# Chunks buffered between the event loop and the upload thread (on top of one part).
-_CHANNEL_CHUNKS = 4
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchVersion"})
-_TRANSIENT_CODES = frozenset(
-    {
-        "InternalError",
-        "OperationAborted",
-        "PreconditionFailed",  # replaced between our HEAD and GET
-        "RequestTimeout",
-        "ServiceUnavailable",
-        "SlowDown",
-        "XMinioServerNotInitialized",
-    }
-)
 
 
 class S3SnapshotStore:
@@ -108,39 +91,23 @@ class S3SnapshotStore:
         name = self._object_name(key)
         _validate_max_bytes(max_bytes)
         staging = self._object_name(f"{_STAGING_DIR}/{secrets.token_hex(16)}", validate=False)
-        send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=_CHANNEL_CHUNKS)
-        bridge = _StreamBridge(receive)
-        upload = _UploadOutcome()
-        feed_error: Exception | None = None
-        # Neither side raises inside the group (an exception there would come out
-        # wrapped in an ExceptionGroup); outcomes are recorded and raised after it.
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._upload_staging, staging, bridge, upload)
-            fed = False
-            try:
-                await _feed(stream, send, key=key, max_bytes=max_bytes)
-                fed = True
-            except anyio.BrokenResourceError:
-                pass  # the upload stopped reading; its own error is raised below
-            except Exception as exc:
-                feed_error = exc
-            finally:
-                if not fed:
-                    bridge.abort()
-                send.close()
-        if feed_error is not None:
-            raise feed_error
-        if upload.error is not None:
-            raise self._translate(upload.error, "put", key) from upload.error
-        if not upload.done:
-            raise CheckpointError(f"snapshot put of {key!r}: the upload ended early")
+        uploaded = await upload_stream(
+            self._client,
+            self._settings.bucket,
+            staging,
+            stream,
+            key=key,
+            max_bytes=max_bytes,
+            part_size_bytes=self._settings.part_size_bytes,
+            translate=lambda exc: self._translate(exc, "put", key),
+        )
         try:
-            commit = functools.partial(self._commit, staging, name, bridge.sha256)
+            commit = functools.partial(self._commit, staging, name, uploaded.sha256)
             await self._run("put", key, commit)
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._remove_quietly, staging)
-        return SnapshotInfo(key=key, size=bridge.size, sha256=bridge.sha256)
+        return uploaded
 
     @asynccontextmanager
     async def get(self, key: str, *, max_bytes: int) -> AsyncIterator[Snapshot]:
@@ -262,29 +229,6 @@ class S3SnapshotStore:
     def _translate(self, exc: BaseException, operation: str, key: str) -> CheckpointError:
         return translate_error(exc, operation=operation, key=key, endpoint=self._settings.url)
 
-    async def _upload_staging(
-        self, staging: str, bridge: _StreamBridge, outcome: _UploadOutcome
-    ) -> None:
-        upload = functools.partial(
-            self._client.put_object,
-            self._settings.bucket,
-            staging,
-            cast(BinaryIO, bridge),  # minio only calls read(size)
-            length=-1,
-            part_size=self._settings.part_size_bytes,
-            # Parallel part uploads would queue parts in memory; one at a time bounds it.
-            num_parallel_uploads=1,
-        )
-        try:
-            await anyio.to_thread.run_sync(upload)
-            outcome.done = True
-        except _FeedAborted:
-            pass  # the feeding side knows why, and raises that
-        except Exception as exc:
-            outcome.error = exc
-        finally:
-            bridge.close()
-
     def _commit(self, staging: str, name: str, sha256: str) -> None:
         # compose_object is a plain CopyObject up to 5 GiB and a multipart copy above.
         self._client.compose_object(
@@ -321,117 +265,6 @@ def _is_key(key: str) -> bool:
     except CheckpointError:
         return False
     return True
-
-
-def translate_error(
-    exc: BaseException, *, operation: str, key: str, endpoint: str
-) -> CheckpointError:
-    """Map a minio / urllib3 / socket error to a ``CheckpointError`` that names no credential."""
-    where = f"snapshot {operation} of {key!r} at {endpoint}"
-    if isinstance(exc, S3Error):
-        code = exc.code or "unknown error"
-        if code in _NOT_FOUND_CODES:
-            return SnapshotNotFoundError(f"no snapshot under {key!r} at {endpoint}")
-        if code in _TRANSIENT_CODES:
-            return SnapshotUnavailableError(f"{where} failed: {code}")
-        return CheckpointError(f"{where} failed: {code}")
-    if isinstance(exc, ServerError):
-        return SnapshotUnavailableError(f"{where} failed: HTTP {exc.status_code}")
-    if isinstance(exc, InvalidResponseError):
-        return SnapshotUnavailableError(f"{where} failed: the endpoint sent a non-S3 response")
-    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
-        return SnapshotUnavailableError(
-            f"{where} failed: cannot reach the endpoint ({type(reason).__name__})"
-        )
-    return CheckpointError(f"{where} failed: {type(exc).__name__}")
-
-
-class _FeedAborted(Exception):
-    """Raised inside minio's read loop so that it aborts the multipart upload."""
-
-
-class _UploadOutcome:
-    def __init__(self) -> None:
-        self.done = False
-        self.error: Exception | None = None
-
-
-class _StreamBridge:
-    """A blocking, file-like view of the chunks the event loop sends.
-
-    ``read`` runs in minio's upload thread and pulls from the channel through
-    ``anyio.from_thread``; ``abort`` and ``close`` run on the event loop. Hashing
-    here keeps that CPU work off the loop.
-    """
-
-    def __init__(self, receive: MemoryObjectReceiveStream[bytes]) -> None:
-        self._receive = receive
-        self._pending = memoryview(b"")
-        self._aborted = False
-        self._digest = hashlib.sha256()
-        self.size = 0
-
-    @property
-    def sha256(self) -> str:
-        return self._digest.hexdigest()
-
-    def abort(self) -> None:
-        self._aborted = True
-
-    def close(self) -> None:
-        # Wakes a sender blocked on a full channel with BrokenResourceError.
-        self._receive.close()
-
-    async def _receive_shielded(self) -> bytes:
-        # A cancelled put would otherwise cancel this receive too, and the
-        # cancellation (a BaseException) would slip past minio's abort handler.
-        # Shielded, it ends the way every failed feed does: abort() and EndOfStream.
-        with anyio.CancelScope(shield=True):
-            chunk = await self._receive.receive()
-        # Returned outside the scope: mypy reads CancelScope.__exit__ as able to swallow.
-        return chunk  # noqa: RET504
-
-    def read(self, size: int = -1) -> bytes:
-        if size < 0:
-            raise ValueError("read() needs a size: the stream has no end to read to")
-        pieces: list[memoryview] = []
-        wanted = size
-        while wanted > 0:
-            if self._aborted:
-                raise _FeedAborted
-            if not self._pending:
-                try:
-                    chunk = anyio.from_thread.run(self._receive_shielded)
-                except anyio.EndOfStream:
-                    # An abort closes the channel too; it must not read as a clean end.
-                    if self._aborted:
-                        raise _FeedAborted from None
-                    break
-                self._digest.update(chunk)
-                self.size += len(chunk)
-                self._pending = memoryview(chunk)
-            piece = self._pending[:wanted]
-            self._pending = self._pending[len(piece) :]
-            pieces.append(piece)
-            wanted -= len(piece)
-        return b"".join(pieces)
-
-
-async def _feed(
-    stream: AsyncIterable[bytes],
-    send: MemoryObjectSendStream[bytes],
-    *,
-    key: str,
-    max_bytes: int,
-) -> None:
-    size = 0
-    async for chunk in stream:
-        if not chunk:
-            continue
-        size += len(chunk)
-        _enforce_cap(size, max_bytes=max_bytes, key=key)
-        await send.send(chunk)
 
 
 def _info_from_stat(key: str, stat: Object) -> SnapshotInfo:

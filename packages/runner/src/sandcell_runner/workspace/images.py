@@ -6,12 +6,8 @@ ended in ``memory_limit`` instead of ``disk_limit``, and files kept by a session
 shrank every later job's memory. An ext4 filesystem keeps them on disk; what it
 caches is page cache, which the kernel reclaims when a job needs the memory.
 
-Each image is a sparse file of exactly the quota, made with ``mkfs.ext4`` once
-(``-N`` bounds its inodes, ``-m 0`` gives the job every block, no journal: the
-filesystem never outlives the runner), attached to a loop device with direct I/O
-(so the backing file is not cached a second time) and auto-clear (the device goes
-away with the last unmount, even when the runner was killed and someone else
-unmounts), and mounted once under the pool directory. A workspace *takes* an
+Each image is a sparse file of exactly the quota on a loop device, mounted once
+under the pool directory (``loop_image.py`` makes one). A workspace *takes* an
 image (a directory ``ws`` in it, owned by the job's UID: the job's workspace is
 that path, no mount per job) and *gives* it back (what the job left is removed,
 or, when it left ``ws`` exactly as handed out, ``ws`` is kept for the next job);
@@ -25,39 +21,21 @@ less than mounting and unmounting a tmpfs, per exec.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import fcntl
 import logging
 import os
 import shutil
-import struct
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import loop_image, mounts
+from .loop_image import Ext4Format
 from .untouched import Snapshot, snapshot, untouched
 
 log = logging.getLogger(__name__)
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_MS_NOSUID = 0x2
-_MS_NODEV = 0x4
-_MS_NOATIME = 0x400
-_MS_BIND = 0x1000
-_MNT_DETACH = 0x2
-_LOOP_CTL_GET_FREE = 0x4C82
-_LOOP_CONFIGURE = 0x4C0A
-_LO_FLAGS_AUTOCLEAR = 4
-_LO_FLAGS_DIRECT_IO = 16
-# struct loop_config { u32 fd; u32 block_size; struct loop_info64 info; u64 reserved[8]; }
-# loop_info64: 5 x u64, 4 x u32 (lo_flags last), 64 + 64 + 32 bytes of names/key, 2 x u64.
-_LOOP_CONFIG = struct.Struct("=II QQQQQ IIII 64s64s32s QQ 64x")
 _REFORMAT_INODES = 4096
 """A workspace that used more inodes than this is re-made rather than walked."""
-_FITRIM = 0xC0185879  # _IOWR('X', 121, struct fstrim_range)
-_TRIM_RANGE = struct.Struct("=QQQ")  # start, len, minlen
 _TRIM_AFTER_BLOCKS = 256
 """An image given back after holding more than this (1 MiB) is trimmed: its freed
 blocks are punched out of the sparse backing file, so the host disk gets them back."""
@@ -96,7 +74,7 @@ class ImagePool:
         """Whether a ``ws`` left as handed out may be kept for the next job (``_untouched``)."""
         self.size_bytes = size_bytes
         self.inodes = inodes
-        self._mkfs = shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin")
+        self._mkfs = loop_image.find_mkfs()
         self._lock = threading.Lock()
         self._ready: list[_Image] = []
         self._taken: dict[Path, _Image] = {}
@@ -106,14 +84,11 @@ class ImagePool:
 
     def prepare(self) -> None:
         """Check the host can do it (raises OSError) and clear a previous runner's images."""
-        if self._mkfs is None:
-            raise OSError("mkfs.ext4 not found")
-        if not Path("/dev/loop-control").exists():
-            raise OSError("no /dev/loop-control")
+        loop_image.check_host(self._mkfs)
         # Traversable, not listable: nsjail (as the job's UID) binds a job's ``ws``.
         self.directory.mkdir(mode=0o711, parents=True, exist_ok=True)
         os.chmod(self.directory, 0o711)  # noqa: S103
-        _unmount_under(self.directory)
+        mounts.unmount_under(self.directory)
         for entry in self.directory.iterdir():
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
@@ -169,7 +144,7 @@ class ImagePool:
                 else:  # a stat, not the ioctls and listxattr of a snapshot
                     kept = image.fresh.made(os.stat(workspace, follow_symlinks=False))
             if bind_at is not None:
-                _mount(str(workspace), bind_at, None, _MS_BIND, None)
+                mounts.bind(workspace, bind_at)
                 workspace = bind_at
             else:
                 image.handed = kept
@@ -202,7 +177,7 @@ class ImagePool:
         ``SMALL_BLOCKS``) and an image's own ``ws``: False (nothing done) otherwise.
 
         Its wipe is a few ``unlink`` and one ``rmdir`` that never wait on the device
-        (no online discard: see ``_attach_and_mount``), cheaper on the event loop
+        (no online discard: see ``loop_image.py``), cheaper on the event loop
         than the thread hop; a bigger one is the thread's (``give``). One left as
         handed out is not wiped at all.
         """
@@ -228,7 +203,7 @@ class ImagePool:
         if image is None:
             return
         if workspace != image.ws:
-            _umount(workspace)
+            mounts.unmount(workspace)
         if not reuse:
             self._discard(image)
         elif kept if kept is not None else self._untouched(image):
@@ -265,17 +240,17 @@ class ImagePool:
         try:
             st = os.statvfs(image.mount)
             if st.f_files - st.f_ffree > _REFORMAT_INODES:
-                self._reformat(image)
+                self._ext4().reformat(image.file, image.mount)
             else:
                 try:
                     _empty(image.mount)
                 except (OSError, RecursionError):
                     # A tree deeper than rmtree recurses (a job can nest a thousand
                     # directories): a new filesystem is cheaper than walking it.
-                    self._reformat(image)
+                    self._ext4().reformat(image.file, image.mount)
                 else:
                     if st.f_blocks - st.f_bfree > _TRIM_AFTER_BLOCKS:
-                        _trim(image.mount)
+                        loop_image.trim(image.mount)
         except OSError as exc:
             log.warning("workspace image %s not reused: %s", image.file, exc)
             self._discard(image)
@@ -324,119 +299,26 @@ class ImagePool:
         for target in targets:
             if target.name != "ws":
                 with contextlib.suppress(OSError):
-                    _umount(target)
+                    mounts.unmount(target)
         for image in images:
             self._discard(image)
 
     # -- making images ------------------------------------------------------------
+
+    def _ext4(self) -> Ext4Format:
+        assert self._mkfs is not None
+        return Ext4Format(self._mkfs, self.size_bytes, self.inodes)
 
     def _make(self) -> _Image:
         with self._lock:
             number = self._made
             self._made += 1
         image = _Image(self.directory / f"{number}.img", self.directory / f"{number}.mnt")
-        image.mount.mkdir(mode=0o711)
-        try:
-            self._format(image)
-            self._attach_and_mount(image)
-        except BaseException:
-            self._discard(image)
-            raise
+        self._ext4().create(image.file, image.mount)
         return image
 
-    def _format(self, image: _Image) -> None:
-        assert self._mkfs is not None
-        fd = os.open(image.file, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.ftruncate(fd, self.size_bytes)
-        finally:
-            os.close(fd)
-        argv = [self._mkfs, "-q", "-F", "-b", "4096", "-m", "0", "-N", str(self.inodes)]
-        argv += ["-O", "^has_journal"]
-        argv += ["-E", "lazy_itable_init=1,nodiscard", str(image.file)]
-        done = subprocess.run(argv, capture_output=True, timeout=60, check=False, env={})
-        if done.returncode != 0:
-            raise OSError(f"mkfs.ext4 failed: {done.stderr.decode(errors='replace')[-300:]}")
-
-    def _attach_and_mount(self, image: _Image) -> None:
-        device_fd, device = _attach_loop(image.file)
-        try:
-            # No online discard: with it every freed block (even an empty directory's)
-            # waited for the loop device to punch its hole, 100-200 us of sleep in
-            # each wipe (bench, 2026-12-02). ``_give_back`` trims a big image instead.
-            _mount(device, image.mount, "ext4", _MS_NOSUID | _MS_NODEV | _MS_NOATIME, None)
-        finally:
-            os.close(device_fd)  # auto-clear: the device now lives as long as the mount
-        with contextlib.suppress(FileNotFoundError):
-            (image.mount / "lost+found").rmdir()
-        os.chmod(image.mount, 0o711)  # noqa: S103
-
-    def _reformat(self, image: _Image) -> None:
-        _umount(image.mount)
-        self._format(image)
-        self._attach_and_mount(image)
-
     def _discard(self, image: _Image) -> None:
-        with contextlib.suppress(OSError):
-            _umount(image.mount)
-        with contextlib.suppress(OSError):
-            image.mount.rmdir()
-        with contextlib.suppress(OSError):
-            image.file.unlink()
-
-
-def _attach_loop(backing: Path) -> tuple[int, str]:
-    """A free loop device bound to ``backing`` (auto-clear, direct I/O when possible)."""
-    file_fd = os.open(backing, os.O_RDWR | os.O_CLOEXEC)
-    try:
-        control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
-        try:
-            for _ in range(16):
-                number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
-                device = f"/dev/loop{number}"
-                device_fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-                for flags in (_LO_FLAGS_AUTOCLEAR | _LO_FLAGS_DIRECT_IO, _LO_FLAGS_AUTOCLEAR):
-                    config = bytearray(
-                        _LOOP_CONFIG.pack(
-                            file_fd, 4096, 0, 0, 0, 0, 0, 0, 0, 0, flags, b"", b"", b"", 0, 0
-                        )
-                    )
-                    try:
-                        fcntl.ioctl(device_fd, _LOOP_CONFIGURE, config)
-                    except OSError as exc:
-                        if exc.errno == 16:  # EBUSY: another process took it first
-                            break
-                        if flags & _LO_FLAGS_DIRECT_IO:
-                            continue  # the backing filesystem refuses O_DIRECT
-                        os.close(device_fd)
-                        raise
-                    return device_fd, device
-                os.close(device_fd)
-            raise OSError("no free loop device")
-        finally:
-            os.close(control)
-    finally:
-        os.close(file_fd)
-
-
-def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str | None) -> None:
-    result = _libc.mount(
-        source.encode(),
-        str(target).encode(),
-        fstype.encode() if fstype else None,
-        flags,
-        data.encode() if data else None,
-    )
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {source} at {target}: {os.strerror(err)}")
-
-
-def _umount(target: Path) -> None:
-    if _libc.umount2(str(target).encode(), _MNT_DETACH) != 0:
-        err = ctypes.get_errno()
-        if err not in (22, 2):  # EINVAL (not a mount point), ENOENT
-            raise OSError(err, f"umount {target}: {os.strerror(err)}")
+        loop_image.destroy(image.file, image.mount)
 
 
 def _empty(directory: Path) -> None:
@@ -447,29 +329,6 @@ def _empty(directory: Path) -> None:
                 shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)
-
-
-def _trim(mount: Path) -> None:
-    """FITRIM the filesystem at ``mount``: its free blocks become holes in the backing file."""
-    fd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(fd, _FITRIM, bytearray(_TRIM_RANGE.pack(0, 2**64 - 1, 0)))
-    except OSError as exc:
-        log.warning("workspace image at %s not trimmed: %s", mount, exc)
-    finally:
-        os.close(fd)
-
-
-def _unmount_under(directory: Path) -> None:
-    prefix = str(directory.resolve()) + "/"
-    points = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
-        for line in info:
-            point = line.split()[4].replace("\\040", " ")
-            if point.startswith(prefix):
-                points.append(point)
-    for point in sorted(points, key=len, reverse=True):
-        _libc.umount2(point.encode(), _MNT_DETACH)
 
 
 __all__ = ["ImagePool"]
