@@ -37,6 +37,7 @@ def _e2b_shaped(answer: httpx.Response, status: int) -> dict[str, object]:
         ("PUT", "/e2b/templates/some-template", 405),
         ("GET", "/e2b/templates/team-slug/some-template", 405),
         ("PATCH", "/e2b/sandboxes", 405),
+        ("PUT", "/e2b/sandboxes/aaaaaaaaaaaaaaaaaaaa/metrics", 405),
         ("DELETE", "/e2b/snapshots", 405),
     ],
 )
@@ -47,6 +48,9 @@ def test_unrouted_and_wrong_method_answer_e2bs_shape(
     body = _e2b_shaped(answer, status)
     wanted = "no matching operation was found" if status == 404 else "method not allowed"
     assert body["message"] == wanted
+    if status == 405:
+        assert answer.headers["Allow"]
+        assert method not in answer.headers["Allow"].split(", ")
 
 
 def test_an_unknown_template_delete_is_e2bs_404(e2b_serve: E2bServe) -> None:

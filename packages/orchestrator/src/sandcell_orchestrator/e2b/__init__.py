@@ -150,7 +150,7 @@ def _answer_unrouted_as_e2b(app: Starlette, *, prefix: str) -> None:
     async def handler(request: Request, exc: Exception) -> Response:
         path = request.url.path
         if isinstance(exc, HTTPException) and (path == prefix or path.startswith(prefix + "/")):
-            return e2b_route_error_response(exc)
+            return e2b_route_error_response(request, exc)
         if fallback is None:
             raise exc
         answer = fallback(request, exc)
