@@ -58,6 +58,7 @@ from .sandbox import valid_sandbox_id
 from .snapshot_summary import INDEX_PREFIX, SNAPSHOT_TAG, SnapshotSummary
 
 __all__ = [
+    "NAME_MAX_CHARS",
     "SNAPSHOT_TAG",
     "SavedSnapshots",
     "SnapshotMeta",
@@ -69,6 +70,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+NAME_MAX_CHARS = 128
+"""The longest name (alias) and the longest tag a new snapshot may be taken under: its
+meta then stays far inside ``_META_MAX_BYTES`` (an index entry's key may still not
+hold both at their longest: that snapshot is listed from its meta)."""
 
 _META_PREFIX = "e2b-snapshots/"
 _DATA_PREFIX = "e2b-snapshot-data/"
