@@ -74,6 +74,7 @@ def test_no_raw_environment_is_kept() -> None:
         ),
         ({"SANDCELL_APP_GIT_AUTHOR": "nobody"}, "SANDCELL_APP_GIT_AUTHOR"),
         ({"SANDCELL_API_KEYS": "short=ns"}, "SANDCELL_API_KEYS"),
+        ({"SANDCELL_LOG_LEVEL": "verbose"}, "SANDCELL_LOG_LEVEL: must be one of critical"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_its_variable(env: dict[str, str], variable: str) -> None:

@@ -194,6 +194,7 @@ def test_sessions_list_and_destroy(cli: Cli) -> None:
         (["exec", "print(1)"], {"SANDCELL_RUNTIME_SESSION_MODE": "strict"}, "session hint"),
         (["exec", "--language", "cobol", "print(1)"], {}, "cobol"),
         (["sessions", "destroy", "not a hint"], {}, "--session"),
+        (["sessions", "list"], {"SANDCELL_LOG_LEVEL": "loud"}, "SANDCELL_LOG_LEVEL"),
     ],
 )
 def test_errors_are_one_line_and_exit_2(
@@ -207,6 +208,27 @@ def test_errors_are_one_line_and_exit_2(
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert_clean(cli)
+
+
+@pytest.mark.parametrize(
+    ("asked", "level"), [(None, "WARNING"), ("debug", "DEBUG"), ("ERROR", "ERROR")]
+)
+def test_the_log_level_is_the_commands_own_unless_set(
+    cli: Cli, asked: str | None, level: str
+) -> None:
+    """``SANDCELL_LOG_LEVEL`` (either case) sets the process's logging level; unset, a
+    command keeps its own (``serve`` info, the others warning)."""
+    probe = (
+        "import logging, sys; from sandcell_orchestrator.cli import main;"
+        " code = main(['sessions', 'list']);"
+        " print(logging.getLevelName(logging.getLogger().level)); sys.exit(code)"
+    )
+    env = {**cli.env, **({} if asked is None else {"SANDCELL_LOG_LEVEL": asked})}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == level
 
 
 def test_parallel_calls_on_one_session_never_lose_a_turn(cli: Cli) -> None:

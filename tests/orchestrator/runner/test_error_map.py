@@ -19,6 +19,7 @@ EXPECTED: dict[ErrorCode, type[errors.SandcellError]] = {
     ErrorCode.BAD_REQUEST: errors.RunnerRequestError,
     ErrorCode.UNAUTHORIZED: errors.RunnerRequestError,
     ErrorCode.NOT_FOUND: errors.RunnerRequestError,
+    ErrorCode.METHOD_NOT_ALLOWED: errors.RunnerRequestError,
     ErrorCode.PAYLOAD_TOO_LARGE: errors.RunnerRequestError,
     ErrorCode.UNSUPPORTED_LANGUAGE: errors.RunnerRequestError,
     ErrorCode.INVALID_PATH: errors.RunnerRequestError,

@@ -201,10 +201,19 @@ async def test_healthz_and_metrics_need_no_key(service: Service) -> None:
 
 
 async def test_unknown_route_and_method(service: Service) -> None:
+    """An unknown route is 404 ``not_found``; a known one with another method is 405
+    ``method_not_allowed`` whose ``Allow`` names every method of the path (egress has a
+    route for each of two)."""
     missing = await service.client.get("/v1/nothing", headers=service.auth())
     assert (missing.status_code, error_of(missing).error.code) == (404, ErrorCode.NOT_FOUND)
     wrong = await service.client.get("/v1/exec", headers=service.auth())
-    assert (wrong.status_code, error_of(wrong).error.code) == (405, ErrorCode.BAD_REQUEST)
+    assert (wrong.status_code, error_of(wrong).error.code) == (405, ErrorCode.METHOD_NOT_ALLOWED)
+    assert wrong.headers["allow"] == "POST"
+    assert error_of(wrong).error.retryable is False
+    egress = f"/v1/sessions/{runtime_session_id('tenant-a', 'alice', 'a')}/egress"
+    wrong = await service.client.post(egress, headers=service.auth())
+    assert (wrong.status_code, error_of(wrong).error.code) == (405, ErrorCode.METHOD_NOT_ALLOWED)
+    assert wrong.headers["allow"] == "GET, HEAD, PUT"
 
 
 async def test_sessions_list_and_delete_per_namespace(service: Service) -> None:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Budgets",
+    "LogLevel",
     "OrchestratorSettings",
     "ProviderName",
     "ServeSettings",
@@ -55,6 +56,8 @@ SessionMode = Literal["stateless", "affinity", "strict"]
 ProviderName = Literal["local", "docker", "lambda-microvm"]
 _MODES: tuple[SessionMode, ...] = ("stateless", "affinity", "strict")
 _PROVIDERS: tuple[ProviderName, ...] = ("local", "docker", "lambda-microvm")
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+_LOG_LEVELS: tuple[LogLevel, ...] = ("critical", "error", "warning", "info", "debug")
 INSECURE_NO_AUTH_ENV = "SANDCELL_SERVE_INSECURE_NO_AUTH"
 
 
@@ -149,6 +152,9 @@ class OrchestratorSettings:
     """``SANDCELL_CHECKPOINT_RETRY_S``: how long a turn retries a failed checkpoint (0: once)."""
     idle_timeout_s: float = 1800.0
     sweep_interval_s: float = 60.0
+    log_level: LogLevel | None = None
+    """``SANDCELL_LOG_LEVEL``: the process's logging level; None: the command's own
+    (``info`` for ``sandcell serve``, ``warning`` for the others)."""
     serve: ServeSettings = field(default_factory=ServeSettings)
     apps: AppSettings = field(default_factory=lambda: _apps({}, ServeSettings()))
     """The app-instance API's settings (``sandcell serve``'s ``/v1/instances``)."""
@@ -231,10 +237,19 @@ class OrchestratorSettings:
             checkpoint_retry_s=read.number("SANDCELL_CHECKPOINT_RETRY_S", 10.0, minimum=0),
             idle_timeout_s=read.number("SANDCELL_IDLE_TIMEOUT_S", 1800.0),
             sweep_interval_s=read.number("SANDCELL_SWEEP_INTERVAL_S", 60.0),
+            log_level=read.parse("SANDCELL_LOG_LEVEL", None, _log_level),
             serve=serve,
             apps=_apps(env, serve),
             librechat=_librechat(env),
         )
+
+
+def _log_level(raw: str) -> LogLevel:
+    """A logging level's name, in either case."""
+    for level in _LOG_LEVELS:
+        if raw.lower() == level:
+            return level
+    raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}, got {raw[:40]!r}")
 
 
 def _provider(name: ProviderName, env: Mapping[str, str]) -> ProviderSettings:

@@ -37,6 +37,8 @@ class ErrorCode(enum.StrEnum):
     BAD_REQUEST = "bad_request"
     UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    """The route exists but not with this method; ``Allow`` lists those it takes."""
     PAYLOAD_TOO_LARGE = "payload_too_large"
     UNSUPPORTED_LANGUAGE = "unsupported_language"
     INVALID_PATH = "invalid_path"
@@ -71,6 +73,7 @@ ERROR_SEMANTICS: dict[ErrorCode, ErrorSemantics] = {
     ErrorCode.BAD_REQUEST: ErrorSemantics(400, retryable=False),
     ErrorCode.UNAUTHORIZED: ErrorSemantics(401, retryable=False),
     ErrorCode.NOT_FOUND: ErrorSemantics(404, retryable=False),
+    ErrorCode.METHOD_NOT_ALLOWED: ErrorSemantics(405, retryable=False),
     ErrorCode.PAYLOAD_TOO_LARGE: ErrorSemantics(413, retryable=False),
     ErrorCode.UNSUPPORTED_LANGUAGE: ErrorSemantics(400, retryable=False),
     ErrorCode.INVALID_PATH: ErrorSemantics(400, retryable=False),

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 
 from sandcell_protocol import PROTOCOL_VERSION, ProtocolError
 
-from ..config import OrchestratorSettings
+from ..config import LogLevel, OrchestratorSettings
 from ..errors import SandcellError
 from ..providers.local_settings import LocalSettings
 from . import exec as exec_command
@@ -107,19 +107,14 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     """Run the CLI; returns the process exit code."""
     args = build_parser().parse_args(argv)
     environ = os.environ if env is None else env
-    logging.basicConfig(
-        level=logging.INFO if args.command == "serve" else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        if args.command == "serve"
-        else "sandcell: %(message)s",
-    )
-    # httpx logs every runner request at INFO: noise to an operator.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         if args.command == "instances":
             # A client of a running serve: no local services, no settings needed.
+            _configure_logging(args.command, None)
             return instances_command.run_instances(args, environ, sys.stdout, sys.stderr)
+        # Before logging is set up: a bad setting is one line on stderr (``_fail``).
         settings = OrchestratorSettings.from_env(environ)
+        _configure_logging(args.command, settings.log_level)
         if args.command != "serve":
             settings = _one_shot(settings)
         if args.command == "serve":
@@ -145,6 +140,19 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         if environ.get("SANDCELL_DEBUG") == "1":
             raise
         return _fail(f"internal error ({type(exc).__name__}); SANDCELL_DEBUG=1 shows a traceback")
+
+
+def _configure_logging(command: str, level: LogLevel | None) -> None:
+    """``SANDCELL_LOG_LEVEL``, else ``info`` for ``serve`` and ``warning`` for the rest."""
+    serving = command == "serve"
+    logging.basicConfig(
+        level=(level or ("info" if serving else "warning")).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        if serving
+        else "sandcell: %(message)s",
+    )
+    # httpx logs every runner request at INFO: noise to an operator.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _one_shot(settings: OrchestratorSettings) -> OrchestratorSettings:

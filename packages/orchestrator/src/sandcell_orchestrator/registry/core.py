@@ -17,6 +17,7 @@ import msgspec
 from sandcell_protocol import is_runtime_session_id
 
 from ..errors import LockLostError
+from ..stored import StoredDecoder
 from .idempotency import IdempotentAnswer
 
 __all__ = [
@@ -57,7 +58,7 @@ def validate_session_id(session_id: str) -> str:
     return session_id
 
 
-class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class SessionRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Where a runtime session's sandbox lives. Stored as JSON; written only under a lease.
 
     Timestamps are wall-clock epoch seconds supplied by the writer: records are
@@ -116,7 +117,7 @@ class SessionRecord(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 _ENCODER = msgspec.json.Encoder()
-_DECODER = msgspec.json.Decoder(SessionRecord)
+_DECODER = StoredDecoder(SessionRecord)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

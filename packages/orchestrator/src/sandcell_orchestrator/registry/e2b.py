@@ -18,6 +18,8 @@ import msgspec
 
 from sandcell_protocol import EgressPolicy
 
+from ..stored import StoredDecoder
+
 __all__ = [
     "KILLED_E2B_TTL_S",
     "E2bStartKey",
@@ -47,7 +49,7 @@ def validate_e2b_sandbox_id(sandbox_id: str) -> str:
     return sandbox_id
 
 
-class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True):
     """One E2B sandbox. Its tokens and env are secrets: ``repr`` leaves them out.
 
     ``revision`` is 1 when made and one more at every update; timestamps are
@@ -108,7 +110,7 @@ class E2bSandboxRow(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 
 _ENCODER = msgspec.json.Encoder()
-_DECODER = msgspec.json.Decoder(E2bSandboxRow)
+_DECODER = StoredDecoder(E2bSandboxRow)
 
 
 def decode_row(sandbox_id: str, raw: bytes | str) -> E2bSandboxRow | None:

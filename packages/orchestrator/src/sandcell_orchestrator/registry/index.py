@@ -10,12 +10,13 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from ..stored import StoredDecoder
 from .core import validate_session_id
 
 __all__ = ["SessionIndex", "SessionOwner", "check_page_limit"]
 
 
-class SessionOwner(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class SessionOwner(msgspec.Struct, frozen=True, kw_only=True):
     """Whose a runtime session is: the session index every worker reads.
 
     Records do not carry their tenant (they are written on the lifecycle's hot
@@ -40,7 +41,7 @@ class SessionOwner(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 
 _OWNER_ENCODER = msgspec.json.Encoder()
-_OWNER_DECODER = msgspec.json.Decoder(SessionOwner)
+_OWNER_DECODER = StoredDecoder(SessionOwner)
 
 
 def check_page_limit(limit: int | None) -> None:

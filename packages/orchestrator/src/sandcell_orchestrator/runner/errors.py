@@ -54,6 +54,7 @@ ERROR_CODE_MAP: Mapping[ErrorCode, type[SandcellError]] = MappingProxyType(
         ErrorCode.BAD_REQUEST: RunnerRequestError,
         ErrorCode.UNAUTHORIZED: RunnerRequestError,
         ErrorCode.NOT_FOUND: RunnerRequestError,
+        ErrorCode.METHOD_NOT_ALLOWED: RunnerRequestError,
         ErrorCode.PAYLOAD_TOO_LARGE: RunnerRequestError,
         ErrorCode.UNSUPPORTED_LANGUAGE: RunnerRequestError,
         ErrorCode.INVALID_PATH: RunnerRequestError,

@@ -63,6 +63,7 @@ from ..metrics import render_provider_counters
 from ..registry import SessionOwner
 from ..sessions.execution import ExecutionService, Identity
 from ..sessions.output import OnOutput
+from ..stored import StoredDecoder
 from .auth import INSECURE_NO_AUTH_ENV, load_api_keys
 from .contexts import ContextRoutes
 from .errors import (
@@ -92,11 +93,15 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+_STORED_RESULT = StoredDecoder(ExecuteResult)
+
+
 def _replay_exec(stored: Replay, *, stream: bool) -> Response:
     """A stored ``/v1/exec`` answer, in the form this retry asked for."""
     if not stream:
         return Response(stored.body, status_code=stored.status, media_type=JSON_MEDIA_TYPE)
-    event = ResultEvent(result=decode(stored.body, ExecuteResult))
+    # Stored by whichever worker ran it: maybe a newer one, with fields this one lacks.
+    event = ResultEvent(result=_STORED_RESULT.decode(stored.body))
     return Response(encode_event(event), media_type=routes.NDJSON)
 
 

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from sandcell_protocol import (
     ERROR_SEMANTICS,
@@ -303,11 +304,36 @@ def error_response(status: int, code: ErrorCode, message: str) -> Response:
     )
 
 
-async def http_error_response(_request: Request, exc: Exception) -> Response:
-    """Starlette's own 404 and 405 answered as protocol ``ErrorBody``s."""
+_OTHER_SURFACES = ("/e2b", "/librechat/")
+"""Path prefixes of the served APIs that answer in their own terms (their own
+modules own what their clients see; here they keep the answers they had)."""
+
+
+async def http_error_response(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 answered as protocol ``ErrorBody``s; a 405 with
+    ``Allow``: the methods of every route of the path."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         return error_response(404, ErrorCode.NOT_FOUND, "no such route")
     if exc.status_code == 405:
-        return error_response(405, ErrorCode.BAD_REQUEST, "method not allowed")
+        own = not request.url.path.startswith(_OTHER_SURFACES)
+        code = ErrorCode.METHOD_NOT_ALLOWED if own else ErrorCode.BAD_REQUEST
+        response = error_response(405, code, "method not allowed")
+        allowed = _allowed_methods(request) or (exc.headers or {}).get("Allow")
+        if allowed:
+            response.headers["Allow"] = allowed
+        return response
     return error_response(exc.status_code, ErrorCode.BAD_REQUEST, "bad request")
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """What the app's routes of this path take. Starlette's own ``Allow`` names only the
+    first route of the path, and one path may have a route per method (``egress``)."""
+    router = getattr(request.scope.get("app"), "router", None)
+    methods: set[str] = set()
+    for route in getattr(router, "routes", ()):
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches(request.scope)
+            if match is not Match.NONE:
+                methods |= route.methods
+    return ", ".join(sorted(methods)) or None

@@ -39,6 +39,7 @@ from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
 from ..registry import IdempotentAnswer, SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
+from ..stored import StoredDecoder
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
 from .inputs import InputSource, deliver_inputs, scope_inputs
 from .manager import SandboxManager
@@ -66,7 +67,8 @@ class ResultCodec:
 
 RESULT_CODEC = ResultCodec(
     encode=msgspec.json.encode,
-    decode=lambda body: msgspec.json.decode(body, type=ExecuteResult),
+    # A newer worker's result may carry fields this one does not know (stored.py).
+    decode=StoredDecoder(ExecuteResult).decode,
 )
 
 

@@ -38,6 +38,7 @@ from ..errors import CheckpointError
 from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.collection import collect_key
 from ..snapshots.whole import put_whole, read_whole
+from ..stored import StoredDecoder
 
 __all__ = [
     "STATELESS_ANSWERS_PREFIX",
@@ -60,13 +61,16 @@ def stateless_answer_key(stored_key: str) -> str:
     return f"{STATELESS_ANSWERS_PREFIX}{stored_key}"
 
 
-class StatelessAnswer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class StatelessAnswer(msgspec.Struct, frozen=True):
     """A keyed stateless run's answer as the store keeps it."""
 
     fingerprint: str
     """The request body's sha256: another body with the key is still a 422."""
     status: int
     body: bytes
+
+
+_ANSWER_DECODER = StoredDecoder(StatelessAnswer)
 
 
 class StatelessAnswers:
@@ -110,7 +114,7 @@ class StatelessAnswers:
         except SnapshotNotFoundError:
             return None
         try:
-            return msgspec.json.decode(raw, type=StatelessAnswer)
+            return _ANSWER_DECODER.decode(raw)
         except msgspec.DecodeError as exc:
             raise CheckpointError(f"{key} does not hold a saved answer") from exc
 
