@@ -50,10 +50,10 @@ from ..providers.base import SandboxSpec
 from ..registry import E2bSandboxRow, SessionRegistry
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager, sandbox_session_key
-from ..snapshots import SnapshotNotFoundError, SnapshotTooLargeError
+from ..snapshots import SnapshotNotFoundError
 from .copies import SandboxCopies
 from .create_once import check_create_key, create_once
-from .errors import E2bError
+from .errors import UNSAVABLE, E2bError, unsavable
 from .history import MetricsHistory, in_range, merge_samples
 from .kept import KeptRows
 from .listing import SandboxListing
@@ -435,14 +435,14 @@ class E2bSandboxes:
             # Suspended first: if that fails the sandbox runs on, reachable as before.
             try:
                 await self.manager.suspend(sandbox.session_id)
-            except SnapshotTooLargeError:
-                # The tenant's own files: a 4xx naming the cap, not the store's 500.
-                raise E2bError(
-                    413,
-                    "payload_too_large",
-                    f"sandbox {sandbox.sandbox_id}: its workspace is larger than a pause"
-                    f" may save ({self.manager.persistence.max_bytes} bytes,"
-                    " SANDCELL_CHECKPOINT_MAX_BYTES); it runs on",
+            except UNSAVABLE as exc:
+                # The tenant's own files: a 4xx naming why, not the store's 500.
+                raise unsavable(
+                    sandbox.sandbox_id,
+                    exc,
+                    what="a pause may save",
+                    most_bytes=self.manager.persistence.max_bytes,
+                    after="; it runs on",
                 ) from None
             await self.views.close_handle(sandbox)
             await self.views.change(
