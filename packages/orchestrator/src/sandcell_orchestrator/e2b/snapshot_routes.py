@@ -50,9 +50,16 @@ class SnapshotRoutes:
             Route(one + "/snapshots", guarded(self.snapshot), methods=["POST"]),
             Route(one + "/fork", guarded(self.fork), methods=["POST"]),
             Route(prefix + "/snapshots", guarded(self.list_snapshots), methods=["GET"]),
-            # ``:path``: the SDK sends a name's ``/`` as ``%2F``, which arrives decoded.
+            # The SDK sends a namespaced name's ``/`` as ``%2F``, which arrives decoded:
+            # ``<slug>/<name>`` is a second route, not ``:path`` (which matches
+            # ``/templates/`` too, so Starlette redirected ``/templates`` there).
             Route(
-                prefix + "/templates/{template_id:path}",
+                prefix + "/templates/{template_id}",
+                guarded(self.delete_snapshot),
+                methods=["DELETE"],
+            ),
+            Route(
+                prefix + "/templates/{slug}/{template_id}",
                 guarded(self.delete_snapshot),
                 methods=["DELETE"],
             ),
@@ -125,6 +132,8 @@ class SnapshotRoutes:
         another tenant's alike; a templateID that is no E2B name is E2B's 400."""
         owner = self._context.owner(request)
         raw = str(request.path_params["template_id"])
+        if "slug" in request.path_params:
+            raw = f"{request.path_params['slug']}/{raw}"
         snapshots = self._context.sandboxes().snapshots
         bare = snapshot_ref(raw)
         if bare is not None and await snapshots.delete(owner, bare):
