@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from sandcell_orchestrator.e2b.history import MAX_SAMPLES, MetricsHistory, in_range
@@ -38,3 +40,28 @@ async def test_kept_samples_merge_stay_bounded_and_go_with_a_drop(tmp_path: Path
     assert kept[0].at_s == 10.0
     await history.drop("tenant-a", sandbox)
     assert await history.read("tenant-a", sandbox) == []
+
+
+async def test_retired_samples_are_bounded_in_count_and_time(tmp_path: Path) -> None:
+    """A kill retires a sandbox's samples under its tenant's prefix; a tenant keeps the
+    newest ``max_killed`` of them, none older than the retention answers, and a reap
+    deletes what is past either bound."""
+    store = DirectorySnapshotStore(tmp_path)
+    clock = [time.time()]
+    history = MetricsHistory(store, max_killed=2, retain_killed_s=100, wall_clock=lambda: clock[0])
+    ids = [c * 20 for c in "abc"]
+    for i, sandbox in enumerate(ids):
+        await history.keep("tenant-a", sandbox, [_sample(clock[0] - 10 + i)])
+        await history.retire("tenant-a", sandbox, [_sample(clock[0] + i)])
+        # Distinct write times, as kills at different moments: the order is the store's.
+        written = clock[0] + i
+        os.utime(tmp_path / history.killed_key("tenant-a", sandbox), (written, written))
+    await history.reap_killed("tenant-a")
+    assert await history.read_killed("tenant-a", ids[0]) == []  # past the count
+    kept = await history.read_killed("tenant-a", ids[2])
+    assert [s.at_s for s in kept] == [clock[0] - 8, clock[0] + 2]
+    assert await history.read_killed("tenant-b", ids[2]) == []
+    clock[0] += 150  # past the retention: answered by nobody, then reaped
+    assert await history.read_killed("tenant-a", ids[2]) == []
+    assert await history.reap_killed("tenant-a") == 2
+    assert await store.list("e2b-metrics-killed/") == []

@@ -130,32 +130,50 @@ async def test_the_async_sdk_reads_them_too(served: E2bServe, sbx: Sandbox) -> N
     assert by_id[0].cpu_count >= 1
 
 
-def test_another_tenant_and_a_missing_sandbox_get_not_found(served: E2bServe, sbx: Sandbox) -> None:
-    """Another API key's tenant gets exactly the answer for a sandbox that does not exist;
-    a killed sandbox is one."""
+def test_another_tenant_and_an_unknown_id_get_no_samples(served: E2bServe, sbx: Sandbox) -> None:
+    """As E2B's (a query of its metrics store by team and sandbox id): another API key's
+    tenant gets exactly what an id nobody had gets, 200 ``[]``, not a 404."""
     assert _until(sbx, "a sample", bool)
-    with pytest.raises(NotFoundException) as seen:
-        Sandbox.get_metrics(sbx.sandbox_id, **served.opts(KEY_B))
-    with pytest.raises(NotFoundException) as missing:
-        Sandbox.get_metrics("a" * 20, **served.opts(KEY_B))
-    assert str(seen.value).replace(sbx.sandbox_id, "ID") == str(missing.value).replace(
-        "a" * 20, "ID"
-    )
+    assert Sandbox.get_metrics(sbx.sandbox_id, **served.opts(KEY_B)) == []
+    assert Sandbox.get_metrics("a" * 20, **served.opts(KEY_B)) == []
+    assert Sandbox.get_metrics("a" * 20, **served.opts()) == []
     raw = [
         httpx.get(f"{served.url}/e2b/sandboxes/{sandbox_id}/metrics", headers={"X-API-KEY": KEY_B})
-        for sandbox_id in (sbx.sandbox_id, "a" * 20)
+        for sandbox_id in (sbx.sandbox_id, "a" * 20, "not an id")
     ]
-    assert [r.status_code for r in raw] == [404, 404]
-    assert raw[0].json()["error_code"] == raw[1].json()["error_code"] == "not_found"
+    assert [(r.status_code, r.json()) for r in raw] == [(200, [])] * 3
+
+
+def test_a_killed_sandbox_answers_the_samples_it_retired(served: E2bServe, sbx: Sandbox) -> None:
+    """E2B keeps a killed sandbox's metrics: after the kill its samples still answer
+    (the range filter applies), to its tenant only."""
+    before = _until(sbx, "two samples", lambda samples: len(samples) >= 2)
     sbx.kill()
+    after = Sandbox.get_metrics(sbx.sandbox_id, **served.opts())
+    assert [m.timestamp for m in after][: len(before)] == [m.timestamp for m in before]
+    first = before[0].timestamp.replace(microsecond=0)
+    ranged = Sandbox.get_metrics(sbx.sandbox_id, start=first, end=first, **served.opts())
+    assert [m.timestamp.replace(microsecond=0) for m in ranged] == [first]
+    assert Sandbox.get_metrics(sbx.sandbox_id, **served.opts(KEY_B)) == []
     with pytest.raises(NotFoundException):
-        Sandbox.get_metrics(sbx.sandbox_id, **served.opts())
+        Sandbox.connect(sbx.sandbox_id, **served.opts())
+
+
+def test_a_paused_then_killed_sandbox_keeps_what_its_pause_kept(served: E2bServe) -> None:
+    sandbox = Sandbox.create(**served.opts())
+    try:
+        before = _until(sandbox, "a sample", bool)
+        sandbox.pause()
+    finally:
+        Sandbox.kill(sandbox.sandbox_id, **served.opts())
+    after = Sandbox.get_metrics(sandbox.sandbox_id, **served.opts())
+    assert [m.timestamp for m in after][: len(before)] == [m.timestamp for m in before]
 
 
 def test_a_paused_sandbox_keeps_its_samples(served: E2bServe, sbx: Sandbox) -> None:
     """As E2B's: the samples taken before a pause answer while it sleeps (its runner,
     and its ring, are gone) and after its resume, with the new runner's after them;
-    another tenant still gets a 404."""
+    another tenant gets none."""
     before = _until(sbx, "two samples", lambda samples: len(samples) >= 2)
     sbx.pause()
     kept = Sandbox.get_metrics(sbx.sandbox_id, **served.opts())
@@ -164,8 +182,7 @@ def test_a_paused_sandbox_keeps_its_samples(served: E2bServe, sbx: Sandbox) -> N
     first = before[0].timestamp.replace(microsecond=0)
     ranged = Sandbox.get_metrics(sbx.sandbox_id, start=first, end=first, **served.opts())
     assert [m.timestamp.replace(microsecond=0) for m in ranged] == [first]
-    with pytest.raises(NotFoundException):
-        Sandbox.get_metrics(sbx.sandbox_id, **served.opts(KEY_B))
+    assert Sandbox.get_metrics(sbx.sandbox_id, **served.opts(KEY_B)) == []
     resumed = Sandbox.connect(sbx.sandbox_id, **served.opts())
     after = _until(resumed, "a sample after the resume", lambda s: len(s) > len(kept))
     assert [m.timestamp for m in after][: len(kept)] == [m.timestamp for m in kept]

@@ -41,12 +41,22 @@ const PTC_TOOLS = {
   },
 };
 
+// Any other name: a tool that answers with its name and the ``n`` it was given (the
+// bash tests name tools like the commands a shell uses).
+function echoTool(name) {
+  return {
+    description: 'Answers with its own name and the n it was given',
+    schema: { type: 'object', properties: { n: { type: 'string' } } },
+    run: async ({ n }) => `${name} ok ${n}`,
+  };
+}
+
 function ptcTools(version, names) {
   const { tool } = require(require.resolve('@langchain/core/tools', { paths: [require.resolve(packages[version])] }));
   const toolMap = new Map();
   const toolDefs = [];
   for (const name of names) {
-    const spec = PTC_TOOLS[name];
+    const spec = Object.hasOwn(PTC_TOOLS, name) ? PTC_TOOLS[name] : echoTool(name);
     toolMap.set(name, tool(spec.run, { name, description: spec.description, schema: spec.schema }));
     toolDefs.push({ name, description: spec.description, parameters: spec.schema });
   }

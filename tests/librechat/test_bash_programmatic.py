@@ -110,3 +110,38 @@ def test_an_attached_workspace_is_refused_as_a_capability(serve: Serve, driver: 
     assert not refused["ok"], refused
     assert "does not provide a stateful workspace" in refused["error"], refused
     assert "Do not retry" in refused["error"], refused
+
+
+# Tools named like what a shell (and the call code) uses: builtins, special builtins,
+# programs, and the old and new helpers' names (``sc-ptc-call``'s bash name is
+# ``sc_ptc_call``); ``local`` and ``unset`` become ``local_tool`` / ``unset_tool``.
+SHELL_NAMED_TOOLS = (
+    *("read", "printf", "cat", "mkfifo", "rm", "break", "builtin", "command", "enable"),
+    *("type", "exec", "eval", "set", "trap", "true", "test", "readarray", "hash"),
+    *("_sc_ptc_call", "sc_ptc_call", "local", "unset"),
+)
+
+
+def test_tools_named_like_shell_commands_are_called_as_tools(serve: Serve, driver: Driver) -> None:
+    """Every tool named like a builtin, a program or the call code's own helper is called
+    with its argument and answers its own result, from background jobs (all at once, in
+    one round: the client allows 20) and in the script itself. Before, the call code ran
+    those names and so the tools: the results were empty (the script "completed"), and a
+    tool named ``mkfifo`` recursed until bash crashed."""
+    names = " ".join(f"{n}_tool" if n in ("local", "unset") else n for n in SHELL_NAMED_TOOLS)
+    code = (
+        f"for t in {names}; do\n"
+        '  { r=$("$t" "{\\"n\\": \\"$t\\"}"); echo "$t=$r" > "/tmp/r.$t"; } &\n'
+        "done\n"
+        "wait\n"
+        f'for t in {names}; do echo "$(</tmp/r.$t)"; done\n'
+        'r=$(cat \'{"n": "again"}\')\n'
+        'echo "again=$r"\n'
+    )
+    done = bash_ptc(driver, serve, code, *SHELL_NAMED_TOOLS)
+    assert done["ok"], done
+    expected = "".join(
+        f"{bash}={name} ok {bash}\n"
+        for name, bash in zip(SHELL_NAMED_TOOLS, names.split(), strict=True)
+    )
+    assert done["content"].startswith(f"stdout:\n{expected}again=cat ok again\n"), done

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandcell_runner.config import _find_nsjail
+from sandcell_runner.jail.cgroup_reaper import InstanceLease
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
 from sandcell_runner.jail.spawn_helper import SpawnHelper
@@ -51,8 +52,16 @@ def helper_method(helper_pid: int) -> str:
 @contextlib.contextmanager
 def real_jail(prefix: str, *, method: str = "vfork") -> Iterator[tuple[Jail, CgroupManager, Path]]:
     with traversable_dir(prefix) as root:
-        cgroups = CgroupManager(f"test-{os.getpid()}-{root.name}")
+        instance = f"test-{os.getpid()}-{root.name}"
+        # Leased as a runner leases its own: an unleased subtree is an orphan to the
+        # host-wide sweep (``reap_orphans``) a parallel test runs, which removed this
+        # jail's pooled cgroup between two of its jobs (empty, so "nobody's").
+        lease = InstanceLease(instance)
+        if not lease.held:
+            pytest.fail(f"cgroup lease of {instance} not taken (see the log)")
+        cgroups = CgroupManager(instance)
         if not cgroups.available:
+            lease.release()
             pytest.fail("this test needs writable cgroups (run as root, as CI does)")
         spawner = spawn_helper(method)
         jail = Jail(nsjail=_find_nsjail(None), cgroups=cgroups, spawner=spawner)
@@ -61,6 +70,7 @@ def real_jail(prefix: str, *, method: str = "vfork") -> Iterator[tuple[Jail, Cgr
         finally:
             spawner.close()
             cgroups.release_all()
+            lease.release()
 
 
 def shell_job(workspace: Path, job_dir: Path, script: str, *, uid: int) -> JobSpec:

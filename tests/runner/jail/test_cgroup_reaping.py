@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from sandcell_runner.jail.cgroups import CGROUP_ROOT, V1_CONTROLLERS
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, start_runner
 from tests.runner.helpers import execute
+from tests.runner.jail.real_jail import real_jail, shell_job
 
 
 def subtree_folders(runners: list[RunnerProcess]) -> int:
@@ -141,3 +143,23 @@ def test_a_runner_stopped_gracefully_leaves_neither_its_cgroups_nor_its_lease_fi
             assert not lease_file.exists()
         finally:
             runner.stop()
+
+
+def test_the_host_wide_sweep_leaves_a_test_jails_pooled_cgroups() -> None:
+    """A test's jail (``real_jail``) leases its instance as a runner does: the orphan
+    sweep another test runs in parallel, between two of its jobs (its pooled cgroup
+    empty then), leaves it, and its next job runs in the same slot."""
+    with real_jail("sweep-") as (jail, cgroups, root):
+
+        async def run(name: str) -> str:
+            spec = shell_job(root / name, root / f"{name}-job", "echo ran", uid=61_237)
+            outcome = await jail.run(spec)
+            assert outcome.exit_code == 0, outcome.jail_log
+            return outcome.stdout.decode()
+
+        assert asyncio.run(run("before")) == "ran\n"
+        instance = cgroups.instance_dir("memory")
+        assert instance is not None
+        assert instance.name not in reap_orphans(older_than_s=0)
+        assert (instance / "job-pool-s0").is_dir()
+        assert asyncio.run(run("after")) == "ran\n"

@@ -18,11 +18,15 @@ Wiring into the serve app::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 
 import anyio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount
 
 from ..bootstrap import Services
@@ -32,6 +36,7 @@ from ..serve.idempotency import Idempotency
 from ..serve.lifespans import run_in_lifespan
 from .control import ControlPlane
 from .envd import EnvdApp
+from .errors import e2b_route_error_response
 from .hosts import E2bHostRouting
 from .sandboxes import E2bSandboxes
 from .signing import ACCESS_LOG_SECRET_PARAMETERS
@@ -131,6 +136,27 @@ def install_e2b_routes(
     app.router.routes.extend(control.routes("/e2b"))
     if domain is not None:
         app.add_middleware(E2bHostRouting, domain=domain)
+    _answer_unrouted_as_e2b(app, prefix="/e2b")
     app.state.e2b = service
     run_in_lifespan(app, lambda: service.running(services()))
     return service
+
+
+def _answer_unrouted_as_e2b(app: Starlette, *, prefix: str) -> None:
+    """The app's 404 and 405 for a path under ``prefix`` in E2B's error shape (an SDK
+    parses ``message`` from it); every other path keeps the app's own handler."""
+    fallback = app.exception_handlers.get(HTTPException)
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        path = request.url.path
+        if isinstance(exc, HTTPException) and (path == prefix or path.startswith(prefix + "/")):
+            return e2b_route_error_response(request, exc)
+        if fallback is None:
+            raise exc
+        answer = fallback(request, exc)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        assert isinstance(answer, Response)
+        return answer
+
+    app.add_exception_handler(HTTPException, handler)

@@ -3,8 +3,9 @@
 A snapshot is a copy of a running sandbox's workspace in the snapshot store, under an
 id its tenant owns (``saved.SavedSnapshots``); the sandbox runs on, and its processes
 are not in the copy. A create that names a snapshot as its template restores it
-(``E2bSandboxes.create``). A fork is one snapshot, ``count`` creates from it, then the
-snapshot deleted: each created sandbox, or each one's own error, is its answer.
+(``creation.SandboxCreation.create``). A fork is one snapshot, ``count`` creates
+from it, then the snapshot deleted: each created sandbox, or each one's own error,
+is its answer.
 """
 
 from __future__ import annotations

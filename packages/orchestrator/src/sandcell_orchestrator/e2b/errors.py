@@ -12,19 +12,21 @@ from typing import TypeVar
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 from sandcell_protocol import ProtocolError, decode, encode
 
 from ..errors import RunnerRequestError, SandboxUnavailableError
-from ..serve.errors import map_error, public_message, read_body
+from ..serve.errors import allowed_methods, map_error, public_message, read_body
 from .wire import ErrorBody
 
 __all__ = [
     "E2bError",
     "connect_error",
     "e2b_error_response",
+    "e2b_route_error_response",
     "read_message",
     "sandbox_gone_response",
 ]
@@ -64,6 +66,22 @@ def e2b_error_response(exc: BaseException) -> Response:
         code, message = body.error.code, body.error.message
     payload = ErrorBody(code=status, message=message, error_code=str(code))
     return Response(encode(payload), status_code=status, media_type=JSON)
+
+
+def e2b_route_error_response(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own 404 (no route) and 405 (a route, not that method) under ``/e2b``,
+    answered as E2B's API does: its OpenAPI validator finds no operation first, so the
+    body is E2B's error shape with the validator's words, not sandcell's generic one;
+    a 405 names the path's methods in ``Allow``."""
+    if exc.status_code == 404:
+        return e2b_error_response(E2bError(404, "not_found", "no matching operation was found"))
+    if exc.status_code == 405:
+        response = e2b_error_response(E2bError(405, "bad_request", "method not allowed"))
+        allowed = allowed_methods(request) or (exc.headers or {}).get("Allow")
+        if allowed:
+            response.headers["Allow"] = allowed
+        return response
+    return e2b_error_response(E2bError(exc.status_code, "bad_request", "bad request"))
 
 
 def sandbox_gone_response(sandbox_id: str | None) -> Response:

@@ -1,6 +1,10 @@
 """E2B's metrics route: the samples a sandbox's runner took.
 
 GET    /e2b/sandboxes/{id}/metrics       [SandboxMetric] (?start=&end=, unix seconds)
+
+As E2B's (a query of its metrics store by team and sandbox id), a killed sandbox
+answers the samples retired at its kill, and an id the caller never had (another
+tenant's sandbox included) answers 200 ``[]``, not a 404.
 """
 
 from __future__ import annotations
@@ -45,13 +49,25 @@ class MetricRoutes:
 
     async def metrics(self, request: Request) -> Response:
         """E2B's ``get_metrics``: the samples the sandbox's runner took in ``[start, end]``
-        (every 5 s; both optional: since the sandbox started, until now)."""
-        sandbox = await self._context.one(request)
+        (every 5 s; both optional: since the sandbox started, until now); for a killed
+        one those it retired, for an unknown one none."""
         start, end = _unix_seconds(request, "start"), _unix_seconds(request, "end")
         if start is not None and end is not None and start > end:
             raise E2bError(400, "bad_request", "start time cannot be after end time")
         query = MetricsQuery(start_s=start, end_s=end)
-        samples = await self._context.sandboxes().metrics(sandbox, query)
+        sandboxes = self._context.sandboxes()
+        try:
+            sandbox = await self._context.one(request)
+        except E2bError as exc:
+            if exc.status != 404:
+                raise
+            # Gone, never made, or another tenant's: what the caller's own retired
+            # samples hold under that id (none for the last two).
+            owner = self._context.owner(request)
+            sandbox_id = str(request.path_params["sandbox_id"])
+            samples = await sandboxes.killed_metrics(owner, sandbox_id, query)
+        else:
+            samples = await sandboxes.metrics(sandbox, query)
         return json_response(
             [
                 SandboxMetric(

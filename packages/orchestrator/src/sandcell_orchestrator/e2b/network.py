@@ -16,7 +16,7 @@ is the last write's, and the runner holds the row's policy:
 - the update reads "paused", the resume launches with the old spec: whichever write
   lands second re-reads; the update finds "running" and applies to the runner the
   session record names (the resume recorded it before its write), or the resume finds
-  the new egress and applies it to the runner it launched (``E2bSandboxes.connect``);
+  the new egress and applies it to the runner it launched (``SandboxPauses.connect``);
 - two updates: the one that lands second applies its policy again, after the other;
 - a resume whose runner was not launched from the row it read (resumed in place, or
   left running by a resume that never wrote the row) applies the row's policy even at

@@ -144,9 +144,9 @@ class SandboxRoutes:
             clientID="sandcell",
             startedAt=iso(sandbox.started_at_s),
             endAt=iso(sandbox.end_at_s),
-            # The runner's limits as read at create (``E2bSandboxes._with_limits``); a
-            # row that has none (an older orchestrator's, a runner that could not say)
-            # answers 1 CPU and 0 MB, as before.
+            # The runner's limits as read at create (``SandboxCreation._with_limits``):
+            # a row that has none (an older orchestrator's, a runner that could not
+            # say) answers 1 CPU and 0 MB, as before.
             cpuCount=sandbox.row.cpu_count or 1,
             memoryMB=sandbox.row.memory_mib,
             diskSizeMB=sandbox.row.disk_mib,

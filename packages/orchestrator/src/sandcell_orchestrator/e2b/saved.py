@@ -10,12 +10,15 @@ A snapshot is three objects in the snapshot store, under its tenant's own prefix
 
 The workspace is written first and the meta after it, so a meta never names a
 missing workspace; a delete removes the meta first (from then on the id is
-unknown), then the index entry and the workspace. The index entry's key holds what a
+unknown), then the workspace, and the index entry last. The index entry's key holds what a
 listing shows and filters by (``SnapshotSummary``; the separators are capitals, which
 no id, name or tag has), so a listing is two store listings and no reads: the metas'
 keys say which snapshots exist, the index keys what they are. A meta without an entry
 (written by an orchestrator before the index, or whose entry's write failed) is read
-and its entry written then; an entry without a meta (a delete cut short) is not shown.
+and its entry written then. An entry without a meta is a delete cut short (an entry
+is written only after its meta, and removed last): it is not shown, and the listing
+that finds it finishes the delete (the workspace, then the entry), once the meta is
+checked gone (it may have been written after the metas were listed).
 Neither is a session's checkpoint, so the session
 collector never touches them and they outlive the sandbox they were taken of (as
 E2B's do). A lookup reads the caller's own prefix only, so another tenant's
@@ -52,8 +55,10 @@ from ..snapshots import SnapshotNotFoundError, SnapshotStore
 from ..snapshots.whole import put_whole, read_whole
 from ..tenants import tenant_digest
 from .sandbox import valid_sandbox_id
+from .snapshot_summary import INDEX_PREFIX, SNAPSHOT_TAG, SnapshotSummary
 
 __all__ = [
+    "NAME_MAX_CHARS",
     "SNAPSHOT_TAG",
     "SavedSnapshots",
     "SnapshotMeta",
@@ -66,67 +71,18 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_TAG = "default"
-"""The tag of every snapshot id on the wire (``<id>:default``)."""
+NAME_MAX_CHARS = 128
+"""The longest name (alias) and the longest tag a new snapshot may be taken under: its
+meta then stays far inside ``_META_MAX_BYTES`` (an index entry's key may still not
+hold both at their longest: that snapshot is listed from its meta)."""
 
 _META_PREFIX = "e2b-snapshots/"
-_INDEX_PREFIX = "e2b-snapshot-index/"
-_INDEX_RE = re.compile(
-    r"(?P<id>[a-z0-9]{20})C(?P<us>[0-9]{1,20})S(?P<sandbox>[a-z0-9]{20})"
-    r"T(?P<tag>[a-z0-9_.-]+?)(?:N(?P<name>[a-z0-9_-]+))?"
-)
-_INDEX_KEY_MAX = 255
 _DATA_PREFIX = "e2b-snapshot-data/"
 _META_MAX_BYTES = 64 << 10
 # E2B's id package: an alias and a namespace, and a tag.
 _IDENTIFIER_RE = re.compile(r"[a-z0-9_-]+")
 _TAG_RE = re.compile(r"[a-z0-9_.-]+")
 _SLUG_DROPPED_RE = re.compile(r"[^a-z0-9_-]")
-
-
-class SnapshotSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """What a listing shows of a snapshot, and what names and filters go by."""
-
-    snapshot_id: str
-    namespace: str
-    sandbox_id: str
-    created_at_us: int
-    """When it was taken, in whole microseconds (the listing's order and its tokens)."""
-    name: str | None = None
-    tag: str = SNAPSHOT_TAG
-
-    def ref(self, slug: str) -> str:
-        """The id on the wire: ``<id>:default``, or ``<slug>/<name>:<tag>`` when named."""
-        if self.name is None:
-            return f"{self.snapshot_id}:{SNAPSHOT_TAG}"
-        return f"{slug}/{self.name}:{self.tag}"
-
-    def names(self, slug: str) -> list[str]:
-        """E2B's ``names``: ``[<slug>/<name>]`` when named, else none."""
-        return [] if self.name is None else [f"{slug}/{self.name}"]
-
-    def index_name(self) -> str | None:
-        """The index entry's last key component; None if it would not fit one (a very
-        long name: the snapshot is then listed from its meta)."""
-        raw = f"{self.snapshot_id}C{self.created_at_us}S{self.sandbox_id}T{self.tag}"
-        if self.name is not None:
-            raw += f"N{self.name}"
-        return raw if len(raw) <= _INDEX_KEY_MAX and _INDEX_RE.fullmatch(raw) else None
-
-    @classmethod
-    def from_index(cls, namespace: str, component: str) -> SnapshotSummary | None:
-        """The summary an index key's last component holds; None if it holds none."""
-        found = _INDEX_RE.fullmatch(component)
-        if found is None:
-            return None
-        return cls(
-            snapshot_id=found["id"],
-            namespace=namespace,
-            sandbox_id=found["sandbox"],
-            created_at_us=int(found["us"]),
-            name=found["name"],
-            tag=found["tag"],
-        )
 
 
 class SnapshotMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -281,7 +237,7 @@ class SavedSnapshots:
 
     @staticmethod
     def _index_prefix(namespace: str) -> str:
-        return f"{_INDEX_PREFIX}{tenant_digest(namespace)}/"
+        return f"{INDEX_PREFIX}{tenant_digest(namespace)}/"
 
     def _index_key(self, summary: SnapshotSummary) -> str | None:
         component = summary.index_name()
@@ -311,6 +267,10 @@ class SavedSnapshots:
             summary = SnapshotSummary.from_index(namespace, entry.key.removeprefix(prefix))
             if summary is not None:
                 indexed[summary.snapshot_id] = summary
+        known = set(ids)
+        for snapshot_id, summary in list(indexed.items()):
+            if snapshot_id not in known and await self._reap_if_deleted(summary):
+                del indexed[snapshot_id]
         found: list[SnapshotSummary] = []
         for snapshot_id in ids:
             summary = indexed.get(snapshot_id)
@@ -379,14 +339,36 @@ class SavedSnapshots:
         return False
 
     async def delete(self, namespace: str, snapshot_id: str) -> bool:
-        """Delete ``namespace``'s snapshot: its meta, then its index entry and its
-        workspace; False if none."""
+        """Delete ``namespace``'s snapshot: its meta, then its workspace, then its index
+        entry (left, it is what a listing finishes a cut-short delete from); False if
+        none."""
         meta = await self.get(namespace, snapshot_id)
         if meta is None:
             return False
         await self.store.delete(self._meta_prefix(namespace) + snapshot_id)
-        index_key = self._index_key(meta.summary())
+        await self._finish_delete(meta.summary())
+        return True
+
+    async def _finish_delete(self, summary: SnapshotSummary) -> None:
+        """After the meta is gone: the workspace, then the index entry."""
+        await self.store.delete(self.data_key(summary.namespace, summary.snapshot_id))
+        index_key = self._index_key(summary)
         if index_key is not None:
             await self.store.delete(index_key)
-        await self.store.delete(self.data_key(namespace, snapshot_id))
+
+    async def _reap_if_deleted(self, summary: SnapshotSummary) -> bool:
+        """Finish the delete an index entry without a listed meta was left by, if its
+        meta is gone indeed; whether it was. A failure is logged (the next listing
+        tries again)."""
+        meta_key = self._meta_prefix(summary.namespace) + summary.snapshot_id
+        try:
+            if await self.store.exists(meta_key):
+                return False  # written after the listing of metas (or past its page)
+            await self._finish_delete(summary)
+        except CheckpointError as exc:
+            log.warning(
+                "e2b snapshot %s: cut-short delete not finished: %s", summary.snapshot_id, exc
+            )
+            return True  # still deleted (no meta), only not cleaned up yet
+        log.info("e2b snapshot %s: a cut-short delete finished", summary.snapshot_id)
         return True

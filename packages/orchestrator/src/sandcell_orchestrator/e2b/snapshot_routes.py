@@ -16,6 +16,7 @@ from starlette.routing import BaseRoute, Route
 from .control_context import ControlContext, guarded, json_response, page_limit
 from .errors import E2bError, read_message
 from .saved import (
+    NAME_MAX_CHARS,
     SNAPSHOT_TAG,
     SnapshotMeta,
     SnapshotName,
@@ -49,9 +50,16 @@ class SnapshotRoutes:
             Route(one + "/snapshots", guarded(self.snapshot), methods=["POST"]),
             Route(one + "/fork", guarded(self.fork), methods=["POST"]),
             Route(prefix + "/snapshots", guarded(self.list_snapshots), methods=["GET"]),
-            # ``:path``: the SDK sends a name's ``/`` as ``%2F``, which arrives decoded.
+            # The SDK sends a namespaced name's ``/`` as ``%2F``, which arrives decoded:
+            # ``<slug>/<name>`` is a second route, not ``:path`` (which matches
+            # ``/templates/`` too, so Starlette redirected ``/templates`` there).
             Route(
-                prefix + "/templates/{template_id:path}",
+                prefix + "/templates/{template_id}",
+                guarded(self.delete_snapshot),
+                methods=["DELETE"],
+            ),
+            Route(
+                prefix + "/templates/{slug}/{template_id}",
                 guarded(self.delete_snapshot),
                 methods=["DELETE"],
             ),
@@ -64,6 +72,7 @@ class SnapshotRoutes:
         name, tag = None, SNAPSHOT_TAG
         if message.name is not None:
             parsed = _snapshot_name(message.name, self._context.owner(request), "Invalid name")
+            _check_new_name(parsed)
             name, tag = parsed.alias, parsed.tag or SNAPSHOT_TAG
         sandbox = await self._context.one(request)
         meta = await self._context.sandboxes().snapshot(sandbox, name=name, tag=tag)
@@ -123,6 +132,8 @@ class SnapshotRoutes:
         another tenant's alike; a templateID that is no E2B name is E2B's 400."""
         owner = self._context.owner(request)
         raw = str(request.path_params["template_id"])
+        if "slug" in request.path_params:
+            raw = f"{request.path_params['slug']}/{raw}"
         snapshots = self._context.sandboxes().snapshots
         bare = snapshot_ref(raw)
         if bare is not None and await snapshots.delete(owner, bare):
@@ -175,6 +186,20 @@ def _snapshot_name(raw: str, owner: str, what: str) -> SnapshotName:
             f"namespace '{name.namespace[:80]}' must match your team '{slug}'",
         )
     return name
+
+
+def _check_new_name(name: SnapshotName) -> None:
+    """E2B's 400 for a new snapshot's name or tag past ``NAME_MAX_CHARS``, before any
+    copy: a longer one made a meta past its cap, a 500 after the whole workspace copy.
+    Only new names are held to it: a longer one stored before still lists and deletes."""
+    for what, value in (("name", name.alias), ("tag", name.tag or "")):
+        if len(value) > NAME_MAX_CHARS:
+            raise E2bError(
+                400,
+                "bad_request",
+                f"Invalid name: the {what} is {len(value)} characters, at most"
+                f" {NAME_MAX_CHARS} are allowed",
+            )
 
 
 def _snapshot_page_key(token: str) -> tuple[int, str] | None:

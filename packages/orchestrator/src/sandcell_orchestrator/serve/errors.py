@@ -58,6 +58,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "Endpoint",
     "PayloadTooLargeError",
+    "allowed_methods",
     "answered",
     "error_response",
     "explained",
@@ -319,14 +320,14 @@ async def http_error_response(request: Request, exc: Exception) -> Response:
         own = not request.url.path.startswith(_OTHER_SURFACES)
         code = ErrorCode.METHOD_NOT_ALLOWED if own else ErrorCode.BAD_REQUEST
         response = error_response(405, code, "method not allowed")
-        allowed = _allowed_methods(request) or (exc.headers or {}).get("Allow")
+        allowed = allowed_methods(request) or (exc.headers or {}).get("Allow")
         if allowed:
             response.headers["Allow"] = allowed
         return response
     return error_response(exc.status_code, ErrorCode.BAD_REQUEST, "bad request")
 
 
-def _allowed_methods(request: Request) -> str | None:
+def allowed_methods(request: Request) -> str | None:
     """What the app's routes of this path take. Starlette's own ``Allow`` names only the
     first route of the path, and one path may have a route per method (``egress``)."""
     router = getattr(request.scope.get("app"), "router", None)

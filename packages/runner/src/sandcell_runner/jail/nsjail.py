@@ -107,8 +107,10 @@ class Jail:
                 # Unchanged limits: a counter reset, cheaper inline than a thread hop.
                 cgroup.begin(memory_bytes=memory, pids=pids)
             else:
-                cgroup = await asyncio.to_thread(
-                    self._cgroups.acquire, key, memory_bytes=memory, pids=pids
+                # To its end: a cancelled job's thread would go on making the cgroup
+                # (and opening its descriptors) after the slot was retired below.
+                cgroup = await to_thread_to_the_end(
+                    functools.partial(self._cgroups.acquire, key, memory_bytes=memory, pids=pids)
                 )
             try:
                 return await self._run_in(spec, cgroup, on_output)
@@ -116,14 +118,17 @@ class Jail:
                 # Nothing may outlive the job into the slot's next job. Usually nothing
                 # is left (the pid namespace died with nsjail): one read says so.
                 if cgroup.signal_leftovers():
-                    await asyncio.to_thread(cgroup.kill_all)
+                    await to_thread_to_the_end(cgroup.kill_all)
                 settled = True
         finally:
-            # A cancellation during the acquire or the kill leaves its thread running
-            # on this slot's cgroup: the slot is retired rather than handed to a job
-            # that thread could race or kill.
             if settled:
                 heapq.heappush(self._idle_slots, slot)
+            else:
+                # Cancelled (or failed) in the acquire or the kill: what is left in the
+                # slot's cgroup is unknown, so the slot is retired, never handed to the
+                # next job; its cgroup and held descriptors go now (no thread of this
+                # job runs on it any more: both hops above wait for theirs).
+                await to_thread_to_the_end(functools.partial(self._cgroups.retire, key))
 
     def _new_slot(self) -> int:
         self._slots_made += 1
@@ -169,10 +174,11 @@ class Jail:
         # (inotify instances and watches, namespaces, fanotify groups) to it in
         # the initial namespace instead of to root, whom every job would share.
         as_job_user = self._as_job_user or (self._nsjail is None and os.geteuid() == 0)
-        tasks = cgroup.thread_join_paths() if cgroup is not None else None
-        cgroup_fds: list[int] = []
-        if cgroup is not None and tasks is None:
-            # v2 has no tasks files: the child writes 0 to cgroup.procs descriptors.
+        cgroup_fds = cgroup.join_fds() if cgroup is not None else None
+        if cgroup is not None and cgroup_fds is None:
+            # v2 has no tasks files: the child writes 0 to cgroup.procs descriptors,
+            # opened per job (untested here for holding; its join's threadgroup lock
+            # costs more than the open).
             cgroup_fds = cgroup.open_procs_fds()
             close_after += cgroup_fds
         return SpawnRequest(
@@ -183,8 +189,7 @@ class Jail:
             env=self._spawn_env(spec),
             cwd=str(spec.workspace) if self._nsjail is None else None,
             pass_fds=pass_fds,
-            cgroup_fds=cgroup_fds,
-            cgroup_tasks=tasks,
+            cgroup_fds=cgroup_fds or (),
             user=spec.uid if as_job_user else None,
             group=spec.gid if as_job_user else None,
             netns_fd=spec.netns_fd,

@@ -106,25 +106,41 @@ class _SandcellProgrammatic:
 """
 
 
-# The shell side of a tool call (bash builtins but mkfifo/cat/rm): the request (name, a
-# newline, the argument as given) goes in a file beside the reply FIFO, and only the
-# FIFO's path on the pipe, so calls from background jobs never interleave on it. The
-# reply is "ok" or "error", a newline, then the result (stdout) or the message (stderr).
+# The shell side of a tool call. Each tool is a function named by ``bash_name``, so any
+# word of that shape may be one (``cat``, ``read``, ``printf``, ``builtin``, ``command``,
+# ``break``, ...), and bash looks functions up before builtins: a helper calling such a
+# word called the tool instead (eight such tools "completed" with every result empty,
+# ``mkfifo`` recursed until bash crashed). So the helper is named with a ``-`` (which no
+# ``bash_name`` has) and uses only what no function can shadow: reserved words and
+# ``[[ ]]``, the words ``bash_name`` suffixes (``local``, ``readonly``; no ``return``,
+# no ``break``), assignments, redirections, ``$(<file)`` (bash reads the file itself,
+# no command), and programs by the absolute paths found before any tool was defined.
+# The request (the tool's bash name, a newline, the argument as given, a newline) goes
+# in a file beside the reply FIFO, and only the FIFO's path on the pipe, so calls from
+# background jobs never interleave on it; the reply is the result in a file beside it,
+# then "ok" or "error" on the FIFO (the result goes to stdout, the message to stderr).
 _BASH_PRELUDE = r"""
-_sc_ptc_call() {
-  local _sc_fifo _sc_status
-  while :; do
+readonly _sc_ptc_cat="$(type -P cat)" _sc_ptc_mkfifo="$(type -P mkfifo)" _sc_ptc_rm="$(type -P rm)"
+sc-ptc-call() {
+  local _sc_fifo="" _sc_status=error _sc_tries=0
+  while [[ -z $_sc_fifo ]] && (( _sc_tries++ < 100 )); do
     _sc_fifo="$SC_PTC_DIR/r.$BASHPID.$RANDOM$RANDOM"
-    mkfifo -m 600 "$_sc_fifo" 2>/dev/null && break
+    "$_sc_ptc_mkfifo" -m 600 -- "$_sc_fifo" 2>/dev/null || _sc_fifo=""
   done
-  printf '%s\n%s' "$1" "${2-}" > "$_sc_fifo.in"
-  printf '%s\n' "$_sc_fifo" >&"$SC_PTC_FD"
-  {
-    IFS= read -r _sc_status
-    if [ "$_sc_status" = ok ]; then cat; else cat >&2; fi
-  } < "$_sc_fifo"
-  rm -f "$_sc_fifo" "$_sc_fifo.in"
-  [ "$_sc_status" = ok ]
+  if [[ -z $_sc_fifo ]]; then
+    "$_sc_ptc_cat" >&2 <<<"sandcell: no place for a tool call's reply in $SC_PTC_DIR"
+  else
+    "$_sc_ptc_cat" > "$_sc_fifo.in" <<<"$1"$'\n'"${2-}"
+    "$_sc_ptc_cat" >&"$SC_PTC_FD" <<<"$_sc_fifo"
+    _sc_status=$(<"$_sc_fifo")
+    if [[ $_sc_status == ok ]]; then
+      "$_sc_ptc_cat" -- "$_sc_fifo.out"
+    else
+      "$_sc_ptc_cat" -- "$_sc_fifo.out" >&2
+    fi
+    "$_sc_ptc_rm" -f -- "$_sc_fifo" "$_sc_fifo.in" "$_sc_fifo.out"
+  fi
+  [[ $_sc_status == ok ]]
 }
 """
 
@@ -132,7 +148,7 @@ _sc_ptc_call() {
 # and the decoding of results); the same rounds as _SandcellProgrammatic.
 BASH_RUNTIME = (
     r"""
-import os as _sc_os, shlex as _sc_shlex, subprocess as _sc_subprocess, tempfile as _sc_tempfile
+import os as _sc_os, subprocess as _sc_subprocess, tempfile as _sc_tempfile
 
 _SC_BASH_PRELUDE = """
     + repr(_BASH_PRELUDE)
@@ -148,10 +164,9 @@ class _SandcellBashProgrammatic:
         self.out = []
         self.err = []
         self.dir = _sc_tempfile.mkdtemp(prefix="sandcell-ptc-")
-        functions = "".join(
-            "%s() { _sc_ptc_call %s \"$@\"; }\n" % (name, _sc_shlex.quote(original))
-            for name, original in tools.items()
-        )
+        self.tools = dict(tools)
+        # By its bash name (an identifier: no quoting, no newline in the request).
+        functions = "".join('%s() { sc-ptc-call %s "$@"; }\n' % (name, name) for name in tools)
         read_end, write_end = _sc_os.pipe()
         env = dict(_sc_os.environ, SC_PTC_DIR=self.dir, SC_PTC_FD=str(write_end))
         self.process = _sc_subprocess.Popen(
@@ -182,8 +197,14 @@ class _SandcellBashProgrammatic:
                 fifo = line.rstrip("\n")
                 try:
                     with open(fifo + ".in", "r", encoding="utf-8", errors="replace") as f:
-                        name, _, argument = f.read().partition("\n")
+                        request = f.read()
                 except OSError:
+                    continue
+                # The here-string's own newline ends it.
+                bash, _, argument = request.removesuffix("\n").partition("\n")
+                name = self.tools.get(bash)
+                if name is None:
+                    self._reply(fifo, "error", "no tool is named %r\n" % bash[:80])
                     continue
                 value = _sandcell_decode(argument) if argument.strip() else {}
                 with self.lock:
@@ -195,8 +216,11 @@ class _SandcellBashProgrammatic:
     def _reply(self, fifo, status, text):
         def write():
             try:
-                with open(fifo, "w", encoding="utf-8", errors="replace") as f:
-                    f.write(status + "\n" + text)
+                with open(fifo + ".out", "w", encoding="utf-8", errors="replace") as f:
+                    f.write(text)
+                # Opening the FIFO waits for the call's read of it: the result is whole.
+                with open(fifo, "w", encoding="utf-8") as f:
+                    f.write(status)
             except OSError:
                 pass
         _sc_threading.Thread(target=write, daemon=True).start()
