@@ -19,7 +19,7 @@ from joserfc.errors import SecurityWarning
 from joserfc.jwk import OKPKey
 
 from sandcell_orchestrator.serve.errors import MAX_BODY_BYTES
-from sandcell_orchestrator.serve.librechat.routes import BODY_KEY_MAX_BYTES
+from sandcell_orchestrator.serve.librechat.exec_routes import BODY_KEY_MAX_BYTES
 from tests.librechat.conftest import ED_KEY, KEY_A, RSA_KEY, Driver, Serve, running_serve
 
 STRANGER = OKPKey.generate_key("Ed25519")

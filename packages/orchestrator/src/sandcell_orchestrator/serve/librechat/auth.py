@@ -5,7 +5,7 @@
   ``LIBRECHAT_CODE_API_KEY``: all against ``SANDCELL_API_KEYS``; the key's
   namespace is the tenant. The key is never logged, echoed or kept. Headers are
   checked first; only a call they do not authenticate has its body read for a key,
-  and then at most ``BODY_KEY_MAX_BYTES`` of it (``routes.py``).
+  and then at most ``BODY_KEY_MAX_BYTES`` of it (``exec_routes.py``).
 - ``Authorization: Bearer <JWT>`` signed by LibreChat (``jwt.py``): the token's user is
   the caller's user, and its ``tenant_id`` picks the namespace (``jwt_tenant_namespace``):
   ``SANDCELL_LIBRECHAT_JWT_NAMESPACE`` for LibreChat's single tenant (``legacy``, or no

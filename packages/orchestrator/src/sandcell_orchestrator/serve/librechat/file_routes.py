@@ -1,8 +1,8 @@
 """The file routes of ``/librechat/v1``: upload, download, object info, listing, delete.
 
-``FileRoutes`` is a base class of ``LibreChatApi`` (``routes.py``), which gives it
-its ``auth``, ``settings``, ``files`` (the ``InputStore`` behind ``files.py``) and
-id generator; every lookup is scoped to the caller's namespace, and a file that is
+``FileRoutes`` works on the API's shared state (``api.py``): its ``auth``,
+``settings``, ``files`` (the ``InputStore`` behind ``files.py``) and id
+generator; every lookup is scoped to the caller's namespace, and a file that is
 absent, another tenant's or another user's answers alike (``FileNotVisibleError``).
 """
 
@@ -18,6 +18,7 @@ from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import JSON_MEDIA_TYPE, PayloadTooLargeError, form_of
 from ..headers import content_disposition
+from .api import LibreChatApi
 from .auth import Caller, LibreChatAuth
 from .errors import FileNotVisibleError
 from .files import FileMeta, LibreChatFiles, Viewer, visible
@@ -32,19 +33,21 @@ _KINDS = frozenset({"user", "agent", "skill"})
 
 
 class FileRoutes:
-    """The file routes; ``LibreChatApi`` provides what they use."""
+    """The file routes on the API's shared state."""
 
-    settings: LibreChatSettings
-    auth: LibreChatAuth
+    def __init__(self, api: LibreChatApi) -> None:
+        self._api = api
+        self.settings: LibreChatSettings = api.settings
+        self.auth: LibreChatAuth = api.auth
 
     @property
     def files(self) -> LibreChatFiles:
-        """Where files are kept (``LibreChatApi`` gives it)."""
-        raise NotImplementedError
+        """Where files are kept (resolved on first use, as the API's services are)."""
+        return self._api.files
 
     def new_id(self) -> str:
-        """A fresh nanoid (``LibreChatApi`` gives it)."""
-        raise NotImplementedError
+        """A fresh nanoid (the API's generator)."""
+        return self._api.new_id()
 
     async def upload(self, request: Request) -> Response:
         return await self._upload(request, batch=False)

@@ -55,13 +55,15 @@ from ...errors import SandboxError, SandboxNotFoundError
 from ...handle import SandboxHandle
 from ...sessions.execution import Identity
 from ..errors import JSON_MEDIA_TYPE, read_body
+from .api import LibreChatApi
 from .auth import Caller
+from .delivery import keep_outputs, kept_outputs
 from .errors import librechat_json
 from .ids import new_nanoid
+from .inputs import ResolvedInput, refs_of, resolve_inputs
 from .outputs import KeptOutputs, deleted_inputs
 from .programmatic_runtime import BASH_RUNTIME, RUNTIME, bash_name, python_name
 from .programmatic_wire import CancelBody, ProgrammaticBody, ToolResult
-from .routes import LibreChatApi, ResolvedInput
 
 __all__ = [
     "MAX_ROUND_TRIPS",
@@ -190,7 +192,7 @@ class Programmatic:
         if hint is None:
             hint = f"ptc-{new_nanoid()}"
         validate_hint(hint)
-        inputs = await api.resolve_inputs(caller, body.files)
+        inputs = await resolve_inputs(api.files, caller, body.files)
         run = _Run(
             namespace=caller.namespace,
             user=user,
@@ -200,7 +202,7 @@ class Programmatic:
             context_id=f"ptc-{new_nanoid()}",
             timeout_ms=max(1, round(api.timeout_s(body.timeout) * 1000)),
             inputs=inputs,
-            kept=api.kept_outputs(inputs),
+            kept=kept_outputs(api, inputs),
             expires_at=self._clock() + TOKEN_TTL_S,
             quiet_s=_BASH_QUIET_S if bash else _QUIET_S,
         )
@@ -213,7 +215,7 @@ class Programmatic:
             f"__sandcell_ptc__ = {kind}({body.code!r}, {tools!r})\n"
             f"__sandcell_ptc__.wait({run.quiet_s})"
         )
-        return await self._round(request, caller, run, cell, files=api.refs_of(inputs))
+        return await self._round(request, caller, run, cell, files=refs_of(inputs))
 
     async def _round(
         self, request: Request, caller: Caller, run: _Run, cell: str, *, files: list[Any]
@@ -263,8 +265,8 @@ class Programmatic:
         stderr = "".join(run.stderr)
         if state.get("state") == "done":
             session_id = api.new_id()
-            files, delivery = await api.keep_outputs(
-                caller, run.owner, session_id, list(run.outputs.values()), run.inputs, run.kept
+            files, delivery = await keep_outputs(
+                api, caller, run.owner, session_id, list(run.outputs.values()), run.inputs, run.kept
             )
             answer: dict[str, Any] = {
                 "status": "completed",
