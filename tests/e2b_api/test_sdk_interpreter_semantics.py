@@ -19,7 +19,9 @@ from e2b.exceptions import SandboxException, TimeoutException
 from e2b_code_interpreter import OutputMessage, Result, Sandbox
 from e2b_code_interpreter.models import ExecutionError
 
-from tests.e2b_api.conftest import E2bServe
+from tests.e2b_api.conftest import E2bServe, start_serve, stop_serve
+from tests.fixtures.paths import traversable_dir
+from tests.orchestrator.cli.conftest import stop_leftovers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -154,3 +156,27 @@ def test_a_context_has_its_own_cwd_and_variables(sbx: Sandbox) -> None:
         sbx.create_code_context(cwd="/etc")
     sbx.remove_code_context(context)
     sbx.remove_code_context(other)
+
+
+@pytest.fixture(scope="module")
+def short_jobs() -> Iterator[E2bServe]:
+    """A service whose runners give a sandcell job 1 s unless it asks for more."""
+    with traversable_dir("e2b-cells-") as base:
+        service = start_serve(base, env={"SANDCELL_RUNNER_TIMEOUT_MS": "1000"})
+        try:
+            yield service
+        finally:
+            stop_serve(service)
+            assert not stop_leftovers(service.runtime_dir)
+
+
+def test_a_cell_runs_past_the_runners_job_default(short_jobs: E2bServe) -> None:
+    """E2B's server sets a cell no limit of its own: a cell longer than the runner's
+    default for a job (1 s here) ends as written, within the SDK's ``timeout``."""
+    sandbox = Sandbox.create(**short_jobs.opts())
+    try:
+        execution = sandbox.run_code("import time\ntime.sleep(3)\n'slept'", timeout=120)
+        assert execution.error is None
+        assert execution.text == "slept"
+    finally:
+        sandbox.kill()

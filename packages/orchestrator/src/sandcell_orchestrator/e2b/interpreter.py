@@ -45,7 +45,7 @@ from .errors import E2bError, e2b_error_response, read_message
 from .interpreter_stream import NDJSON, Started, kept_stream, watched_stream
 from .sandboxes import E2bSandbox
 
-__all__ = ["INTERPRETER_PORT", "interpreter_route"]
+__all__ = ["CELL_TIMEOUT_MS", "INTERPRETER_PORT", "interpreter_route"]
 
 INTERPRETER_PORT = 49999
 _NDJSON = "application/x-ndjson"
@@ -61,6 +61,11 @@ have no context driver here and are refused by name."""
 _E2B_NAMES = {"python": "python", "node": "javascript"}
 """A runner context's language as E2B's server names it back (``Context.language``)."""
 _SERVED = "python, javascript (js)"
+CELL_TIMEOUT_MS = 3_600_000
+"""What a cell asks the runner for: E2B's server sets a cell no limit (the SDK's
+``timeout`` is the client's, and a client that goes interrupts its cell), so a cell
+runs to the runner's cap (``SANDCELL_RUNNER_MAX_TIMEOUT_MS``, 600 s by default), not
+to its default for a sandcell job (``SANDCELL_RUNNER_TIMEOUT_MS``, 30 s)."""
 _SURFACE = "e2b/execute"
 """The idempotency surface of ``/execute`` (keys are scoped by it, the tenant and sandbox)."""
 
@@ -216,7 +221,11 @@ async def execute(
         _known_shape(body.context_id)
     else:
         _language(body.language)
-    run = cx.ContextRun(code=body.code, env={**sandbox.env, **(body.env_vars or {})})
+    run = cx.ContextRun(
+        code=body.code,
+        timeout_ms=CELL_TIMEOUT_MS,
+        env={**sandbox.env, **(body.env_vars or {})},
+    )
     if idempotency is None or key is None:
         context_id = await _context_of(contexts, body)
         return await watched_stream(
