@@ -178,7 +178,7 @@ class RunnerClient(AppRoutes, TransferRoutes):
             session_id=session_id,
             message=request,
             read_timeout_s=read_s,
-            max_bytes=self._conn.caps.execute_bytes(request),
+            max_bytes=lambda caps: caps.execute_bytes(request),
         )
         return self._conn.decode(response, ExecuteResult)
 

@@ -157,7 +157,7 @@ class TransferRoutes:
     async def read_file(self, path: str, *, session_id: str) -> bytes:
         """``GET /v1/session/files/{path}``: a regular file's bytes."""
         response = await self._conn.request(
-            "GET", file_route(path), session_id=session_id, max_bytes=self._conn.caps.file_bytes
+            "GET", file_route(path), session_id=session_id, max_bytes=lambda caps: caps.file_bytes
         )
         if is_json(response):
             raise RunnerRequestError(
@@ -169,7 +169,7 @@ class TransferRoutes:
         """``GET /v1/session/files/{dir}``: the direct entries of a directory ("" = root)."""
         route = file_route(path, allow_root=True)
         response = await self._conn.request(
-            "GET", route, session_id=session_id, max_bytes=self._conn.caps.fs_bytes
+            "GET", route, session_id=session_id, max_bytes=lambda caps: caps.fs_bytes
         )
         if not is_json(response):
             raise RunnerRequestError(
