@@ -40,7 +40,7 @@ def test_what_runners_inherit_stays_out_of_the_repr(provider: dict[str, str]) ->
         "SANDCELL_RUNNER_WARMUP_COMMAND": f"pip download --index-url https://t:{secret}@pypi/",
     }
     settings = OrchestratorSettings.from_env(env)
-    runner_env = getattr(settings.provider, "runner_env")
+    runner_env = settings.provider.runner_env  # type: ignore[union-attr]
     assert runner_env["SANDCELL_RUNNER_WARMUP_COMMAND"] == env["SANDCELL_RUNNER_WARMUP_COMMAND"]
     for text in (repr(settings), repr(settings.provider), str(settings)):
         assert secret not in text
