@@ -51,7 +51,8 @@ from ..runner.port_forward import (
     stays_in_port_route,
     upstream_headers,
 )
-from .instances import AppInstances, Instance
+from .instance import Instance
+from .instances import AppInstances
 from .preview_log import Kind, UpstreamFailures
 
 __all__ = ["ACCESS_LOG_SECRET_PARAMETERS", "COOKIE_NAME", "PreviewProxy"]

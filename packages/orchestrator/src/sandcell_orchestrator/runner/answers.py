@@ -19,13 +19,14 @@ its own limit (``RemoteProtocolError``, mapped as every transport failure).
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
 
-from sandcell_protocol import ExecuteRequest
+from sandcell_protocol import ExecuteRequest, RunnerLimits
 
 from ..errors import RunnerAnswerError
 
@@ -47,8 +48,11 @@ DECODED_PIECE_BYTES = 64 << 10
 class AnswerCaps:
     """The largest answer of each kind a ``RunnerClient`` reads, from the runner's caps.
 
-    The runner-side fields mirror the runner's defaults (``sandcell_runner.config``);
-    a runner configured above them needs a client built with the same values.
+    The runner-side fields default to the runner's defaults (``sandcell_runner.config``).
+    The caps a client is built with are its ceiling: a runner that states its limits
+    (``Health.limits``, protocol 1.3) is read by caps that follow them, each at most
+    the ceiling's (``following``); one that states none, by the ceiling itself. A
+    runner configured above the ceiling needs a client built with a higher one.
     """
 
     stdout_bytes: int = 1 * MIB
@@ -71,6 +75,28 @@ class AnswerCaps:
     """An error body: its message is cut to 500 characters anyway."""
     event_line_bytes: int = 1 * MIB
     """One line of a process event stream (the runner reads output 64 KiB at a time)."""
+    max_timeout_ms: int = 600_000
+    """``SANDCELL_RUNNER_MAX_TIMEOUT_MS``: how long a run that names no time limit may
+    take (the read budget of its answer)."""
+
+    def following(self, limits: RunnerLimits) -> AnswerCaps:
+        """These caps as a runner that stated ``limits`` needs them, none above these.
+
+        A request's own output limits may reach the runner's maximum, so that, not
+        these caps' default, bounds the runner's stated default."""
+        max_stdout = min(limits.max_stdout_bytes, self.max_stdout_bytes)
+        max_stderr = min(limits.max_stderr_bytes, self.max_stderr_bytes)
+        return dataclasses.replace(
+            self,
+            stdout_bytes=min(limits.stdout_bytes, max_stdout),
+            stderr_bytes=min(limits.stderr_bytes, max_stderr),
+            max_stdout_bytes=max_stdout,
+            max_stderr_bytes=max_stderr,
+            output_scan_bytes=min(limits.output_scan_bytes, self.output_scan_bytes),
+            max_output_files=min(limits.max_output_files, self.max_output_files),
+            max_body_bytes=min(limits.max_body_bytes, self.max_body_bytes),
+            max_timeout_ms=min(limits.max_timeout_ms, self.max_timeout_ms),
+        )
 
     def execute_bytes(self, request: ExecuteRequest | None = None) -> int:
         """One ``ExecuteResult`` (the object, or the result line of a stream)."""

@@ -31,6 +31,7 @@ from sandcell_protocol import (
     PROTOCOL_VERSION,
     Health,
     ProtocolError,
+    RunnerLimits,
     check_compatible,
     decode,
     encode,
@@ -108,8 +109,11 @@ class RunnerConnection:
         self.base_url = str(url.copy_with(username=None, password=None, query=None))
         self._token = token
         self.timeout_s = timeout_s
+        self.ceiling = caps
+        """The most of each kind of answer this connection ever reads."""
         self.caps = caps
-        """How much of each kind of answer this connection reads (``answers.py``)."""
+        """How much of each kind of answer this connection reads (``answers.py``): the
+        ceiling, or what the runner's ``Health`` stated under it once it stated any."""
         self.clock = clock
         self._new_request_id = new_request_id
         self.redact = Redactor([token, headers.BEARER_PREFIX + token])
@@ -155,13 +159,15 @@ class RunnerConnection:
         read_timeout_s: float | None = None,
         stream: bool = False,
         any_status: bool = False,
-        max_bytes: int | None = None,
+        max_bytes: int | Callable[[AnswerCaps], int] | None = None,
         **kwargs: object,
     ) -> httpx.Response:
         """Build (validating first), check the protocol on first contact, send.
 
         ``any_status``: hand back a non-2xx answer instead of raising (the port proxy).
-        ``max_bytes``: the cap on this answer's body (``caps.answer_bytes`` if None).
+        ``max_bytes``: the cap on this answer's body (``caps.answer_bytes`` if None), or
+        how to take it from the caps once the first contact set them from the runner's
+        stated limits.
         """
         if not any_status:
             # Answers read here are bounded as they come; a compressed one would be
@@ -178,7 +184,8 @@ class RunnerConnection:
             **kwargs,
         )
         await self.ensure_compatible()
-        return await self.send(request, stream=stream, any_status=any_status, max_bytes=max_bytes)
+        cap = max_bytes(self.caps) if callable(max_bytes) else max_bytes
+        return await self.send(request, stream=stream, any_status=any_status, max_bytes=cap)
 
     def build_request(
         self,
@@ -323,6 +330,11 @@ class RunnerConnection:
                 f" speaks {PROTOCOL_VERSION!r} (protocol majors must match)"
             ) from None
         health = self.decode(response, Health)
+        # An older runner states none: its answers are read by the ceiling, as before.
+        stated = health.limits
+        self.caps = (
+            self.ceiling.following(stated) if isinstance(stated, RunnerLimits) else self.ceiling
+        )
         self._compatible = True
         return health
 

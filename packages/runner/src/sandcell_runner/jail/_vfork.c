@@ -1,4 +1,4 @@
-/* The spawn helper's vfork path: the whole child set-up of ``spawnd._child`` in C.
+/* The spawn helper's vfork path: the whole child set-up of ``spawnd_job.child`` in C.
  *
  * Why this exists (issue 21). The helper (``spawnd.py``) used to ``os.fork()`` itself
  * for every jailed process: the fork copies the page tables of a ~12 MiB Python, the
@@ -67,7 +67,7 @@
 #define SANDCELL_SYS_SETGROUPS SYS_setgroups
 #endif
 
-/* The step names of ``spawnd._child`` (the runner's error messages carry them). */
+/* The step names of ``spawnd_job.child`` (the runner's error messages carry them). */
 enum step {
     STEP_NONE = 0,
     STEP_SETUP,
@@ -310,7 +310,7 @@ int_array(PyObject *list, const char *what, Py_ssize_t *count)
 PyDoc_STRVAR(spawn_doc,
              "spawn(argv, envp, fds, targets, join_paths, join_fds, netns_fd, cwd, uid, gid,\n"
              "      setsid, parent) -> (pid, step, errno, index)\n\n"
-             "vfork, set up as spawnd._child does, and exec. (pid, '', 0, -1) once the child\n"
+             "vfork, set up as spawnd_job.child does, and exec. (pid, '', 0, -1) once the child\n"
              "exec'd; (0, step, errno, index) when a step failed (the child is reaped).");
 
 static PyObject *

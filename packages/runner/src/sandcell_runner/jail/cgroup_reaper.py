@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cgroups import CGROUP_ROOT, V1_ALL, JobCgroup
+from .cgroups import CGROUP_ROOT, V1_ALL
+from .job_cgroup import JobCgroup
 
 log = logging.getLogger(__name__)
 

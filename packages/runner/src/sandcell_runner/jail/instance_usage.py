@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cgroups import CgroupManager, keyed_value, read_pids
+from .cgroups import CgroupManager
+from .job_cgroup import keyed_value, read_pids
 
 __all__ = ["InstanceCounters", "InstanceUsage"]
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..cancelling import to_thread_to_the_end
-from .cgroups import JobCgroup
+from .job_cgroup import JobCgroup
 from .outcome import decode_status, warnings_only
 from .spawner import SpawnedProcess
 

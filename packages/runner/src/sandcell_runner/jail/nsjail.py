@@ -33,7 +33,8 @@ from ..cancelling import to_thread_to_the_end
 from ..errors import JailError
 from ..languages import JOB_DIR, WORKSPACE_DIR
 from .capture import DRAIN_INTERVAL_S, Capture, OutputCallback, discard, widen
-from .cgroups import CgroupManager, JobCgroup
+from .cgroups import CgroupManager
+from .job_cgroup import JobCgroup
 from .launched import LaunchedJob
 from .nsjail_config import MAX_CONFIG_BYTES, render_config
 from .outcome import (

@@ -13,7 +13,7 @@ import resource
 import signal
 from dataclasses import dataclass
 
-from .cgroups import JobCgroupStats
+from .job_cgroup import JobCgroupStats
 
 __all__ = [
     "JobOutcome",

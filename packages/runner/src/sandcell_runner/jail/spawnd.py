@@ -31,11 +31,11 @@ and a single thread moving itself skips the kernel's global threadgroup lock
 writes ``0`` to ``cgroup.procs`` descriptors the runner passed. (``join_paths``, files
 the child opens itself, is what a request without descriptors can name.)
 
-Two ways to start a child, the same steps in the same order either way (``_child``):
+Two ways to start a child, the same steps in the same order either way (``spawnd_job.child``):
 the ``_vfork`` extension (``_vfork.c``: the set-up in async-signal-safe C in a
 ``vfork()`` child, which shares this process's memory until it execs), or, when the
 runner passes none (it did not build, or ``SANDCELL_RUNNER_SPAWN_VFORK=0``) or it does
-not load, ``os.fork()`` and ``_child`` in Python. The vfork path costs less because the
+not load, ``os.fork()`` and ``child`` in Python. The vfork path costs less because the
 fork path copies this process's page tables, takes copy-on-write faults while the
 child's Python runs, and tears the copy down at exec. Measured (``scripts/bench_spawn.py``:
 500 spawns of ``/bin/true`` straight to the helper, 6 alternating pairs, 2 shared
@@ -61,8 +61,6 @@ to the helper, 6 alternating pairs): helper CPU per spawn 0.85 -> 0.74 ms median
 from __future__ import annotations
 
 import array
-import ctypes
-import fcntl
 import marshal
 import os
 import resource
@@ -72,6 +70,15 @@ import socket
 import sys
 
 TYPE_CHECKING = False
+if TYPE_CHECKING or __package__:  # imported by the runner (for its constants), and mypy
+    from .spawnd_job import PR_SET_PDEATHSIG, Job, child, env_entry, libc
+else:
+    # Run as the helper (``python -I -S spawnd.py``): no package and no ``sys.path`` of
+    # the runner's, so its one sibling is found beside it; appended, so nothing there
+    # shadows the standard library.
+    sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+    from spawnd_job import PR_SET_PDEATHSIG, Job, child, env_entry, libc
+
 if TYPE_CHECKING:  # (``typing`` itself would bring ``re`` into the helper)
     from collections.abc import Callable
 
@@ -94,146 +101,9 @@ if TYPE_CHECKING:  # (``typing`` itself would bring ``re`` into the helper)
     ]
     """``_vfork.spawn`` (see ``_vfork.pyi``)."""
 
-_PR_SET_PDEATHSIG = 1
-_CLONE_NEWNET = 0x40000000
 MAX_FDS = 32
 """Descriptors one request may carry (stdio, the configuration, the log, a namespace, cgroups)."""
 MAX_MESSAGE_BYTES = 256 * 1024
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _fail(errpipe: int, step: str, exc: BaseException) -> None:
-    code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
-    try:
-        os.write(errpipe, f"{step}:{code}:{exc}"[:400].encode("utf-8", "replace"))
-    finally:
-        os._exit(127)
-
-
-class Job:
-    """A spawn request, checked before the fork (the child only acts on it)."""
-
-    __slots__ = (
-        "argv",
-        "cwd",
-        "env",
-        "gid",
-        "join_fds",
-        "join_paths",
-        "netns",
-        "quiet",
-        "seq",
-        "setsid",
-        "targets",
-        "uid",
-    )
-
-    def __init__(self, request: dict[str, object], fd_count: int) -> None:
-        self.seq = _int(request["seq"])
-        self.argv = [str(arg) for arg in _list(request["argv"])]
-        env = request["env"]
-        if not isinstance(env, dict) or not self.argv:
-            raise ValueError("bad request")
-        self.env = {str(key): str(value) for key, value in env.items()}
-        # The first descriptors go to these numbers in the child; the rest (cgroup
-        # files, a namespace) are used before exec and not inherited.
-        self.targets = [_int(fd) for fd in _list(request["targets"])]
-        if len(self.targets) > fd_count or min(self.targets, default=0) < 0:
-            raise ValueError("more targets than descriptors")
-        self.join_paths = [str(path) for path in _list(request.get("join_paths", []))]
-        self.join_fds = [_index(i, fd_count) for i in _list(request.get("join_fds", []))]
-        netns = request.get("netns")
-        self.netns = None if netns is None else _index(netns, fd_count)
-        cwd = request.get("cwd")
-        self.cwd = None if cwd is None else str(cwd)
-        uid, gid = request.get("uid"), request.get("gid")
-        self.uid = None if uid is None else _id(uid)
-        self.gid = self.uid if gid is None else _id(gid)
-        self.setsid = bool(request.get("setsid", True))
-        self.quiet = bool(request.get("quiet", False))
-        """Answer only a failure; the exit names the request (``SpawnHelper.start``)."""
-
-
-def _int(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError("not an integer")
-    return value
-
-
-def _id(value: object) -> int:
-    """A UID or GID: 32 bits, and not (uid_t) -1, which means "leave it" to setresuid."""
-    number = _int(value)
-    if not 0 <= number < 0xFFFFFFFF:
-        raise ValueError("uid or gid out of range")
-    return number
-
-
-def _list(value: object) -> list[object]:
-    if not isinstance(value, list):
-        raise TypeError("not a list")
-    return value
-
-
-def _index(value: object, count: int) -> int:
-    index = _int(value)
-    if not 0 <= index < count:
-        raise ValueError("descriptor index out of range")
-    return index
-
-
-def _check(result: int) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _child(job: Job, fds: list[int], errpipe: int, parent: int) -> None:
-    """In the forked child: set up, then exec. Never returns."""
-    step = "setup"
-    try:
-        # Python ignores these; an ignored disposition survives exec (as subprocess resets).
-        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(signum, signal.SIG_DFL)
-        if job.setsid:
-            step = "setsid"
-            os.setsid()
-        if job.netns is not None:
-            step = "setns"
-            _check(_libc.setns(fds[job.netns], _CLONE_NEWNET))
-        step = "cgroup"
-        for path in job.join_paths:
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            os.write(fd, b"0")
-            os.close(fd)
-        for index in job.join_fds:
-            os.write(fds[index], b"0")
-        if job.cwd is not None:
-            step = "chdir"
-            os.chdir(job.cwd)
-        # Descriptors go to the numbers the runner gave them (its argv names them):
-        # everything first above every target, so no dup2 clobbers a source.
-        step = "fds"
-        base = max([*job.targets, *fds, errpipe, 2]) + 1
-        errpipe = fcntl.fcntl(errpipe, fcntl.F_DUPFD_CLOEXEC, base)
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for fd in fds[: len(job.targets)]]
-        for source, target in zip(high, job.targets, strict=True):
-            os.dup2(source, target, inheritable=True)
-        if job.uid is not None and job.gid is not None:
-            step = "setuid"
-            os.setgroups([])
-            os.setresgid(job.gid, job.gid, job.gid)
-            os.setresuid(job.uid, job.uid, job.uid)
-        # After the UID switch, which clears it; then make sure the helper did not
-        # die before it was set (the signal would never come).
-        step = "pdeathsig"
-        _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0))
-        if os.getppid() != parent:
-            os._exit(126)
-        step = "exec"
-        os.execve(job.argv[0], job.argv, job.env)  # noqa: S606 (argv is the runner's own)
-    except BaseException as exc:
-        _fail(errpipe, step, exc)
 
 
 class Helper:
@@ -312,7 +182,7 @@ class Helper:
             return
         if pid == 0:
             os.close(read_end)
-            _child(job, fds, write_end, self.pid)
+            child(job, fds, write_end, self.pid)
         os.close(write_end)
         # EOF on the pipe once the child has exec'd (it is close-on-exec). Waited for
         # in the poll loop, not here: a child the scheduler is slow to run (a loaded
@@ -326,11 +196,11 @@ class Helper:
         self.poller.register(read_end, select.POLLIN)
 
     def spawn_vfork(self, vfork: VforkSpawn, job: Job, fds: list[int]) -> None:
-        """``_child``'s steps in C in a vfork child: done (exec'd or failed) on return."""
+        """``child``'s steps in C in a vfork child: done (exec'd or failed) on return."""
         try:
             # What os.execve refuses, refused the same way (before any child exists).
             argv = [os.fsencode(arg) for arg in job.argv]
-            envp = [_env_entry(key, value) for key, value in job.env.items()]
+            envp = [env_entry(key, value) for key, value in job.env.items()]
             answer = vfork(
                 argv,
                 envp,
@@ -350,7 +220,7 @@ class Helper:
             return
         pid, step, code, index = answer
         if step:
-            # The message _child's OSError would have made (the runner shows it).
+            # The message child's OSError would have made (the runner shows it).
             filename = {"exec": job.argv[0], "chdir": job.cwd}.get(step)
             if step == "cgroup" and 0 <= index < len(job.join_paths):
                 filename = job.join_paths[index]
@@ -453,12 +323,6 @@ def _receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     return data, list(fds)
 
 
-def _env_entry(key: str, value: str) -> bytes:
-    if not key or "=" in key:
-        raise ValueError("illegal environment variable name")
-    return os.fsencode(key) + b"=" + os.fsencode(value)
-
-
 def _load_vfork(path: str) -> VforkSpawn | None:
     """``spawn`` of the ``_vfork`` extension at ``path``; None if it does not load.
 
@@ -499,7 +363,7 @@ def main(argv: list[str]) -> int:
     _forget_inherited_ignores()
     sock = socket.socket(fileno=int(argv[1]))
     os.set_inheritable(sock.fileno(), False)  # inherited from the runner: not the children's
-    if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         return 1
     if os.getppid() != int(argv[2]):  # the runner died before the death signal was set
         return 1
