@@ -81,9 +81,11 @@ class RunnerAnswerError(SandboxUnavailableError):
 
 
 class AnswerTooLargeError(RunnerAnswerError):
-    """A runner's answer went past its cap in bytes (``cap``)."""
+    """A runner's answer went past its cap in bytes (``cap``; None: not known)."""
 
-    def __init__(self, message: str, *, cap: int, public_detail: str | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, cap: int | None = None, public_detail: str | None = None
+    ) -> None:
         super().__init__(message, public_detail=public_detail)
         self.cap = cap
 

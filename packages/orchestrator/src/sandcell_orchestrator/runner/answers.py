@@ -214,10 +214,10 @@ def past_ceiling(
     the ceiling holds lower (``beyond``) a stated limit that sets this kind of answer's
     cap: a file's, its largest body; a run's, its output, scanned files and file count;
     an error body's or any other answer's, none. None: ``exc`` stands as it is."""
-    if isinstance(exc, AnswerCeilingError) or exc.cap in (
-        caps.error_bytes,
-        caps.answer_bytes,
-        caps.event_line_bytes,
+    if (
+        isinstance(exc, AnswerCeilingError)
+        or exc.cap is None
+        or exc.cap in (caps.error_bytes, caps.answer_bytes, caps.event_line_bytes)
     ):
         return None
     file_cap = exc.cap in (caps.file_bytes, caps.fs_bytes)
