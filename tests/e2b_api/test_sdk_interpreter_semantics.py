@@ -154,6 +154,9 @@ def test_a_context_has_its_own_cwd_and_variables(sbx: Sandbox) -> None:
     assert sbx.run_code("'only_here' in dir()", context=other).text == "False"
     with pytest.raises(SandboxException, match=r"400.*only /home/user"):
         sbx.create_code_context(cwd="/etc")
+    # A missing directory is named as the caller gave it.
+    with pytest.raises(SandboxException, match=r"400.*'/home/user/missing' is not a directory"):
+        sbx.create_code_context(cwd="/home/user/missing")
     sbx.remove_code_context(context)
     sbx.remove_code_context(other)
 

@@ -269,7 +269,14 @@ async def create_context(request: Request, sandbox: E2bSandbox) -> Response:
         except ProtocolError as exc:
             raise E2bError(400, "invalid_path", str(exc)) from None
     create = cx.ContextCreate(language=_language(body.language), cwd=cwd)
-    return _json(_context(await _create(_Contexts(sandbox), create)))
+    try:
+        return _json(_context(await _create(_Contexts(sandbox), create)))
+    except RunnerRequestError as exc:
+        if exc.code != "invalid_path" or not body.cwd:
+            raise
+        # The runner names the workspace's own path; the caller gave this one.
+        message = f"cwd {body.cwd[:200]!r} is not a directory of the sandbox"
+        raise E2bError(400, "invalid_path", message) from None
 
 
 async def list_contexts(_request: Request, sandbox: E2bSandbox) -> Response:
