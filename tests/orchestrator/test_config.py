@@ -26,6 +26,27 @@ def test_the_defaults_are_the_embedded_stack() -> None:
 
 
 @pytest.mark.parametrize(
+    "provider", [{}, {"SANDCELL_PROVIDER": "docker", "SANDCELL_DOCKER_IMAGE": "runner:1"}]
+)
+def test_what_runners_inherit_stays_out_of_the_repr(provider: dict[str, str]) -> None:
+    """The variables passed through to every runner can hold credentials (a warmup
+    command's index token, a local runner's file server user info): they reach the
+    runner, not a repr."""
+    secret = "inherit-S3CR3T-41d0"
+    env = {
+        **HOME,
+        **provider,
+        "SANDCELL_FILE_SERVER_URL": f"http://puller:{secret}@files.internal",
+        "SANDCELL_RUNNER_WARMUP_COMMAND": f"pip download --index-url https://t:{secret}@pypi/",
+    }
+    settings = OrchestratorSettings.from_env(env)
+    runner_env = settings.provider.runner_env  # type: ignore[union-attr]
+    assert runner_env["SANDCELL_RUNNER_WARMUP_COMMAND"] == env["SANDCELL_RUNNER_WARMUP_COMMAND"]
+    for text in (repr(settings), repr(settings.provider), str(settings)):
+        assert secret not in text
+
+
+@pytest.mark.parametrize(
     ("name", "settings_type", "extra"),
     [
         ("local", LocalSettings, {}),
