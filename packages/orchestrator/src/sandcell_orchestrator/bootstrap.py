@@ -96,7 +96,7 @@ async def open_services(
         stack.push_async_callback(store.close)
         registry = open_registry(settings)
         stack.push_async_callback(registry.close)
-        provider = open_provider(settings.provider)
+        provider = open_provider(settings.provider, answer_caps=settings.answer_caps)
         stack.push_async_callback(provider.close)
         # With S3, inputs live beside the checkpoints so that every process sees them.
         inputs: InputStore = (
