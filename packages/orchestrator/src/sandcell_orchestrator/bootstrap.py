@@ -122,6 +122,7 @@ async def open_services(
             inputs=inputs,
             keep_warm=keep_warm,
             checkpoint_retry_s=settings.checkpoint_retry_s,
+            max_warm_per_tenant=settings.max_warm_sessions,
         )
         yield Services(
             settings=settings,

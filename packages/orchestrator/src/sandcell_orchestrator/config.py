@@ -153,6 +153,9 @@ class OrchestratorSettings:
     """``SANDCELL_CHECKPOINT_RETRY_S``: how long a turn retries a failed checkpoint (0: once)."""
     idle_timeout_s: float = 1800.0
     sweep_interval_s: float = 60.0
+    max_warm_sessions: int = 64
+    """``SANDCELL_MAX_WARM_SESSIONS``: warm session sandboxes one tenant may hold on a
+    worker; past it, the tenant's least recently used one is suspended."""
     log_level: LogLevel | None = None
     """``SANDCELL_LOG_LEVEL``: the process's logging level; None: the command's own
     (``info`` for ``sandcell serve``, ``warning`` for the others)."""
@@ -241,6 +244,7 @@ class OrchestratorSettings:
             checkpoint_retry_s=read.number("SANDCELL_CHECKPOINT_RETRY_S", 10.0, minimum=0),
             idle_timeout_s=read.number("SANDCELL_IDLE_TIMEOUT_S", 1800.0),
             sweep_interval_s=read.number("SANDCELL_SWEEP_INTERVAL_S", 60.0),
+            max_warm_sessions=read.integer("SANDCELL_MAX_WARM_SESSIONS", 64, minimum=1),
             log_level=read.parse("SANDCELL_LOG_LEVEL", None, _log_level),
             serve=serve,
             apps=_apps(env, serve),
