@@ -65,3 +65,21 @@ async def test_retired_samples_are_bounded_in_count_and_time(tmp_path: Path) -> 
     assert await history.read_killed("tenant-a", ids[2]) == []
     assert await history.reap_killed("tenant-a") == 2
     assert await store.list("e2b-metrics-killed/") == []
+
+
+async def test_the_sweep_reaps_every_tenants_expired_samples(tmp_path: Path) -> None:
+    """A tenant that kills no more sandboxes has its retired samples deleted past the
+    retention too (``reap_expired``, paged through the whole killed prefix)."""
+    store = DirectorySnapshotStore(tmp_path)
+    clock = [time.time()]
+    history = MetricsHistory(store, retain_killed_s=100, wall_clock=lambda: clock[0])
+    old = [(tenant, c * 20) for tenant, c in (("tenant-a", "a"), ("tenant-b", "b"))]
+    for tenant, sandbox in [*old, ("tenant-a", "c" * 20)]:
+        await history.retire(tenant, sandbox, [_sample(clock[0])])
+    for tenant, sandbox in old:  # written long ago, and no kill of theirs since
+        written = clock[0] - 150
+        os.utime(tmp_path / history.killed_key(tenant, sandbox), (written, written))
+    assert await history.reap_expired() == 2
+    assert [e.key for e in await store.list("e2b-metrics-killed/")] == [
+        history.killed_key("tenant-a", "c" * 20)
+    ]

@@ -72,7 +72,7 @@ def test_contexts_create_list_restart_remove(sbx: Sandbox) -> None:
     ctx = sbx.create_code_context(cwd="/home/user")
     assert ctx.cwd == "/home/user"
     sbx.run_code("y = 'in ctx'", context=ctx)
-    assert sbx.run_code("y", context=ctx).text == "'in ctx'"
+    assert sbx.run_code("y", context=ctx).text == "in ctx"  # E2B's text: no quotes
     assert sbx.run_code("'y' in dir()").text == "False"  # the default context
     assert ctx.id in {c.id for c in sbx.list_code_contexts()}
 
@@ -124,7 +124,7 @@ def test_files_written_by_code_are_files_of_the_sandbox(sbx: Sandbox) -> None:
     sbx.run_code("open('from_code.txt', 'w').write('written by a cell')")
     assert sbx.files.read("/home/user/from_code.txt") == "written by a cell"
     sbx.files.write("/home/user/for_code.txt", "read by a cell")
-    assert sbx.run_code("open('/home/user/for_code.txt').read()").text == "'read by a cell'"
+    assert sbx.run_code("open('/home/user/for_code.txt').read()").text == "read by a cell"
 
 
 async def test_async_run_code(e2b_serve: E2bServe) -> None:

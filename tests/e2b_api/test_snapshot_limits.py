@@ -1,9 +1,10 @@
 """E2B snapshots at their limits, against a real ``sandcell serve``: the per-tenant cap
 (``SANDCELL_E2B_MAX_SNAPSHOTS``) holds when a tenant snapshots several sandboxes at
-once; a workspace past ``SANDCELL_CHECKPOINT_MAX_BYTES`` is a 413 for a snapshot, a
-fork and a pause (the sandbox runs on), and an auto-pause at the timeout kills the
-sandbox instead (as E2B ends it at its timeout); a create from a snapshot deleted while it was
-being made is the 404 of a deleted snapshot. None of them is a 500."""
+once; a workspace past ``SANDCELL_CHECKPOINT_MAX_BYTES``, or of more entries than a
+checkpoint holds, is a 413 for a snapshot, a fork and a pause (the sandbox runs on),
+and an auto-pause at the timeout kills the sandbox instead (as E2B ends it at its
+timeout); a create from a snapshot deleted while it was being made is the 404 of a
+deleted snapshot. None of them is a 500."""
 
 from __future__ import annotations
 
@@ -103,6 +104,39 @@ def test_a_workspace_past_the_checkpoint_cap_is_a_413_and_runs_on(capped: E2bSer
             detail = api.get(f"/sandboxes/{sandbox.sandbox_id}").json()
             assert detail["state"] == "running"
         assert sandbox.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        sandbox.kill()
+    assert "could not be restored" not in capped.log()
+
+
+def test_a_workspace_past_the_checkpoint_entries_is_a_413_and_runs_on(capped: E2bServe) -> None:
+    """200,000 hard links (no inode each: inside the workspace's inode and byte quotas)
+    are more entries than a checkpoint holds: a snapshot, a fork and a pause are each
+    413 ``payload_too_large`` saying so (they were 500 "the session's saved state could
+    not be restored", with an ERROR line), and the sandbox runs on."""
+    sandbox = Sandbox.create(**capped.opts())
+    try:
+        sandbox.files.write(
+            "links.py",
+            "import os\nos.mkdir('h')\nfor j in range(4):\n"
+            "    open(f'f{j}', 'w').write('x')\n"
+            "    for i in range(50_000): os.link(f'f{j}', f'h/{j}.{i}')\n",
+        )
+        sandbox.commands.run("python3 links.py", timeout=300)
+        with _api(capped) as api:
+            for route in ("snapshots", "fork", "pause"):
+                answer = api.post(f"/sandboxes/{sandbox.sandbox_id}/{route}", json={})
+                assert answer.status_code == 413, (route, answer.text)
+                error = answer.json()
+                assert error["error_code"] == "payload_too_large", error
+                assert (
+                    "cannot be saved (workspace has more than 200000 entries)" in (error["message"])
+                ), error
+                assert "/v1/" not in error["message"], error
+            assert api.get("/snapshots").json() == []
+            detail = api.get(f"/sandboxes/{sandbox.sandbox_id}").json()
+            assert detail["state"] == "running"
+        assert sandbox.commands.run("ls h | wc -l").stdout == "200000\n"
     finally:
         sandbox.kill()
     assert "could not be restored" not in capped.log()

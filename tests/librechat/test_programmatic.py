@@ -176,3 +176,36 @@ def test_a_programmatic_run_names_the_inputs_it_deleted(serve: Serve, driver: Dr
     assert done["ok"], done
     assert done["content"].startswith("stdout:\n12 ['kept.txt']"), done
     assert done["artifact"]["deleted_files"] == ["gone.txt"]
+
+
+def test_a_named_session_answers_its_id_and_status_which_the_client_echoes(
+    serve: Serve, driver: Driver
+) -> None:
+    """With the stateful profile's hint the completed answer carries runtime_session_id and
+    runtime_status (new, then reused), which the client echoes in its artifact beside
+    session_id; a run in a session of its own (no hint) names none."""
+    params = {
+        "baseUrl": serve.base,
+        "authHeaders": {"X-API-Key": KEY_A},
+        "statefulSessions": True,
+        "executionProfile": "stateful",
+        "runtimeSessionHint": "ptc-conv-1",
+    }
+    code = "print(await add_numbers(a=1, b=2))\nopen('/mnt/data/kept.txt', 'w').write('x')\n"
+    answers = [
+        driver.invoke(tool="ptc", params=params, args={"code": code}, ptc_tools=["add-numbers"])
+        for _ in range(2)
+    ]
+    for answer in answers:
+        assert answer["ok"], answer
+        assert answer["content"].startswith("stdout:\n3"), answer
+    first, second = (answer["artifact"] for answer in answers)
+    assert first["runtime_session_id"].startswith("rt_"), first
+    assert first["runtime_status"] == "new"
+    assert second["runtime_session_id"] == first["runtime_session_id"]
+    assert second["runtime_status"] == "reused"
+
+    alone = ptc(driver, serve, code, "add-numbers")
+    assert alone["ok"], alone
+    assert "runtime_session_id" not in alone["artifact"], alone
+    assert "runtime_status" not in alone["artifact"], alone

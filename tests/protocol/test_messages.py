@@ -37,6 +37,7 @@ from sandcell_protocol import (
     ProtocolError,
     RestoreResult,
     ResultEvent,
+    RunnerLimits,
     RunStatus,
     StderrEvent,
     StdoutEvent,
@@ -88,6 +89,20 @@ SAMPLES: list[Any] = [
     EgressOmittedEvent(count=2),
     Health(status="ok", protocol="1.0", runner_version="0.1.0", languages=["python"]),
     HealthSummary(status="ok", protocol="1.0"),
+    RunnerLimits(
+        timeout_ms=30_000,
+        max_timeout_ms=600_000,
+        stdout_bytes=1 << 20,
+        max_stdout_bytes=64 << 20,
+        stderr_bytes=1 << 20,
+        max_stderr_bytes=64 << 20,
+        max_body_bytes=64 << 20,
+        output_inline_bytes=1 << 20,
+        max_output_files=1000,
+        output_scan_bytes=256 << 20,
+        checkpoint_max_bytes=1 << 30,
+        input_max_object_bytes=1 << 30,
+    ),
     InputProbe(refs=[REF]),
     InputProbeResult(missing=[]),
     InputManifest(objects={"b" * 64: InputObject(size=3, sha256="c" * 64)}),
@@ -237,3 +252,16 @@ def test_decoding_into_a_union_fails_with_protocol_error() -> None:
         decode(b'{"type": "nope"}', StdoutEvent | StderrEvent)
     with pytest.raises(ProtocolError, match="malformed JSON"):
         decode(b"{", StdoutEvent | StderrEvent)
+
+
+def test_health_limits_are_absent_unless_stated() -> None:
+    """``Health.limits`` (1.3) is left out of the JSON when unset, so a 1.2 peer's strict
+    decoding still reads the answer; a 1.2 runner's ``Health`` (no key) decodes unset."""
+    older = Health(status="ok", protocol="1.3", runner_version="0.1.0")
+    assert b"limits" not in encode(older)
+    assert decode(b'{"status":"ok","protocol":"1.2","runner_version":"0"}', Health).limits is (
+        msgspec.UNSET
+    )
+    limits = next(m for m in SAMPLES if isinstance(m, RunnerLimits))
+    stated = msgspec.structs.replace(older, limits=limits)
+    assert decode(encode(stated), Health).limits == limits

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_protocol_version() -> None:
-    assert PROTOCOL_VERSION == "1.2"
+    assert PROTOCOL_VERSION == "1.3"
 
 
 @pytest.mark.parametrize("peer", ["1.0", "1.7", "1.99"])
@@ -34,7 +34,7 @@ def test_incompatible_majors(peer: str) -> None:
 
 
 def test_mismatch_names_both_versions() -> None:
-    with pytest.raises(ProtocolMismatchError, match=r"1\.2.*2\.0"):
+    with pytest.raises(ProtocolMismatchError, match=r"1\.3.*2\.0"):
         check_compatible("2.0")
 
 
@@ -74,4 +74,4 @@ def test_schema_cli() -> None:
         text=True,
     ).stdout
     assert '"ExecuteRequest"' in out
-    assert '"x-sandcell-protocol": "1.2"' in out
+    assert '"x-sandcell-protocol": "1.3"' in out

@@ -210,6 +210,24 @@ class TestSettings:
         ):
             RunnerSettings.from_env(env)
 
+    @pytest.mark.parametrize(
+        ("name", "value"),
+        [
+            ("SANDCELL_RUNNER_PORT", "9" * 3000),
+            ("SANDCELL_RUNNER_SESSIONS", "y" * 3000),
+            ("SANDCELL_WORKSPACE_ROOT", "r" * 3000),
+        ],
+    )
+    def test_a_long_bad_value_is_echoed_cut_short(self, name: str, value: str) -> None:
+        """A range, flag or path error shows the value read, not all of it."""
+        env = {"SANDCELL_RUNNER_TOKEN": "x" * 32, name: value}
+        with pytest.raises(ConfigError, match=f"^{name}") as caught:
+            RunnerSettings.from_env(env)
+        message = str(caught.value)
+        assert len(message) < 200
+        assert "\n" not in message
+        assert value[:60] in message
+
     def test_token_hidden_from_repr(self) -> None:
         settings = RunnerSettings.from_env({"SANDCELL_RUNNER_TOKEN": "s3cret-s3cret-s3cret"})
         assert "s3cret" not in repr(settings)

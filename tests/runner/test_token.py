@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidHandshake
+from websockets.sync.client import connect
 
 from sandcell_runner.runner_token import TokenSourceError, read_token_file, take_token_file
 from sandcell_runner.warmup import warmup_argv
@@ -116,6 +118,22 @@ def test_a_token_file_is_read_and_unlinked() -> None:
             assert wrong.status_code == 401
         finally:
             runner.stop()
+
+
+def test_a_websocket_handshake_logged_at_debug_shows_no_token(
+    runner_factory: StartRunner,
+) -> None:
+    """websockets logs every upgrade's headers at DEBUG on uvicorn's error logger; the
+    runner drops those lines, so its log never holds the bearer token it was sent."""
+    runner = runner_factory(SANDCELL_RUNNER_LOG_LEVEL="debug", SANDCELL_RUNNER_SESSIONS="1")
+    url = runner.url.replace("http://", "ws://") + "/v1/session/ports/8000/hmr?x=1"
+    headers = runner.headers(**{"X-Runtime-Session-Id": "rt_" + "a" * 64})
+    with pytest.raises(InvalidHandshake), connect(url, additional_headers=headers):
+        pass
+    log = runner.log()
+    assert '"WebSocket /v1/session/ports/8000/hmr?x=1"' in log  # the upgrade was logged
+    assert runner.token not in log
+    assert "authorization" not in log.lower()
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
 from sandcell_orchestrator.apps.client import AppRunnerClient
-from sandcell_orchestrator.apps.instances import AppInstances, Instance
+from sandcell_orchestrator.apps.instance import Instance
+from sandcell_orchestrator.apps.instances import AppInstances
 from sandcell_orchestrator.apps.preview import PreviewProxy
 from sandcell_orchestrator.apps.settings import AppSettings
 from sandcell_orchestrator.apps.templates import TemplateRegistry, parse_manifest

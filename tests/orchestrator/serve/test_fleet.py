@@ -129,6 +129,34 @@ async def test_keys_are_scoped_to_the_tenant(
     assert "idempotent-replayed" not in theirs.headers
 
 
+async def test_an_answer_a_newer_worker_stored_replays_here(
+    clients: tuple[httpx.AsyncClient, httpx.AsyncClient], redis_url: str
+) -> None:
+    """During a rolling upgrade a retry reaches a worker older than the one that ran the
+    call: the stored answer, with a field this worker does not know, still replays, as
+    JSON (as stored) and as NDJSON (re-encoded here), and the job does not run again."""
+    one, two = clients
+    hint, key = f"h-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    assert stdout_of(await one.post("/v1/exec", content=call(hint), headers=headers(key))) == "1\n"
+    stored = f"sandcell:idem:{Idempotency.scoped('v1/exec', 'tenant-a', key)}"
+    async with redis.asyncio.Redis.from_url(redis_url) as db:
+        body = json.loads(await db.hget(stored, "body"))
+        newer = {**body, "written_by": "a newer worker", "files": body["files"]}
+        await db.hset(stored, "body", json.dumps(newer))
+    again = await two.post("/v1/exec", content=call(hint), headers=headers(key))
+    assert json.loads(again.content)["written_by"] == "a newer worker"
+    streamed = await two.post(
+        "/v1/exec", content=call(hint), headers=headers(key, Accept="application/x-ndjson")
+    )
+    assert streamed.status_code == 200, streamed.text
+    lines = [json.loads(line) for line in streamed.text.splitlines()]
+    assert [(line["type"], line["result"]["stdout"]) for line in lines] == [("result", "1\n")]
+    assert streamed.headers["idempotent-replayed"] == "true"
+    assert stdout_of(await one.post("/v1/exec", content=call(hint), headers=headers(None))) == (
+        "2\n"
+    )
+
+
 async def test_a_retry_in_flight_is_409_and_an_error_is_not_kept(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient], redis_url: str
 ) -> None:

@@ -18,6 +18,7 @@ import zstandard
 from sandcell_protocol import CheckpointMeta, decode
 from sandcell_runner.checkpoint.compression import Encoding
 from sandcell_runner.checkpoint.export import ArchiveLimits, export_checkpoint, stream_checkpoint
+from sandcell_runner.checkpoint.skipped import MAX_SKIPPED_LISTED_CHARS
 from sandcell_runner.errors import ArchiveRejectedError
 from tests.runner.checkpoint import META
 
@@ -121,6 +122,36 @@ def test_symlinks_a_restore_would_refuse_are_skipped_and_listed(tmp_path: Path) 
     assert by_name["workspace/inside"].linkname == "dir"
     assert "workspace/inside/file" not in by_name
     assert not any(name.startswith("workspace/etc-link/") for name in by_name)
+
+
+def test_many_skipped_entries_with_long_paths_are_counted_past_the_first(tmp_path: Path) -> None:
+    """10,000 links out of the workspace at 3,700-character paths: the meta names the first
+    of them (``MAX_SKIPPED_LISTED_CHARS``) and counts the rest, and the checkpoint is
+    made. The whole list (37 MB) was held in the runner's memory and put the meta past
+    its 32 MiB cap: the checkpoint was refused, so a snapshot or pause was a 500."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(14):
+            os.mkdir("d" * 250, dir_fd=fd)
+            inner = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        for i in range(10_000):
+            os.symlink("/etc", f"{i:0240d}", dir_fd=fd)
+        os.mkfifo("fifo", dir_fd=fd)
+    finally:
+        os.close(fd)
+    (tmp_path / "kept.txt").write_bytes(b"kept")
+
+    data = export(tmp_path)
+
+    skipped = exported_meta(data).skipped
+    named = skipped[:-1]
+    assert sum(map(len, named)) <= MAX_SKIPPED_LISTED_CHARS
+    assert named == sorted(named)
+    assert named[0] == "/".join(["d" * 250] * 14 + [f"{0:0240d}"])
+    assert skipped[-1] == f"(and {10_001 - len(named)} more entries not listed)"
+    assert "workspace/kept.txt" in [info.name for info in members(data)]
 
 
 def test_names_that_are_not_workspace_paths_are_skipped(tmp_path: Path) -> None:

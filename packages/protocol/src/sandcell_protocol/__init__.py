@@ -62,6 +62,7 @@ from .input_refs import (
     scoped_storage_session,
     validate_input_ref,
 )
+from .limits import LIMITS_SINCE, RunnerLimits
 from .messages import (
     EGRESS_EVENTS_SINCE,
     MAX_EGRESS_EVENTS_PER_TURN,
@@ -110,6 +111,7 @@ __all__ = [
     "REDACTED",
     "EGRESS_EVENTS_SINCE",
     "ERROR_SEMANTICS",
+    "LIMITS_SINCE",
     "MAX_EGRESS_EVENTS_PER_TURN",
     "MAX_INPUT_REF_CHARS",
     "MAX_STORAGE_SESSION_CHARS",
@@ -156,6 +158,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolMismatchError",
     "RestoreResult",
+    "RunnerLimits",
     "ResultEvent",
     "RunStatus",
     "RuntimeErrorRecord",

@@ -16,6 +16,7 @@ from .derivations import USER_ID_PATTERN
 from .egress import EgressMechanism, EgressPolicy, EgressReason, EgressTransport
 from .errors import ErrorCode
 from .input_refs import INPUT_REF_PATTERN
+from .limits import RunnerLimits
 
 # "(?![\s\S])" rather than "$": "$" also matches before a trailing newline, and
 # the lookahead reads the same in Python and ECMAScript (the JSON Schema's dialect).
@@ -226,6 +227,10 @@ class Health(Message, frozen=True):
     """Weakened isolation the operator should know of (no cgroups, no jail)."""
     egress: EgressMechanism = "none"
     """What enforces the egress policy; with ``none`` only ``deny_all`` can be set."""
+    limits: RunnerLimits | msgspec.UnsetType = msgspec.UNSET
+    """The runner's answer limits (``limits.py``), to a peer of protocol 1.3 or later;
+    unset (absent from the JSON, which an older peer's strict decoding needs): an older
+    runner, or an older peer."""
 
 
 class Language(Message, frozen=True):
@@ -372,6 +377,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     EgressOmittedEvent,
     Health,
     HealthSummary,
+    RunnerLimits,
     Language,
     Languages,
     InputProbe,

@@ -6,11 +6,13 @@ import re
 
 from .errors import ProtocolError, ProtocolMismatchError
 
-PROTOCOL_VERSION = "1.2"
+PROTOCOL_VERSION = "1.3"
 """Majors must match between peers; minors only add.
 
 1.1: code contexts. 1.2: ``egress_refused`` / ``egress_omitted`` execute stream events,
-sent only to a peer that announced 1.2 or later (``speaks_at_least``).
+sent only to a peer that announced 1.2 or later (``speaks_at_least``). 1.3: the runner's
+limits in its ``Health`` (``limits``), likewise only to a 1.3 peer; the
+``method_not_allowed`` error code.
 """
 
 _VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")

@@ -84,9 +84,25 @@ def _serve(*, undumpable: bool) -> int:
         log_level=settings.log_level,
         timeout_graceful_shutdown=5,
     )
+    # After Config, which configures uvicorn's loggers: a filter on the logger itself
+    # holds whatever handlers they get.
+    logging.getLogger("uvicorn.error").addFilter(QuietHandshakes())
     server = uvicorn.Server(config)
     server.run(sockets=[listener] if listener is not None else None)
     return 0
+
+
+class QuietHandshakes(logging.Filter):
+    """Drops the handshake lines websockets logs at DEBUG on uvicorn's error logger.
+
+    uvicorn's WebSocket protocol hands its logger to the websockets library, which logs
+    an upgrade's request line and every header (``< authorization: Bearer <token>``)
+    and each frame as ``< …`` / ``> …``; at ``SANDCELL_RUNNER_LOG_LEVEL=debug`` every
+    relayed preview WebSocket wrote the runner's token into its log.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(("< ", "> ")))
 
 
 def _inherited_listener(fd: int) -> socket.socket:

@@ -75,7 +75,7 @@ class RunnerSettings:
     sessions_enabled: bool = False
     session_wait_ms: int = 2000
     warmup_command: str | None = None
-    file_server_url: str | None = None
+    file_server_url: str | None = field(default=None, repr=False)  # may hold user info
     checkpoint_max_bytes: int = 1 << 30
     checkpoint_max_members: int = 200_000
     input_max_object_bytes: int = 1 << 30
@@ -288,10 +288,10 @@ class _EnvReader:
             try:
                 value = int(raw)
             except ValueError:
-                raise ValueError(f"must be an integer, got {raw[:40]!r}") from None
+                raise ValueError(f"must be an integer, got {_shown(raw)}") from None
             if value < minimum or (maximum is not None and value > maximum):
-                bound = f"between {minimum} and {maximum}" if maximum else f">= {minimum}"
-                raise ValueError(f"must be an integer {bound}, got {raw!r}")
+                bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+                raise ValueError(f"must be an integer {bound}, got {_shown(raw)}")
             return value
 
         return self._parse(name, default, parse)
@@ -303,7 +303,7 @@ class _EnvReader:
                 return True
             if lowered in ("0", "false", "no", "off"):
                 return False
-            raise ValueError(f"must be 0 or 1, got {raw!r}")
+            raise ValueError(f"must be 0 or 1, got {_shown(raw)}")
 
         return self._parse(name, default, parse)
 
@@ -311,7 +311,7 @@ class _EnvReader:
         def parse(raw: str) -> Path:
             path = Path(raw)
             if not path.is_absolute():
-                raise ValueError(f"must be an absolute path, got {raw!r}")
+                raise ValueError(f"must be an absolute path, got {_shown(raw)}")
             return path
 
         return self._parse(name, default, parse)
@@ -323,6 +323,15 @@ class _EnvReader:
             return raw.rstrip("/")
 
         return self._parse(name, None, parse)
+
+
+_SHOWN_CHARS = 60
+
+
+def _shown(raw: str) -> str:
+    # A value is echoed so the operator sees what was read, but cut short: a
+    # mistyped variable can hold a whole file, and one start-up line should stay one line.
+    return repr(raw if len(raw) <= _SHOWN_CHARS else raw[:_SHOWN_CHARS] + "...")
 
 
 def _is_within(path: Path, parent: Path) -> bool:

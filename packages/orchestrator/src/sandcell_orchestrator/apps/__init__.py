@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .client import AppRunnerClient
     from .errors import AppRequestError, InstanceNotFoundError, InstanceStartError
-    from .instances import AppInstances, Instance
+    from .instance import Instance
+    from .instances import AppInstances
     from .lifecycle import InstanceSupervisor
     from .messages import (
         CommandOutcome,
@@ -104,7 +105,7 @@ _HOMES: dict[str, str] = {
     "FileWrite": "messages",
     "FilesWritten": "messages",
     "GitAuthor": "settings",
-    "Instance": "instances",
+    "Instance": "instance",
     "InstanceCreated": "messages",
     "InstanceInfo": "messages",
     "InstanceList": "messages",

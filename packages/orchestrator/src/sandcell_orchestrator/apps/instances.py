@@ -9,47 +9,39 @@ The table of instances lives in this process: instances do not survive it
 Every API call on an instance holds that instance's lock, so calls on one
 instance are serialized and never race its recovery; preview traffic does not
 take it. Lifecycle (health, recovery, idle shutdown, runtime-error webhooks)
-is in ``lifecycle.py``.
+is in ``lifecycle.py``; one instance's value is ``instance.py``'s, its preview
+token's checks ``preview_tokens.py``'s.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import collections
 import contextlib
-import hashlib
-import hmac
 import logging
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import TypeVar
 
 import anyio
-import msgspec
 
 from sandcell_protocol import (
     AnalysisResult,
-    EgressPolicy,
     ErrorCode,
     ExecuteRequest,
     LogLines,
     ProtocolError,
     RuntimeErrors,
-    redact_message,
     validate_workspace_path,
 )
 
 from ..errors import SandcellError
-from ..handle import SandboxHandle
-from ..providers.base import SandboxSpec
 from ..sessions.manager import SandboxManager, sandbox_session_key
 from . import provision
 from .client import AppRunnerClient
 from .errors import AppRequestError, InstanceNotFoundError
+from .instance import Instance, sandbox_spec
 from .messages import (
     CommandOutcome,
     CommandResults,
@@ -60,67 +52,17 @@ from .messages import (
     WriteFiles,
 )
 from .policy import CommandPolicy
+from .preview_tokens import PreviewTokens
 from .settings import AppSettings
-from .templates import TemplateManifest, TemplateRegistry
+from .templates import TemplateRegistry
 from .webhooks import WebhookSender
 
-M = TypeVar("M", bound=msgspec.Struct)
-
-__all__ = ["AppInstances", "Instance"]
+__all__ = ["AppInstances"]
 
 log = logging.getLogger(__name__)
 
 _COMMAND_MARGIN_S = 10.0
 _MAX_LOG_LINES = 10_000
-_OWNER_LABEL = "sandcell.app_instance"
-
-
-@dataclass(eq=False)
-class Instance:
-    """One app instance. ``handle``/``runner`` change when a recovery replaces the sandbox."""
-
-    instance_id: str
-    owner: str
-    template: str
-    manifest: TemplateManifest
-    project_name: str
-    sandbox_uuid: str
-    """The instance's stable sandbox id; its runtime session is ``session_id``."""
-    handle: SandboxHandle
-    runner: AppRunnerClient
-    last_active: float
-    preview_token: str = field(repr=False)
-    env: dict[str, str] = field(repr=False)
-    webhook_url: str | None = field(default=None, repr=False)
-    egress: EgressPolicy | None = None
-    status: str = "starting"
-    dirty: bool = True
-    seen_errors: set[str] = field(default_factory=set, repr=False)
-    lock: anyio.Lock = field(default_factory=anyio.Lock, repr=False)
-
-    @property
-    def session_id(self) -> str:
-        """The runtime session the manager keeps this instance's sandbox under."""
-        return sandbox_session_key(self.sandbox_uuid)
-
-    def diagnostic(self, value: M) -> M:
-        """``value`` as an agent may see it: this instance's preview token, URL
-        credentials and bearer tokens redacted (sandcell_protocol.redaction)."""
-        return redact_message(value, secrets=(self.preview_token,))
-
-    @property
-    def preview_prefix(self) -> str:
-        """The path prefix the preview is served under (what the app sees as forwarded)."""
-        return f"/preview/{self.instance_id}/"
-
-    def spec(self) -> SandboxSpec:
-        """What a (re)created sandbox of this instance is launched with."""
-        return SandboxSpec(
-            template=self.template,
-            env=self.env,
-            labels={_OWNER_LABEL: self.instance_id},
-            egress=self.egress,
-        )
 
 
 class AppInstances:
@@ -147,9 +89,7 @@ class AppInstances:
         self._new_token = new_token
         self._new_id = new_id
         self._instances: dict[str, Instance] = {}
-        # Digests of deleted instances' preview tokens: a tab still open on one learns
-        # it is gone (404) rather than that its token went bad (401). Bounded, oldest out.
-        self._deleted_previews: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._previews = PreviewTokens()
 
     def __repr__(self) -> str:
         return f"AppInstances(instances={len(self._instances)})"
@@ -174,13 +114,11 @@ class AppInstances:
     def authorize_preview(self, instance_id: str, token: str | None) -> Instance | None:
         """The instance if ``token`` is its preview token (constant time), else ``None``."""
         instance = self._instances.get(instance_id)
-        expected = instance.preview_token if instance is not None else "x" * 43
-        ok = hmac.compare_digest(expected.encode(), (token or "").encode())
-        return instance if ok and instance is not None else None
+        return instance if self._previews.opens(instance, token) else None
 
     def was_deleted(self, instance_id: str, token: str | None) -> bool:
         """Whether ``token`` was the preview token of ``instance_id`` before it was deleted."""
-        return bool(token) and _preview_digest(instance_id, token or "") in self._deleted_previews
+        return self._previews.was_deleted(instance_id, token)
 
     def preview_url(self, instance: Instance) -> str:
         """The preview URL handed to the caller: it carries the token for the first visit."""
@@ -212,11 +150,8 @@ class AppInstances:
             self.webhooks.check_url(request.webhook_url)
         template = await self.templates.load(request.template)
         instance_id = self._new_id()
-        spec = SandboxSpec(
-            template=template.name,
-            env=request.env,
-            labels={_OWNER_LABEL: instance_id},
-            egress=request.egress,
+        spec = sandbox_spec(
+            template=template.name, env=request.env, instance_id=instance_id, egress=request.egress
         )
         sandbox_uuid = str(uuid.uuid4())
         session_id = sandbox_session_key(sandbox_uuid)
@@ -276,9 +211,7 @@ class AppInstances:
         """Remove ``instance`` and destroy its sandbox and checkpoint (idempotent)."""
         if self._instances.pop(instance.instance_id, None) is None:
             return
-        self._deleted_previews[_preview_digest(instance.instance_id, instance.preview_token)] = None
-        while len(self._deleted_previews) > _DELETED_PREVIEWS_KEPT:
-            self._deleted_previews.popitem(last=False)
+        self._previews.deleted(instance)
         # The lock waits out a call or a recovery in flight, so neither can bring a
         # sandbox back after this destroyed it.
         with anyio.CancelScope(shield=True):
@@ -434,11 +367,3 @@ def _file_bytes(content: str, encoding: str) -> bytes:
         return base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
         raise AppRequestError("content: not valid base64") from None
-
-
-_DELETED_PREVIEWS_KEPT = 4096
-
-
-def _preview_digest(instance_id: str, token: str) -> str:
-    # Only a digest is kept: the token itself must not outlive its instance.
-    return hashlib.sha256(f"{instance_id}\x00{token}".encode()).hexdigest()

@@ -36,7 +36,8 @@ from ..errors import (
 )
 from . import provision
 from .client import AppRunnerClient
-from .instances import AppInstances, Instance
+from .instance import Instance
+from .instances import AppInstances
 from .webhooks import Delivery
 
 __all__ = ["InstanceSupervisor"]

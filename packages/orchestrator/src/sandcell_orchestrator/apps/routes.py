@@ -37,7 +37,8 @@ from ..errors import SandcellError
 from ..serve.errors import JSON_MEDIA_TYPE, Endpoint, explained, guarded, read_body
 from ..serve.lifespans import run_in_lifespan
 from .errors import AppRequestError, InstanceStartError
-from .instances import AppInstances, Instance
+from .instance import Instance
+from .instances import AppInstances
 from .lifecycle import InstanceSupervisor
 from .messages import CreateInstance, InstanceInfo, InstanceList, RunCommands, WriteFiles
 from .policy import CommandDeniedError

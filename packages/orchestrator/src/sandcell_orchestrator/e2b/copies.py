@@ -21,8 +21,7 @@ from sandcell_protocol import EgressPolicy
 from ..errors import SandcellError
 from ..registry import E2bSandboxRow
 from ..sessions.manager import SandboxManager
-from ..snapshots import SnapshotTooLargeError
-from .errors import E2bError
+from .errors import UNSAVABLE, E2bError, unsavable
 from .sandbox import E2bSandbox, new_sandbox_id
 from .saved import SNAPSHOT_TAG, SavedSnapshots, SnapshotMeta
 from .views import SandboxViews
@@ -103,14 +102,11 @@ class SandboxCopies:
                 key = self._snapshots.data_key(owner, meta.snapshot_id)
                 try:
                     await self._manager.copy_workspace(sandbox.session_id, handle, key)
-                except SnapshotTooLargeError:
-                    # The tenant's own files: a 4xx naming the cap, not the store's 500.
+                except UNSAVABLE as exc:
+                    # The tenant's own files: a 4xx naming why, not the store's 500.
                     most = self._manager.persistence.max_bytes
-                    raise E2bError(
-                        413,
-                        "payload_too_large",
-                        f"sandbox {sandbox.sandbox_id}: its workspace is larger than a"
-                        f" snapshot may be ({most} bytes, SANDCELL_CHECKPOINT_MAX_BYTES)",
+                    raise unsavable(
+                        sandbox.sandbox_id, exc, what="a snapshot may be", most_bytes=most
                     ) from None
                 if not await self._snapshots.add(meta):
                     raise self._full()

@@ -18,17 +18,25 @@ from starlette.responses import Response
 
 from sandcell_protocol import ProtocolError, decode, encode
 
-from ..errors import RunnerRequestError, SandboxUnavailableError
+from ..errors import (
+    ArchiveRejectedError,
+    CheckpointError,
+    RunnerRequestError,
+    SandboxUnavailableError,
+)
 from ..serve.errors import allowed_methods, map_error, public_message, read_body
+from ..snapshots import SnapshotTooLargeError
 from .wire import ErrorBody
 
 __all__ = [
+    "UNSAVABLE",
     "E2bError",
     "connect_error",
     "e2b_error_response",
     "e2b_route_error_response",
     "read_message",
     "sandbox_gone_response",
+    "unsavable",
 ]
 
 JSON = "application/json"
@@ -42,6 +50,28 @@ class E2bError(Exception):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+UNSAVABLE = (SnapshotTooLargeError, ArchiveRejectedError)
+"""What a copy of a workspace raises when the workspace itself cannot be saved: past
+``SANDCELL_CHECKPOINT_MAX_BYTES``, or refused by its runner's export (more entries than
+a checkpoint holds: hard links cost no inode). The tenant's own files: ``unsavable``."""
+
+
+def unsavable(
+    sandbox_id: str, exc: CheckpointError, *, what: str, most_bytes: int, after: str = ""
+) -> E2bError:
+    """The 413 for a workspace that ``what`` (``a snapshot may be``, ``a pause may save``)
+    cannot hold (``UNSAVABLE``), naming why; a runner's refusal was a 500 "the session's
+    saved state could not be restored"."""
+    if isinstance(exc, SnapshotTooLargeError):
+        why = (
+            f"its workspace is larger than {what} ({most_bytes} bytes,"
+            " SANDCELL_CHECKPOINT_MAX_BYTES)"
+        )
+    else:
+        why = f"its workspace cannot be saved ({exc.public_detail or 'refused'})"
+    return E2bError(413, "payload_too_large", f"sandbox {sandbox_id}: {why}{after}")
 
 
 async def read_message(request: Request, kind: type[T], *, empty_ok: bool = False) -> T:

@@ -18,8 +18,10 @@ ones), as E2B keeps a killed sandbox's metrics in its metrics store:
 
 answered by ``get_metrics`` after the sandbox is gone. Bounded in time and count:
 samples older than ``RETAIN_KILLED_S`` are not answered (E2B's metrics tables
-drop rows 7 days after their timestamp), and each kill deletes its tenant's
-retired objects past the newest ``MAX_KILLED_PER_TENANT`` or older than that.
+drop rows 7 days after their timestamp), each kill deletes its tenant's retired
+objects past the newest ``MAX_KILLED_PER_TENANT`` or older than that, and an
+hourly sweep (``reap_expired``) deletes every tenant's older ones (a tenant that
+kills no more sandboxes).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ RETAIN_KILLED_S = 7 * 86_400
 MAX_KILLED_PER_TENANT = 100
 """Killed sandboxes whose samples a tenant's store prefix keeps, newest first."""
 
+_REAP_PAGE = 1000
 _PREFIX = "e2b-metrics/"
 _KILLED_PREFIX = "e2b-metrics-killed/"
 # A sample is under 300 bytes of JSON.
@@ -189,3 +192,19 @@ class MetricsHistory:
             log.warning("e2b: retired metrics of a tenant not reaped: %s", exc)
             return 0
         return len(stale)
+
+    async def reap_expired(self) -> int:
+        """Delete every tenant's retired samples written longer than the retention ago,
+        a page of the listing at a time; how many (store errors raise)."""
+        oldest = self._now() - self.retain_killed_s
+        reaped = 0
+        after: str | None = None
+        while True:
+            page = await self.store.list(_KILLED_PREFIX, start_after=after, limit=_REAP_PAGE)
+            for entry in page:
+                if entry.modified_at_s < oldest:
+                    await self.store.delete(entry.key)
+                    reaped += 1
+            if len(page) < _REAP_PAGE:
+                return reaped
+            after = page[-1].key

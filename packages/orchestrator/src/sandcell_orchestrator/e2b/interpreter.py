@@ -10,24 +10,22 @@
 
 Each is one call on the runner's code contexts (``/v1/session/contexts``, a
 long-lived interpreter in the session's jail). ``/execute`` without a context
-runs in the language's default context (made on first use). Its answer is one
-JSON object a line, as E2B's server writes them: ``stdout``/``stderr``
-``{text, timestamp}`` (epoch nanoseconds), ``result`` (``text``, ``html``,
-``png``… by MIME type, ``is_main_result``), ``error`` ``{name, value,
-traceback}``, then ``number_of_executions``.
+runs in the language's default context (made on first use). Languages are E2B's
+names for those the runner has drivers for: ``python`` and ``javascript``/``js``
+(a node context); E2B's others (``typescript``, ``r``, ``java``, ``bash``) are a
+400 ``unsupported_language`` naming what is served. Its answer, E2B's NDJSON
+lines, and what a client that goes away does to its cell: ``interpreter_stream.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from sandcell_protocol import ProtocolError, encode
 from sandcell_protocol import contexts as cx
@@ -37,33 +35,37 @@ from ..errors import RunnerRequestError, SessionConflictError
 from ..runner.contexts import RunnerContexts
 from ..serve.idempotency import (
     IN_FLIGHT_RETRY_AFTER_S,
-    Claim,
     Idempotency,
     IdempotencyConflict,
     Replay,
     idempotency_key,
     replayed,
 )
-from ..serve.stream import Turn
 from .errors import E2bError, e2b_error_response, read_message
+from .interpreter_stream import NDJSON, Started, kept_stream, watched_stream
 from .sandboxes import E2bSandbox
 
-__all__ = ["INTERPRETER_PORT", "interpreter_route"]
+__all__ = ["CELL_TIMEOUT_MS", "INTERPRETER_PORT", "interpreter_route"]
 
 INTERPRETER_PORT = 49999
 _NDJSON = "application/x-ndjson"
-_RESULT_FIELDS = {
-    "text/plain": "text",
-    "text/html": "html",
-    "text/markdown": "markdown",
-    "text/latex": "latex",
-    "image/png": "png",
-    "image/jpeg": "jpeg",
-    "image/svg+xml": "svg",
-    "application/json": "json",
-    "application/javascript": "javascript",
+_LANGUAGES = {
+    "python": "python",
+    "python3": "python",
+    "javascript": "node",
+    "js": "node",
 }
-_LANGUAGES = {"python": "python", "python3": "python"}
+"""E2B's language names (its server's ``normalize_language``) onto the runner's
+context languages; E2B's others (``typescript``/``ts``, ``r``, ``java``, ``bash``)
+have no context driver here and are refused by name."""
+_E2B_NAMES = {"python": "python", "node": "javascript"}
+"""A runner context's language as E2B's server names it back (``Context.language``)."""
+_SERVED = "python, javascript (js)"
+CELL_TIMEOUT_MS = 3_600_000
+"""What a cell asks the runner for: E2B's server sets a cell no limit (the SDK's
+``timeout`` is the client's, and a client that goes interrupts its cell), so a cell
+runs to the runner's cap (``SANDCELL_RUNNER_MAX_TIMEOUT_MS``, 600 s by default), not
+to its default for a sandcell job (``SANDCELL_RUNNER_TIMEOUT_MS``, 30 s)."""
 _SURFACE = "e2b/execute"
 """The idempotency surface of ``/execute`` (keys are scoped by it, the tenant and sandbox)."""
 
@@ -108,20 +110,49 @@ class _Contexts:
     async def restart(self, context_id: str) -> cx.ContextInfo:
         return await self._routes.restart(context_id, session_id=self._session_id)
 
+    async def interrupt(self, context_id: str) -> cx.ContextInfo:
+        return await self._routes.interrupt(context_id, session_id=self._session_id)
+
     def run(self, context_id: str, run: cx.ContextRun) -> AsyncIterator[cx.ContextEvent]:
         return self._routes.run_stream(context_id, run, session_id=self._session_id)
 
 
 def _language(raw: str | None) -> str:
-    language = _LANGUAGES.get((raw or "python").lower())
+    language = _LANGUAGES.get((raw or "python").strip().lower())
     if language is None:
-        raise E2bError(400, "bad_request", f"language {(raw or '')[:40]!r}: only python is served")
+        raise E2bError(
+            400,
+            "unsupported_language",
+            f"language {(raw or '')[:40]!r} is not served by this sandbox (served: {_SERVED})",
+        )
     return language
+
+
+def _unsupported(exc: RunnerRequestError, language: str) -> E2bError | None:
+    """The runner's refusal of a language it has no interpreter for (no ``node`` on
+    the host), in E2B's name for it."""
+    if exc.code != "unsupported_language":
+        return None
+    name = _E2B_NAMES.get(language, language)
+    return E2bError(
+        400,
+        "unsupported_language",
+        f"language {name!r}: this sandbox has no {language} interpreter installed",
+    )
+
+
+async def _create(contexts: _Contexts, create: cx.ContextCreate) -> cx.ContextInfo:
+    try:
+        return await contexts.create(create)
+    except RunnerRequestError as exc:
+        raise _unsupported(exc, create.language) or exc from None
 
 
 def _context(info: cx.ContextInfo) -> _Context:
     return _Context(
-        id=info.context_id, language=info.language, cwd=sm.sandbox_display_path(info.cwd)
+        id=info.context_id,
+        language=_E2B_NAMES.get(info.language, info.language),
+        cwd=sm.sandbox_display_path(info.cwd),
     )
 
 
@@ -152,49 +183,19 @@ async def _default_context(contexts: _Contexts, language: str) -> str:
     if not any(info.context_id == context_id for info in await contexts.list()):
         # A concurrent first run may make it between the list and the create: it is there.
         with contextlib.suppress(SessionConflictError):
-            await contexts.create(cx.ContextCreate(language=language, context_id=context_id))
+            await _create(contexts, cx.ContextCreate(language=language, context_id=context_id))
     return context_id
 
 
-def _line(kind: str, **fields: object) -> bytes:
-    return encode({"type": kind, **fields}) + b"\n"
-
-
-def _translate(event: cx.ContextEvent) -> bytes:
-    now_ns = time.time_ns()
-    if isinstance(event, cx.ContextStdoutEvent):
-        return _line("stdout", text=event.data, timestamp=now_ns)
-    if isinstance(event, cx.ContextStderrEvent):
-        return _line("stderr", text=event.data, timestamp=now_ns)
-    if isinstance(event, cx.ContextResultEvent):
-        fields = {_RESULT_FIELDS[mime]: value for mime, value in event.data.items()}
-        return _line("result", **fields, is_main_result=event.is_main_result)
-    if isinstance(event, cx.ContextErrorEvent):
-        return _line("error", name=event.name, value=event.value, traceback=event.traceback)
-    assert isinstance(event, cx.ContextEndEvent)
-    end = _line("number_of_executions", execution_count=event.execution_count)
-    if event.context_lost:
-        # The cell's own error (if any) came first; this says the interpreter is gone.
-        lost = _line(
-            "error",
-            name="ContextLostError",
-            value=event.message or f"the interpreter was lost ({event.status})",
-            traceback="",
-        )
-        return lost + end
-    return end
-
-
-Started = tuple[cx.ContextEvent, AsyncIterator[cx.ContextEvent]]
-"""A cell's first event and the rest of its events."""
-
-
-async def _start(contexts: _Contexts, body: _Execute, run: cx.ContextRun) -> Started:
-    """Run the cell; its first event (or the refusal: an unknown or lost context)."""
+async def _context_of(contexts: _Contexts, body: _Execute) -> str:
+    """The context a cell runs in: the one named, else the language's default."""
     if body.context_id:
-        context_id = _known_shape(body.context_id)
-    else:
-        context_id = await _default_context(contexts, _language(body.language))
+        return _known_shape(body.context_id)
+    return await _default_context(contexts, _language(body.language))
+
+
+async def _start(contexts: _Contexts, context_id: str, run: cx.ContextRun) -> Started:
+    """Run the cell; its first event (or the refusal: an unknown or lost context)."""
     events = aiter(contexts.run(context_id, run))
     try:
         first = await anext(events)
@@ -220,16 +221,18 @@ async def execute(
         _known_shape(body.context_id)
     else:
         _language(body.language)
-    run = cx.ContextRun(code=body.code, env={**sandbox.env, **(body.env_vars or {})})
+    run = cx.ContextRun(
+        code=body.code,
+        timeout_ms=CELL_TIMEOUT_MS,
+        env={**sandbox.env, **(body.env_vars or {})},
+    )
     if idempotency is None or key is None:
-        first, events = await _start(contexts, body, run)
-
-        async def lines() -> AsyncIterator[bytes]:
-            yield _translate(first)
-            async for event in events:
-                yield _translate(event)
-
-        return StreamingResponse(lines(), media_type=_NDJSON)
+        context_id = await _context_of(contexts, body)
+        return await watched_stream(
+            request,
+            lambda: _start(contexts, context_id, run),
+            interrupt=lambda: contexts.interrupt(context_id),
+        )
     # The canonical encoding of the decoded body: what a replay must match.
     claim = await idempotency.claim(
         surface=_SURFACE,
@@ -240,8 +243,12 @@ async def execute(
     if isinstance(claim, IdempotencyConflict):
         return _conflict(claim)
     if isinstance(claim, Replay):
-        return replayed(Response(claim.body, status_code=claim.status, media_type=_NDJSON))
-    return await _kept_stream(claim, lambda: _start(contexts, body, run))
+        return replayed(Response(claim.body, status_code=claim.status, media_type=NDJSON))
+
+    async def start() -> Started:
+        return await _start(contexts, await _context_of(contexts, body), run)
+
+    return await kept_stream(claim, start)
 
 
 def _conflict(conflict: IdempotencyConflict) -> Response:
@@ -250,49 +257,6 @@ def _conflict(conflict: IdempotencyConflict) -> Response:
     if conflict.status == 409:
         response.headers["Retry-After"] = str(IN_FLIGHT_RETRY_AFTER_S)
     return response
-
-
-async def _kept_stream(claim: Claim, start: Callable[[], Awaitable[Started]]) -> Response:
-    """Run the cell in a task of its own that keeps its answer (every line, joined) for
-    the key, and stream its lines as they come.
-
-    The task outlives its caller: a client that leaves has said it will retry, and a
-    cell cut short would have run part way while the retry ran it again.
-    """
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-    async def run_all() -> bytes:
-        first, events = await start()
-        lines = [_translate(first)]
-        queue.put_nowait(lines[0])
-        async for event in events:
-            lines.append(_translate(event))
-            queue.put_nowait(lines[-1])
-        return b"".join(lines)
-
-    running = Turn(claim.kept(run_all(), stored=lambda answer: (200, answer)))
-    task = running.task
-    task.add_done_callback(lambda _: queue.put_nowait(None))
-    try:
-        first = await queue.get()
-    except BaseException:
-        await running.finish(detached=True)
-        raise
-    if first is None:
-        task.result()  # refused before the cell ran: the usual error answer
-        raise RuntimeError("a cell ended without a line")
-
-    async def lines() -> AsyncIterator[bytes]:
-        try:
-            line: bytes | None = first
-            while line is not None:
-                yield line
-                line = await queue.get()
-            task.result()  # a stream cut short (the runner failed) ends in an error
-        finally:
-            await running.finish(detached=True)
-
-    return StreamingResponse(lines(), media_type=_NDJSON)
 
 
 async def create_context(request: Request, sandbox: E2bSandbox) -> Response:
@@ -305,7 +269,14 @@ async def create_context(request: Request, sandbox: E2bSandbox) -> Response:
         except ProtocolError as exc:
             raise E2bError(400, "invalid_path", str(exc)) from None
     create = cx.ContextCreate(language=_language(body.language), cwd=cwd)
-    return _json(_context(await _Contexts(sandbox).create(create)))
+    try:
+        return _json(_context(await _create(_Contexts(sandbox), create)))
+    except RunnerRequestError as exc:
+        if exc.code != "invalid_path" or not body.cwd:
+            raise
+        # The runner names the workspace's own path; the caller gave this one.
+        message = f"cwd {body.cwd[:200]!r} is not a directory of the sandbox"
+        raise E2bError(400, "invalid_path", message) from None
 
 
 async def list_contexts(_request: Request, sandbox: E2bSandbox) -> Response:

@@ -19,9 +19,8 @@ from ..errors import SandcellError
 from ..registry import E2bSandboxRow
 from ..runner.sandbox import SandboxRunnerClient
 from ..sessions.manager import SandboxManager
-from ..snapshots import SnapshotTooLargeError
 from .creation import SandboxCreation
-from .errors import E2bError
+from .errors import UNSAVABLE, unsavable
 from .metrics import SandboxMetrics
 from .network import SandboxNetwork
 from .sandbox import E2bSandbox
@@ -64,14 +63,14 @@ class SandboxPauses:
             # Suspended first: if that fails the sandbox runs on, reachable as before.
             try:
                 await self._manager.suspend(sandbox.session_id)
-            except SnapshotTooLargeError:
-                # The tenant's own files: a 4xx naming the cap, not the store's 500.
-                raise E2bError(
-                    413,
-                    "payload_too_large",
-                    f"sandbox {sandbox.sandbox_id}: its workspace is larger than a pause"
-                    f" may save ({self._manager.persistence.max_bytes} bytes,"
-                    " SANDCELL_CHECKPOINT_MAX_BYTES); it runs on",
+            except UNSAVABLE as exc:
+                # The tenant's own files: a 4xx naming why, not the store's 500.
+                raise unsavable(
+                    sandbox.sandbox_id,
+                    exc,
+                    what="a pause may save",
+                    most_bytes=self._manager.persistence.max_bytes,
+                    after="; it runs on",
                 ) from None
             await self._views.close_handle(sandbox)
             await self._views.change(

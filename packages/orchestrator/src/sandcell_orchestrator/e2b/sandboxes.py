@@ -66,6 +66,7 @@ from .views import SandboxViews
 __all__ = [
     "DEFAULT_TEMPLATES",
     "FULL_SWEEP_S",
+    "RETIRED_SWEEP_S",
     "TIMEOUT_PAUSE_ATTEMPTS",
     "E2bSandbox",
     "E2bSandboxes",
@@ -74,6 +75,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+RETIRED_SWEEP_S = 3600.0
+"""How often a worker's timeout sweep also deletes retired metrics past retention."""
 _OWNER_LABEL = "sandcell.e2b_sandbox"
 DEFAULT_TEMPLATES: Mapping[str, SandboxSpec] = {
     "base": SandboxSpec(),
@@ -119,6 +122,7 @@ class E2bSandboxes:
         )
         self.kept = KeptRows(manager.store)
         self.history = MetricsHistory(manager.store, wall_clock=wall_clock)
+        self._retired_sweep_at = 0.0
         self.snapshots = SavedSnapshots(manager.store, max_per_tenant=max_snapshots_per_tenant)
         # The sandboxes this worker has seen, with the handles it opened.
         self.views = SandboxViews(
@@ -292,8 +296,16 @@ class E2bSandboxes:
 
     async def expire(self) -> int:
         """Kill (or, with ``autoPause``, pause) running sandboxes past their end; how
-        many (``timeouts.TimeoutSweep.expire``)."""
-        return await self.timeouts.expire()
+        many (``timeouts.TimeoutSweep.expire``). Once every ``RETIRED_SWEEP_S``, every
+        tenant's retired metrics past their retention are deleted too."""
+        ended = await self.timeouts.expire()
+        if self._now() >= self._retired_sweep_at:
+            self._retired_sweep_at = self._now() + RETIRED_SWEEP_S
+            try:
+                await self.history.reap_expired()
+            except SandcellError as exc:
+                log.warning("e2b: retired metrics not reaped: %s", exc)
+        return ended
 
     # -- network ----------------------------------------------------------------------------
 

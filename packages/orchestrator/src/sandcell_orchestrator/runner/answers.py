@@ -19,19 +19,36 @@ its own limit (``RemoteProtocolError``, mapped as every transport failure).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
 
-from sandcell_protocol import ExecuteRequest
+from sandcell_protocol import ExecuteRequest, RunnerLimits
 
-from ..errors import RunnerAnswerError
+from ..errors import AnswerCeilingError, AnswerTooLargeError, RunnerAnswerError
 
-__all__ = ["DECODED_PIECE_BYTES", "DEFAULT_CAPS", "AnswerCaps", "read_bounded", "read_lines"]
+__all__ = [
+    "CEILING_ENV",
+    "DECODED_PIECE_BYTES",
+    "DEFAULT_CAPS",
+    "AnswerCaps",
+    "PastCeiling",
+    "past_ceiling",
+    "read_bounded",
+    "read_lines",
+    "warn_past_ceiling",
+]
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
+_BODY_ENV = "SANDCELL_RUNNER_MAX_BODY_BYTES"
+_TIMEOUT_ENV = "SANDCELL_RUNNER_MAX_TIMEOUT_MS"
 _JSON_ESCAPE_FACTOR = 6
 """A control byte of job output is ``\\u00XX`` in JSON: six bytes for one."""
 _BASE64_FACTOR = 4 / 3
@@ -44,11 +61,29 @@ DECODED_PIECE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
+class PastCeiling:
+    """One limit a runner states above the ceiling: the variable it was set by, the one
+    that raises the ceiling, and both values."""
+
+    runner_env: str
+    stated: int
+    ceiling_env: str
+    ceiling: int
+
+    def __str__(self) -> str:
+        return f"{self.runner_env}={self.stated} is above {self.ceiling_env}={self.ceiling}"
+
+
+@dataclass(frozen=True, slots=True)
 class AnswerCaps:
     """The largest answer of each kind a ``RunnerClient`` reads, from the runner's caps.
 
-    The runner-side fields mirror the runner's defaults (``sandcell_runner.config``);
-    a runner configured above them needs a client built with the same values.
+    The runner-side fields default to the runner's defaults (``sandcell_runner.config``).
+    The caps a client is built with are its ceiling: a runner that states its limits
+    (``Health.limits``, protocol 1.3) is read by caps that follow them, each at most
+    the ceiling's (``following``); one that states none, by the ceiling itself. A
+    runner configured above the ceiling needs a higher one: ``sandcell`` reads it from
+    ``SANDCELL_ANSWER_*`` (``CEILING_ENV``; ``OrchestratorSettings.answer_caps``).
     """
 
     stdout_bytes: int = 1 * MIB
@@ -71,6 +106,67 @@ class AnswerCaps:
     """An error body: its message is cut to 500 characters anyway."""
     event_line_bytes: int = 1 * MIB
     """One line of a process event stream (the runner reads output 64 KiB at a time)."""
+    max_timeout_ms: int = 600_000
+    """``SANDCELL_RUNNER_MAX_TIMEOUT_MS``: how long a run that names no time limit may
+    take (the read budget of its answer)."""
+
+    def following(self, limits: RunnerLimits) -> AnswerCaps:
+        """These caps as a runner that stated ``limits`` needs them, none above these.
+
+        A request's own output limits may reach the runner's maximum, so that, not
+        these caps' default, bounds the runner's stated default."""
+        max_stdout = min(limits.max_stdout_bytes, self.max_stdout_bytes)
+        max_stderr = min(limits.max_stderr_bytes, self.max_stderr_bytes)
+        return dataclasses.replace(
+            self,
+            stdout_bytes=min(limits.stdout_bytes, max_stdout),
+            stderr_bytes=min(limits.stderr_bytes, max_stderr),
+            max_stdout_bytes=max_stdout,
+            max_stderr_bytes=max_stderr,
+            output_scan_bytes=min(limits.output_scan_bytes, self.output_scan_bytes),
+            max_output_files=min(limits.max_output_files, self.max_output_files),
+            max_body_bytes=min(limits.max_body_bytes, self.max_body_bytes),
+            max_timeout_ms=min(limits.max_timeout_ms, self.max_timeout_ms),
+        )
+
+    def beyond(self, limits: RunnerLimits) -> tuple[PastCeiling, ...]:
+        """The stated ``limits`` these caps, as a ceiling, hold lower; () if none."""
+        past: list[PastCeiling] = []
+        for name, stated, ceiling, field_name in (
+            ("STDOUT_BYTES", limits.stdout_bytes, self.max_stdout_bytes, "max_stdout_bytes"),
+            ("STDERR_BYTES", limits.stderr_bytes, self.max_stderr_bytes, "max_stderr_bytes"),
+            (
+                "MAX_STDOUT_BYTES",
+                limits.max_stdout_bytes,
+                self.max_stdout_bytes,
+                "max_stdout_bytes",
+            ),
+            (
+                "MAX_STDERR_BYTES",
+                limits.max_stderr_bytes,
+                self.max_stderr_bytes,
+                "max_stderr_bytes",
+            ),
+            (
+                "OUTPUT_SCAN_BYTES",
+                limits.output_scan_bytes,
+                self.output_scan_bytes,
+                "output_scan_bytes",
+            ),
+            (
+                "MAX_OUTPUT_FILES",
+                limits.max_output_files,
+                self.max_output_files,
+                "max_output_files",
+            ),
+            ("MAX_BODY_BYTES", limits.max_body_bytes, self.max_body_bytes, "max_body_bytes"),
+            ("MAX_TIMEOUT_MS", limits.max_timeout_ms, self.max_timeout_ms, "max_timeout_ms"),
+        ):
+            if stated > ceiling:
+                past.append(
+                    PastCeiling(f"SANDCELL_RUNNER_{name}", stated, CEILING_ENV[field_name], ceiling)
+                )
+        return tuple(past)
 
     def execute_bytes(self, request: ExecuteRequest | None = None) -> int:
         """One ``ExecuteResult`` (the object, or the result line of a stream)."""
@@ -98,9 +194,62 @@ class AnswerCaps:
 
 DEFAULT_CAPS = AnswerCaps()
 
+CEILING_ENV: dict[str, str] = {
+    "max_stdout_bytes": "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+    "max_stderr_bytes": "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+    "output_scan_bytes": "SANDCELL_ANSWER_OUTPUT_SCAN_BYTES",
+    "max_output_files": "SANDCELL_ANSWER_MAX_OUTPUT_FILES",
+    "max_body_bytes": "SANDCELL_ANSWER_MAX_BODY_BYTES",
+    "max_timeout_ms": "SANDCELL_ANSWER_MAX_TIMEOUT_MS",
+}
+"""The ceiling's fields an operator sets (``OrchestratorSettings.answer_caps``), and the
+variable each is read from. Not ``SANDCELL_RUNNER_*``: the local provider passes those
+on to its runners, and these are this side's, whatever the runners are told."""
 
-def _too_large(where: str, cap: int) -> RunnerAnswerError:
-    return RunnerAnswerError(f"{where}: the runner's answer exceeds {cap} bytes")
+
+def past_ceiling(
+    exc: AnswerTooLargeError, caps: AnswerCaps, beyond: tuple[PastCeiling, ...]
+) -> AnswerCeilingError | None:
+    """``exc`` as the ceiling's doing (``AnswerCeilingError``, naming the variables), when
+    the ceiling holds lower (``beyond``) a stated limit that sets this kind of answer's
+    cap: a file's, its largest body; a run's, its output, scanned files and file count;
+    an error body's or any other answer's, none. None: ``exc`` stands as it is."""
+    if (
+        isinstance(exc, AnswerCeilingError)
+        or exc.cap is None
+        or exc.cap in (caps.error_bytes, caps.answer_bytes, caps.event_line_bytes)
+    ):
+        return None
+    file_cap = exc.cap in (caps.file_bytes, caps.fs_bytes)
+    past = [
+        p
+        for p in beyond
+        if p.runner_env != _TIMEOUT_ENV and (p.runner_env == _BODY_ENV) == file_cap
+    ]
+    if not past:
+        return None
+    raise_these = " and ".join(sorted({p.ceiling_env for p in past}))
+    detail = (
+        "the sandbox's runner is configured to answer more than this orchestrator reads"
+        f" ({'; '.join(map(str, past))}): raise {raise_these}, or lower the runner's limits"
+    )
+    return AnswerCeilingError(f"{exc}; {detail}", cap=exc.cap, public_detail=detail)
+
+
+@functools.cache
+def warn_past_ceiling(beyond: tuple[PastCeiling, ...]) -> None:
+    """One warning per process for each way runners state limits past the ceiling
+    (every sandbox of a fleet states the same ones)."""
+    if beyond:
+        log.warning(
+            "runners state limits above this orchestrator's answer ceiling; their answers"
+            " are read only up to it: %s",
+            "; ".join(map(str, beyond)),
+        )
+
+
+def _too_large(where: str, cap: int) -> AnswerTooLargeError:
+    return AnswerTooLargeError(f"{where}: the runner's answer exceeds {cap} bytes", cap=cap)
 
 
 def _too_slow(where: str, budget_s: float) -> RunnerAnswerError:

@@ -20,7 +20,7 @@ import re
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 import anyio
@@ -31,6 +31,7 @@ from sandcell_protocol import (
     PROTOCOL_VERSION,
     Health,
     ProtocolError,
+    RunnerLimits,
     check_compatible,
     decode,
     encode,
@@ -40,8 +41,20 @@ from sandcell_protocol import (
 )
 from sandcell_protocol import ProtocolMismatchError as WireMismatch
 
-from ..errors import ConfigError, ProtocolMismatchError, SandboxUnavailableError
-from .answers import DEFAULT_CAPS, AnswerCaps, read_bounded
+from ..errors import (
+    AnswerTooLargeError,
+    ConfigError,
+    ProtocolMismatchError,
+    SandboxUnavailableError,
+)
+from .answers import (
+    DEFAULT_CAPS,
+    AnswerCaps,
+    PastCeiling,
+    past_ceiling,
+    read_bounded,
+    warn_past_ceiling,
+)
 from .close_guard import CloseGuard
 from .errors import (
     HeaderGuard,
@@ -108,8 +121,15 @@ class RunnerConnection:
         self.base_url = str(url.copy_with(username=None, password=None, query=None))
         self._token = token
         self.timeout_s = timeout_s
+        self.ceiling = caps
+        """The most of each kind of answer this connection ever reads."""
         self.caps = caps
-        """How much of each kind of answer this connection reads (``answers.py``)."""
+        """How much of each kind of answer this connection reads (``answers.py``): the
+        ceiling, or what the runner's ``Health`` stated under it once it stated any."""
+        self.stated: RunnerLimits | None = None
+        """The limits the runner's ``Health`` stated (protocol 1.3), once it did."""
+        self.beyond: tuple[PastCeiling, ...] = ()
+        """Which stated limits the ceiling holds lower (``AnswerCaps.beyond``)."""
         self.clock = clock
         self._new_request_id = new_request_id
         self.redact = Redactor([token, headers.BEARER_PREFIX + token])
@@ -155,13 +175,15 @@ class RunnerConnection:
         read_timeout_s: float | None = None,
         stream: bool = False,
         any_status: bool = False,
-        max_bytes: int | None = None,
+        max_bytes: int | Callable[[AnswerCaps], int] | None = None,
         **kwargs: object,
     ) -> httpx.Response:
         """Build (validating first), check the protocol on first contact, send.
 
         ``any_status``: hand back a non-2xx answer instead of raising (the port proxy).
-        ``max_bytes``: the cap on this answer's body (``caps.answer_bytes`` if None).
+        ``max_bytes``: the cap on this answer's body (``caps.answer_bytes`` if None), or
+        how to take it from the caps once the first contact set them from the runner's
+        stated limits.
         """
         if not any_status:
             # Answers read here are bounded as they come; a compressed one would be
@@ -178,7 +200,8 @@ class RunnerConnection:
             **kwargs,
         )
         await self.ensure_compatible()
-        return await self.send(request, stream=stream, any_status=any_status, max_bytes=max_bytes)
+        cap = max_bytes(self.caps) if callable(max_bytes) else max_bytes
+        return await self.send(request, stream=stream, any_status=any_status, max_bytes=cap)
 
     def build_request(
         self,
@@ -221,8 +244,18 @@ class RunnerConnection:
             **kwargs,  # type: ignore[arg-type]
         )
 
-    def mapping(self, request: httpx.Request) -> contextlib.AbstractContextManager[None]:
-        return map_transport_errors(request, route=request.url.path, redact=self.redact)
+    @contextlib.contextmanager
+    def mapping(self, request: httpx.Request) -> Iterator[None]:
+        """httpx's failures as ``SandboxError``s; an answer too large for a ceiling held
+        below the runner's own limits as the ``AnswerCeilingError`` naming them."""
+        try:
+            with map_transport_errors(request, route=request.url.path, redact=self.redact):
+                yield
+        except AnswerTooLargeError as exc:
+            error = past_ceiling(exc, self.caps, self.beyond)
+            if error is None:
+                raise
+            raise error from None
 
     async def send(
         self,
@@ -323,6 +356,15 @@ class RunnerConnection:
                 f" speaks {PROTOCOL_VERSION!r} (protocol majors must match)"
             ) from None
         health = self.decode(response, Health)
+        # An older runner states none: its answers are read by the ceiling, as before.
+        stated = health.limits
+        if isinstance(stated, RunnerLimits):
+            self.stated = stated
+            self.caps = self.ceiling.following(stated)
+            self.beyond = self.ceiling.beyond(stated)
+            warn_past_ceiling(self.beyond)
+        else:
+            self.caps = self.ceiling
         self._compatible = True
         return health
 

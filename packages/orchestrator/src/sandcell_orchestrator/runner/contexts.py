@@ -68,7 +68,7 @@ class RunnerContexts:
     def _read_s(self, run: cx.ContextRun, timeout_s: float | None) -> float:
         if timeout_s is not None:
             return timeout_s
-        own_s = (run.timeout_ms or 600_000) / 1000
+        own_s = (run.timeout_ms or self._conn.caps.max_timeout_ms) / 1000
         return max(self._conn.timeout_s, own_s + RUN_MARGIN_S)
 
     async def run(
@@ -86,7 +86,7 @@ class RunnerContexts:
             session_id=session_id,
             message=run,
             read_timeout_s=self._read_s(run, timeout_s),
-            max_bytes=self._conn.caps.execute_bytes(),
+            max_bytes=lambda caps: caps.execute_bytes(),
         )
         return self._conn.decode(response, cx.ContextRunResult)
 

@@ -160,7 +160,7 @@ class SandboxRunnerClient:
             sm.SANDBOX_FS,
             session_id=self.session_id,
             message=request,
-            max_bytes=self._conn.caps.fs_bytes,
+            max_bytes=lambda caps: caps.fs_bytes,
         )
         return self._conn.decode(response, sm.FsResult)
 

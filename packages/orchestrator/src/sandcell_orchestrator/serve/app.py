@@ -76,7 +76,7 @@ from .errors import (
     read_body,
 )
 from .idempotency import Idempotency, IdempotencyConflict, Replay, idempotency_key, replayed
-from .redaction import redact_access_log
+from .redaction import ERROR_LOGGER, quiet_handshakes, redact_access_log
 from .session_list import SessionInfo, SessionList, list_sessions, page_of
 from .stream import run_until_disconnect, stream_turn, wants_stream
 
@@ -342,6 +342,9 @@ def create_app(settings: OrchestratorSettings, *, services: Services | None = No
         )
         secret_parameters += E2B_SECRETS
     redact_access_log(secret_parameters)
+    # A WebSocket's path and query, and its handshake's headers, go to the error logger.
+    redact_access_log(secret_parameters, ERROR_LOGGER)
+    quiet_handshakes(ERROR_LOGGER)
     # LibreChat's Code Interpreter API (issue 17): an adapter on the same services.
     from .librechat import install_librechat
 

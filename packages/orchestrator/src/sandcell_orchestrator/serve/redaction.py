@@ -16,6 +16,13 @@ text, and its value up to the next ``&``, whitespace or ``"`` becomes
 (``%73ignature=`` is a ``signature``: the log keeps the query as sent), and a
 name is looked for after every ``?`` and ``&``, inside another parameter's value
 too.
+
+uvicorn's WebSocket protocol logs on its error logger instead (``uvicorn.error``):
+each upgrade's path and query at INFO (``"WebSocket /preview/…?token=…" 403``), and,
+through the websockets library it hands that logger to, the request line and every
+header (``< cookie: …``, ``< authorization: …``) and each frame at DEBUG. The server
+redacts the same parameters there and drops those handshake lines
+(``QuietHandshakes``).
 """
 
 from __future__ import annotations
@@ -25,9 +32,18 @@ import re
 import urllib.parse
 from collections.abc import Iterable
 
-__all__ = ["ACCESS_LOGGER", "REDACTED", "RedactQueryParameters", "redact_access_log"]
+__all__ = [
+    "ACCESS_LOGGER",
+    "ERROR_LOGGER",
+    "REDACTED",
+    "QuietHandshakes",
+    "RedactQueryParameters",
+    "quiet_handshakes",
+    "redact_access_log",
+]
 
 ACCESS_LOGGER = "uvicorn.access"
+ERROR_LOGGER = "uvicorn.error"
 REDACTED = "[redacted]"
 
 # A parameter's name and its ``=``, where one may start; the name as sent (encoded).
@@ -101,5 +117,24 @@ def redact_access_log(
             item.add(names)
             return item
     installed = RedactQueryParameters(names)
+    logger.addFilter(installed)
+    return installed
+
+
+class QuietHandshakes(logging.Filter):
+    """Drops the lines websockets logs as ``< …`` / ``> …`` (a handshake's request and
+    response lines, each header, each frame): they carry a client's credentials."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(("< ", "> ")))
+
+
+def quiet_handshakes(logger_name: str = ERROR_LOGGER) -> QuietHandshakes:
+    """Install one ``QuietHandshakes`` on ``logger_name`` (however often it is called)."""
+    logger = logging.getLogger(logger_name)
+    for item in logger.filters:
+        if isinstance(item, QuietHandshakes):
+            return item
+    installed = QuietHandshakes()
     logger.addFilter(installed)
     return installed

@@ -3,7 +3,8 @@
 The live one (reused), one the provider suspended natively (resumed), or a new one
 restored from the current checkpoint, fail closed: a failed restore raises
 (retryable) and the new sandbox is gone. A live sandbox whose last turn never
-closed is replaced, never reused: its job may have written without committing.
+closed is replaced, never reused: its job may have written without committing;
+one that stopped answering is rebuilt the same way (``replace_lost``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from __future__ import annotations
 import logging
 
 from ..config import Budgets
-from ..errors import ArchiveRejectedError, CheckpointError, SandboxError, SandboxUnavailableError
+from ..errors import (
+    ArchiveRejectedError,
+    CheckpointError,
+    SandboxError,
+    SandboxNotFoundError,
+    SandboxUnavailableError,
+)
 from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
@@ -83,6 +90,50 @@ class Attacher:
                         raise
                     self.sandboxes.keep(hold.session_id, handle)
                     return Attached(handle)
+        return await self.launch_restored(hold, spec)
+
+    async def acquire(self, hold: Hold, spec: SandboxSpec, *, owner: str) -> SandboxHandle:
+        """A new sandbox for the held new session, labelled ``owner``'s and recorded;
+        if recording fails it is destroyed, not orphaned."""
+        session_id = hold.session_id
+        handle = rebind(await self.sandboxes.launch(labelled(spec, session_id, owner)), session_id)
+        try:
+            await self.records.write(
+                hold, state="active", sandbox_id=handle.sandbox_id, endpoint=handle.endpoint
+            )
+        except BaseException:
+            await self.sandboxes.discard(handle)
+            raise
+        return handle
+
+    async def resume(self, hold: Hold, spec: SandboxSpec, *, adopt: bool) -> Attached:
+        """``attach`` for a session that exists: one the registry has no record of is
+        ``SandboxNotFoundError``, unless ``adopt`` (restored from the store's newest
+        checkpoint; ``CheckpointError`` when there is none, never an empty workspace)."""
+        if hold.record is None and not adopt:
+            raise SandboxNotFoundError(f"session {hold.session_id[:11]} is not registered")
+        if hold.record is None and hold.checkpoint_key is None:
+            raise CheckpointError(f"session {hold.session_id[:11]}: no record and no checkpoint")
+        return await self.attach(hold, spec)
+
+    async def replace_lost(self, hold: Hold, spec: SandboxSpec) -> Attached:
+        """Rebuild the held session's sandbox that stopped answering from its checkpoint.
+
+        Whatever is left of the old one is destroyed and the row marked suspended
+        first, so a failure at any step leaves a row the next attempt can resume.
+        """
+        record = hold.record
+        if record is None:
+            raise SandboxNotFoundError(f"session {hold.session_id[:11]} is not registered")
+        if hold.checkpoint_key is None:
+            raise CheckpointError(
+                f"session {hold.session_id[:11]} has no checkpoint to rebuild from"
+            )
+        await self.sandboxes.forget(hold.session_id)
+        # Destroy even a row already marked suspended (a sweeper marks lost
+        # sandboxes so): its remains still need removing.
+        await self.provider.destroy(record.sandbox_id)
+        await self.records.mark_suspended(hold)
         return await self.launch_restored(hold, spec)
 
     async def launch_restored(self, hold: Hold, spec: SandboxSpec) -> Attached:

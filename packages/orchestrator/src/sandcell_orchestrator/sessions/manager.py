@@ -19,13 +19,10 @@ written only while the lock token and the generation are current. A holder that
 lost its lock can still upload, but only under its own old key, which nothing
 points at; ``Sweeper`` collects it later.
 
-Suspend has one policy, branching only on the provider's capability: suspend in
-place (``NativeSuspend``), or checkpoint → destroy → mark suspended, so a failure
-at any step leaves the session resumable.
-
 The parts it is made of, each its own module: ``Holds`` (lock and generation),
 ``Attacher`` (which sandbox serves a hold, restored first), ``TurnCommits`` (the
-fenced writes that commit a turn), ``SessionRecords`` (the one row writer),
+fenced writes that commit a turn), ``Teardown`` (suspend, one policy on every
+provider; destroy; this process's sandboxes at exit), ``SessionRecords`` (the one row writer),
 ``Sandboxes`` (the provider side), ``Persistence`` (checkpoints in the store),
 ``StatelessAnswers`` (keyed stateless runs' answers in the store) and ``Sweeper``.
 This module wires them and holds the lifecycle by session id.
@@ -34,16 +31,15 @@ This module wires them and holds the lifecycle by session id.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
 from sandcell_protocol import EgressPolicy, EgressStatus
 
 from ..config import Budgets
-from ..errors import CheckpointError, SandboxError, SandboxNotFoundError, SandcellError
+from ..errors import SandboxNotFoundError
 from ..handle import SandboxHandle
 from ..metrics import Metrics
 from ..providers.base import SandboxProvider, SandboxSpec
@@ -54,13 +50,12 @@ from .commits import TurnCommits
 from .holds import Holds
 from .persistence import Persistence, PersistentWorkspace, TurnResult
 from .records import SessionRecords
-from .sandboxes import Attached, Hold, Sandboxes, labelled, rebind, sandbox_session_key
+from .sandboxes import Attached, Hold, Sandboxes, rebind, sandbox_session_key
 from .stateless_answers import StatelessAnswers
 from .sweep import Sweeper
+from .teardown import Teardown
 
 __all__ = ["Attached", "Hold", "SandboxManager", "rebind", "sandbox_session_key"]
-
-log = logging.getLogger(__name__)
 
 
 class SandboxManager:
@@ -115,6 +110,9 @@ class SandboxManager:
             budgets=self.budgets,
             metrics=self.metrics,
             wall_clock=wall_clock,
+        )
+        self.teardown = Teardown(
+            provider, self.sandboxes, self.records, self.persistence, self.commits, self.holds
         )
         self.sweeper = Sweeper(self)
         self._now = wall_clock
@@ -249,15 +247,7 @@ class SandboxManager:
         If registering fails, the new sandbox is destroyed, not orphaned.
         """
         async with self.hold(session_id) as hold:
-            handle = rebind(await self.launch(labelled(spec, session_id, owner)), session_id)
-            try:
-                await self.records.write(
-                    hold, state="active", sandbox_id=handle.sandbox_id, endpoint=handle.endpoint
-                )
-            except BaseException:
-                await self.discard(handle)
-                raise
-        return handle
+            return await self.attacher.acquire(hold, spec, owner=owner)
 
     async def connect(self, session_id: str) -> SandboxHandle:
         """A handle to an active sandbox; ``SandboxNotFoundError`` if suspended or gone."""
@@ -265,6 +255,15 @@ class SandboxManager:
         if record is None or record.state != "active":
             raise SandboxNotFoundError(f"session {session_id[:11]} has no active sandbox")
         return rebind(await self.provider.connect(record.sandbox_id), session_id)
+
+    @contextlib.asynccontextmanager
+    async def _connected(self, session_id: str) -> AsyncIterator[SandboxHandle]:
+        """``connect``, closed after the block."""
+        handle = await self.connect(session_id)
+        try:
+            yield handle
+        finally:
+            await handle.close()
 
     async def set_egress(self, session_id: str, policy: EgressPolicy) -> EgressStatus:
         """Replace the egress policy of the session's running sandbox, at once.
@@ -274,11 +273,8 @@ class SandboxManager:
         policy to last pass it with every turn (``ExecCall.egress``).
         ``SandboxNotFoundError`` if the session has no active sandbox.
         """
-        handle = await self.connect(session_id)
-        try:
+        async with self._connected(session_id) as handle:
             return await self.sandboxes.egress.apply(handle, policy)
-        finally:
-            await handle.close()
 
     async def egress_status(self, session_id: str) -> EgressStatus:
         """The egress policy, counters and latest refusals of the session's running sandbox.
@@ -287,11 +283,8 @@ class SandboxManager:
         window is the runner's (its latest 100). ``SandboxNotFoundError`` if the
         session has no active sandbox.
         """
-        handle = await self.connect(session_id)
-        try:
+        async with self._connected(session_id) as handle:
             return await self.sandboxes.egress.status(handle)
-        finally:
-            await handle.close()
 
     async def apply_egress(self, handle: SandboxHandle, policy: EgressPolicy) -> EgressStatus:
         """Set ``policy`` on the caller's live sandbox ``handle`` (a turn that carries one)."""
@@ -310,9 +303,7 @@ class SandboxManager:
     ) -> SnapshotInfo:
         """Checkpoint the caller's live sandbox of ``session_id`` (it keeps running)."""
         async with self.hold(session_id) as hold:
-            record = hold.record
-            if record is None or record.state != "active" or record.sandbox_id != handle.sandbox_id:
-                raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
+            _require_active(hold, handle)
             return await self.checkpoint(hold, Attached(handle), workspace=workspace)
 
     async def copy_workspace(
@@ -322,9 +313,7 @@ class SandboxManager:
         keeps running; the session's record and checkpoints are untouched), held so no
         suspend or turn of the session runs meanwhile."""
         async with self.hold(session_id) as hold:
-            record = hold.record
-            if record is None or record.state != "active" or record.sandbox_id != handle.sandbox_id:
-                raise SandboxNotFoundError(f"session {session_id[:11]}: not this active sandbox")
+            _require_active(hold, handle)
             return await self.persistence.save_to(handle, session_id=session_id, key=key)
 
     async def restore_workspace(
@@ -353,11 +342,7 @@ class SandboxManager:
         is restored from its newest checkpoint in the store instead, and is a
         ``CheckpointError`` when the store holds none (never an empty workspace)."""
         async with self.hold(session_id) as hold:
-            if hold.record is None and not adopt:
-                raise SandboxNotFoundError(f"session {session_id[:11]} is not registered")
-            if hold.record is None and hold.checkpoint_key is None:
-                raise CheckpointError(f"session {session_id[:11]}: no record and no checkpoint")
-            attached = await self.attach(hold, spec)
+            attached = await self.attacher.resume(hold, spec, adopt=adopt)
         self.sandboxes.release(session_id)
         return attached
 
@@ -369,19 +354,7 @@ class SandboxManager:
         ``CheckpointError`` when nothing was ever checkpointed to rebuild from.
         """
         async with self.hold(session_id) as hold:
-            record = hold.record
-            if record is None:
-                raise SandboxNotFoundError(f"session {session_id[:11]} is not registered")
-            if hold.checkpoint_key is None:
-                raise CheckpointError(
-                    f"session {session_id[:11]} has no checkpoint to rebuild from"
-                )
-            await self.sandboxes.forget(session_id)
-            # Destroy even a row already marked suspended (a sweeper marks lost
-            # sandboxes so): its remains still need removing.
-            await self.provider.destroy(record.sandbox_id)
-            await self.records.mark_suspended(hold)
-            attached = await self.attacher.launch_restored(hold, spec)
+            attached = await self.attacher.replace_lost(hold, spec)
         self.sandboxes.release(session_id)
         return attached.handle
 
@@ -394,52 +367,12 @@ class SandboxManager:
         mark suspended (a failed checkpoint keeps the sandbox: nothing is lost).
         """
         async with self.hold(session_id) as hold:
-            record = hold.record
-            if record is None or record.state != "active" or record.provider != self.provider.name:
-                return False
-            await self.sandboxes.forget(session_id)
-            try:
-                handle = rebind(await self.provider.connect(record.sandbox_id), session_id)
-            except SandboxNotFoundError:
-                handle = None  # died on its own: the last checkpoint is the restore point
-            if handle is not None and record.turn_open:
-                # A turn that never closed may have left uncommitted writes: the last
-                # checkpoint is the restore point, not this sandbox's workspace.
-                await handle.close()
-                handle = None
-            if handle is not None:
-                try:
-                    if self.sandboxes.native is not None:
-                        await self.sandboxes.native.suspend(record.sandbox_id)
-                    else:
-                        await self.checkpoint(hold, Attached(handle), workspace=workspace)
-                finally:
-                    await handle.close()
-            if handle is None or self.sandboxes.native is None:
-                await self.provider.destroy(record.sandbox_id)
-            await self.records.write(hold, state="suspended")
-        return True
+            return await self.teardown.suspend(hold, workspace=workspace)
 
     async def destroy(self, session_id: str) -> bool:
         """Destroy the session's sandbox, its checkpoints and its row; whether it had a row."""
         async with self.hold(session_id) as hold:
-            record = hold.record
-            cached = self.sandboxes.take(session_id)
-            if cached is not None and (record is None or cached.sandbox_id != record.sandbox_id):
-                # No record points at this process's sandbox of the session (a wiped
-                # registry lost it): nothing else would ever remove it.
-                await self.sandboxes.discard(cached)
-            elif cached is not None:
-                await cached.close()
-            if record is not None and record.provider == self.provider.name:
-                await self.provider.destroy(record.sandbox_id)
-            await self.persistence.delete_all(
-                session_id, also=record.checkpoint_key if record else None
-            )
-            if record is None:
-                return False
-            await self.registry.delete(hold.lease, session_id, generation=hold.generation)
-            return True
+            return await self.teardown.destroy(hold)
 
     async def record(self, session_id: str) -> SessionRecord | None:
         """The session's registry row."""
@@ -472,23 +405,11 @@ class SandboxManager:
         await self.sandboxes.aclose()
         if not destroy_sandboxes or not self.sandboxes.launched:
             return
-        native = self.sandboxes.native is not None
-        for record in await self.registry.list_records():
-            if record.sandbox_id not in self.sandboxes.launched:
-                continue
-            if record.provider != self.provider.name or not (record.state == "active" or native):
-                continue
-            with contextlib.suppress(SandboxError):
-                await self.provider.destroy(record.sandbox_id)
-            self.sandboxes.launched.discard(record.sandbox_id)
-            await self._mark_left(record.session_id, record.sandbox_id)
+        await self.teardown.leave(await self.registry.list_records())
 
-    async def _mark_left(self, session_id: str, sandbox_id: str) -> None:
-        """Mark a row whose sandbox this process destroyed at exit as suspended, so the
-        next process restores without first probing a sandbox that is gone."""
-        try:
-            async with self.hold(session_id) as hold:
-                if hold.record is not None and hold.record.sandbox_id == sandbox_id:
-                    await self.records.write(hold, state="suspended")
-        except SandcellError as exc:  # busy or lost: the next holder finds it gone instead
-            log.info("session %s: left its row as it was (%s)", session_id[:11], exc)
+
+def _require_active(hold: Hold, handle: SandboxHandle) -> None:
+    """``SandboxNotFoundError`` unless ``handle`` is the held session's active sandbox."""
+    record = hold.record
+    if record is None or record.state != "active" or record.sandbox_id != handle.sandbox_id:
+        raise SandboxNotFoundError(f"session {hold.session_id[:11]}: not this active sandbox")

@@ -1,4 +1,4 @@
-"""``SessionRecords``: the one writer of a held session's registry row.
+"""``SessionRecords``: the one writer (and deleter) of a held session's registry row.
 
 Every row the manager writes is built here: the held row (or a new one) with the
 changes, stamped with the hold's generation and written fenced by its lease, so a
@@ -59,6 +59,10 @@ class SessionRecords:
         await self.registry.put(hold.lease, record, answer=answer)
         hold.record = record
         return record
+
+    async def delete(self, hold: Hold) -> None:
+        """Delete the held row, fenced by the hold's lease and generation."""
+        await self.registry.delete(hold.lease, hold.session_id, generation=hold.generation)
 
     async def mark_suspended(self, hold: Hold) -> None:
         """Mark the held row suspended, if there is one; a lost lease is only logged."""

@@ -15,7 +15,8 @@ What a restore would refuse is left out and listed in ``CheckpointMeta.skipped``
 instead, so that one odd entry costs that entry, not the whole checkpoint:
 FIFOs, sockets and devices; names that are not valid workspace paths (invalid
 UTF-8, a backslash, too long); symlinks whose target is absolute or climbs out
-of the workspace (a venv's ``bin/python -> /usr/bin/python3`` is one).
+of the workspace (a venv's ``bin/python -> /usr/bin/python3`` is one). The list names
+the first of them (``skipped.MAX_SKIPPED_LISTED_CHARS`` of names), then counts the rest.
 Hard-linked files are stored as independent copies.
 """
 
@@ -41,6 +42,7 @@ from ..errors import ArchiveRejectedError
 from .archive_rules import MAX_META_BYTES, PERMISSION_BITS, symlink_target_inside
 from .compression import Compressor, Encoding, new_compressor
 from .selection import WorkspaceSelection
+from .skipped import SkippedEntries
 
 __all__ = [
     "ArchiveLimits",
@@ -178,7 +180,7 @@ def _plan(root_fd: int, limits: ArchiveLimits, select: WorkspaceSelection | None
     """First pass: enforce the caps up front and collect what will be skipped."""
     members = 2  # the metadata member and the root directory
     file_bytes = 0
-    skipped: list[str] = []
+    skipped = SkippedEntries()
     with contextlib.closing(_walk(root_fd, select)) as entries:
         for relpath, parent_fd, name, kind in entries:
             members += 1
@@ -194,10 +196,10 @@ def _plan(root_fd: int, limits: ArchiveLimits, select: WorkspaceSelection | None
             elif kind == "symlink":
                 target = _unless_raced(os.readlink, name, dir_fd=parent_fd)
                 if target is not None and not symlink_target_inside(relpath, target):
-                    skipped.append(_printable(relpath))
+                    skipped.add(relpath)
             elif kind != "dir":
-                skipped.append(_printable(relpath))
-    return skipped
+                skipped.add(relpath)
+    return skipped.listed()
 
 
 def _stream_entries(
@@ -347,11 +349,6 @@ def _valid_name(relpath: str) -> bool:
         return validate_workspace_path(relpath) == relpath
     except ProtocolError:
         return False
-
-
-def _printable(relpath: str) -> str:
-    # Undecodable bytes arrive as surrogates, which JSON cannot carry.
-    return os.fsencode(relpath).decode("utf-8", "backslashreplace")
 
 
 def _header(

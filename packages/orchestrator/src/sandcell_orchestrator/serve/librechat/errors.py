@@ -14,7 +14,14 @@ from starlette.responses import Response
 
 from sandcell_protocol import ErrorCode
 
-from ..errors import JSON_MEDIA_TYPE, Endpoint, PayloadTooLargeError, answered, map_error
+from ..errors import (
+    JSON_MEDIA_TYPE,
+    MAX_BODY_BYTES,
+    Endpoint,
+    PayloadTooLargeError,
+    answered,
+    map_error,
+)
 from .limits import RateLimitedError
 
 __all__ = [
@@ -52,7 +59,9 @@ def _answer(exc: BaseException) -> Response:
     if isinstance(exc, FileNotVisibleError):
         return librechat_json(404, {"error": "not_found", "message": "file not found"})
     if isinstance(exc, PayloadTooLargeError):
-        return librechat_json(413, {"error": "payload_too_large", "message": str(exc)})
+        # Never an empty message: the caller's log is where its operator finds the cause.
+        message = str(exc) or f"the request body is larger than {MAX_BODY_BYTES} bytes"
+        return librechat_json(413, {"error": "payload_too_large", "message": message})
     status, body = map_error(exc)
     code = body.error.code
     if status == 504:

@@ -12,6 +12,7 @@ import msgspec
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Message, Receive
 
 from sandcell_protocol import ProtocolError, validate_user_id
 from sandcell_protocol.digits import is_ascii_digits
@@ -57,11 +58,15 @@ class FileRoutes:
 
     async def _upload(self, request: Request, *, batch: bool) -> Response:
         caller = self.auth.caller(request)
+        max_bytes = self.settings.max_upload_bytes
         declared = request.headers.get("content-length", "")
-        if is_ascii_digits(declared) and int(declared) > self.settings.max_upload_bytes:
-            raise PayloadTooLargeError
+        if is_ascii_digits(declared) and int(declared) > max_bytes:
+            raise _too_large(max_bytes)
         limit = MAX_BATCH_FILES if batch else 1
-        async with form_of(request, max_files=limit, max_fields=16) as form:
+        # The body is parsed as it streams, and cut off at the cap: one that declares no
+        # length (chunked) costs at most the cap, never its whole self, in spool or memory.
+        capped = Request(request.scope, receive=_capped(request.receive, max_bytes))
+        async with form_of(capped, max_files=limit, max_fields=16) as form:
             parts = [part for part in form.getlist("file") if isinstance(part, UploadFile)]
             if not parts:
                 raise ProtocolError("upload: no file part")
@@ -69,6 +74,14 @@ class FileRoutes:
             if kind is not None and kind not in _KINDS:
                 raise ProtocolError("upload: kind must be user, agent or skill")
             resource_id = _text(form.get("id"))
+            # Clients that send no kind are the legacy contract: it named the storage
+            # session ``session_id``.
+            legacy = kind is None
+            entity_id = _text(form.get("entity_id"))
+            if legacy and entity_id is not None:
+                # An older LibreChat's agent file: kept as the agent's, so the agent's
+                # other users (naming ``entity_id`` or ``kind=agent&id=``) see it too.
+                kind, resource_id = "agent", validate_user_id(entity_id, field="entity_id")
             version = _text(form.get("version"))
             # Bounded: past 4300 digits int() raises, and no version is that long.
             if version is not None and not is_ascii_digits(version, max_length=18):
@@ -83,8 +96,8 @@ class FileRoutes:
             for part in parts:
                 data = await part.read()
                 total += len(data)
-                if total > self.settings.max_upload_bytes:
-                    raise PayloadTooLargeError
+                if total > max_bytes:
+                    raise _too_large(max_bytes)
                 filename = part.filename or "file"
                 file_id = self.new_id()
                 await self.files.put(
@@ -104,9 +117,6 @@ class FileRoutes:
                         fileId=file_id, filename=filename, status="success" if batch else None
                     )
                 )
-        # Clients that send no kind are the legacy contract: it named the storage
-        # session ``session_id``.
-        legacy = kind is None
         answer = UploadAnswer(
             message="success",
             files=uploaded,
@@ -156,7 +166,9 @@ class FileRoutes:
                 storage_session_id=session_id,
                 metadata={"original-filename": meta.filename},
                 size=meta.size if full else None,
-                lastModified=meta.modified_at if full else None,
+                # In the summary too: an older LibreChat reads it there and re-uploads
+                # a file whose listing has none (or one more than 23 hours old).
+                lastModified=meta.modified_at,
                 etag=meta.sha256 if full else None,
             )
             for file_id, meta in await self.files.list(caller.namespace, session_id)
@@ -182,7 +194,32 @@ def _viewer(request: Request, caller: Caller) -> Viewer:
     if user is None:
         user = resource if kind == "user" else request.headers.get("user-id") or None
     vouched = caller.token_user is not None
-    return Viewer(user_id=user, kind=kind, resource_id=resource, vouched=vouched)
+    entity = request.query_params.get("entity_id") or None
+    return Viewer(user_id=user, kind=kind, resource_id=resource, vouched=vouched, entity_id=entity)
+
+
+def _too_large(max_bytes: int) -> PayloadTooLargeError:
+    """The 413 of an upload past the cap, in words an operator can act on."""
+    return PayloadTooLargeError(
+        f"the upload is larger than {max_bytes} bytes, the limit "
+        "SANDCELL_LIBRECHAT_MAX_UPLOAD_BYTES sets"
+    )
+
+
+def _capped(receive: Receive, max_bytes: int) -> Receive:
+    """``receive`` that raises ``_too_large`` once the body passes ``max_bytes``."""
+    seen = 0
+
+    async def capped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > max_bytes:
+                raise _too_large(max_bytes)
+        return message
+
+    return capped
 
 
 def _text(value: object) -> str | None:

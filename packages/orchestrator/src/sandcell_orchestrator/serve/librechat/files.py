@@ -40,7 +40,8 @@ class FileMeta(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     size: int
     sha256: str
     modified_at: str
-    """ISO 8601, UTC."""
+    """ISO 8601, UTC, to the millisecond: ``2026-01-02T03:04:05.678Z``, as a JavaScript
+    ``Date`` serializes (LibreChat's server reads it back with ``new Date(...)``)."""
 
 
 class Viewer(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +52,9 @@ class Viewer(msgspec.Struct, frozen=True, kw_only=True):
     resource_id: str | None = None
     vouched: bool = False
     """The user is a verified token's (not one an API-key caller named)."""
+    entity_id: str | None = None
+    """An older LibreChat's ``?entity_id=`` (an agent's id): names that agent's files
+    as ``kind=agent&id=`` does, beside whatever else the viewer may see."""
 
 
 def visible(meta: FileMeta, viewer: Viewer) -> bool:
@@ -62,8 +66,16 @@ def visible(meta: FileMeta, viewer: Viewer) -> bool:
     API key) sees its namespace's files, as the legacy contract had it; and a file
     whose maker named no user (an API-key programmatic run: the client sends no user)
     is its namespace's, seen by any user an API-key caller names (that caller could name
-    any), never by a token's user.
+    any), never by a token's user. An ``entity_id`` only adds its agent's files: it never
+    hides what the viewer sees without it, and (the namespace coming first) never
+    reaches another tenant's.
     """
+    if (
+        viewer.entity_id is not None
+        and meta.kind == "agent"
+        and meta.resource_id == viewer.entity_id
+    ):
+        return True
     if (
         meta.kind in SHARED_KINDS
         and viewer.kind == meta.kind
@@ -110,7 +122,7 @@ class LibreChatFiles:
             read_only=read_only,
             size=len(data),
             sha256=hashlib.sha256(data).hexdigest(),
-            modified_at=self._clock().isoformat().replace("+00:00", "Z"),
+            modified_at=self._clock().isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         )
         await self._store.write(scoped, file_id, data)
         await self._store.write(scoped, file_id + _META_SUFFIX, msgspec.json.encode(meta))

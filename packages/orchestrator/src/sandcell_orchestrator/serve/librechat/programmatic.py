@@ -113,6 +113,9 @@ class _Run:
     outputs: dict[str, OutputFile] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
     """The inputs gone from the workspace as of the last round (``deleted_files``)."""
+    runtime_status: str = "new"
+    """``new`` when the call's runtime session had no record before its first round, else
+    ``reused``: answered with the session's id when the call named the session."""
 
     async def collect(self, handle: SandboxHandle, files: list[OutputFile]) -> None:
         """A round's collection: its outputs over the inline cap, and the inputs gone."""
@@ -206,6 +209,10 @@ class Programmatic:
             expires_at=self._clock() + TOKEN_TTL_S,
             quiet_s=_BASH_QUIET_S if bash else _QUIET_S,
         )
+        if not own_session:
+            # Looked up before the first round (which makes the record), as /exec does.
+            record = await api.manager.record(runtime_session_id(run.namespace, user, hint))
+            run.runtime_status = "new" if record is None else "reused"
         if bash:
             runtime, kind = f"{RUNTIME}\n{BASH_RUNTIME}", "_SandcellBashProgrammatic"
         else:
@@ -279,6 +286,10 @@ class Programmatic:
                 answer["artifact_delivery"] = delivery
             if run.deleted:
                 answer["deleted_files"] = run.deleted
+            if not run.own_session:
+                # The client echoes both beside session_id in its artifact.
+                answer["runtime_session_id"] = _session_id(run)
+                answer["runtime_status"] = run.runtime_status
             return _json(answer)
         error = state.get("error") or _failure(result)
         return _json({"status": "error", "error": error, "stderr": stderr})
