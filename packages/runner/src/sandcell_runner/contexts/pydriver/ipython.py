@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +66,8 @@ class Shell:
         return self._shell
 
     def _make(self) -> Any:
+        import tempfile  # here: a context that never needs IPython never loads it
+
         interactiveshell = importlib.import_module("IPython.core.interactiveshell")
         displaypub = importlib.import_module("IPython.core.displaypub")
         config = importlib.import_module("traitlets.config").Config()
@@ -77,7 +77,7 @@ class Shell:
         base = interactiveshell.InteractiveShell
         # A kernel's shell picks its GUI event loop here; the jail has none, and the
         # inline backend (``%matplotlib inline``) needs no loop at all.
-        shell_type = type("SandcellShell", (base,), {"enable_gui": _no_gui})
+        shell_type: Any = type("SandcellShell", (base,), {"enable_gui": _no_gui})
         publisher_type = type(
             "SandcellPublisher",
             (displaypub.DisplayPublisher,),
@@ -97,12 +97,14 @@ class Shell:
         shell.display_pub = publisher_type(shell=shell, parent=shell)
         shell.system = self._system
         shell.showtraceback = _raise_current
-        package = os.path.dirname(os.path.dirname(os.path.abspath(interactiveshell.__file__)))
+        package = os.path.dirname(os.path.dirname(os.path.abspath(str(interactiveshell.__file__))))
         self.hidden = (package + os.sep, "<decorator-gen-")
         return shell
 
     def _system(self, cmd: str) -> None:
         """``!cmd``: the shell command as a child of the cell, its output the cell's."""
+        import subprocess  # here, as tempfile
+
         command = self._shell.var_expand(cmd, depth=1)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
