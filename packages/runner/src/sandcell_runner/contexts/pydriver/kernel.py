@@ -12,11 +12,13 @@ import sys
 import traceback
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .channel import Channel, FdForwarder, Interrupts
 from .display import MIMES, b64, figure_png, is_figure, mimebundle
-from .ipython import Shell
+
+if TYPE_CHECKING:
+    from .ipython import Shell
 
 __all__ = ["Kernel", "flush_streams"]
 
@@ -46,7 +48,8 @@ class Kernel:
         display: Callable[..., None] = self.display
         builtins.display = display  # type: ignore[attr-defined]
         self.namespace["display"] = display
-        self.ipython = Shell(self.namespace, lambda data: self._result(data, main=False))
+        self.ipython: Shell | None = None
+        """IPython's shell, from the first cell that is not Python (``!cmd``, ``%magic``)."""
 
     def display(self, *values: Any, raw: bool = False, **_: Any) -> None:
         """``display(obj, ...)``: each value's representations as a result (not main)."""
@@ -107,6 +110,11 @@ class Kernel:
             return ast.parse(code, filename=filename, mode="exec")
         except SyntaxError as exc:
             error = exc
+        if self.ipython is None:
+            # Imported here: compiling it costs every context's start-up a millisecond.
+            from .ipython import Shell
+
+            self.ipython = Shell(self.namespace, lambda data: self._result(data, main=False))
         transformed = self.ipython.transform(code)
         if transformed is not None and transformed != code:
             with contextlib.suppress(SyntaxError):
@@ -149,7 +157,7 @@ class Kernel:
     def _error(self, exc: BaseException) -> None:
         # The driver's own frames (its exec, its SIGINT handler) are not the user's business.
         report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
-        hidden = self.hidden + self.ipython.hidden
+        hidden = self.hidden + (self.ipython.hidden if self.ipython is not None else ())
         for part in _chain(report):
             kept = [frame for frame in part.stack if not frame.filename.startswith(hidden)]
             part.stack = traceback.StackSummary.from_list(kept)
