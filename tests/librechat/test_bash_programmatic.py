@@ -145,3 +145,31 @@ def test_tools_named_like_shell_commands_are_called_as_tools(serve: Serve, drive
         for name, bash in zip(SHELL_NAMED_TOOLS, names.split(), strict=True)
     )
     assert done["content"].startswith(f"stdout:\n{expected}again=cat ok again\n"), done
+
+
+def test_a_script_past_an_argument_s_limit_runs(serve: Serve, driver: Driver) -> None:
+    """200 KB of bash (past the 128 KiB one exec argument holds) calls its tool and
+    completes, as does a short script given 5,000 tools; both were ``status: error``
+    "Argument list too long: 'bash'" (the script was passed as ``bash -c``)."""
+    code = "x='" + "a" * 200_000 + "'\n" + 'echo "${#x} $(get_weather \'{"city": "Rome"}\')"\n'
+    done = bash_ptc(driver, serve, code, "get_weather")
+    assert done["ok"], done
+    assert done["content"].startswith('stdout:\n200000 {"city":"Rome","temp_c":12}'), done
+    with serve.client() as client:
+        many = client.post(
+            "/exec/programmatic",
+            json={
+                "lang": "bash",
+                "code": "echo $(t4999 '{}') done",
+                "tools": [{"name": f"t{i}"} for i in range(5000)],
+            },
+        ).json()
+        assert many["status"] == "tool_call_required", many
+        (call,) = many["tool_calls"]
+        assert call["name"] == "t4999", call
+        answer = {"call_id": call["id"], "result": "ok", "is_error": False}
+        done = client.post(
+            "/exec/programmatic",
+            json={"continuation_token": many["continuation_token"], "tool_results": [answer]},
+        ).json()
+    assert (done["status"], done["stdout"]) == ("completed", "ok done\n"), done

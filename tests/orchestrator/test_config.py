@@ -14,6 +14,7 @@ from sandcell_orchestrator.errors import ConfigError
 from sandcell_orchestrator.providers.docker_settings import DockerSettings
 from sandcell_orchestrator.providers.lambda_settings import LambdaMicrovmSettings
 from sandcell_orchestrator.providers.local_settings import LocalSettings
+from sandcell_orchestrator.runner.answers import DEFAULT_CAPS
 
 HOME = {"SANDCELL_HOME": "/nonexistent/sandcell"}
 
@@ -23,6 +24,27 @@ def test_the_defaults_are_the_embedded_stack() -> None:
     assert isinstance(settings.provider, LocalSettings)
     assert (settings.provider_name, settings.registry_url, settings.s3) == ("local", None, None)
     assert settings.snapshot_dir == Path("/nonexistent/sandcell/snapshots")
+
+
+@pytest.mark.parametrize(
+    "provider", [{}, {"SANDCELL_PROVIDER": "docker", "SANDCELL_DOCKER_IMAGE": "runner:1"}]
+)
+def test_what_runners_inherit_stays_out_of_the_repr(provider: dict[str, str]) -> None:
+    """The variables passed through to every runner can hold credentials (a warmup
+    command's index token, a local runner's file server user info): they reach the
+    runner, not a repr."""
+    secret = "inherit-S3CR3T-41d0"
+    env = {
+        **HOME,
+        **provider,
+        "SANDCELL_FILE_SERVER_URL": f"http://puller:{secret}@files.internal",
+        "SANDCELL_RUNNER_WARMUP_COMMAND": f"pip download --index-url https://t:{secret}@pypi/",
+    }
+    settings = OrchestratorSettings.from_env(env)
+    runner_env = settings.provider.runner_env  # type: ignore[union-attr]
+    assert runner_env["SANDCELL_RUNNER_WARMUP_COMMAND"] == env["SANDCELL_RUNNER_WARMUP_COMMAND"]
+    for text in (repr(settings), repr(settings.provider), str(settings)):
+        assert secret not in text
 
 
 @pytest.mark.parametrize(
@@ -47,6 +69,37 @@ def test_checkpoint_retry_budget_defaults_to_10_s_and_0_disables() -> None:
     assert off.checkpoint_retry_s == 0.0
     two = OrchestratorSettings.from_env({**HOME, "SANDCELL_CHECKPOINT_RETRY_S": "2.5"})
     assert two.checkpoint_retry_s == 2.5
+
+
+def test_the_answer_ceiling_defaults_to_the_runners_default_maxima() -> None:
+    """``SANDCELL_ANSWER_*``: unset, the caps every client was built with before; set,
+    each its field (stdout and stderr alike), the rest untouched."""
+    assert OrchestratorSettings.from_env(HOME).answer_caps == DEFAULT_CAPS
+    raised = OrchestratorSettings.from_env(
+        {
+            **HOME,
+            "SANDCELL_ANSWER_MAX_OUTPUT_BYTES": str(256 << 20),
+            "SANDCELL_ANSWER_MAX_BODY_BYTES": str(1 << 30),
+            "SANDCELL_ANSWER_OUTPUT_SCAN_BYTES": str(1 << 30),
+            "SANDCELL_ANSWER_MAX_OUTPUT_FILES": "5000",
+            "SANDCELL_ANSWER_MAX_TIMEOUT_MS": "3600000",
+        }
+    ).answer_caps
+    assert raised == dataclasses.replace(
+        DEFAULT_CAPS,
+        max_stdout_bytes=256 << 20,
+        max_stderr_bytes=256 << 20,
+        max_body_bytes=1 << 30,
+        output_scan_bytes=1 << 30,
+        max_output_files=5000,
+        max_timeout_ms=3_600_000,
+    )
+    low = OrchestratorSettings.from_env({**HOME, "SANDCELL_ANSWER_MAX_OUTPUT_BYTES": "4096"})
+    assert (low.answer_caps.stdout_bytes, low.answer_caps.max_stderr_bytes) == (4096, 4096)
+    # Not passed on to runners: the local provider passes SANDCELL_RUNNER_* only.
+    local = OrchestratorSettings.from_env({**HOME, "SANDCELL_ANSWER_MAX_BODY_BYTES": "4096"})
+    assert isinstance(local.provider, LocalSettings)
+    assert not any("ANSWER" in name for name in local.provider.runner_env)
 
 
 def test_no_raw_environment_is_kept() -> None:
@@ -75,6 +128,11 @@ def test_no_raw_environment_is_kept() -> None:
         ({"SANDCELL_APP_GIT_AUTHOR": "nobody"}, "SANDCELL_APP_GIT_AUTHOR"),
         ({"SANDCELL_API_KEYS": "short=ns"}, "SANDCELL_API_KEYS"),
         ({"SANDCELL_LOG_LEVEL": "verbose"}, "SANDCELL_LOG_LEVEL: must be one of critical"),
+        ({"SANDCELL_ANSWER_MAX_OUTPUT_BYTES": "64MiB"}, "SANDCELL_ANSWER_MAX_OUTPUT_BYTES"),
+        ({"SANDCELL_ANSWER_MAX_BODY_BYTES": "100"}, "SANDCELL_ANSWER_MAX_BODY_BYTES: must be >="),
+        ({"SANDCELL_ANSWER_OUTPUT_SCAN_BYTES": "-1"}, "SANDCELL_ANSWER_OUTPUT_SCAN_BYTES"),
+        ({"SANDCELL_ANSWER_MAX_OUTPUT_FILES": "many"}, "SANDCELL_ANSWER_MAX_OUTPUT_FILES"),
+        ({"SANDCELL_ANSWER_MAX_TIMEOUT_MS": "10"}, "SANDCELL_ANSWER_MAX_TIMEOUT_MS: must be >="),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_its_variable(env: dict[str, str], variable: str) -> None:

@@ -82,7 +82,8 @@ async def test_token_then_cookie(preview: Preview) -> None:
 
 
 async def test_forwarded_headers(preview: Preview) -> None:
-    """The runner gets its own token, the session and the prefix; never the caller's secrets."""
+    """The runner gets its own token, the session and the prefix; never the caller's secrets
+    (nor the preview token in the Referer of a page opened with it)."""
     async with httpx.AsyncClient(base_url=preview.url) as client:
         response = await client.get(
             f"/preview/{INSTANCE}/x?token={PREVIEW_TOKEN}",
@@ -90,9 +91,12 @@ async def test_forwarded_headers(preview: Preview) -> None:
                 "Authorization": f"Bearer {CALLER_KEY}",
                 "Cookie": f"{COOKIE_NAME}=stale; theme=dark",
                 "X-Forwarded-Prefix": "/evil/",
+                # What a page opened with ?token= sends with each request it makes.
+                "Referer": f"{preview.url}/preview/{INSTANCE}/?a=1&token={PREVIEW_TOKEN}&b=2",
             },
         )
     headers = response.json()["headers"]
+    assert headers["referer"] == f"{preview.url}/preview/{INSTANCE}/?a=1&b=2"
     assert headers["authorization"] == f"Bearer {RUNNER_TOKEN}"
     assert headers["x-runtime-session-id"] == SESSION
     assert headers["x-forwarded-prefix"] == f"/preview/{INSTANCE}/"

@@ -125,3 +125,8 @@ async def test_preview_websockets_log_no_token_on_either_side(
     assert preview_token not in runner_logs
     assert runner_token not in runner_logs
     assert any("token=[redacted]&v=3" in line for line in lines), lines
+    # The unauthenticated metrics name no credential and no tenant either.
+    metrics = (await api.client.get("/metrics")).text
+    assert "sandcell_preview_upstream_failures_total" in metrics
+    for value in (preview_token, runner_token, KEY_A, "tenant-a"):
+        assert value not in metrics

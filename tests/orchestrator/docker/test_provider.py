@@ -15,14 +15,18 @@ from typing import Any
 import anyio
 import pytest
 
+from sandcell_orchestrator.config import OrchestratorSettings
 from sandcell_orchestrator.errors import (
     CheckpointError,
     ConfigError,
+    RunnerAnswerError,
     SandboxNotFoundError,
     SandboxUnavailableError,
 )
+from sandcell_orchestrator.providers import open_provider
 from sandcell_orchestrator.providers.base import SESSION_LABEL, ResourceLimits, SandboxSpec
 from sandcell_orchestrator.providers.docker import DockerProvider, sandbox_session_id
+from sandcell_orchestrator.providers.docker_settings import DockerSettings
 from sandcell_orchestrator.registry import InProcessRegistry
 from sandcell_orchestrator.sessions.manager import SandboxManager
 from sandcell_orchestrator.snapshots import DirectorySnapshotStore
@@ -381,3 +385,31 @@ def _weakened(warnings: list[str]) -> list[str]:
     """Warnings but the one a container gets today: no loop devices for workspace images
     (its workspaces are tmpfs, as before; docs/isolation.md, "Workspace storage")."""
     return [w for w in warnings if not w.startswith("workspace images unavailable")]
+
+
+async def test_the_runner_is_read_up_to_the_configured_ceiling(
+    settings: DockerSettings, spec: SandboxSpec
+) -> None:
+    """``open_provider`` with the settings' ``SANDCELL_ANSWER_*`` ceiling: the runner in
+    the container (the tenant's side) is read by it, not by the defaults."""
+    ceiling = OrchestratorSettings.from_env(
+        {"HOME": "/nonexistent", "SANDCELL_ANSWER_MAX_BODY_BYTES": str(1 << 20)}
+    ).answer_caps
+    provider = open_provider(settings, answer_caps=ceiling)
+    try:
+        session = runtime_session_id("docker", "user", "ceiling")
+        handle = await provider.create(_with(spec, **{SESSION_LABEL: session}))
+        try:
+            assert handle.runner.connection.ceiling == ceiling
+            make = "open('big', 'wb').write(bytes(2 << 20))"
+            done = await handle.runner.execute(
+                ExecuteRequest(language="python", code=make), session_id=session
+            )
+            assert done.status == RunStatus.OK, done.stderr
+            with pytest.raises(RunnerAnswerError, match=f"exceeds {(1 << 20) + (64 << 10)} bytes"):
+                await handle.runner.read_file("big", session_id=session)
+        finally:
+            await handle.close()
+            await provider.destroy(handle.sandbox_id)
+    finally:
+        await provider.close()

@@ -88,6 +88,14 @@ def test_a_bad_value_names_its_variable(name: str, value: str) -> None:
         DockerSettings.from_env({name: value})
 
 
+def test_a_refused_docker_host_is_echoed_without_its_credentials() -> None:
+    with pytest.raises(ConfigError, match="DOCKER_HOST") as caught:
+        DockerSettings.from_env({"DOCKER_HOST": "tcp://admin:S3CR3T-engine@10.0.0.5:2376"})
+    assert "tcp://10.0.0.5:2376" in str(caught.value)
+    assert "S3CR3T" not in str(caught.value)
+    assert "admin" not in str(caught.value)
+
+
 def test_production_needs_an_explicit_allowance() -> None:
     """runc isolation only: SANDCELL_ENV=production refuses without the opt-in."""
     with pytest.raises(ConfigError, match="SANDCELL_DOCKER_ALLOW_PRODUCTION"):

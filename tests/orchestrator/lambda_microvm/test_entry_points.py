@@ -23,6 +23,8 @@ from sandcell_orchestrator.providers import (
     lambda_settings,
     ratelimit,
 )
+from sandcell_orchestrator.providers.base import SandboxSpec
+from sandcell_protocol import ExecuteRequest
 from tests.fixtures.runner_process import free_port
 
 
@@ -110,6 +112,36 @@ async def test_bootstrap_builds_the_provider_from_the_environment(
     try:
         assert isinstance(provider, lambda_microvm.LambdaMicrovmProvider)
         assert provider.settings.endpoint_url == emulator_url
+    finally:
+        await provider.close()
+
+
+async def test_the_microvms_runner_is_read_up_to_the_configured_ceiling(
+    emulator_url: str, tmp_path: Path
+) -> None:
+    """``SANDCELL_ANSWER_*`` reaches the clients of the runners in the VMs (the tenant's
+    side), through ``open_provider`` as ``open_services`` calls it."""
+    settings = OrchestratorSettings.from_env(
+        {
+            "SANDCELL_HOME": str(tmp_path),
+            "SANDCELL_PROVIDER": "lambda-microvm",
+            "SANDCELL_MICROVM_IMAGE": "sandcell-runner",
+            "SANDCELL_MICROVM_ENDPOINT_URL": emulator_url,
+            "SANDCELL_MICROVM_REGION": "us-east-1",
+            "SANDCELL_ANSWER_MAX_OUTPUT_BYTES": str(128 << 20),
+        }
+    )
+    assert settings.answer_caps.max_stdout_bytes == 128 << 20
+    provider = open_provider(settings.provider, answer_caps=settings.answer_caps)
+    try:
+        handle = await provider.create(SandboxSpec())
+        try:
+            assert handle.runner.connection.ceiling == settings.answer_caps
+            done = await handle.runner.execute(ExecuteRequest(language="bash", code="echo up"))
+            assert done.stdout == "up\n", done.stderr
+        finally:
+            await handle.close()
+            await provider.destroy(handle.sandbox_id)
     finally:
         await provider.close()
 

@@ -21,10 +21,25 @@ import httpx
 import msgspec
 import pytest
 
-from sandcell_orchestrator.errors import RunnerAnswerError
-from sandcell_orchestrator.runner.answers import DEFAULT_CAPS, AnswerCaps
+from sandcell_orchestrator.config import OrchestratorSettings
+from sandcell_orchestrator.errors import (
+    AnswerCeilingError,
+    RunnerAnswerError,
+    RunnerRequestError,
+)
+from sandcell_orchestrator.runner.answers import DEFAULT_CAPS, AnswerCaps, PastCeiling
 from sandcell_orchestrator.runner.client import RunnerClient
-from sandcell_protocol import LIMITS_SINCE, ExecuteRequest, RunnerLimits, RunStatus, headers
+from sandcell_orchestrator.runner.transfers import InputPayload
+from sandcell_protocol import (
+    LIMITS_SINCE,
+    ExecuteRequest,
+    FileRef,
+    RunnerLimits,
+    RunStatus,
+    headers,
+    input_cache_key,
+    runtime_session_id,
+)
 from tests.fixtures.paths import traversable_dir
 from tests.fixtures.runner_process import RunnerProcess, start_runner, tree_python
 
@@ -150,6 +165,100 @@ async def test_a_runner_configured_above_the_assumed_default_is_read_in_full(
             False,
         )
         assert client.connection.caps.stdout_bytes == 2 * MIB
+
+
+async def test_a_ceiling_below_the_stated_limits_names_both_variables(
+    runner_factory: StartRunner,
+) -> None:
+    """The operator's ceiling (``SANDCELL_ANSWER_*``, read by the orchestrator's settings)
+    under a runner's raised limits: what fits is read; a file past it is an
+    ``AnswerCeilingError`` naming the runner's variable and the one to raise; a run's
+    answer past its cap names the output variables, not the file one."""
+    runner = runner_factory(
+        SANDCELL_RUNNER_MAX_BODY_BYTES=str(4 * MIB),
+        SANDCELL_RUNNER_STDOUT_BYTES=str(4 * MIB),
+        SANDCELL_RUNNER_OUTPUT_SCAN_BYTES="0",
+        SANDCELL_RUNNER_MAX_OUTPUT_FILES="0",
+    )
+    ceiling = OrchestratorSettings.from_env(
+        {
+            "HOME": "/nonexistent",
+            "SANDCELL_ANSWER_MAX_BODY_BYTES": str(1 * MIB),
+            "SANDCELL_ANSWER_MAX_OUTPUT_BYTES": str(256 << 10),
+            "SANDCELL_ANSWER_OUTPUT_SCAN_BYTES": "0",
+            "SANDCELL_ANSWER_MAX_OUTPUT_FILES": "0",
+        }
+    ).answer_caps
+    session = runtime_session_id("tenant", "user", "ceiling")
+    async with RunnerClient(runner.url, token=runner.token, caps=ceiling) as client:
+        make = "open('big', 'wb').write(bytes(2 << 20)); open('small', 'wb').write(b'ok')"
+        done = await client.execute(
+            ExecuteRequest(language="python", code=make), session_id=session
+        )
+        assert done.status == RunStatus.OK
+        assert client.connection.beyond == (
+            PastCeiling(
+                "SANDCELL_RUNNER_STDOUT_BYTES",
+                4 * MIB,
+                "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+                256 << 10,
+            ),
+            PastCeiling(
+                "SANDCELL_RUNNER_STDERR_BYTES",
+                1 * MIB,
+                "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+                256 << 10,
+            ),
+            PastCeiling(
+                "SANDCELL_RUNNER_MAX_STDOUT_BYTES",
+                64 * MIB,
+                "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+                256 << 10,
+            ),
+            PastCeiling(
+                "SANDCELL_RUNNER_MAX_STDERR_BYTES",
+                64 * MIB,
+                "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+                256 << 10,
+            ),
+            PastCeiling(
+                "SANDCELL_RUNNER_MAX_BODY_BYTES", 4 * MIB, "SANDCELL_ANSWER_MAX_BODY_BYTES", 1 * MIB
+            ),
+        )
+        assert await client.read_file("small", session_id=session) == b"ok"
+        with pytest.raises(AnswerCeilingError) as refused:
+            await client.read_file("big", session_id=session)
+        said = refused.value.public_detail or ""
+        assert said.endswith(
+            "(SANDCELL_RUNNER_MAX_BODY_BYTES=4194304 is above"
+            " SANDCELL_ANSWER_MAX_BODY_BYTES=1048576): raise SANDCELL_ANSWER_MAX_BODY_BYTES,"
+            " or lower the runner's limits"
+        ), said
+        assert not refused.value.retryable
+        print_3_5mib = "import sys; sys.stdout.write('x' * (7 << 19))"
+        with pytest.raises(AnswerCeilingError) as refused:
+            await client.execute(ExecuteRequest(language="python", code=print_3_5mib))
+        said = refused.value.public_detail or ""
+        assert "raise SANDCELL_ANSWER_MAX_OUTPUT_BYTES," in said, said
+        assert "MAX_BODY" not in said, said
+
+
+async def test_inputs_past_the_stated_upload_cap_are_refused_before_sending(
+    runner_factory: StartRunner,
+) -> None:
+    """``SANDCELL_INPUT_MAX_OBJECT_BYTES`` stated: a push past it is refused here, as the
+    runner would refuse it, without sending (or hashing) its bytes; one within it goes."""
+    runner = runner_factory(SANDCELL_INPUT_MAX_OBJECT_BYTES=str(1 * MIB))
+    async with RunnerClient(runner.url, token=runner.token) as client:
+        big = InputPayload(storage_session="s", object_id="big", data=bytes(1 * MIB + 1))
+        with pytest.raises(RunnerRequestError) as refused:
+            await client.push_inputs([big])
+        assert refused.value.code == "payload_too_large"
+        assert "refused before sending" in str(refused.value)
+        small = InputPayload(storage_session="s", object_id="small", data=b"ok")
+        assert await client.push_inputs([small]) == [input_cache_key("s", "small")]
+        missing = FileRef(storage_session="s", object_id="big", name="big")
+        assert await client.probe_inputs([missing]) == [missing]
 
 
 def test_limits_go_only_to_a_peer_that_speaks_their_minor(runner_factory: StartRunner) -> None:

@@ -89,6 +89,8 @@ def test_a_missing_inputs_public_detail_names_it() -> None:
         (errors.SessionRequiredError("x"), 400, ErrorCode.SESSION_REQUIRED, False),
         (errors.SessionBusyError("x"), 409, ErrorCode.SESSION_BUSY, True),
         (errors.SandboxUnavailableError("x"), 503, ErrorCode.BUSY, True),
+        (errors.AnswerTooLargeError("x", cap=1), 503, ErrorCode.BUSY, True),
+        (errors.AnswerCeilingError("x", cap=1), 413, ErrorCode.PAYLOAD_TOO_LARGE, False),
         (errors.LockLostError("x"), 503, ErrorCode.BUSY, True),
         (errors.RegistryError("x"), 503, ErrorCode.BUSY, True),
         (errors.InputMissingError("x"), 400, ErrorCode.INPUT_MISSING, False),

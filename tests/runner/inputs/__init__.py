@@ -106,11 +106,13 @@ class FileServer:
     def __init__(self) -> None:
         self.routes: dict[str, Served] = {}
         self.hits: collections.Counter[str] = collections.Counter()
+        self.authorizations: list[str | None] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server.hits[self.path] += 1
+                server.authorizations.append(self.headers.get("Authorization"))
                 served = server.routes.get(self.path, Served(b"not found", status=404))
                 time.sleep(served.delay_s)
                 self.send_response(served.status)

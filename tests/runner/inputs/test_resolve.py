@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import logging
 import socket
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import anyio
 import pytest
 
 from sandcell_protocol import FileRef, InputObject, decode
+from sandcell_runner.config import RunnerSettings
 from sandcell_runner.errors import BadRequestError, InputMissingError, PayloadTooLargeError
 from sandcell_runner.inputs.cache import CachedObject, InputCache
 from tests.golden import load_golden
@@ -193,3 +196,36 @@ async def test_ref_that_cannot_be_keyed_is_a_bad_request(cache: InputCache) -> N
         await cache.resolve(ref)
     with pytest.raises(BadRequestError):
         cache.missing([ref])
+
+
+async def test_file_server_credentials_go_in_the_header_only(
+    cache_root: Path, file_server: FileServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """User info in SANDCELL_FILE_SERVER_URL is sent as basic auth, never in the URL that
+    httpx logs at INFO (``HTTP Request: GET …``), an error, or a repr of the settings."""
+    caplog.set_level(logging.DEBUG)
+    secret = "pull-S3CR3T-7c1e"
+    url = file_server.url.replace("http://", f"http://puller:{secret}@")
+    settings = RunnerSettings.from_env(
+        {
+            "SANDCELL_RUNNER_INSECURE_NO_AUTH": "1",
+            "SANDCELL_WORKSPACE_ROOT": str(cache_root.parent / "ws"),
+            "SANDCELL_FILE_SERVER_URL": url,
+        }
+    )
+    assert settings.file_server_url == url
+    cache = InputCache(
+        cache_root,
+        max_object_bytes=MAX_OBJECT_BYTES,
+        file_server_url=settings.file_server_url,
+        http_timeout_s=5,
+    )
+    file_server.serve(A.storage_session, A.object_id, Served(A.data))
+    assert (await cache.resolve(A.ref())).path.read_bytes() == A.data
+    with pytest.raises(InputMissingError, match="HTTP 404") as caught:
+        await cache.resolve(Blob("sess-A", "obj-absent", b"").ref())
+    basic = "Basic " + base64.b64encode(f"puller:{secret}".encode()).decode()
+    assert file_server.authorizations == [basic, basic]
+    assert any(r.getMessage().startswith("HTTP Request: GET") for r in caplog.records)
+    for text in (caplog.text, str(caught.value), repr(cache), repr(settings)):
+        assert secret not in text

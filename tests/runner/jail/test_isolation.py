@@ -119,6 +119,65 @@ def test_job_cannot_see_token_or_runner_state(runner: RunnerProcess) -> None:
     assert token not in result["stdout"]
 
 
+# Run in a job: what it can learn of its environment, descriptors, mounts and cgroups.
+_JOB_VIEW = r"""
+import json, os
+fds = {}
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        pass  # the listing's own descriptor, closed already
+others = {}
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    for name in ("environ", "cmdline"):
+        try:
+            others[f"{pid}/{name}"] = open(f"/proc/{pid}/{name}", "rb").read().decode("latin-1")
+        except OSError as exc:
+            others[f"{pid}/{name}"] = f"error {exc.errno}"
+print(json.dumps({
+    "env": dict(os.environ), "fds": fds, "procs": others,
+    "mountinfo": open("/proc/self/mountinfo").read(),
+    "cgroup": open("/proc/self/cgroup").read(), "sys": os.path.exists("/sys"),
+}))
+"""
+
+
+def test_a_job_sees_only_its_own_environment_descriptors_and_mounts(
+    runner: RunnerProcess,
+) -> None:
+    """Its environment is the documented defaults plus what the request asked for; it
+    holds stdin/stdout/stderr only (no runner socket, token pipe or log file); no mount
+    names the token or the runner's state beside its own workspace; /sys and the cgroup
+    tree are not there. The next job does not see the first one's variables."""
+    secret = "job-env-S3CR3T-0b9e"
+    seen = json.loads(
+        execute(runner, language="python", code=_JOB_VIEW, env={"MY_KEY": secret})["stdout"]
+    )
+    assert seen["env"] == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/mnt/data",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": "/mnt/data",
+        "MY_KEY": secret,
+    }
+    fds = seen["fds"]
+    assert set(fds) == {"0", "1", "2"}, fds
+    assert all(target.startswith(("pipe:", "/dev/null")) for target in fds.values()), fds
+    mounts = seen["mountinfo"]
+    assert runner.token not in mounts
+    for state in ("input-cache", "workspace-images", "runner.log", "uid-leases"):
+        assert state not in mounts, state
+    assert not seen["sys"]
+    assert all(line.endswith(":/") for line in seen["cgroup"].splitlines()), seen["cgroup"]
+    assert runner.token not in json.dumps(seen["procs"])
+
+    after = json.loads(execute(runner, language="python", code=_JOB_VIEW)["stdout"])
+    assert "MY_KEY" not in after["env"]
+    assert secret not in json.dumps(after)
+
+
 def test_job_cannot_write_system_dirs(runner: RunnerProcess) -> None:
     code = (
         "import os\n"

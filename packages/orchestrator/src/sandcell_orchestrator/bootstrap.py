@@ -96,7 +96,7 @@ async def open_services(
         stack.push_async_callback(store.close)
         registry = open_registry(settings)
         stack.push_async_callback(registry.close)
-        provider = open_provider(settings.provider)
+        provider = open_provider(settings.provider, answer_caps=settings.answer_caps)
         stack.push_async_callback(provider.close)
         # With S3, inputs live beside the checkpoints so that every process sees them.
         inputs: InputStore = (
@@ -122,6 +122,7 @@ async def open_services(
             inputs=inputs,
             keep_warm=keep_warm,
             checkpoint_retry_s=settings.checkpoint_retry_s,
+            max_warm_per_tenant=settings.max_warm_sessions,
         )
         yield Services(
             settings=settings,

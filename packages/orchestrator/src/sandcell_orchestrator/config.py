@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .apps.settings import AppSettings
     from .providers.docker_settings import DockerSettings
     from .providers.lambda_settings import LambdaMicrovmSettings
+    from .runner.answers import AnswerCaps
     from .serve.librechat.settings import LibreChatSettings
     from .snapshots.s3_settings import S3Settings
 
@@ -152,6 +153,9 @@ class OrchestratorSettings:
     """``SANDCELL_CHECKPOINT_RETRY_S``: how long a turn retries a failed checkpoint (0: once)."""
     idle_timeout_s: float = 1800.0
     sweep_interval_s: float = 60.0
+    max_warm_sessions: int = 64
+    """``SANDCELL_MAX_WARM_SESSIONS``: warm session sandboxes one tenant may hold on a
+    worker; past it, the tenant's least recently used one is suspended."""
     log_level: LogLevel | None = None
     """``SANDCELL_LOG_LEVEL``: the process's logging level; None: the command's own
     (``info`` for ``sandcell serve``, ``warning`` for the others)."""
@@ -160,6 +164,9 @@ class OrchestratorSettings:
     """The app-instance API's settings (``sandcell serve``'s ``/v1/instances``)."""
     librechat: LibreChatSettings = field(default_factory=lambda: _librechat({}))
     """LibreChat's Code Interpreter API (``sandcell serve``'s ``/librechat/v1``)."""
+    answer_caps: AnswerCaps = field(default_factory=lambda: _answer_caps({}))
+    """``SANDCELL_ANSWER_*``: the ceiling of every ``RunnerClient`` the providers build,
+    the most of each kind of answer read from any runner (``runner/answers.py``)."""
 
     @property
     def provider_name(self) -> ProviderName:
@@ -237,10 +244,12 @@ class OrchestratorSettings:
             checkpoint_retry_s=read.number("SANDCELL_CHECKPOINT_RETRY_S", 10.0, minimum=0),
             idle_timeout_s=read.number("SANDCELL_IDLE_TIMEOUT_S", 1800.0),
             sweep_interval_s=read.number("SANDCELL_SWEEP_INTERVAL_S", 60.0),
+            max_warm_sessions=read.integer("SANDCELL_MAX_WARM_SESSIONS", 64, minimum=1),
             log_level=read.parse("SANDCELL_LOG_LEVEL", None, _log_level),
             serve=serve,
             apps=_apps(env, serve),
             librechat=_librechat(env),
+            answer_caps=_answer_caps(env),
         )
 
 
@@ -283,6 +292,49 @@ def _librechat(env: Mapping[str, str]) -> LibreChatSettings:
     from .serve.librechat.settings import LibreChatSettings
 
     return LibreChatSettings.from_env(env)
+
+
+def _answer_caps(env: Mapping[str, str]) -> AnswerCaps:
+    """The ceiling of runners' answers, each field from its ``CEILING_ENV`` variable.
+
+    The defaults are the runner's own default maxima, deliberately not more. Caps follow
+    what a runner states (``AnswerCaps.following``), so an honest runner is read by its
+    own limits whatever the ceiling; the ceiling only decides what a runner configured
+    above it gets, and what a compromised one does: tenant code that took over the runner
+    in its container or VM states whatever limits it likes, so the ceiling *is* the memory
+    one sandbox can make this process hold per answer in flight (at these defaults a run's
+    answer up to ~1.1 GiB: JSON-escaped output of 64 MiB a stream plus 256 MiB of
+    base64-encoded files). A runner's per-job defaults (``SANDCELL_RUNNER_STDOUT_BYTES``…)
+    can already rise to these maxima with nothing set here; raising its maxima raises what
+    this process must hold, which its operator decides here, once, by the variable the
+    error names.
+    """
+    from .runner.answers import CEILING_ENV, DEFAULT_CAPS, AnswerCaps
+
+    read = EnvReader(env)
+    output = read.integer(
+        CEILING_ENV["max_stdout_bytes"], DEFAULT_CAPS.max_stdout_bytes, minimum=1 << 10
+    )
+    return AnswerCaps(
+        max_stdout_bytes=output,
+        max_stderr_bytes=output,
+        # What a runner that states no limits (before protocol 1.3) is assumed to default
+        # to: its own default, unless the ceiling is lower.
+        stdout_bytes=min(DEFAULT_CAPS.stdout_bytes, output),
+        stderr_bytes=min(DEFAULT_CAPS.stderr_bytes, output),
+        output_scan_bytes=read.integer(
+            CEILING_ENV["output_scan_bytes"], DEFAULT_CAPS.output_scan_bytes
+        ),
+        max_output_files=read.integer(
+            CEILING_ENV["max_output_files"], DEFAULT_CAPS.max_output_files
+        ),
+        max_body_bytes=read.integer(
+            CEILING_ENV["max_body_bytes"], DEFAULT_CAPS.max_body_bytes, minimum=1 << 10
+        ),
+        max_timeout_ms=read.integer(
+            CEILING_ENV["max_timeout_ms"], DEFAULT_CAPS.max_timeout_ms, minimum=1000
+        ),
+    )
 
 
 def _api_keys(raw: str) -> dict[str, str]:

@@ -6,6 +6,9 @@ SandcellError
 │   ├── SandboxCommandError       a command exited non-zero (exit_code, stdout, stderr)
 │   ├── SandboxTimeoutError       a command or execution ran past its deadline
 │   ├── SandboxUnavailableError   retryable: launch, health, network, quarantine, capacity
+│   │   └── RunnerAnswerError     an answer past this side's cap (too large, too slow)
+│   │       └── AnswerTooLargeError         past its cap in bytes
+│   │           └── AnswerCeilingError      past the ceiling, below the runner's stated limit
 │   ├── SandboxNotFoundError      the sandbox is gone
 │   ├── ContextLostError          a code context's interpreter is gone (restart it)
 │   └── RunnerRequestError        the runner refused a request (bad input, bad path, ...)
@@ -75,6 +78,28 @@ class RunnerAnswerError(SandboxUnavailableError):
     over can answer anything; the read stops at the cap and the sandbox is treated
     as unavailable (a 503 to the caller), never as a reason to buffer more.
     """
+
+
+class AnswerTooLargeError(RunnerAnswerError):
+    """A runner's answer went past its cap in bytes (``cap``; None: not known)."""
+
+    def __init__(
+        self, message: str = "", *, cap: int | None = None, public_detail: str | None = None
+    ) -> None:
+        super().__init__(message, public_detail=public_detail)
+        self.cap = cap
+
+
+class AnswerCeilingError(AnswerTooLargeError):
+    """A runner's answer went past a cap this side holds *below* the runner's stated limit.
+
+    The runner is configured to answer more than this orchestrator reads (its
+    ``SANDCELL_RUNNER_*`` limits above the ``SANDCELL_ANSWER_*`` ceiling): a
+    configuration mismatch, so the same call fails again; ``public_detail`` names the
+    variables to raise.
+    """
+
+    retryable = False
 
 
 class SandboxNotFoundError(SandboxError):

@@ -75,7 +75,7 @@ class RunnerSettings:
     sessions_enabled: bool = False
     session_wait_ms: int = 2000
     warmup_command: str | None = None
-    file_server_url: str | None = None
+    file_server_url: str | None = field(default=None, repr=False)  # may hold user info
     checkpoint_max_bytes: int = 1 << 30
     checkpoint_max_members: int = 200_000
     input_max_object_bytes: int = 1 << 30

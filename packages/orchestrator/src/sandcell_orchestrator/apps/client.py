@@ -32,6 +32,7 @@ from sandcell_protocol import (
 
 from ..errors import SandboxUnavailableError
 from ..handle import SandboxHandle
+from ..runner.answers import DEFAULT_CAPS, AnswerCaps
 from ..runner.apps import PORT_READ_TIMEOUT_S
 from ..runner.client import RunnerClient, WebSocketUpgrade
 
@@ -56,8 +57,10 @@ class AppRunnerClient:
         auth: httpx.Auth | None = None,
         timeout_s: float = 60.0,
         connect_timeout_s: float = 5.0,
+        caps: AnswerCaps = DEFAULT_CAPS,
     ) -> None:
-        """A client of the runner at ``base_url`` with a ``RunnerClient`` of its own."""
+        """A client of the runner at ``base_url`` with a ``RunnerClient`` of its own
+        (``caps``: its ceiling, as a provider's clients have)."""
         runner = RunnerClient(
             base_url,
             token=token,
@@ -65,6 +68,7 @@ class AppRunnerClient:
             auth=auth,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
+            caps=caps,
         )
         self._bind(runner, session_id=session_id, owns_runner=True)
 

@@ -91,6 +91,17 @@ def _forward_query(raw_query: bytes) -> str:
     return "&".join(p for p in parts if p and unquote(p.split("=", 1)[0]) != "token")
 
 
+def _referer_header(raw: str) -> str:
+    """A Referer without our ``token``: a page opened with ``?token=`` names it in every
+    request it makes to the preview (Referrer-Policy same-origin), and the app, on the
+    untrusted side, must not learn it."""
+    base, mark, query = raw.partition("?")
+    if not mark:
+        return raw
+    kept = _forward_query(query.encode("latin-1", "replace"))
+    return f"{base}?{kept}" if kept else base
+
+
 def _cookie_header(raw: str | None) -> str | None:
     """The app's cookies, minus ours."""
     if not raw:
@@ -171,6 +182,8 @@ class PreviewProxy:
         instances = self._instances()
         instances.touch(instance)
         forwarded = upstream_headers(request.headers)
+        if "referer" in forwarded:
+            forwarded["referer"] = _referer_header(forwarded["referer"])
         cookies = _cookie_header(request.headers.get("cookie"))
         if cookies:
             forwarded["cookie"] = cookies

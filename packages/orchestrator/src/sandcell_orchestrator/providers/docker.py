@@ -45,6 +45,7 @@ from ..errors import (
     SandboxUnavailableError,
 )
 from ..handle import SandboxHandle
+from ..runner.answers import DEFAULT_CAPS, AnswerCaps
 from ..runner.client import RunnerClient
 from ..to_the_end import to_the_end
 from .base import (
@@ -89,8 +90,11 @@ class DockerProvider:
         settings: DockerSettings,
         *,
         engine: EngineClient | None = None,
+        answer_caps: AnswerCaps = DEFAULT_CAPS,
     ) -> None:
         self._settings = settings
+        # The runner is in the tenant's container: these bound what it makes us read.
+        self._answer_caps = answer_caps
         self._engine = engine or EngineClient(
             settings.docker_host, timeout_s=settings.api_timeout_s
         )
@@ -347,7 +351,7 @@ class DockerProvider:
         return SandboxHandle(
             sandbox_id=container.container_id,
             provider=self.name,
-            runner=RunnerClient(container.url, token=container.token),
+            runner=RunnerClient(container.url, token=container.token, caps=self._answer_caps),
             session_id=container.session_id,
             endpoint=container.url,
         )

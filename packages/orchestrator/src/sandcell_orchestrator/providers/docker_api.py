@@ -57,9 +57,10 @@ def parse_docker_host(value: str) -> str:
     """
     parts = urlsplit(value.strip())
     if parts.scheme != "unix" or parts.netloc or not parts.path.startswith("/"):
-        raise ConfigError(
-            f"DOCKER_HOST: expected unix:///path/to/docker.sock, got {value.strip()[:100]!r}"
-        )
+        # Echoed without a user info (tcp://user:password@host): the value is shown so
+        # the operator sees what was read, a credential in it is not.
+        shown = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        raise ConfigError(f"DOCKER_HOST: expected unix:///path/to/docker.sock, got {shown[:100]!r}")
     return parts.path
 
 

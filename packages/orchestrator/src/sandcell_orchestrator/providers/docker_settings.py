@@ -75,7 +75,7 @@ class DockerSettings:
     nproc: int = 8192
     ready_timeout_s: float = 30.0
     api_timeout_s: float = 30.0
-    runner_env: Mapping[str, str] = field(default_factory=dict)
+    runner_env: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     scope: str | None = None
     """The deployment this worker's containers belong to (their ``sandcell.scope``
     label): the sweeper removes only its own scope's containers that no record names

@@ -29,6 +29,7 @@ import httpx
 from ..errors import SandboxError, SandboxNotFoundError, SandboxUnavailableError, SandcellError
 from ..extras import needs_extra
 from ..handle import SandboxHandle
+from ..runner.answers import DEFAULT_CAPS, AnswerCaps
 from ..runner.client import RunnerClient
 from ..to_the_end import to_the_end
 from .base import (
@@ -116,8 +117,11 @@ class LambdaMicrovmProvider:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         new_nonce: Callable[[], str] = lambda: secrets.token_hex(16),
         new_client_token: Callable[[], str] = lambda: str(uuid.uuid4()),
+        answer_caps: AnswerCaps = DEFAULT_CAPS,
     ) -> None:
         self.settings = settings
+        # The runner is in the tenant's VM: these bound what it makes us read.
+        self._answer_caps = answer_caps
         self._log_filter = install_log_redaction()
         self._owns_client = client is None
         self._owns_limiter = rate_limiter is None
@@ -314,6 +318,7 @@ class LambdaMicrovmProvider:
             token=runner_token,
             transport=self._transport,
             auth=MicrovmProxyAuth(cache, port=self.settings.runner_port),
+            caps=self._answer_caps,
         )
         return SandboxHandle(
             sandbox_id=sandbox_id,

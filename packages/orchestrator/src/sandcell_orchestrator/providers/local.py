@@ -41,6 +41,7 @@ import anyio
 
 from ..errors import SandboxNotFoundError, SandboxUnavailableError
 from ..handle import SandboxHandle
+from ..runner.answers import DEFAULT_CAPS, AnswerCaps
 from ..runner.client import RunnerClient
 from ..to_the_end import to_the_end
 from .base import (
@@ -77,8 +78,9 @@ class LocalProvider:
     name = "local"
     capabilities = SandboxCapabilities(pause_resume=False)
 
-    def __init__(self, settings: LocalSettings) -> None:
+    def __init__(self, settings: LocalSettings, *, answer_caps: AnswerCaps = DEFAULT_CAPS) -> None:
         self._settings = settings
+        self._answer_caps = answer_caps
         self._pool: list[LocalRunner] = []
         self._fill: asyncio.Task[None] | None = None
         self._closed = False
@@ -109,7 +111,7 @@ class LocalProvider:
         except asyncio.CancelledError:
             await _undo_start(start, python=self._settings.python)
             raise
-        client = RunnerClient(runner.url, token=runner.token)
+        client = RunnerClient(runner.url, token=runner.token, caps=self._answer_caps)
         # Until ``create`` returns its handle nobody else knows this runner: whatever
         # ends the launch from here on (a cancelled caller, a timed-out launch budget)
         # must stop it, the state write included, or it runs with no one to stop it.
@@ -221,7 +223,7 @@ class LocalProvider:
         return SandboxHandle(
             sandbox_id=runner.sandbox_id,
             provider=self.name,
-            runner=RunnerClient(runner.url, token=runner.token),
+            runner=RunnerClient(runner.url, token=runner.token, caps=self._answer_caps),
             session_id=session_id or sandbox_session_id(runner.sandbox_id),
             endpoint=runner.url,
         )

@@ -44,7 +44,7 @@ class LocalSettings:
     runtime_dir: Path = field(default_factory=default_runtime_dir)
     pool_size: int = 0
     ready_timeout_s: float = 30.0
-    runner_env: Mapping[str, str] = field(default_factory=dict)
+    runner_env: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
     python: str = sys.executable
     detached_idle_s: int | None = None
     """None: runners die with the process that started them. A number: they outlive

@@ -20,6 +20,8 @@ its own limit (``RemoteProtocolError``, mapped as every transport failure).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -28,11 +30,25 @@ import httpx
 
 from sandcell_protocol import ExecuteRequest, RunnerLimits
 
-from ..errors import RunnerAnswerError
+from ..errors import AnswerCeilingError, AnswerTooLargeError, RunnerAnswerError
 
-__all__ = ["DECODED_PIECE_BYTES", "DEFAULT_CAPS", "AnswerCaps", "read_bounded", "read_lines"]
+__all__ = [
+    "CEILING_ENV",
+    "DECODED_PIECE_BYTES",
+    "DEFAULT_CAPS",
+    "AnswerCaps",
+    "PastCeiling",
+    "past_ceiling",
+    "read_bounded",
+    "read_lines",
+    "warn_past_ceiling",
+]
+
+log = logging.getLogger(__name__)
 
 MIB = 1 << 20
+_BODY_ENV = "SANDCELL_RUNNER_MAX_BODY_BYTES"
+_TIMEOUT_ENV = "SANDCELL_RUNNER_MAX_TIMEOUT_MS"
 _JSON_ESCAPE_FACTOR = 6
 """A control byte of job output is ``\\u00XX`` in JSON: six bytes for one."""
 _BASE64_FACTOR = 4 / 3
@@ -45,6 +61,20 @@ DECODED_PIECE_BYTES = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
+class PastCeiling:
+    """One limit a runner states above the ceiling: the variable it was set by, the one
+    that raises the ceiling, and both values."""
+
+    runner_env: str
+    stated: int
+    ceiling_env: str
+    ceiling: int
+
+    def __str__(self) -> str:
+        return f"{self.runner_env}={self.stated} is above {self.ceiling_env}={self.ceiling}"
+
+
+@dataclass(frozen=True, slots=True)
 class AnswerCaps:
     """The largest answer of each kind a ``RunnerClient`` reads, from the runner's caps.
 
@@ -52,7 +82,8 @@ class AnswerCaps:
     The caps a client is built with are its ceiling: a runner that states its limits
     (``Health.limits``, protocol 1.3) is read by caps that follow them, each at most
     the ceiling's (``following``); one that states none, by the ceiling itself. A
-    runner configured above the ceiling needs a client built with a higher one.
+    runner configured above the ceiling needs a higher one: ``sandcell`` reads it from
+    ``SANDCELL_ANSWER_*`` (``CEILING_ENV``; ``OrchestratorSettings.answer_caps``).
     """
 
     stdout_bytes: int = 1 * MIB
@@ -98,6 +129,45 @@ class AnswerCaps:
             max_timeout_ms=min(limits.max_timeout_ms, self.max_timeout_ms),
         )
 
+    def beyond(self, limits: RunnerLimits) -> tuple[PastCeiling, ...]:
+        """The stated ``limits`` these caps, as a ceiling, hold lower; () if none."""
+        past: list[PastCeiling] = []
+        for name, stated, ceiling, field_name in (
+            ("STDOUT_BYTES", limits.stdout_bytes, self.max_stdout_bytes, "max_stdout_bytes"),
+            ("STDERR_BYTES", limits.stderr_bytes, self.max_stderr_bytes, "max_stderr_bytes"),
+            (
+                "MAX_STDOUT_BYTES",
+                limits.max_stdout_bytes,
+                self.max_stdout_bytes,
+                "max_stdout_bytes",
+            ),
+            (
+                "MAX_STDERR_BYTES",
+                limits.max_stderr_bytes,
+                self.max_stderr_bytes,
+                "max_stderr_bytes",
+            ),
+            (
+                "OUTPUT_SCAN_BYTES",
+                limits.output_scan_bytes,
+                self.output_scan_bytes,
+                "output_scan_bytes",
+            ),
+            (
+                "MAX_OUTPUT_FILES",
+                limits.max_output_files,
+                self.max_output_files,
+                "max_output_files",
+            ),
+            ("MAX_BODY_BYTES", limits.max_body_bytes, self.max_body_bytes, "max_body_bytes"),
+            ("MAX_TIMEOUT_MS", limits.max_timeout_ms, self.max_timeout_ms, "max_timeout_ms"),
+        ):
+            if stated > ceiling:
+                past.append(
+                    PastCeiling(f"SANDCELL_RUNNER_{name}", stated, CEILING_ENV[field_name], ceiling)
+                )
+        return tuple(past)
+
     def execute_bytes(self, request: ExecuteRequest | None = None) -> int:
         """One ``ExecuteResult`` (the object, or the result line of a stream)."""
         limits = request.limits if request is not None else None
@@ -124,9 +194,62 @@ class AnswerCaps:
 
 DEFAULT_CAPS = AnswerCaps()
 
+CEILING_ENV: dict[str, str] = {
+    "max_stdout_bytes": "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+    "max_stderr_bytes": "SANDCELL_ANSWER_MAX_OUTPUT_BYTES",
+    "output_scan_bytes": "SANDCELL_ANSWER_OUTPUT_SCAN_BYTES",
+    "max_output_files": "SANDCELL_ANSWER_MAX_OUTPUT_FILES",
+    "max_body_bytes": "SANDCELL_ANSWER_MAX_BODY_BYTES",
+    "max_timeout_ms": "SANDCELL_ANSWER_MAX_TIMEOUT_MS",
+}
+"""The ceiling's fields an operator sets (``OrchestratorSettings.answer_caps``), and the
+variable each is read from. Not ``SANDCELL_RUNNER_*``: the local provider passes those
+on to its runners, and these are this side's, whatever the runners are told."""
 
-def _too_large(where: str, cap: int) -> RunnerAnswerError:
-    return RunnerAnswerError(f"{where}: the runner's answer exceeds {cap} bytes")
+
+def past_ceiling(
+    exc: AnswerTooLargeError, caps: AnswerCaps, beyond: tuple[PastCeiling, ...]
+) -> AnswerCeilingError | None:
+    """``exc`` as the ceiling's doing (``AnswerCeilingError``, naming the variables), when
+    the ceiling holds lower (``beyond``) a stated limit that sets this kind of answer's
+    cap: a file's, its largest body; a run's, its output, scanned files and file count;
+    an error body's or any other answer's, none. None: ``exc`` stands as it is."""
+    if (
+        isinstance(exc, AnswerCeilingError)
+        or exc.cap is None
+        or exc.cap in (caps.error_bytes, caps.answer_bytes, caps.event_line_bytes)
+    ):
+        return None
+    file_cap = exc.cap in (caps.file_bytes, caps.fs_bytes)
+    past = [
+        p
+        for p in beyond
+        if p.runner_env != _TIMEOUT_ENV and (p.runner_env == _BODY_ENV) == file_cap
+    ]
+    if not past:
+        return None
+    raise_these = " and ".join(sorted({p.ceiling_env for p in past}))
+    detail = (
+        "the sandbox's runner is configured to answer more than this orchestrator reads"
+        f" ({'; '.join(map(str, past))}): raise {raise_these}, or lower the runner's limits"
+    )
+    return AnswerCeilingError(f"{exc}; {detail}", cap=exc.cap, public_detail=detail)
+
+
+@functools.cache
+def warn_past_ceiling(beyond: tuple[PastCeiling, ...]) -> None:
+    """One warning per process for each way runners state limits past the ceiling
+    (every sandbox of a fleet states the same ones)."""
+    if beyond:
+        log.warning(
+            "runners state limits above this orchestrator's answer ceiling; their answers"
+            " are read only up to it: %s",
+            "; ".join(map(str, beyond)),
+        )
+
+
+def _too_large(where: str, cap: int) -> AnswerTooLargeError:
+    return AnswerTooLargeError(f"{where}: the runner's answer exceeds {cap} bytes", cap=cap)
 
 
 def _too_slow(where: str, budget_s: float) -> RunnerAnswerError:

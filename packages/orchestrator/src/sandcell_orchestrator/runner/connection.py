@@ -20,7 +20,7 @@ import re
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 import anyio
@@ -41,8 +41,20 @@ from sandcell_protocol import (
 )
 from sandcell_protocol import ProtocolMismatchError as WireMismatch
 
-from ..errors import ConfigError, ProtocolMismatchError, SandboxUnavailableError
-from .answers import DEFAULT_CAPS, AnswerCaps, read_bounded
+from ..errors import (
+    AnswerTooLargeError,
+    ConfigError,
+    ProtocolMismatchError,
+    SandboxUnavailableError,
+)
+from .answers import (
+    DEFAULT_CAPS,
+    AnswerCaps,
+    PastCeiling,
+    past_ceiling,
+    read_bounded,
+    warn_past_ceiling,
+)
 from .close_guard import CloseGuard
 from .errors import (
     HeaderGuard,
@@ -114,6 +126,10 @@ class RunnerConnection:
         self.caps = caps
         """How much of each kind of answer this connection reads (``answers.py``): the
         ceiling, or what the runner's ``Health`` stated under it once it stated any."""
+        self.stated: RunnerLimits | None = None
+        """The limits the runner's ``Health`` stated (protocol 1.3), once it did."""
+        self.beyond: tuple[PastCeiling, ...] = ()
+        """Which stated limits the ceiling holds lower (``AnswerCaps.beyond``)."""
         self.clock = clock
         self._new_request_id = new_request_id
         self.redact = Redactor([token, headers.BEARER_PREFIX + token])
@@ -228,8 +244,18 @@ class RunnerConnection:
             **kwargs,  # type: ignore[arg-type]
         )
 
-    def mapping(self, request: httpx.Request) -> contextlib.AbstractContextManager[None]:
-        return map_transport_errors(request, route=request.url.path, redact=self.redact)
+    @contextlib.contextmanager
+    def mapping(self, request: httpx.Request) -> Iterator[None]:
+        """httpx's failures as ``SandboxError``s; an answer too large for a ceiling held
+        below the runner's own limits as the ``AnswerCeilingError`` naming them."""
+        try:
+            with map_transport_errors(request, route=request.url.path, redact=self.redact):
+                yield
+        except AnswerTooLargeError as exc:
+            error = past_ceiling(exc, self.caps, self.beyond)
+            if error is None:
+                raise
+            raise error from None
 
     async def send(
         self,
@@ -332,9 +358,13 @@ class RunnerConnection:
         health = self.decode(response, Health)
         # An older runner states none: its answers are read by the ceiling, as before.
         stated = health.limits
-        self.caps = (
-            self.ceiling.following(stated) if isinstance(stated, RunnerLimits) else self.ceiling
-        )
+        if isinstance(stated, RunnerLimits):
+            self.stated = stated
+            self.caps = self.ceiling.following(stated)
+            self.beyond = self.ceiling.beyond(stated)
+            warn_past_ceiling(self.beyond)
+        else:
+            self.caps = self.ceiling
         self._compatible = True
         return health
 

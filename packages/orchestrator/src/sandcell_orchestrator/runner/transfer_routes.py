@@ -138,7 +138,19 @@ class TransferRoutes:
                 raise refused_before_sending("bad_request", str(exc)) from None
         if not unique:
             return []
-        if sum(len(item.data) for item in unique.values()) > HASH_INLINE_MAX_BYTES:
+        total = sum(len(item.data) for item in unique.values())
+        # A runner that states its upload cap refuses a push past it (payload_too_large)
+        # once it has read the manifest: refused here instead, before hashing and
+        # sending bytes it would drop. The body holds at least every object's bytes.
+        await self._conn.ensure_compatible()
+        stated = self._conn.stated
+        if stated is not None and total > stated.input_max_object_bytes:
+            raise refused_before_sending(
+                "payload_too_large",
+                f"inputs of {total} bytes are over the sandbox's"
+                f" {stated.input_max_object_bytes} byte upload cap",
+            )
+        if total > HASH_INLINE_MAX_BYTES:
             listed = await anyio.to_thread.run_sync(manifest, unique)
         else:
             listed = manifest(unique)

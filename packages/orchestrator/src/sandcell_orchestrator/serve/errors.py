@@ -36,6 +36,7 @@ from sandcell_protocol import ProtocolMismatchError as PeerProtocolMismatchError
 from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import (
+    AnswerCeilingError,
     CheckpointError,
     ContextLostError,
     InputMissingError,
@@ -129,12 +130,20 @@ _DIRECT: tuple[
         ErrorCode.PROTOCOL_MISMATCH,
         "the sandbox speaks an incompatible protocol version",
     ),
+    # The runner's limits are above what this service reads: the same call fails
+    # again until its operator raises the variable the detail names.
+    (
+        AnswerCeilingError,
+        413,
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        "the sandbox's answer is larger than this service reads",
+    ),
     (SandboxUnavailableError, 503, ErrorCode.BUSY, "the sandbox is not available; retry"),
     (LockLostError, 503, ErrorCode.BUSY, "the session was taken over while this call ran; retry"),
     (RegistryError, 503, ErrorCode.BUSY, "the session registry is not available; retry"),
 )
 # The classes whose ``public_detail`` is the caller's to read (it names their input).
-_DETAILED = (InputMissingError, RunnerRequestError)
+_DETAILED = (InputMissingError, RunnerRequestError, AnswerCeilingError)
 _CALLER_REFUSED = "the request was refused"
 
 

@@ -46,6 +46,7 @@ from .manager import SandboxManager
 from .output import Collect, OnOutput, run_job
 from .sandboxes import rebind
 from .turn import Keyed, SessionTurns
+from .warm import WarmLimit
 
 __all__ = ["ExecutionService", "Identity", "ResultCodec"]
 
@@ -103,6 +104,7 @@ class ExecutionService:
         wall_clock: Callable[[], float] = time.time,
         keep_warm: bool = True,
         checkpoint_retry_s: float = 10.0,
+        max_warm_per_tenant: int = 64,
     ) -> None:
         if manager is None:
             if provider is None or registry is None or store is None:
@@ -125,6 +127,8 @@ class ExecutionService:
         self.spec = spec or SandboxSpec()
         self.keep_warm = keep_warm
         """False: park each session's sandbox at the end of its turn (see ``open_services``)."""
+        self.warm = WarmLimit(manager.suspend, max_per_tenant=max_warm_per_tenant)
+        """A tenant's warm sandboxes on this worker, at most so many (``warm.py``)."""
         self.checkpoint_retry_s = checkpoint_retry_s
         """How long a turn retries a failed checkpoint before keeping the previous one."""
         self.session_wait_ms = 0
@@ -180,7 +184,7 @@ class ExecutionService:
             self.metrics.inc("sandcell_fallbacks_total", reason="no_hint")
             return await self._stateless(request, on_output, egress, collect)
         session_id = runtime_session_id(identity.namespace, identity.user_id, hint)
-        return await self.execute_in_session(
+        result = await self.execute_in_session(
             request,
             session_id,
             on_output=on_output,
@@ -190,6 +194,9 @@ class ExecutionService:
             turn_key=turn_key,
             saved=saved,
         )
+        if self.keep_warm:
+            await self.warm.used(identity.namespace, session_id)
+        return result
 
     def runs_stateless(self, hint: str | None) -> bool:
         """Whether ``execute`` with ``hint`` runs statelessly (no session, nothing kept)."""
@@ -350,6 +357,8 @@ class ExecutionService:
             egress=egress,
             verify=False,
         )
+        if self.keep_warm:
+            await self.warm.used(identity.namespace, session_id)
         return result
 
     async def _session_turn(

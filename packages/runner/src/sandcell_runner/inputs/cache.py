@@ -22,10 +22,9 @@ import hashlib
 import os
 import stat
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import anyio
@@ -40,13 +39,10 @@ from sandcell_protocol import (
     is_input_cache_key,
     validate_input_ref,
 )
-from sandcell_protocol.digits import is_ascii_digits
 
 from ..errors import BadRequestError, ConfigError, InputMissingError, PayloadTooLargeError
+from .file_server import check_response, describe, map_pull_errors, split_credentials
 from .upload import TEMP_PREFIX, StagedObject, StagingFile, receive_upload
-
-if TYPE_CHECKING:
-    import httpx
 
 SIDECAR_SUFFIX = ".json"
 _MAX_SIDECAR_BYTES = 4096
@@ -74,10 +70,6 @@ class _KeyGuard:
     users: int = 0
 
 
-def _describe(ref: FileRef) -> str:
-    return f"input {ref.storage_session!r}/{ref.object_id!r} (name {ref.name!r})"
-
-
 def _key_of(ref: FileRef) -> str:
     # Every ref the runner acts on passes here first (probe, execute, pull), so a
     # value the protocol refuses never becomes a cache key or a pull URL.
@@ -85,7 +77,7 @@ def _key_of(ref: FileRef) -> str:
         validate_input_ref(ref.storage_session, ref.object_id)
         return input_cache_key(ref.storage_session, ref.object_id)
     except ProtocolError as exc:
-        raise BadRequestError(f"{_describe(ref)}: {exc}") from exc
+        raise BadRequestError(f"{describe(ref)}: {exc}") from exc
 
 
 def _fsync_dir(path: Path) -> None:
@@ -94,19 +86,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-@contextlib.contextmanager
-def _map_pull_errors(ref: FileRef) -> Iterator[None]:
-    # Only the exception's type goes into the message: its text can carry the URL.
-    import httpx  # lazily: pulls are rare, and httpx costs ~25 ms of every start-up
-
-    try:
-        yield
-    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError) as exc:
-        raise InputMissingError(
-            f"{_describe(ref)}: pull from the file server failed ({type(exc).__name__})"
-        ) from exc
 
 
 class InputCache:
@@ -130,7 +109,12 @@ class InputCache:
             raise ValueError("max_object_bytes must not be negative")
         self._root = root
         self._max_object_bytes = max_object_bytes
-        self._file_server_url = file_server_url.rstrip("/") if file_server_url else None
+        self._file_server_url: str | None = None
+        self._file_server_auth: tuple[str, str] | None = None
+        if file_server_url:
+            self._file_server_url, self._file_server_auth = split_credentials(
+                file_server_url.rstrip("/")
+            )
         self._http_timeout_s = http_timeout_s
         self._lock = threading.Lock()
         self._pulls: dict[str, _KeyGuard] = {}
@@ -294,7 +278,7 @@ class InputCache:
         if found is not None:
             return found
         if self._file_server_url is None:
-            raise InputMissingError(f"{_describe(ref)} is not in the input cache")
+            raise InputMissingError(f"{describe(ref)} is not in the input cache")
         async with self._pull_guard(key):
             # Concurrent resolves of one object queue here; only the first one fetches.
             found = await anyio.to_thread.run_sync(self._lookup, key)
@@ -340,45 +324,30 @@ class InputCache:
         """Stream ``url`` into ``staging``; return the sha256 of what arrived."""
         import httpx
 
-        with _map_pull_errors(ref):
+        with map_pull_errors(ref):
             # trust_env=False: proxies and .netrc come from settings, never the environment.
             async with (
                 httpx.AsyncClient(
                     timeout=self._http_timeout_s, trust_env=False, follow_redirects=False
                 ) as client,
-                client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response,
+                client.stream(
+                    "GET",
+                    url,
+                    headers={"Accept-Encoding": "identity"},
+                    auth=self._file_server_auth,
+                ) as response,
             ):
-                expected_size = self._check_response(ref, response)
+                expected_size = check_response(ref, response, self._max_object_bytes)
                 async for chunk in response.aiter_raw():
                     if staging.size + len(chunk) > self._max_object_bytes:
                         raise PayloadTooLargeError(
-                            f"{_describe(ref)}: over the {self._max_object_bytes} byte cap"
+                            f"{describe(ref)}: over the {self._max_object_bytes} byte cap"
                         )
                     await anyio.to_thread.run_sync(staging.write, chunk)
         digest = await anyio.to_thread.run_sync(staging.finish)
         if expected_size is not None and staging.size != expected_size:
-            raise InputMissingError(f"{_describe(ref)}: pulled size differs from Content-Length")
+            raise InputMissingError(f"{describe(ref)}: pulled size differs from Content-Length")
         return digest
-
-    def _check_response(self, ref: FileRef, response: httpx.Response) -> int | None:
-        """Reject an unusable answer; return its Content-Length, if it has one."""
-        if response.status_code != 200:
-            raise InputMissingError(
-                f"{_describe(ref)}: file server answered HTTP {response.status_code}"
-            )
-        # The raw bytes are what gets hashed; an encoded body would be the wrong object.
-        if response.headers.get("content-encoding", "identity").lower() != "identity":
-            raise InputMissingError(f"{_describe(ref)}: file server sent an encoded body")
-        length = response.headers.get("content-length")
-        if length is None:
-            return None
-        if not is_ascii_digits(length):
-            raise InputMissingError(f"{_describe(ref)}: file server sent a bad Content-Length")
-        if int(length) > self._max_object_bytes:
-            raise PayloadTooLargeError(
-                f"{_describe(ref)}: {length} bytes is over the {self._max_object_bytes} byte cap"
-            )
-        return int(length)
 
     def verify(self, key: str) -> bool:
         """Re-hash entry ``key``: True only if it is present and its bytes match (blocking).

@@ -167,10 +167,15 @@ class _SandcellBashProgrammatic:
         self.tools = dict(tools)
         # By its bash name (an identifier: no quoting, no newline in the request).
         functions = "".join('%s() { sc-ptc-call %s "$@"; }\n' % (name, name) for name in tools)
+        # A file, not ``bash -c``: one argument holds at most 128 KiB (MAX_ARG_STRLEN),
+        # so a longer script, or a few thousand tools, was "Argument list too long".
+        script = _sc_os.path.join(self.dir, "script.sh")
+        with open(script, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(_SC_BASH_PRELUDE + functions + code)
         read_end, write_end = _sc_os.pipe()
         env = dict(_sc_os.environ, SC_PTC_DIR=self.dir, SC_PTC_FD=str(write_end))
         self.process = _sc_subprocess.Popen(
-            ["bash", "-c", _SC_BASH_PRELUDE + functions + code, "bash"],
+            ["bash", script],
             stdin=_sc_subprocess.DEVNULL,
             stdout=_sc_subprocess.PIPE,
             stderr=_sc_subprocess.PIPE,
