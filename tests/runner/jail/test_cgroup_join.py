@@ -1,11 +1,12 @@
-"""How a job joins its pooled cgroup, and what a retired slot leaves: real nsjail, cgroups.
+"""How a job or a restore joins its pooled cgroup, and what a retired slot leaves.
 
-A pooled cgroup holds its v1 ``tasks`` files open, so a job's join is a write to a
-held descriptor (the two opens per job were most of the join's cost); those
-descriptors are the cgroup's, closed when its slot is retired. A slot is retired when
-its job is cancelled while a thread works on its cgroup: the thread is waited for,
-then the cgroup goes with every descriptor it held (before, the thread went on and
-made a cgroup, with descriptors, that nothing would close for the runner's life).
+Real nsjail and cgroups. A pooled cgroup holds its v1 ``tasks`` files open, so a
+job's join (and a restore extractor's) is a write to a held descriptor (the two opens
+per job were most of the join's cost); those descriptors are the cgroup's, closed
+when its slot is retired. A slot is retired when its job is cancelled while a thread
+works on its cgroup: the thread is waited for, then the cgroup goes with every
+descriptor it held (before, the thread went on and made a cgroup, with descriptors,
+that nothing would close for the runner's life).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from sandcell_runner.checkpoint.session import SessionCheckpoints
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.spawner import SpawnRequest, StartedProcess
 from tests.runner.jail.real_jail import real_jail, shell_job
@@ -139,3 +141,19 @@ async def _release(fifo: Path) -> None:
                 continue
             os.close(fd)
             return
+
+
+def test_a_restores_extractor_joins_through_the_pooled_cgroups_held_descriptors() -> None:
+    """The restore's pooled cgroup hands its extractor the same held ``tasks``
+    descriptors each time, none opened (nor closed) by the restore itself."""
+    with real_jail("restorejoin-") as (_, cgroups, _root):
+        cgroup = cgroups.acquire("restore", memory_bytes=256 << 20, pids=16)
+        first = SessionCheckpoints._join_fds(cgroup)
+        second = SessionCheckpoints._join_fds(cgroup)
+        assert first == second
+        fds, moves_thread, opened = first
+        assert moves_thread
+        assert opened == []
+        assert [os.readlink(f"/proc/self/fd/{fd}") for fd in fds] == _slot_files(
+            cgroups, "restore", "tasks"
+        )

@@ -105,7 +105,7 @@ class SessionCheckpoints:
                 memory_bytes=self._memory_bytes,
                 pids=_EXTRACTOR_PIDS,
             )
-        fds, threads = self._join_fds(cgroup)
+        fds, threads, opened = self._join_fds(cgroup)
         try:
             return await restore_checkpoint(
                 chunks,
@@ -120,34 +120,29 @@ class SessionCheckpoints:
                 extractors=self.extractors,
             )
         finally:
-            for fd in fds:
+            for fd in opened:
                 os.close(fd)
             if cgroup is not None and cgroup.signal_leftovers():
                 await asyncio.to_thread(cgroup.kill_all)
 
     @staticmethod
-    def _join_fds(cgroup: JobCgroup | None) -> tuple[list[int], bool]:
-        """The files the extractor writes ``0`` into first; True if they move one thread.
+    def _join_fds(cgroup: JobCgroup | None) -> tuple[list[int], bool, list[int]]:
+        """The files the extractor writes ``0`` into first; True if they move one thread;
+        and which of them were opened for this restore (the caller closes those).
 
         On v1, ``tasks``: a single thread moving itself skips the kernel's global
         threadgroup lock, whose write side waits for an RCU grace period (measured
         here: 11-24 ms of every small restore's latency through ``cgroup.procs``).
         The extractor is single-threaded then (it checks), so the whole process moves.
+        They are the pooled cgroup's, held open (``JobCgroup.join_fds``: two opens less).
         """
         if cgroup is None:
-            return [], False
-        tasks = cgroup.thread_join_paths()
-        if tasks is None:
-            return cgroup.open_procs_fds(), False
-        fds: list[int] = []
-        try:
-            for path in tasks:
-                fds.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        return fds, True
+            return [], False, []
+        held = cgroup.join_fds()
+        if held is None:
+            opened = cgroup.open_procs_fds()
+            return opened, False, opened
+        return held, True, []
 
     async def restore(
         self,
