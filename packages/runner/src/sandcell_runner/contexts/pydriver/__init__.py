@@ -5,7 +5,8 @@ beside the launcher ``drivers.py`` writes) and run by the jail's own ``python3 -
 (standard library only: the jail has no runner packages). It is PID 1 of the
 jail's pid namespace. Its modules: ``channel`` (the frames over the runner's
 pipes, and the cell's output as frames), ``display`` (a value's representations),
-``kernel`` (a context's namespace and its runs), ``main`` (the loop).
+``kernel`` (a context's namespace and its runs), ``ipython`` (IPython's cell
+syntax, through the host's IPython when a cell needs it), ``main`` (the loop).
 
 Why our own driver and not ipykernel + a Jupyter client: a kernel needs ZeroMQ
 sockets (five of them, plus a connection file with an HMAC key in the workspace),

@@ -12,10 +12,13 @@ import sys
 import traceback
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .channel import Channel, FdForwarder, Interrupts
 from .display import MIMES, b64, figure_png, is_figure, mimebundle
+
+if TYPE_CHECKING:
+    from .ipython import Shell
 
 __all__ = ["Kernel", "flush_streams"]
 
@@ -45,6 +48,8 @@ class Kernel:
         display: Callable[..., None] = self.display
         builtins.display = display  # type: ignore[attr-defined]
         self.namespace["display"] = display
+        self.ipython: Shell | None = None
+        """IPython's shell, from the first cell that is not Python (``!cmd``, ``%magic``)."""
 
     def display(self, *values: Any, raw: bool = False, **_: Any) -> None:
         """``display(obj, ...)``: each value's representations as a result (not main)."""
@@ -99,8 +104,30 @@ class Kernel:
             cpu_ms = int((_cpu_s() - before) * 1000)
             self.channel.send({"t": "end", "status": status, "count": self.count, "cpu_ms": cpu_ms})
 
+    def _parse(self, code: str, filename: str) -> ast.Module:
+        """The cell as Python: itself, or what IPython makes of ``!cmd`` and magics."""
+        try:
+            return ast.parse(code, filename=filename, mode="exec")
+        except SyntaxError as exc:
+            error = exc
+        if self.ipython is None:
+            # Imported here: compiling it costs every context's start-up a millisecond.
+            from .ipython import Shell
+
+            self.ipython = Shell(self.namespace, lambda data: self._result(data, main=False))
+        transformed = self.ipython.transform(code)
+        if transformed is not None and transformed != code:
+            with contextlib.suppress(SyntaxError):
+                tree = ast.parse(transformed, filename=filename, mode="exec")
+                # Tracebacks quote the Python that ran, line for line (as IPython's do).
+                lines = transformed.splitlines(True)
+                linecache.cache[filename] = (len(transformed), None, lines, filename)
+                return tree
+        # The cell's own mistake: its frames (ast's, the driver's) are not the user's.
+        raise error.with_traceback(None)
+
     def _execute(self, code: str, filename: str) -> None:
-        tree = ast.parse(code, filename=filename, mode="exec")
+        tree = self._parse(code, filename)
         last: ast.expr | None = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body.pop().value  # type: ignore[attr-defined]
@@ -130,8 +157,9 @@ class Kernel:
     def _error(self, exc: BaseException) -> None:
         # The driver's own frames (its exec, its SIGINT handler) are not the user's business.
         report = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        hidden = self.hidden + (self.ipython.hidden if self.ipython is not None else ())
         for part in _chain(report):
-            kept = [frame for frame in part.stack if not frame.filename.startswith(self.hidden)]
+            kept = [frame for frame in part.stack if not frame.filename.startswith(hidden)]
             part.stack = traceback.StackSummary.from_list(kept)
         lines = list(report.format())
         flush_streams()
