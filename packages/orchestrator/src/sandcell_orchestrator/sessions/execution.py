@@ -3,7 +3,7 @@
 ``SANDCELL_RUNTIME_SESSION_MODE``:
 
 - ``stateless``: one sandbox per call; deliver inputs, execute, discard (also on
-  cancel and error).
+  cancel and error: ``stateless.run_stateless``).
 - ``affinity`` / ``strict`` with a hint: derive the runtime session id; then, on
   the manager: hold the session, attach its sandbox (reuse the warm one, or launch
   one and restore the last checkpoint before anything runs), push missing inputs,
@@ -21,7 +21,6 @@ gives the turn its work (a job, or a cell in a code context).
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -41,10 +40,10 @@ from ..registry import IdempotentAnswer, SessionRecord, SessionRegistry
 from ..snapshots import SnapshotStore
 from ..stored import StoredDecoder
 from .contexts import SessionContexts, default_context_id, prime_inputs, refuse_for_contexts
-from .inputs import InputSource, deliver_inputs, scope_inputs
+from .inputs import InputSource, scope_inputs
 from .manager import SandboxManager
 from .output import Collect, OnOutput, run_job
-from .sandboxes import rebind
+from .stateless import run_stateless
 from .turn import Keyed, SessionTurns
 from .warm import WarmLimit
 
@@ -208,40 +207,19 @@ class ExecutionService:
     async def _stateless(
         self,
         request: ExecuteRequest,
-        on_output: OnOutput | None = None,
-        egress: EgressPolicy | None = None,
-        collect: Collect | None = None,
-    ) -> ExecuteResult:
-        with self.metrics.timer("sandcell_turn_duration_seconds"):
-            return await self._stateless_turn(request, on_output, egress, collect)
-
-    async def _stateless_turn(
-        self,
-        request: ExecuteRequest,
         on_output: OnOutput | None,
         egress: EgressPolicy | None,
         collect: Collect | None,
     ) -> ExecuteResult:
-        handle = await self.manager.launch(self._spec_for(egress))
-        # A job's own workspace is gone when it ends; one that ``collect`` reads runs in
-        # a throwaway runtime session instead, whose workspace lasts until the discard.
-        job = handle if collect is None else rebind(handle, "rt_" + secrets.token_hex(32))
-        try:
-            await deliver_inputs(job, request, session_id=job.session_id, source=self.inputs)
-            result = await run_job(
-                job,
-                request,
-                session_id=job.session_id,
-                timeout_s=self._turn_timeout(request),
-                on_output=on_output,
-            )
-            if collect is not None:
-                await collect(job, result.files)
-            await self.manager.count_egress(handle)
-        finally:
-            await self.manager.discard(handle)
-        self.metrics.inc("sandcell_executions_total", status=str(result.status))
-        return result
+        return await run_stateless(
+            self.manager,
+            request,
+            spec=self._spec_for(egress),
+            inputs=self.inputs,
+            timeout_s=self._turn_timeout(request),
+            on_output=on_output,
+            collect=collect,
+        )
 
     # -- sessions -------------------------------------------------------------
 
