@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from sandcell_orchestrator.config import OrchestratorSettings
+from sandcell_orchestrator.providers.docker_settings import DockerSettings
+from sandcell_orchestrator.providers.local_settings import LocalSettings
 from sandcell_runner.config import RunnerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,3 +166,40 @@ def test_every_documented_variable_is_read() -> None:
 def test_the_other_readers_still_read_their_variables() -> None:
     for name, (where, _why) in OTHER_READERS.items():
         assert name in (ROOT / where).read_text(), (name, where)
+
+
+# What a provider sets per runner itself; the operator's value never reaches it.
+_SET_BY_THE_PROVIDER = {
+    "SANDCELL_RUNNER_TOKEN",
+    "SANDCELL_RUNNER_TOKEN_FILE",
+    "SANDCELL_RUNNER_HOST",
+    "SANDCELL_RUNNER_PORT",
+    "SANDCELL_RUNNER_SESSIONS",
+    "SANDCELL_WORKSPACE_ROOT",
+    "SANDCELL_INPUT_CACHE_DIR",
+}
+
+
+def _read_by_the_runner() -> set[str]:
+    names: set[str] = set()
+    for extra in _RUNNER_CONFIGURATIONS:
+        env = _Recording(extra)
+        with contextlib.suppress(Exception):
+            RunnerSettings.from_env(env, read_token_file=lambda _path: _TOKEN)
+        names |= env.looked_up
+    return {name for name in names if name.startswith("SANDCELL_")}
+
+
+def test_every_runner_setting_reaches_a_launched_runner() -> None:
+    """A runner setting the operator sets on ``sandcell`` reaches the runners its local
+    and Docker providers start, including those named without ``SANDCELL_RUNNER_``
+    (``SANDCELL_CHECKPOINT_MAX_MEMBERS`` once stayed behind: the runner used its default)."""
+    wanted = _read_by_the_runner() - _SET_BY_THE_PROVIDER
+    assert {"SANDCELL_CHECKPOINT_MAX_MEMBERS", "SANDCELL_CHECKPOINT_MAX_BYTES"} <= wanted
+    env = dict.fromkeys(wanted, "7")
+    local = LocalSettings.from_env(env).runner_env
+    assert not sorted(wanted - local.keys()), "not passed to local runners"
+    # A container has its own nsjail, and the host's file server URL may not reach it.
+    in_the_image = {"SANDCELL_NSJAIL", "SANDCELL_FILE_SERVER_URL"}
+    docker = DockerSettings.from_env(env).runner_env
+    assert not sorted(wanted - in_the_image - docker.keys()), "not passed to Docker runners"

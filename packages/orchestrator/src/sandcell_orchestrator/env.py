@@ -16,10 +16,20 @@ from typing import TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["EnvReader"]
+__all__ = ["RUNNER_UNPREFIXED", "EnvReader"]
 
 T = TypeVar("T")
 _ECHO_CHARS = 40
+
+RUNNER_UNPREFIXED = (
+    "SANDCELL_CHECKPOINT_MAX_BYTES",
+    "SANDCELL_CHECKPOINT_MAX_MEMBERS",
+    "SANDCELL_INPUT_MAX_OBJECT_BYTES",
+)
+"""Runner settings outside ``SANDCELL_RUNNER_*`` that a launched runner inherits with
+them. Their names predate the prefix and are documented, so they stay; the checkpoint
+caps are also the orchestrator's own (``SANDCELL_CHECKPOINT_MAX_BYTES``), and a runner
+that did not see them would export and restore under its defaults instead."""
 
 
 class EnvReader:

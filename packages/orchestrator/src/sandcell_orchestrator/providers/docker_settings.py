@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from ..env import EnvReader
+from ..env import RUNNER_UNPREFIXED, EnvReader
 from ..errors import ConfigError
 from .docker_api import parse_docker_host
 
@@ -107,13 +107,14 @@ class DockerSettings:
     def from_env(cls, env: Mapping[str, str]) -> DockerSettings:
         """Read ``SANDCELL_DOCKER_*`` and ``DOCKER_HOST``; ``ConfigError`` names the variable.
 
-        ``SANDCELL_RUNNER_*`` variables (limits, jail settings) pass through to every
-        container unchanged, as for the local provider.
+        ``SANDCELL_RUNNER_*`` variables (limits, jail settings) and the runner's
+        ``RUNNER_UNPREFIXED`` caps pass through to every container unchanged, as for
+        the local provider.
         """
         read = EnvReader(env)
         privileges = read.choice("SANDCELL_DOCKER_PRIVILEGES", _PRIVILEGES, "cap-sys-admin")
         passthrough = read.passthrough(
-            ("SANDCELL_RUNNER_",), names=("SANDCELL_ENV",), exclude=RESERVED_ENV
+            ("SANDCELL_RUNNER_",), names=("SANDCELL_ENV", *RUNNER_UNPREFIXED), exclude=RESERVED_ENV
         )
         return cls(
             image=read.text("SANDCELL_DOCKER_IMAGE") or DEFAULT_IMAGE,

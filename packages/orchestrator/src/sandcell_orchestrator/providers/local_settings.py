@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..env import EnvReader
+from ..env import RUNNER_UNPREFIXED, EnvReader
 
 __all__ = ["LocalSettings", "default_runtime_dir"]
 
@@ -26,7 +26,13 @@ _OWN_ENV = (
     "SANDCELL_RUNNER_PORT",
     "SANDCELL_RUNNER_HOST",
 )
-_INHERITED = ("SANDCELL_NSJAIL", "SANDCELL_ENV", "SANDCELL_FILE_SERVER_URL", "PATH")
+_INHERITED = (
+    "SANDCELL_NSJAIL",
+    "SANDCELL_ENV",
+    "SANDCELL_FILE_SERVER_URL",
+    "PATH",
+    *RUNNER_UNPREFIXED,
+)
 
 
 def default_runtime_dir() -> Path:
