@@ -7,7 +7,8 @@ policy also resumes on traffic); ``destroy`` = TerminateMicrovm.
 
 Boundaries: boto3 only behind ``MicrovmApi`` (rate-limited, off the event loop,
 errors translated); runner traffic only through ``RunnerClient`` with
-``MicrovmProxyAuth``. Sandbox ids are ``<microvmId>~<nonce>``: the nonce derives
+``MicrovmProxyAuth``; the polls of a VM's state in ``MicrovmWaits``
+(``lambda_waits.py``). Sandbox ids are ``<microvmId>~<nonce>``: the nonce derives
 the VM's runner token under the deployment's runner key, so any worker holding
 the key reaches any VM and no token is ever stored.
 """
@@ -45,6 +46,7 @@ from .lambda_auth import (
 )
 from .lambda_client import ConflictError, MicrovmApi, VmStatus, make_client
 from .lambda_settings import ENV, LambdaMicrovmSettings
+from .lambda_waits import TERMINAL, BootDiedError, MicrovmWaits, gone
 from .ratelimit import InProcessRateLimiter, RateLimiter
 
 if TYPE_CHECKING:
@@ -57,9 +59,6 @@ log = logging.getLogger(__name__)
 
 PROVIDER_NAME = "lambda-microvm"
 _ID_SEPARATOR = "~"
-_TERMINAL = frozenset({"TERMINATING", "TERMINATED"})
-_READY_CHECK_S = 1.0
-"""How often a readiness wait asks the control plane whether the VM still lives."""
 
 
 @dataclass(slots=True)
@@ -75,24 +74,11 @@ class MicrovmMetrics:
     throttles: int = 0
 
 
-class _BootDiedError(Exception):
-    """The VM reached TERMINATING/TERMINATED before its runner was ready (internal)."""
-
-    def __init__(self, vm_id: str, reason: str) -> None:
-        super().__init__(f"MicroVM {vm_id} died during boot: {reason}")
-        self.vm_id = vm_id
-        self.reason = reason
-
-
 def _split_id(sandbox_id: str) -> tuple[str, str]:
     vm_id, sep, nonce = sandbox_id.rpartition(_ID_SEPARATOR)
     if not sep or not vm_id or not nonce:
         raise SandboxNotFoundError(f"{sandbox_id[:80]!r} is not a {PROVIDER_NAME} sandbox id")
     return vm_id, nonce
-
-
-def _gone(vm_id: str, status: VmStatus) -> SandboxNotFoundError:
-    return SandboxNotFoundError(f"MicroVM {vm_id} is {status.state.lower()} ({status.reason})")
 
 
 class LambdaMicrovmProvider:
@@ -134,9 +120,15 @@ class LambdaMicrovmProvider:
             redact=self._log_filter.redact,
             on_throttle=self._count_throttle,
         )
+        self._waits = MicrovmWaits(
+            self._api,
+            poll_interval_s=settings.poll_interval_s,
+            boot_timeout_s=settings.boot_timeout_s,
+            clock=clock,
+            sleep=sleep,
+        )
         self._transport = runner_transport
         self._clock = clock
-        self._sleep = sleep
         self._new_nonce = new_nonce
         self._new_client_token = new_client_token
         key = settings.runner_key
@@ -180,11 +172,11 @@ class LambdaMicrovmProvider:
         """
         try:
             handle = await self._launch(spec)
-        except _BootDiedError as first:
+        except BootDiedError as first:
             log.warning("%s; launching a replacement once", first)
             try:
                 handle = await self._launch(spec)
-            except _BootDiedError as second:
+            except BootDiedError as second:
                 self._counters.launches_failed += 1
                 raise SandboxUnavailableError(
                     f"two MicroVMs died during boot (last: {second.reason})"
@@ -258,19 +250,10 @@ class LambdaMicrovmProvider:
     ) -> SandboxHandle:
         """Wait for RUNNING, then for the runner behind the proxy; the ready handle."""
         vm_id, _ = _split_id(sandbox_id)
-        while status.state != "RUNNING":
-            if status.state in _TERMINAL:
-                raise _BootDiedError(vm_id, status.reason or status.state)
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise SandboxUnavailableError(
-                    f"MicroVM {vm_id} not RUNNING in time (state {status.state})"
-                )
-            await self._sleep(min(self.settings.poll_interval_s, remaining))
-            status = await self._api.status(vm_id)
+        status = await self._waits.running(vm_id, status, deadline=deadline)
         handle = self._handle(sandbox_id, self._base_url(vm_id, status.endpoint), runner_token)
         try:
-            await self._await_ready(vm_id, handle, deadline=deadline)
+            await self._waits.runner_ready(vm_id, handle, deadline=deadline)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await handle.close()
@@ -284,25 +267,6 @@ class LambdaMicrovmProvider:
         if self.settings.production and not url.startswith("https://"):
             raise SandboxError(f"MicroVM {vm_id}: refusing a plaintext endpoint in production")
         return url.rstrip("/")
-
-    async def _await_ready(self, vm_id: str, handle: SandboxHandle, *, deadline: float) -> None:
-        """Poll the runner's /health through the proxy, checking now and then that the VM lives.
-
-        RUNNING comes before the runner listens: the proxy answers 502 until it does.
-        """
-        while True:
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                raise SandboxUnavailableError(f"MicroVM {vm_id}: runner not ready in time")
-            try:
-                await handle.runner.wait_ready(timeout_s=min(remaining, _READY_CHECK_S))
-            except SandboxUnavailableError:
-                pass
-            else:
-                return
-            status = await self._api.status(vm_id)
-            if status.state in _TERMINAL:
-                raise _BootDiedError(vm_id, status.reason or status.state)
 
     def _handle(self, sandbox_id: str, endpoint: str, runner_token: str) -> SandboxHandle:
         vm_id, _ = _split_id(sandbox_id)
@@ -360,8 +324,8 @@ class LambdaMicrovmProvider:
         """
         vm_id, nonce = _split_id(sandbox_id)
         status = await self._api.status(vm_id)
-        if status.state in _TERMINAL:
-            raise _gone(vm_id, status)
+        if status.state in TERMINAL:
+            raise gone(vm_id, status)
         endpoint = self._base_url(vm_id, status.endpoint)
         return self._handle(sandbox_id, endpoint, self._runner_token(nonce))
 
@@ -374,7 +338,7 @@ class LambdaMicrovmProvider:
         except SandboxNotFoundError:
             return
         except ConflictError:
-            if (await self._api.status(vm_id)).state not in _TERMINAL:
+            if (await self._api.status(vm_id)).state not in TERMINAL:
                 raise
 
     async def suspend(self, sandbox_id: str) -> None:
@@ -385,29 +349,15 @@ class LambdaMicrovmProvider:
         except ConflictError:
             if (await self._api.status(vm_id)).state not in ("SUSPENDING", "SUSPENDED"):
                 raise
-        await self._await_state(vm_id, "SUSPENDED")
+        await self._waits.state(vm_id, "SUSPENDED")
         self._counters.suspends += 1
-
-    async def _await_state(self, vm_id: str, wanted: str) -> None:
-        deadline = self._clock() + self.settings.boot_timeout_s
-        while True:
-            status = await self._api.status(vm_id)
-            if status.state == wanted:
-                return
-            if status.state in _TERMINAL:
-                raise _gone(vm_id, status)
-            if self._clock() >= deadline:
-                raise SandboxUnavailableError(
-                    f"MicroVM {vm_id} not {wanted} (it is {status.state})"
-                )
-            await self._sleep(self.settings.poll_interval_s)
 
     async def resume(self, sandbox_id: str, spec: SandboxSpec) -> SandboxHandle:
         """ResumeMicrovm (if suspended), then wait for the runner; the sandbox id is kept."""
         vm_id, nonce = _split_id(sandbox_id)
         status = await self._api.status(vm_id)
         if status.state == "SUSPENDING":
-            await self._await_state(vm_id, "SUSPENDED")
+            await self._waits.state(vm_id, "SUSPENDED")
             status = VmStatus("SUSPENDED", "", status.endpoint)
         if status.state == "SUSPENDED":
             try:
@@ -422,7 +372,7 @@ class LambdaMicrovmProvider:
             return await self._attach(
                 sandbox_id, status, self._runner_token(nonce), deadline=deadline
             )
-        except _BootDiedError as exc:
+        except BootDiedError as exc:
             raise SandboxNotFoundError(f"MicroVM {vm_id} is gone: {exc.reason}") from None
 
     async def close(self) -> None:

@@ -15,6 +15,7 @@ start-up from ``create``; without one, runners are forked from a pre-imported zy
 (``local_zygote.py``) once it is up, which hides most of it.
 
 This module launches runners, keeps the pool and destroys sandboxes; beside it,
+``local_start.py`` starts a runner's process (its root, listener and token),
 ``local_state.py`` keeps a runner's facts (``sandbox.json``) and tells whether its
 pid still names it, ``local_ready.py`` waits for a launched runner to answer, and
 ``local_reaping.py`` stops runners and reaps their processes, cgroups and roots.
@@ -24,17 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import dataclasses
 import logging
 import os
-import secrets
-import signal
-import socket
-import subprocess
 import time
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import anyio
@@ -53,23 +47,14 @@ from .base import (
 from .local_ready import runner_log_tail, wait_ready_unless_exited
 from .local_reaping import discard_launch, reap_in_background, stop_runner
 from .local_settings import LocalSettings, default_runtime_dir
-from .local_state import (
-    LaunchedProcess,
-    LocalRunner,
-    forget_state,
-    read_state,
-    runner_alive,
-    start_ticks,
-    write_state,
-)
-from .local_zygote import ForkedRunner, RunnerZygote, ZygoteError
+from .local_start import RunnerStarts, base_env, undo_start
+from .local_state import LocalRunner, forget_state, read_state, runner_alive, write_state
+from .local_zygote import ForkedRunner, RunnerZygote
 from .runner_roots import detach_runner_mounts, reap_runner_cgroups, remove_runner_root
 
 __all__ = ["LocalProvider", "LocalSettings", "default_runtime_dir"]
 
 log = logging.getLogger(__name__)
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 class LocalProvider:
@@ -87,10 +72,11 @@ class LocalProvider:
         # Detached runners outlive this process, which then launches one or two: a
         # zygote's imports would only add to that.
         self._zygote = (
-            RunnerZygote(python=settings.python, env=_base_env(settings.runner_env))
+            RunnerZygote(python=settings.python, env=base_env(settings.runner_env))
             if settings.zygote and settings.detached_idle_s is None
             else None
         )
+        self._starts = RunnerStarts(settings, zygote=self._zygote)
         settings.runtime_dir.mkdir(parents=True, exist_ok=True)
         for directory in (settings.runtime_dir, *settings.runtime_dir.parents):
             if directory == Path("/"):
@@ -105,11 +91,11 @@ class LocalProvider:
         # caller (a launch budget run out, as after a SIGSTOP) cannot stop: each went on
         # to leave a root, and a forked runner nobody knew, listening until the zygote
         # died. The start is therefore waited for to its end, then undone.
-        start = asyncio.ensure_future(self._start(plain=plain))
+        start = asyncio.ensure_future(self._starts.start(plain=plain))
         try:
             runner, process = await asyncio.shield(start)
         except asyncio.CancelledError:
-            await _undo_start(start, python=self._settings.python)
+            await undo_start(start, python=self._settings.python)
             raise
         client = RunnerClient(runner.url, token=runner.token, caps=self._answer_caps)
         # Until ``create`` returns its handle nobody else knows this runner: whatever
@@ -138,86 +124,6 @@ class LocalProvider:
         else:
             reap_in_background(process)
         return runner
-
-    async def _start(self, *, plain: bool) -> tuple[LocalRunner, LaunchedProcess]:
-        """A new root and its runner's process, started (not yet answering)."""
-        sandbox_id = "local-" + secrets.token_hex(8)
-        root = self._settings.runtime_dir / sandbox_id
-        await asyncio.to_thread(root.mkdir, 0o711)
-        token = secrets.token_urlsafe(32)
-        # Bound here and inherited: no port to race another process for, and the
-        # readiness probe waits in the listen backlog instead of polling a port that
-        # refuses until the runner has imported itself (that polling was ~60 CPU-ms
-        # of this process per cold session, taken from the runner's own start).
-        listener = socket.create_server(("127.0.0.1", 0), backlog=128)
-        port = listener.getsockname()[1]
-        env = {
-            **_base_env(self._settings.runner_env),
-            "SANDCELL_RUNNER_HOST": "127.0.0.1",
-            "SANDCELL_RUNNER_PORT": str(port),
-            "SANDCELL_RUNNER_LISTEN_FD": str(listener.fileno()),
-            "SANDCELL_WORKSPACE_ROOT": str(root / "workspaces"),
-            "SANDCELL_INPUT_CACHE_DIR": str(root / "input-cache"),
-            "SANDCELL_RUNNER_SESSIONS": "1",
-        }
-        if self._settings.detached_idle_s is not None:
-            env["SANDCELL_RUNNER_IDLE_EXIT_S"] = str(self._settings.detached_idle_s)
-        process: LaunchedProcess | None = None
-        try:
-            process = None if plain else await self._fork(env, root, token, listener)
-            if process is None:
-                process = self._spawn(env, root, token, listener)
-        except ZygoteError as exc:
-            # Lost mid-request, the zygote may have forked a child holding this root,
-            # listener and token before it went: start afresh rather than share them.
-            log.warning("%s; launching plainly", exc)
-            listener.close()
-            await asyncio.to_thread(remove_runner_root, root)
-            return await self._start(plain=True)
-        except OSError as exc:  # the configured interpreter cannot be run
-            await asyncio.to_thread(remove_runner_root, root)
-            raise SandboxUnavailableError(f"local runner could not start: {exc}") from None
-        finally:
-            listener.close()  # the runner's copy is the only one: its exit refuses clients
-        # Read now: an unreaped child's pid cannot have been reused yet. A forked one is
-        # reaped by the zygote: its pidfd says whether the pid still names it.
-        started = start_ticks(process.pid)
-        if isinstance(process, ForkedRunner) and process.poll() is not None:
-            started = -1  # matches no process: nothing signals whoever has the pid now
-        return LocalRunner(sandbox_id, process.pid, port, token, root, started=started), process
-
-    async def _fork(
-        self, env: dict[str, str], root: Path, token: str, listener: socket.socket
-    ) -> ForkedRunner | None:
-        """The runner forked from the zygote; None (launch plainly) while none is ready.
-
-        The first launch starts the zygote and does not wait for it.
-        """
-        if self._zygote is None or not self._zygote.fits(env):
-            return None
-        self._zygote.start()  # from the loop's thread, like a plain launch; no-op if up
-        with _token_pipe(token) as read_fd, (root / "runner.log").open("ab") as log_file:
-            return await self._zygote.fork(
-                env, log_fd=log_file.fileno(), token_fd=read_fd, listener_fd=listener.fileno()
-            )
-
-    def _spawn(
-        self, env: dict[str, str], root: Path, token: str, listener: socket.socket
-    ) -> subprocess.Popen[bytes]:
-        # Forked from the event loop's thread on purpose: PR_SET_PDEATHSIG follows the
-        # forking *thread*, and worker threads come and go. The fork costs ~1 ms.
-        with _token_pipe(token) as read_fd, (root / "runner.log").open("ab") as log_file:
-            return subprocess.Popen(
-                [self._settings.python, "-m", "sandcell_runner"],
-                env={**env, "SANDCELL_RUNNER_TOKEN_FILE": f"/dev/fd/{read_fd}"},
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                # A detached runner outlives this process and ends itself when idle.
-                preexec_fn=_die_with_parent if self._settings.detached_idle_s is None else None,
-                pass_fds=(read_fd, listener.fileno()),
-            )
 
     def _handle(self, runner: LocalRunner, session_id: str | None) -> SandboxHandle:
         return SandboxHandle(
@@ -360,46 +266,3 @@ async def _write_state_to_the_end(runner: LocalRunner) -> None:
     (the cancellation is passed on after): a thread cannot be stopped, and a write that
     landed after the runner's stop would bring back the state of a stopped runner."""
     await to_the_end(asyncio.to_thread(write_state, runner))
-
-
-async def _undo_start(
-    start: asyncio.Future[tuple[LocalRunner, LaunchedProcess]], *, python: str
-) -> None:
-    """Wait for a start whose caller was cancelled, then stop its runner and remove its
-    root (a start that failed by itself removed its root already)."""
-    while not start.done():
-        # Cancelled again meanwhile: the caller is leaving anyway, and what the start
-        # makes must still go.
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({start})
-    if start.cancelled() or start.exception() is not None:
-        return
-    runner, process = start.result()
-    await to_the_end(discard_launch(runner, process, python=python))
-
-
-@contextlib.contextmanager
-def _token_pipe(token: str) -> Iterator[int]:
-    """The read end of a pipe holding ``token``, closed on exit (the runner has its copy).
-
-    The token goes on a pipe, not into the runner's environment block (which
-    /proc/<pid>/environ shows for its whole life; given one, it re-execs itself).
-    """
-    read_fd, write_fd = os.pipe()
-    try:
-        try:
-            os.write(write_fd, token.encode())  # ~43 bytes: never blocks
-        finally:
-            os.close(write_fd)
-        yield read_fd
-    finally:
-        os.close(read_fd)
-
-
-def _base_env(runner_env: Mapping[str, str]) -> dict[str, str]:
-    """What every runner gets before its own variables (the zygote's environment too)."""
-    return {**runner_env, "PATH": runner_env.get("PATH", os.environ.get("PATH", "/usr/bin:/bin"))}
-
-
-def _die_with_parent() -> None:
-    _libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
