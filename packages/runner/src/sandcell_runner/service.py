@@ -7,11 +7,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
-import signal
-import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 import msgspec
 
@@ -34,7 +30,7 @@ from .host import prepare_host, weakened_isolation
 from .inputs.cache import InputCache
 from .inputs.priming import Primer
 from .jail.capture import OutputCallback
-from .jail.cgroup_reaper import instance_key, reap_orphans
+from .jail.cgroup_reaper import instance_key
 from .jail.instance_usage import InstanceCounters
 from .jail.netns import SessionNetns
 from .jail.nsjail import Jail
@@ -44,6 +40,7 @@ from .languages import LanguageSpec, discover_languages
 from .outputs import OutputCollector
 from .sandbox.metrics import MetricsSampler
 from .sandbox.sessions import SandboxSessions
+from .upkeep import Upkeep
 from .warmup import Warmup
 from .workspace.files import SessionFiles
 from .workspace.jobs import JobWorkspaces
@@ -174,10 +171,18 @@ class RunnerService:
         )
         # A restore replaces the workspace the interpreters run in: their state is gone.
         self.checkpoints.restore_hooks.append(self._lose_contexts)
-        self._last_request_s = time.monotonic()
         self._warmup = Warmup(settings.warmup_command)
         self._slots = asyncio.Semaphore(settings.max_jobs)
         self._jobs = JobWorkspaces(self._workspaces, self._uids, self.sessions)
+        self._upkeep = Upkeep(
+            settings,
+            workspaces=self._workspaces,
+            cgroups=self._cgroups,
+            sessions=self.sessions,
+            jobs=self._jobs,
+            contexts=self.contexts,
+            keepers=(self.sessions, self._jobs, self.apps, self.contexts, self.sandbox),
+        )
         self._collect_warnings()
 
     def _session_netns(self) -> SessionNetns | None:
@@ -307,7 +312,7 @@ class RunnerService:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """The service while it serves: warmup and the reaper run; shut down on exit."""
+        """The service while it serves: warmup and the upkeep run; shut down on exit."""
         # Everything made until now (imports, the service) lives as long as the runner:
         # out of the collector's sight, a full collection walks a few thousand objects
         # instead of ~46,000. Measured with gc.callbacks at 16 clients (`bash: true`,
@@ -317,8 +322,8 @@ class RunnerService:
         gc.freeze()
         self._warmup.start()
         self.checkpoints.extractors.start()
-        reaper = asyncio.create_task(self._reaper_loop(), name="sandcell-reaper")
-        idle = asyncio.create_task(self._idle_loop(), name="sandcell-idle")
+        reaper = asyncio.create_task(self._upkeep.reaper_loop(), name="sandcell-reaper")
+        idle = asyncio.create_task(self._upkeep.idle_loop(), name="sandcell-idle")
         metrics = asyncio.create_task(self.metrics.run(), name="sandcell-metrics")
         try:
             yield
@@ -330,52 +335,12 @@ class RunnerService:
             await self._warmup.stop()
             await self.shutdown()
 
-    def _reap(self) -> list[Path]:
-        """Remove leftover per-job directories; never the session's, staging, or the cache."""
-        keep = self.sessions.keep_paths() | self._jobs.keep_paths() | self.apps.keep_paths()
-        keep |= self.contexts.keep_paths()
-        keep |= self.sandbox.keep_paths()
-        if self._cgroups.available:
-            orphans = reap_orphans(older_than_s=self.settings.reap_age_s)
-            if orphans:
-                log.info("reaper removed the cgroups of %d runners that are gone", len(orphans))
-        return self._workspaces.reap(older_than_s=self.settings.reap_age_s, keep=keep)
-
-    async def _reaper_loop(self) -> None:
-        while True:
-            removed = await asyncio.to_thread(self._reap)
-            if removed:
-                log.info("reaper removed %d leftover workspaces", len(removed))
-            await asyncio.sleep(self.settings.reap_interval_s)
-
     async def _lose_contexts(self, state: SessionState) -> None:
         await self.contexts.restored(state)
 
     def note_request(self) -> None:
         """A request arrived (the idle exit counts from the last one)."""
-        self._last_request_s = time.monotonic()
-
-    def _busy(self) -> bool:
-        bound = self.sessions.bound
-        return self._jobs.busy() or (bound is not None and bound.lock.locked())
-
-    async def _idle_loop(self) -> None:
-        """Stop idle interpreters; exit the runner when idle past ``idle_exit_s``."""
-        interval_s = min(60.0, max(1.0, self.settings.context_idle_s / 4))
-        if self.settings.idle_exit_s:
-            interval_s = min(interval_s, max(0.5, self.settings.idle_exit_s / 4))
-        while True:
-            await asyncio.sleep(interval_s)
-            stopped = await self.contexts.sweep_idle()
-            if stopped:
-                log.info("stopped %d idle context interpreters", stopped)
-            idle_s = time.monotonic() - self._last_request_s
-            limit_s = self.settings.idle_exit_s
-            if limit_s and idle_s > limit_s and not self._busy():
-                log.info("no request for %d s (SANDCELL_RUNNER_IDLE_EXIT_S): exiting", idle_s)
-                # uvicorn's own graceful shutdown: the lifespan then runs shutdown().
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
+        self._upkeep.note_request()
 
     async def shutdown(self) -> None:
         """Stop session processes, then wipe the bound session (tmpfs workspaces hold memory)."""

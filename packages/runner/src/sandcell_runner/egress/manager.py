@@ -3,7 +3,7 @@
 With the policy at ``deny_all`` (the default) nothing changes: a job's network
 namespace holds only ``lo``. Any other policy gives the namespaces jobs run in a
 link to the runner (``plumbing.attach``) served by a gateway process
-(``gateway.py``):
+(``gateway.py``; started and stopped by ``gateway_process.py``):
 
 * a bound session's own namespace (every job and process of the session);
 * for jobs outside a session, one namespace the runner keeps for them (made when
@@ -29,10 +29,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import os
-import socket
-import subprocess
-import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -47,13 +43,13 @@ from sandcell_protocol.egress import EgressMechanism
 from ..errors import BadRequestError
 from ..jail.netns import SessionNetns, create_netns
 from ..jail.spec import JobSpec
-from .plumbing import GatewayPorts, Link, PlumbingError, attach, detach, reap_leftovers
+from .gateway_process import PORTS, Gateway, spawn_gateway
+from .plumbing import Link, PlumbingError, attach, detach, reap_leftovers
 from .settings import EgressSettings
 from .turn import TurnRefusals
 
 log = logging.getLogger(__name__)
 
-_PORTS = GatewayPorts()
 _RECENT = 100
 _ACK_TIMEOUT_S = 15.0
 
@@ -61,44 +57,6 @@ _ACK_TIMEOUT_S = 15.0
 class _Line(msgspec.Struct, frozen=True):
     ack: int | None = None
     event: EgressEvent | None = None
-
-
-class _Gateway:
-    """One link and the gateway process serving it."""
-
-    def __init__(
-        self,
-        link: Link,
-        process: subprocess.Popen[bytes],
-        resolv_conf: Path,
-        netns: SessionNetns,
-    ) -> None:
-        self.link = link
-        self.netns = netns
-        self.process = process
-        self.resolv_conf = resolv_conf
-        self.env = {
-            **dict.fromkeys(_PROXY_VARS, f"http://{link.gateway}:{_PORTS.proxy}"),
-            "NO_PROXY": "localhost,127.0.0.1,::1",
-            "no_proxy": "localhost,127.0.0.1,::1",
-        }
-        self._acks: dict[int, threading.Event] = {}
-        self._lock = threading.Lock()
-        self.ready = self.expect(0)
-
-    def expect(self, seq: int) -> threading.Event:
-        with self._lock:
-            return self._acks.setdefault(seq, threading.Event())
-
-    def acked(self, seq: int) -> None:
-        self.expect(seq).set()
-
-    def forget(self, seq: int) -> None:
-        with self._lock:
-            self._acks.pop(seq, None)
-
-
-_PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
 
 
 class EgressManager:
@@ -116,7 +74,7 @@ class EgressManager:
         self.mechanism: EgressMechanism = "none" if self.unavailable else "nftables"
         self.policy = settings.policy if self.mechanism == "nftables" else EgressPolicy()
         self._state_dir = state_dir
-        self._gateways: dict[int, _Gateway] = {}
+        self._gateways: dict[int, Gateway] = {}
         self._shared: SessionNetns | None = None
         self._session: SessionNetns | None = None
         self._lock = threading.RLock()
@@ -293,7 +251,7 @@ class EgressManager:
                 self._link(netns, policy)
 
     def _link(self, netns: SessionNetns, policy: EgressPolicy) -> None:
-        link = attach(netns.fd, subnet=self._settings.subnet, ports=_PORTS)
+        link = attach(netns.fd, subnet=self._settings.subnet, ports=PORTS)
         try:
             gateway = self._spawn(link, policy, netns)
         except BaseException:
@@ -309,74 +267,21 @@ class EgressManager:
 
     def _drop(self, netns_fd: int) -> None:
         gateway = self._gateways.pop(netns_fd, None)
-        if gateway is None:
-            return
-        process = gateway.process
-        with contextlib.suppress(OSError):
-            if process.stdin is not None:
-                process.stdin.close()
-        try:
-            process.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        detach(gateway.link)
-        with contextlib.suppress(OSError):
-            gateway.resolv_conf.unlink()
+        if gateway is not None:
+            gateway.stop()
 
-    def _spawn(self, link: Link, policy: EgressPolicy, netns: SessionNetns) -> _Gateway:
-        address = str(link.gateway)
-        sockets = [
-            _bound(address, _PORTS.dns, socket.SOCK_DGRAM),
-            _bound(address, _PORTS.dns, socket.SOCK_STREAM),
-            _bound(address, _PORTS.proxy, socket.SOCK_STREAM),
-            _bound(address, _PORTS.transparent, socket.SOCK_STREAM),
-        ]
-        try:
-            fds = [s.fileno() for s in sockets]
-            config = {
-                "upstream": self._settings.upstream,
-                "upstream_port": self._settings.upstream_port,
-                "allow_nets": self._settings.allow_nets,
-                "policy": policy,
-                "uid": self._settings.uid,
-                "bulk_bytes": self._settings.bulk_bytes,
-                "dns_udp_fd": fds[0],
-                "dns_tcp_fd": fds[1],
-                "proxy_fd": fds[2],
-                "transparent_fd": fds[3],
-            }
-            # The gateway drops to the unprivileged UID itself, once its code is loaded
-            # (the interpreter may live where that UID cannot read). Only what the
-            # interpreter needs is in its environment: the runner's token stays out.
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "sandcell_runner.egress.gateway",
-                    msgspec.json.encode(config).decode(),
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                pass_fds=fds,
-                cwd="/",
-                env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
-            )
-        finally:
-            for sock in sockets:
-                sock.close()
-        self._state_dir.mkdir(parents=True, exist_ok=True)
-        resolv = self._state_dir / f"resolv-{link.host_if}.conf"
-        resolv.write_text(f"nameserver {link.gateway}\noptions timeout:2 attempts:2\n")
-        os.chmod(resolv, 0o644)
-        gateway = _Gateway(link, process, resolv, netns)
-        assert process.stdout is not None
+    def _spawn(self, link: Link, policy: EgressPolicy, netns: SessionNetns) -> Gateway:
+        gateway = spawn_gateway(
+            link, policy, netns, settings=self._settings, state_dir=self._state_dir
+        )
+        stdout = gateway.process.stdout
+        assert stdout is not None
         threading.Thread(
-            target=self._read, args=(gateway, process.stdout), name="sandcell-egress", daemon=True
+            target=self._read, args=(gateway, stdout), name="sandcell-egress", daemon=True
         ).start()
         return gateway
 
-    def _read(self, gateway: _Gateway, stream: IO[bytes]) -> None:
+    def _read(self, gateway: Gateway, stream: IO[bytes]) -> None:
         decoder = msgspec.json.Decoder(_Line)
         for raw in stream:
             try:
@@ -389,7 +294,7 @@ class EgressManager:
             if line.event is not None:
                 self._count(gateway, line.event)
 
-    def _count(self, gateway: _Gateway, event: EgressEvent) -> None:
+    def _count(self, gateway: Gateway, event: EgressEvent) -> None:
         with self._counts_lock:
             self.by_transport[(event.verdict, event.transport)] += 1
             if event.verdict == "allowed":
@@ -410,19 +315,6 @@ class EgressManager:
             event.address or "-",
             event.port,
         )
-
-
-def _bound(address: str, port: int, kind: socket.SocketKind) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, kind)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((address, port))
-        if kind == socket.SOCK_STREAM:
-            sock.listen(512)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def unavailable_reason(*, jailed: bool, allow_network: bool) -> str | None:
