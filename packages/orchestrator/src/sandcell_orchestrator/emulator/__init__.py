@@ -5,7 +5,8 @@ Test and demo infrastructure: ``python -m sandcell_orchestrator.emulator --port 
 
 from __future__ import annotations
 
-from .lambda_microvms import MicrovmEmulator, RecordedCall, serve_in_thread
+from .admin import RecordedCall
+from .lambda_microvms import MicrovmEmulator, serve_in_thread
 from .vm import EmulatedVm, EmulatorClock, Faults, VmState
 
 __all__ = [

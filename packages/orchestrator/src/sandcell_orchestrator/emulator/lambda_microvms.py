@@ -7,7 +7,8 @@ provider and ``scripts/create-microvm-image`` use; errors are rest-json errors
 (``x-amzn-ErrorType``). Each VM's endpoint is ``<emulator>/vm/<id>`` (``proxy.py``).
 
 Test and demo infrastructure, never shipped in an image. Admin routes under
-``/_emulator`` inject faults, kill VMs, move the clock and list recorded calls.
+``/_emulator`` (``admin.py``) inject faults, kill VMs, move the clock and list
+recorded calls.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .admin import EmulatorAdmin, RecordedCall
 from .images import ImageRegistry
 from .proxy import PROXY_METHODS, VmProxy
 from .vm import (
@@ -44,7 +45,7 @@ from .vm import (
     not_found,
 )
 
-__all__ = ["MicrovmEmulator", "RecordedCall", "serve_in_thread"]
+__all__ = ["MicrovmEmulator", "serve_in_thread"]
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,6 @@ _MAX_TOKEN_MINUTES = 60
 
 Body = dict[str, Any]
 Handler = Callable[[Request, Body], Awaitable[tuple[int, object]]]
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedCall:
-    """One control-plane call as the emulator saw it."""
-
-    operation: str
-    microvm_id: str | None = None
-    client_token: str | None = None
-    throttled: bool = False
 
 
 class MicrovmEmulator:
@@ -99,6 +90,9 @@ class MicrovmEmulator:
         self.sweep_interval_s = sweep_interval_s
         self.account = account
         self.region = region
+        self.admin = EmulatorAdmin(
+            faults=self.faults, fleet=self.fleet, clock=self.clock, calls=self.calls
+        )
         self.app = Starlette(routes=self._routes(), lifespan=self._lifespan)
 
     def _routes(self) -> list[Route]:
@@ -121,11 +115,7 @@ class MicrovmEmulator:
             *(Route(path, self._api(h, op), methods=[m]) for m, path, op, h in api),
             Route("/vm/{vm_id}/{path:path}", self.proxy.handle, methods=PROXY_METHODS),
             Route("/vm/{vm_id}", self.proxy.handle, methods=PROXY_METHODS),
-            Route("/_emulator/faults", self.set_faults, methods=["POST"]),
-            Route("/_emulator/vms", self.list_vms, methods=["GET"]),
-            Route("/_emulator/vms/{vm_id}/kill", self.kill_vm, methods=["POST"]),
-            Route("/_emulator/clock/advance", self.advance_clock, methods=["POST"]),
-            Route("/_emulator/calls", self.list_calls, methods=["GET"]),
+            *self.admin.routes(),
         ]
 
     @contextlib.asynccontextmanager
@@ -281,43 +271,6 @@ class MicrovmEmulator:
 
     async def builds(self, request: Request, body: Body) -> tuple[int, object]:
         return 200, self.images.builds(request.path_params["image"], request.path_params["version"])
-
-    # -- admin ------------------------------------------------------------------------------
-
-    async def set_faults(self, request: Request) -> Response:
-        """Merge the posted fields into the faults (sets of launch numbers as lists)."""
-        body = await request.json()
-        for name, value in body.items():
-            current = getattr(self.faults, name, None)
-            if current is None and name != "token_lifetime_s":
-                return JSONResponse({"message": f"unknown fault {name!r}"}, status_code=400)
-            setattr(self.faults, name, set(value) if isinstance(current, set) else value)
-        return JSONResponse(
-            {k: sorted(v) if isinstance(v, set) else v for k, v in asdict(self.faults).items()}
-        )
-
-    async def list_vms(self, request: Request) -> Response:
-        return JSONResponse(
-            [
-                {"microvmId": vm.microvm_id, "state": vm.state.value, "pid": vm.pid}
-                for vm in self.fleet.vms.values()
-            ]
-        )
-
-    async def kill_vm(self, request: Request) -> Response:
-        """A VM crashes: its runner is killed and the VM is TERMINATED."""
-        vm = self.fleet.vms.get(request.path_params["vm_id"])
-        if vm is None:
-            return JSONResponse({"message": "no such MicroVM"}, status_code=404)
-        await self.fleet.terminate(vm, reason="Runtime.ExitError: killed (injected fault)")
-        return JSONResponse({"microvmId": vm.microvm_id, "state": vm.state.value})
-
-    async def advance_clock(self, request: Request) -> Response:
-        self.clock.advance(float((await request.json())["seconds"]))
-        return JSONResponse({"offset_s": self.clock.offset_s})
-
-    async def list_calls(self, request: Request) -> Response:
-        return JSONResponse([asdict(call) for call in self.calls])
 
 
 def describe_vm(vm: EmulatedVm, endpoint: str) -> dict[str, object]:
