@@ -24,6 +24,8 @@ from tests.orchestrator.cli.conftest import stop_leftovers
 
 CAP = 2
 CHECKPOINT_MAX_BYTES = 2 << 20
+# The runner's cap, set on ``sandcell serve``: its local runners inherit it.
+CHECKPOINT_MAX_MEMBERS = 2000
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +34,7 @@ def capped() -> Iterator[E2bServe]:
         env = {
             "SANDCELL_E2B_MAX_SNAPSHOTS": str(CAP),
             "SANDCELL_CHECKPOINT_MAX_BYTES": str(CHECKPOINT_MAX_BYTES),
+            "SANDCELL_CHECKPOINT_MAX_MEMBERS": str(CHECKPOINT_MAX_MEMBERS),
         }
         service = start_serve(base, env=env)
         try:
@@ -59,7 +62,7 @@ def test_concurrent_snapshots_of_several_sandboxes_keep_to_the_cap(capped: E2bSe
     try:
         for sandbox in sandboxes:
             # A copy that takes a while: every request checks the cap during the others'.
-            sandbox.files.write("weight.bin", b"w" * (4 << 20))
+            sandbox.files.write("weight.bin", b"w" * (CHECKPOINT_MAX_BYTES - (64 << 10)))
         with _api(capped) as api, concurrent.futures.ThreadPoolExecutor(16) as pool:
             answers = list(
                 pool.map(
@@ -110,19 +113,15 @@ def test_a_workspace_past_the_checkpoint_cap_is_a_413_and_runs_on(capped: E2bSer
 
 
 def test_a_workspace_past_the_checkpoint_entries_is_a_413_and_runs_on(capped: E2bServe) -> None:
-    """200,000 hard links (no inode each: inside the workspace's inode and byte quotas)
-    are more entries than a checkpoint holds: a snapshot, a fork and a pause are each
-    413 ``payload_too_large`` saying so (they were 500 "the session's saved state could
-    not be restored", with an ERROR line), and the sandbox runs on."""
+    """Hard links past ``SANDCELL_CHECKPOINT_MAX_MEMBERS`` (no inode each: inside the
+    workspace's inode and byte quotas; the default cap is 200,000) are more entries than
+    a checkpoint holds: a snapshot, a fork and a pause are each 413 ``payload_too_large``
+    saying so (they were 500 "the session's saved state could not be restored", with an
+    ERROR line), and the sandbox runs on. The cap set on ``sandcell serve`` is the one
+    its runners use (it once stayed behind: they used 200,000)."""
     sandbox = Sandbox.create(**capped.opts())
     try:
-        sandbox.files.write(
-            "links.py",
-            "import os\nos.mkdir('h')\nfor j in range(4):\n"
-            "    open(f'f{j}', 'w').write('x')\n"
-            "    for i in range(50_000): os.link(f'f{j}', f'h/{j}.{i}')\n",
-        )
-        sandbox.commands.run("python3 links.py", timeout=300)
+        _hard_links(sandbox)
         with _api(capped) as api:
             for route in ("snapshots", "fork", "pause"):
                 answer = api.post(f"/sandboxes/{sandbox.sandbox_id}/{route}", json={})
@@ -130,16 +129,38 @@ def test_a_workspace_past_the_checkpoint_entries_is_a_413_and_runs_on(capped: E2
                 error = answer.json()
                 assert error["error_code"] == "payload_too_large", error
                 assert (
-                    "cannot be saved (workspace has more than 200000 entries)" in (error["message"])
+                    "cannot be saved (workspace has more than"
+                    f" {CHECKPOINT_MAX_MEMBERS} entries (SANDCELL_CHECKPOINT_MAX_MEMBERS))"
+                    in error["message"]
                 ), error
                 assert "/v1/" not in error["message"], error
             assert api.get("/snapshots").json() == []
             detail = api.get(f"/sandboxes/{sandbox.sandbox_id}").json()
             assert detail["state"] == "running"
-        assert sandbox.commands.run("ls h | wc -l").stdout == "200000\n"
+        assert sandbox.commands.run("ls h | wc -l").stdout == f"{LINKS}\n"
     finally:
         sandbox.kill()
     assert "could not be restored" not in capped.log()
+
+
+LINKS = 4 * CHECKPOINT_MAX_MEMBERS
+
+
+def _hard_links(sandbox: Sandbox) -> None:
+    """``LINKS`` hard links to four files, in ``h``."""
+    sandbox.files.write(
+        "links.py",
+        "import os\nos.mkdir('h')\nfor j in range(4):\n"
+        "    open(f'f{j}', 'w').write('x')\n"
+        f"    for i in range({LINKS // 4}): os.link(f'f{{j}}', f'h/{{j}}.{{i}}')\n",
+    )
+    sandbox.commands.run("python3 links.py", timeout=300)
+
+
+def _pause_kills(served: E2bServe) -> int:
+    metrics = httpx.get(f"{served.url}/metrics").text
+    line = 'sandcell_e2b_timeout_pause_kills_total{reason="too_large"} '
+    return int(float(metrics.split(line, 1)[1].split()[0]))
 
 
 def _until(check: Callable[[], bool], *, timeout_s: float = 30.0) -> None:
@@ -155,6 +176,7 @@ def test_an_auto_pause_past_the_checkpoint_cap_kills_at_the_timeout(capped: E2bS
     never succeed, so the sandbox is killed (E2B ends a sandbox at its timeout), logged
     and counted. It used to be retried every 30 s with a warning, running on forever
     and holding one of the tenant's running places."""
+    kills = _pause_kills(capped)
     sandbox = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"}, **capped.opts())
     try:
         sandbox.files.write("noise.bin", os.urandom(CHECKPOINT_MAX_BYTES + (1 << 20)))
@@ -177,8 +199,43 @@ def test_an_auto_pause_past_the_checkpoint_cap_kills_at_the_timeout(capped: E2bS
         assert api.get("/snapshots").json() == []
     log = capped.log()
     assert f"e2b sandbox {sandbox.sandbox_id}: the auto-pause at its timeout cannot be done" in log
-    metrics = httpx.get(f"{capped.url}/metrics").text
-    assert 'sandcell_e2b_timeout_pause_kills_total{reason="too_large"} 1' in metrics
+    line = next(
+        line for line in log.splitlines() if f"{sandbox.sandbox_id}: the auto-pause" in line
+    )
+    assert "payload_too_large" in line, line
+    assert "SANDCELL_CHECKPOINT_MAX_BYTES" in line, line
+    assert _pause_kills(capped) == kills + 1
+
+
+def test_an_auto_pause_past_the_checkpoint_entries_kills_and_logs_why(capped: E2bServe) -> None:
+    """More entries than a checkpoint holds: the auto-pause at the timeout kills the
+    sandbox too, and the log line gives the 413's own reason (it said "its workspace
+    is past SANDCELL_CHECKPOINT_MAX_BYTES" for every 413)."""
+    kills = _pause_kills(capped)
+    sandbox = Sandbox.create(timeout=300, lifecycle={"on_timeout": "pause"}, **capped.opts())
+    try:
+        _hard_links(sandbox)
+        sandbox.set_timeout(1)
+
+        def gone() -> bool:
+            try:
+                Sandbox.get_info(sandbox.sandbox_id, **capped.opts())
+            except NotFoundException:
+                return True
+            return False
+
+        _until(gone)
+    finally:
+        Sandbox.kill(sandbox.sandbox_id, **capped.opts())
+    line = next(
+        line
+        for line in capped.log().splitlines()
+        if f"e2b sandbox {sandbox.sandbox_id}: the auto-pause at its timeout" in line
+    )
+    assert f"more than {CHECKPOINT_MAX_MEMBERS} entries" in line, line
+    assert "payload_too_large" in line, line
+    assert "SANDCELL_CHECKPOINT_MAX_BYTES" not in line, line
+    assert _pause_kills(capped) == kills + 1
 
 
 def test_a_create_from_a_snapshot_deleted_meanwhile_is_a_404(e2b_serve: E2bServe) -> None:

@@ -148,7 +148,8 @@ METRIC_HELP = {
     ),
     "sandcell_e2b_timeout_pause_kills_total": (
         "E2B autoPause sandboxes killed at their timeout because the pause could not be "
-        "done, by reason (too_large: past SANDCELL_CHECKPOINT_MAX_BYTES; failed: it kept "
+        "done, by reason (too_large: the workspace cannot be saved, past "
+        "SANDCELL_CHECKPOINT_MAX_BYTES or _MAX_MEMBERS; failed: it kept "
         "failing)."
     ),
 }

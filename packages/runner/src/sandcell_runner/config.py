@@ -74,6 +74,9 @@ class RunnerSettings:
     egress: EgressSettings = field(default_factory=EgressSettings)
     sessions_enabled: bool = False
     session_wait_ms: int = 2000
+    process_stream_events: int = 256
+    """``SANDCELL_RUNNER_PROCESS_STREAM_EVENTS``: output chunks (up to 64 KiB each) a
+    sandbox process's stream may fall behind before it is ended (the process runs on)."""
     warmup_command: str | None = None
     file_server_url: str | None = field(default=None, repr=False)  # may hold user info
     checkpoint_max_bytes: int = 1 << 30
@@ -246,6 +249,9 @@ class RunnerSettings:
             egress=EgressSettings.from_env(env),
             sessions_enabled=reader.flag("SANDCELL_RUNNER_SESSIONS", default=False),
             session_wait_ms=reader.integer("SANDCELL_RUNNER_SESSION_WAIT_MS", 2000, minimum=0),
+            process_stream_events=reader.integer(
+                "SANDCELL_RUNNER_PROCESS_STREAM_EVENTS", 256, minimum=1, maximum=16384
+            ),
             warmup_command=env.get("SANDCELL_RUNNER_WARMUP_COMMAND") or None,
             file_server_url=reader.url("SANDCELL_FILE_SERVER_URL"),
             checkpoint_max_bytes=reader.integer("SANDCELL_CHECKPOINT_MAX_BYTES", 1 << 30),

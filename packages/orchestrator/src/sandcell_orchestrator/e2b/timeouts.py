@@ -100,8 +100,9 @@ class TimeoutSweep:
 
         E2B ends a sandbox at its timeout: its evictor removes the sandbox whether or
         not the pause's snapshot succeeds (e2b-dev/infra ``RemoveSandbox``: the store
-        record goes and the VM is stopped either way). A workspace past
-        ``SANDCELL_CHECKPOINT_MAX_BYTES`` can never be paused, so it is killed at once;
+        record goes and the VM is stopped either way). A workspace that cannot be saved
+        (the 413 of ``unsavable``: past ``SANDCELL_CHECKPOINT_MAX_BYTES``, or of more
+        entries than a checkpoint holds) can never be paused, so it is killed at once;
         any other failure (a store that is down) is retried up to
         ``TIMEOUT_PAUSE_ATTEMPTS`` times, then killed. Until then it keeps counting
         against the tenant's running sandboxes, as it would have without the kill."""
@@ -109,7 +110,8 @@ class TimeoutSweep:
             await self._pause(sandbox)
         except (SandcellError, E2bError) as exc:
             if isinstance(exc, E2bError) and exc.status == 413:
-                reason, why = "too_large", "its workspace is past SANDCELL_CHECKPOINT_MAX_BYTES"
+                # The 413's own message says which cap (bytes or entries) it is past.
+                reason, why = "too_large", f"{exc.code}: {exc}"
             else:
                 failures = self._pause_failures.get(sandbox.sandbox_id, 0) + 1
                 self._pause_failures[sandbox.sandbox_id] = failures

@@ -54,6 +54,9 @@ __all__ = [
 
 _WORKSPACE_MEMBER_PREFIX = CHECKPOINT_WORKSPACE_PREFIX + "/"
 _CHUNK_BYTES = 128 << 10
+# Each refusal names the setting that raises it: it reaches the user as it is (E2B's 413).
+_TOO_MANY = "workspace has more than {} entries (SANDCELL_CHECKPOINT_MAX_MEMBERS)"
+_TOO_LARGE = "workspace holds more than {} bytes (SANDCELL_CHECKPOINT_MAX_BYTES)"
 _READ_BYTES = 1 << 20
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
@@ -185,14 +188,12 @@ def _plan(root_fd: int, limits: ArchiveLimits, select: WorkspaceSelection | None
         for relpath, parent_fd, name, kind in entries:
             members += 1
             if members > limits.max_members:
-                raise ArchiveRejectedError(f"workspace has more than {limits.max_members} entries")
+                raise ArchiveRejectedError(_TOO_MANY.format(limits.max_members))
             if kind == "file":
                 st = _unless_raced(os.stat, name, dir_fd=parent_fd, follow_symlinks=False)
                 file_bytes += 0 if st is None else st.st_size
                 if file_bytes > limits.max_bytes:
-                    raise ArchiveRejectedError(
-                        f"workspace holds more than {limits.max_bytes} bytes"
-                    )
+                    raise ArchiveRejectedError(_TOO_LARGE.format(limits.max_bytes))
             elif kind == "symlink":
                 target = _unless_raced(os.readlink, name, dir_fd=parent_fd)
                 if target is not None and not symlink_target_inside(relpath, target):
@@ -220,7 +221,7 @@ def _stream_entries(
                 stored = _add_entry(out, member, relpath, name, parent_fd, kind)
             members += stored
             if members > limits.max_members:
-                raise ArchiveRejectedError(f"workspace has more than {limits.max_members} entries")
+                raise ArchiveRejectedError(_TOO_MANY.format(limits.max_members))
             yield from out.take()
 
 

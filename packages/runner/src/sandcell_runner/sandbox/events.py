@@ -1,7 +1,8 @@
 """How a sandbox process's events reach its streams, and how its end is reported.
 
 ``Subscriber``: one stream's bounded queue of events; one that falls
-``QUEUE_EVENTS`` behind is dropped (its stream ends) rather than buffered
+``SANDCELL_RUNNER_PROCESS_STREAM_EVENTS`` (``QUEUE_EVENTS`` by default) behind is
+dropped (its stream ends, with ``dropped_note`` saying why) rather than buffered
 without bound. ``ended``: the ``ProcessEnded`` of a process from the init's
 report (``exit N`` / ``signal N``) or, when the init could not say, from what
 the jail saw; statuses read like envd's (``exit status 1``, ``signal: killed``).
@@ -39,20 +40,31 @@ _STATUS_OF_SIGNAL = {
 class Subscriber:
     """One stream's view of a process: a bounded queue; ``None`` ends it."""
 
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[sm.ProcessEvent | None] = asyncio.Queue(QUEUE_EVENTS + 1)
+    def __init__(self, limit: int = QUEUE_EVENTS) -> None:
+        self.limit = limit
+        self.queue: asyncio.Queue[sm.ProcessEvent | None] = asyncio.Queue(limit + 1)
         self.dropped = False
 
     def offer(self, event: sm.ProcessEvent | None) -> bool:
         """Queue ``event``; False (and the stream ends) if this subscriber fell behind."""
         if self.dropped:
             return False
-        if event is not None and self.queue.qsize() >= QUEUE_EVENTS:
+        if event is not None and self.queue.qsize() >= self.limit:
             self.dropped = True
             self.queue.put_nowait(None)
             return False
         self.queue.put_nowait(event)
         return True
+
+
+def dropped_note(limit: int) -> str:
+    """Why a dropped stream ended: the limit and the setting that raises it (the user
+    sees it as the end's ``error`` and, last on stderr, in the output itself)."""
+    return (
+        f"sandcell: this stream fell {limit} output chunks behind the process and was"
+        " ended; the process keeps running (read its output faster, send it to a file,"
+        " or raise SANDCELL_RUNNER_PROCESS_STREAM_EVENTS)"
+    )
 
 
 def ended(sent: str | None, outcome: LaunchOutcome | None, report: Report) -> sm.ProcessEnded:
@@ -78,4 +90,4 @@ def ended(sent: str | None, outcome: LaunchOutcome | None, report: Report) -> sm
     return sm.ProcessEnded(exit_code=code, status=f"exit status {code}", error=error)
 
 
-__all__ = ["QUEUE_EVENTS", "SIGNALS", "Subscriber", "ended"]
+__all__ = ["QUEUE_EVENTS", "SIGNALS", "Subscriber", "dropped_note", "ended"]

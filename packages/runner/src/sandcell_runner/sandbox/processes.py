@@ -43,7 +43,7 @@ from ..session_process import LaunchPipes, Report, SessionProcess, SessionTarget
 from ..workspace.cwd import require_dir
 from ..workspace.manager import WorkspaceManager
 from .env import process_env
-from .events import SIGNALS, Subscriber, ended
+from .events import SIGNALS, Subscriber, dropped_note, ended
 from .init import INIT_SOURCE
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class SandboxProcesses:
             ),
             job_dir=job_dir,
         )
-        subscriber = Subscriber()
+        subscriber = Subscriber(self._settings.process_stream_events)
         proc.subscribers.add(subscriber)
         try:
             await self._launch(proc, request, target, env, cwd_inside, timeout_ms)
@@ -163,7 +163,7 @@ class SandboxProcesses:
     def attach(self, pid: int) -> AsyncIterator[sm.ProcessEvent]:
         """Events of a running process from now on (``ProcessStarted`` first)."""
         proc = self._find(pid)
-        subscriber = Subscriber()
+        subscriber = Subscriber(self._settings.process_stream_events)
         proc.subscribers.add(subscriber)
         return self._events(proc, subscriber, started=True)
 
@@ -177,11 +177,12 @@ class SandboxProcesses:
                 event = await subscriber.queue.get()
                 if event is None:
                     if subscriber.dropped:
-                        yield sm.ProcessEnded(
-                            exit_code=None,
-                            status="stream dropped",
-                            error="the client fell too far behind the process's output",
-                        )
+                        note = dropped_note(subscriber.limit)
+                        # Also on stderr: E2B's Python SDK shows stderr, not the
+                        # end's error, in its CommandExitException.
+                        data = base64.b64encode(f"\n{note}\n".encode()).decode()
+                        yield sm.ProcessOutput(stream="stderr", data=data)
+                        yield sm.ProcessEnded(exit_code=None, status="stream dropped", error=note)
                     return
                 yield event
                 if isinstance(event, sm.ProcessEnded):
