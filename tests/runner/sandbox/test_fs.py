@@ -7,6 +7,7 @@ in a thread); the golden sandbox paths are the protocol's.
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,74 @@ def test_listings_are_bounded(fs: WorkspaceFs) -> None:
         (fs.root / f"f{index}").write_text("")
     with pytest.raises(BadRequestError):
         run_fs(fs, sm.FsSnapshot(path="~", recursive=True))
+
+
+def _breadth_first(root: Path, depth: int) -> list[str]:
+    """The listing's order, independently: each directory's names sorted, breadth first."""
+    found: list[str] = []
+    queue: list[tuple[Path, str, int]] = [(root, "", 1)]
+    while queue:
+        here, prefix, level = queue.pop(0)
+        for name in sorted(os.listdir(here)):
+            relative = f"{prefix}{name}"
+            found.append(relative)
+            if (here / name).is_dir() and not (here / name).is_symlink() and level < depth:
+                queue.append((here / name, relative + "/", level + 1))
+    return found
+
+
+def _tree(root: Path) -> None:
+    for top in ("b", "a", "c"):
+        (root / top).mkdir()
+        for index in (3, 1, 2, 10):
+            (root / top / f"f{index}").write_text("x")
+    (root / "a" / "deep").mkdir()
+    (root / "a" / "deep" / "z").write_text("")
+    (root / "m.txt").write_text("")
+    os.symlink("a", root / "link")
+
+
+def test_a_listing_is_each_directory_sorted_breadth_first(fs: WorkspaceFs) -> None:
+    """The order and the entries are the same as a full sort of each directory gives."""
+    _tree(fs.root)
+    for depth in (1, 2, 3):
+        listed = run_fs(fs, sm.FsListDir(path="~", depth=depth)).entries or []
+        assert [e.path.removeprefix("/home/user/") for e in listed] == _breadth_first(
+            fs.root, depth
+        )
+    snapshot = run_fs(fs, sm.FsSnapshot(path="~", recursive=True)).entries or []
+    assert [e.path.removeprefix("/home/user/") for e in snapshot] == _breadth_first(fs.root, 64)
+
+
+def test_the_cap_is_exact_across_the_tree(fs: WorkspaceFs) -> None:
+    """``max_entries`` (50) entries across directories list; one more is the error."""
+    for top in ("x", "y"):
+        (fs.root / top).mkdir()
+        for index in range(24):
+            (fs.root / top / f"f{index:02}").write_text("")
+    listed = run_fs(fs, sm.FsListDir(path="~", depth=2)).entries or []
+    assert len(listed) == 50
+    assert [e.path.removeprefix("/home/user/") for e in listed] == _breadth_first(fs.root, 2)
+    (fs.root / "y" / "one-more").write_text("")
+    with pytest.raises(BadRequestError, match="more than 50 entries"):
+        run_fs(fs, sm.FsListDir(path="~", depth=2))
+    # Within the first level alone it is still under the cap.
+    assert len(run_fs(fs, sm.FsListDir(path="~", depth=1)).entries or []) == 2
+
+
+def test_a_huge_directory_is_not_read_whole_before_the_cap(fs: WorkspaceFs) -> None:
+    """40,000 names and a cap of 50: the listing fails at the 51st name, holding about
+    that many (Python's own allocations, traced), not the whole sorted directory (the
+    old code's peak here was several MB: every ``DirEntry`` at once)."""
+    big = fs.root / "big"
+    big.mkdir()
+    for index in range(40_000):
+        (big / f"{index:05}").touch()
+    tracemalloc.start()
+    try:
+        with pytest.raises(BadRequestError, match="more than 50 entries"):
+            run_fs(fs, sm.FsListDir(path="~/big", depth=1))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

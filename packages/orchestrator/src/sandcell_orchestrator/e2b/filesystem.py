@@ -11,12 +11,15 @@ A sandbox holds at most ``MAX_WATCHERS`` polling watchers, and a tenant at most
 ``MAX_WATCH_STREAMS`` ``WatchDir`` streams on a worker: each stream polls on its own
 every ``WATCH_POLL_S`` for as long as it is open, so streams cheap to open were
 background work without bound (40 streams on an empty directory cost 0.6 CPU-s a
-second; 200 made the host crawl).
+second; 200 made the host crawl). A stream's poll that finds the session busy (another
+call held it past the runner's ``SANDCELL_RUNNER_SESSION_WAIT_MS``) is skipped: the
+stream stays open and the next poll reports what changed meanwhile.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,7 +36,7 @@ from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 
 from sandcell_protocol import sandbox_messages as sm
 
-from ..errors import SandcellError
+from ..errors import SandcellError, SessionBusyError
 from ..runner.sandbox import SandboxRunnerClient
 from .codecs import strict_codecs
 from .errors import connect_error
@@ -43,6 +46,8 @@ if TYPE_CHECKING:
     from connectrpc.request import RequestContext
 
 __all__ = ["FilesystemService", "filesystem_app"]
+
+log = logging.getLogger(__name__)
 
 WATCH_POLL_S = 0.25
 WATCH_KEEPALIVE_S = 15.0
@@ -121,19 +126,29 @@ def _runner(sandbox: E2bSandbox) -> SandboxRunnerClient:
     return sandbox.runner
 
 
-async def _call(sandbox: E2bSandbox, request: sm.FsRequest) -> sm.FsResult:
+async def _call(
+    sandbox: E2bSandbox, request: sm.FsRequest, *, busy_passes: bool = False
+) -> sm.FsResult:
+    """The runner's answer; its errors as envd's (``SessionBusyError`` as it is, when
+    ``busy_passes``: a watch's poll skips a busy session instead of ending)."""
     try:
         return await _runner(sandbox).fs(request)
     except SandcellError as exc:
+        if busy_passes and isinstance(exc, SessionBusyError):
+            raise
         raise connect_error(exc) from None
 
 
-async def _take(sandbox: E2bSandbox, path: str, recursive: bool) -> tuple[str, Snapshot]:
-    stat = await _call(sandbox, sm.FsStat(path=path))
+async def _take(
+    sandbox: E2bSandbox, path: str, recursive: bool, *, busy_passes: bool = False
+) -> tuple[str, Snapshot]:
+    stat = await _call(sandbox, sm.FsStat(path=path), busy_passes=busy_passes)
     assert stat.entry is not None
     if stat.entry.type != "dir":
         raise ConnectError(Code.INVALID_ARGUMENT, f"path {path[:200]!r} is not a directory")
-    listed = await _call(sandbox, sm.FsSnapshot(path=path, recursive=recursive))
+    listed = await _call(
+        sandbox, sm.FsSnapshot(path=path, recursive=recursive), busy_passes=busy_passes
+    )
     return stat.entry.path, _snapshot(stat.entry.path, listed.entries or [])
 
 
@@ -223,10 +238,20 @@ class FilesystemService:
         root, last = await _take(sandbox, request.path, request.recursive)
         yield pb.WatchDirResponse(event=_one("start", pb.WatchDirResponse.StartEvent()))
         quiet_since = self._clock()
+        skipped = False
         while not sandbox.gone:
             await anyio.sleep(WATCH_POLL_S)
             try:
-                _, now = await _take(sandbox, root, request.recursive)
+                _, now = await _take(sandbox, root, request.recursive, busy_passes=True)
+            except SessionBusyError:
+                # Another call held the session past the runner's wait: this poll
+                # is skipped (the next one diffs against the same ``last``).
+                if not skipped:
+                    skipped = True
+                    log.info(
+                        "e2b watch of sandbox %s: a poll skipped, session busy", sandbox.sandbox_id
+                    )
+                now = last
             except ConnectError as exc:
                 if exc.code is Code.NOT_FOUND:
                     return  # the watched directory went: the watch ends, as envd's does

@@ -10,6 +10,7 @@ a job's million files cannot make one call unbounded work.
 
 from __future__ import annotations
 
+import heapq
 import os
 import stat
 from collections.abc import Iterator
@@ -165,14 +166,13 @@ class WorkspaceFs:
         while queue:
             here, level = queue.pop(0)
             try:
-                with fsops.open_dir(self.root, here) as fd, os.scandir(fd) as listing:
-                    found = sorted(listing, key=lambda item: item.name)
-                    for item in found:
+                with fsops.open_dir(self.root, here) as fd:
+                    for name in _first_names(fd, self.max_entries - count + 1):
                         try:
-                            st = item.stat(follow_symlinks=False)
+                            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                         except FileNotFoundError:
                             continue
-                        child = [*here, item.name]
+                        child = [*here, name]
                         count += 1
                         if count > self.max_entries:
                             raise BadRequestError(
@@ -183,6 +183,24 @@ class WorkspaceFs:
                             queue.append((child, level + 1))
             except (FileNotFoundError, NotADirectoryError, fsops.UnsafePathError):
                 continue
+
+
+def _first_names(fd: int, wanted: int) -> Iterator[str]:
+    """A directory's names in order, at most ``wanted`` held at once. The caller may
+    take ``wanted - 1`` more entries and fails at the next, so a directory of 200,000
+    names is never read into one sorted list (about 40 MB, per list and per poll). A
+    batch the caller uses up without failing (entries gone before their stat) is
+    followed by the next ``wanted`` names after it."""
+    after: str | None = None
+    while True:
+        with os.scandir(fd) as listing:
+            names = (item.name for item in listing)
+            later = names if after is None else (name for name in names if name > after)
+            batch = heapq.nsmallest(wanted, later)
+        yield from batch
+        if len(batch) < wanted:
+            return
+        after = batch[-1]
 
 
 def run_fs(fs: WorkspaceFs, request: sm.FsRequest) -> sm.FsResult:
