@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
 from sandcell_orchestrator.testing import clean_environ
 from tests.fixtures.paths import traversable_dir
@@ -129,3 +130,14 @@ def e2b_serve() -> Iterator[E2bServe]:
             stop_serve(served)
             leftovers = stop_leftovers(served.runtime_dir)
             assert not leftovers, f"sandbox processes left behind: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def sbx(e2b_serve: E2bServe) -> Iterator[CodeSandbox]:
+    """One code-interpreter sandbox per test module, killed after it (a module that
+    needs another kind, or other options, defines its own ``sbx``)."""
+    sandbox = CodeSandbox.create(**e2b_serve.opts())
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()

@@ -8,7 +8,6 @@ packages, installed by scripts/test).
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -18,15 +17,6 @@ from e2b_code_interpreter import AsyncSandbox, Context, Sandbox
 from tests.e2b_api.conftest import E2bServe
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def sbx(e2b_serve: E2bServe) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(**e2b_serve.opts())
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def test_state_carries_across_run_code(sbx: Sandbox) -> None:

@@ -26,15 +26,6 @@ from tests.orchestrator.cli.conftest import stop_leftovers
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def sbx(e2b_serve: E2bServe) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(**e2b_serve.opts())
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
-
-
 def test_text_is_e2bs_a_str_without_its_quotes(sbx: Sandbox) -> None:
     """E2B's server strips the quotes of a ``repr`` in quotes (``Result.text``)."""
     assert sbx.run_code("'abc'").text == "abc"

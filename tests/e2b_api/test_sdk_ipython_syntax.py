@@ -8,23 +8,10 @@ own shell (Debian's ``python3-ipython``, installed by scripts/test).
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 
-import pytest
 from e2b_code_interpreter import Sandbox
 
-from tests.e2b_api.conftest import E2bServe
-
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def sbx(e2b_serve: E2bServe) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(**e2b_serve.opts())
-    try:
-        yield sandbox
-    finally:
-        sandbox.kill()
 
 
 def test_shell_commands_print_and_capture(sbx: Sandbox) -> None:

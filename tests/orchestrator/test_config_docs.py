@@ -45,7 +45,10 @@ OTHER_READERS: dict[str, tuple[str, str]] = {
     "SANDCELL_TEST_DOCKER_HOST": ("scripts/services-podman", "the test services"),
     "SANDCELL_TEST_DOCKER_IMAGE": ("scripts/services-podman", "the test services"),
     "SANDCELL_KEY": ("docs/librechat.md", "a compose substitution the example defines"),
-    "SANDCELL_RUNNER_SPAWN_HELPER": ("README.md", "a removed switch in a benchmark's history"),
+    "SANDCELL_RUNNER_SPAWN_HELPER": (
+        "docs/performance.md",
+        "a removed switch in a benchmark's history",
+    ),
 }
 
 _NAME = re.compile(r"SANDCELL_[A-Z0-9_]+")

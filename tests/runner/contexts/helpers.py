@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -67,3 +69,29 @@ def png_size(data_b64: str) -> tuple[int, int]:
     assert data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
     return width, height
+
+
+def interrupt_while_running(
+    client: ContextClient, ctx: str, code: str, *, settle_s: float
+) -> dict[str, Any]:
+    """Runs ``code`` in ``ctx`` on a thread, interrupts it once the context is busy and
+    ``settle_s`` more have passed (time to get into the code), and returns the answer."""
+    answer: dict[str, Any] = {}
+
+    def run() -> None:
+        answer.update(client.run(ctx, code))
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        state = client.http.get("/v1/session/contexts").json()["contexts"]
+        if any(c["context_id"] == ctx and c["state"] == "busy" for c in state):
+            break
+        time.sleep(0.05)
+    time.sleep(settle_s)
+    response = client.http.post(f"/v1/session/contexts/{ctx}/interrupt")
+    assert response.status_code == 200, response.text
+    runner.join(timeout=20)
+    assert not runner.is_alive()
+    return answer

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import psutil
 
 from tests.golden import load_golden
-from tests.runner.contexts.helpers import NDJSON, ContextClient, png_size
+from tests.runner.contexts.helpers import NDJSON, ContextClient, interrupt_while_running, png_size
 
 GOLDEN = load_golden()
 
@@ -98,26 +97,9 @@ def test_interrupt_stops_a_busy_loop_and_keeps_the_variables(
     client: ContextClient, ctx: str
 ) -> None:
     client.run(ctx, "n = 7")
-    answer: dict[str, object] = {}
-
-    def run() -> None:
-        answer.update(client.run(ctx, "while True:\n    pass"))
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        state = client.http.get("/v1/session/contexts").json()["contexts"]
-        if any(c["context_id"] == ctx and c["state"] == "busy" for c in state):
-            break
-        time.sleep(0.05)
-    time.sleep(0.2)
-    response = client.http.post(f"/v1/session/contexts/{ctx}/interrupt")
-    assert response.status_code == 200, response.text
-    runner.join(timeout=20)
-    assert not runner.is_alive()
+    answer = interrupt_while_running(client, ctx, "while True:\n    pass", settle_s=0.2)
     assert answer["status"] == "error"
-    assert answer["error"]["name"] == "KeyboardInterrupt"  # type: ignore[index]
+    assert answer["error"]["name"] == "KeyboardInterrupt"
     assert answer["context_lost"] is False
     assert client.main_text(ctx, "n") == "7"
 

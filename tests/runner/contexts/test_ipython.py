@@ -7,10 +7,7 @@ driver.
 
 from __future__ import annotations
 
-import threading
-import time
-
-from tests.runner.contexts.helpers import ContextClient, png_size
+from tests.runner.contexts.helpers import ContextClient, interrupt_while_running, png_size
 
 
 def test_shell_escapes_run_in_the_jail_and_capture_a_list(client: ContextClient, ctx: str) -> None:
@@ -32,26 +29,9 @@ def test_an_interrupt_stops_a_shell_command_and_keeps_the_context(
     client: ContextClient, ctx: str
 ) -> None:
     client.run(ctx, "n = 7")
-    answer: dict[str, object] = {}
-
-    def run() -> None:
-        answer.update(client.run(ctx, "!sleep 600"))
-
-    runner = threading.Thread(target=run)
-    runner.start()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        state = client.http.get("/v1/session/contexts").json()["contexts"]
-        if any(c["context_id"] == ctx and c["state"] == "busy" for c in state):
-            break
-        time.sleep(0.05)
-    time.sleep(0.5)  # into the command (an earlier interrupt fails the cell the same way)
-    response = client.http.post(f"/v1/session/contexts/{ctx}/interrupt")
-    assert response.status_code == 200, response.text
-    runner.join(timeout=20)
-    assert not runner.is_alive()
+    answer = interrupt_while_running(client, ctx, "!sleep 600", settle_s=0.5)  # into the command
     assert answer["status"] == "error"
-    assert answer["error"]["name"] == "KeyboardInterrupt"  # type: ignore[index]
+    assert answer["error"]["name"] == "KeyboardInterrupt"
     assert answer["context_lost"] is False
     assert client.main_text(ctx, "n") == "7"
 
