@@ -56,12 +56,13 @@ def driver(tmp_path: Path) -> Iterator[Driver]:
         stdout=subprocess.PIPE,
         env={"PATH": "/usr/bin:/bin", "HOME": str(workspace), "LANG": "C.UTF-8"},
     )
-    try:
-        yield Driver(process)
-    finally:
-        assert process.stdin is not None
-        process.stdin.close()
-        process.wait(timeout=30)
+    with process:  # closes both pipes after the wait
+        try:
+            yield Driver(process)
+        finally:
+            assert process.stdin is not None
+            process.stdin.close()
+            process.wait(timeout=30)
 
 
 def test_ipython_syntax_is_a_syntax_error_and_plain_cells_run(driver: Driver) -> None:
