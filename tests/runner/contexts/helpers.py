@@ -17,6 +17,15 @@ from tests.runner.session.helpers import SessionClient
 NDJSON = "application/x-ndjson"
 
 
+PLOT_CELL = (
+    "import matplotlib.pyplot as plt\n"
+    "fig = plt.figure(figsize=(4, 3), dpi=50)\n"
+    "plt.plot([1, 2, 3], [1, 4, 9])\n"
+    "plt.show()"
+)
+"""A cell that shows one 200x150 px figure."""
+
+
 class ContextClient(SessionClient):
     """One runtime session's contexts on one runner."""
 

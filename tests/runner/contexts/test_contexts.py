@@ -8,7 +8,13 @@ import time
 import psutil
 
 from tests.golden import load_golden
-from tests.runner.contexts.helpers import NDJSON, ContextClient, interrupt_while_running, png_size
+from tests.runner.contexts.helpers import (
+    NDJSON,
+    PLOT_CELL,
+    ContextClient,
+    interrupt_while_running,
+    png_size,
+)
 
 GOLDEN = load_golden()
 
@@ -181,13 +187,7 @@ def test_two_contexts_do_not_share_variables(client: ContextClient) -> None:
 
 
 def test_matplotlib_figure_comes_back_as_png(client: ContextClient, ctx: str) -> None:
-    code = (
-        "import matplotlib.pyplot as plt\n"
-        "fig = plt.figure(figsize=(4, 3), dpi=50)\n"
-        "plt.plot([1, 2, 3], [1, 4, 9])\n"
-        "plt.show()"
-    )
-    result = client.run(ctx, code, timeout_ms=120_000)
+    result = client.run(ctx, PLOT_CELL, timeout_ms=120_000)
     assert result["status"] == "ok", result
     images = [r for r in result["results"] if "image/png" in r["data"]]
     assert len(images) == 1, result

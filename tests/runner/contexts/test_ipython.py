@@ -7,7 +7,12 @@ driver.
 
 from __future__ import annotations
 
-from tests.runner.contexts.helpers import ContextClient, interrupt_while_running, png_size
+from tests.runner.contexts.helpers import (
+    PLOT_CELL,
+    ContextClient,
+    interrupt_while_running,
+    png_size,
+)
 
 
 def test_shell_escapes_run_in_the_jail_and_capture_a_list(client: ContextClient, ctx: str) -> None:
@@ -64,13 +69,7 @@ def test_matplotlib_inline_is_accepted_and_figures_come_back(
     inline = client.run(ctx, "%matplotlib inline", timeout_ms=120_000)
     assert inline["status"] == "ok", inline
     assert inline["results"] == []
-    code = (
-        "import matplotlib.pyplot as plt\n"
-        "fig = plt.figure(figsize=(4, 3), dpi=50)\n"
-        "plt.plot([1, 2, 3], [1, 4, 9])\n"
-        "plt.show()"
-    )
-    result = client.run(ctx, code, timeout_ms=120_000)
+    result = client.run(ctx, PLOT_CELL, timeout_ms=120_000)
     assert result["status"] == "ok", result
     images = [r for r in result["results"] if "image/png" in r["data"]]
     assert len(images) == 1, result

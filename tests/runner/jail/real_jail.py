@@ -3,7 +3,9 @@ jail tests that drive ``Jail.run`` directly, and the limits their jobs run with.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,3 +89,18 @@ def shell_job(workspace: Path, job_dir: Path, script: str, *, uid: int) -> JobSp
         env={"PATH": "/usr/bin:/bin"},
         limits=LIMITS,
     )
+
+
+async def release_fifo(fifo: Path) -> None:
+    """Open ``fifo`` for writing once its reader is there, then close it (EOF)."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            os.close(fd)
+            return

@@ -12,7 +12,6 @@ that nothing would close for the runner's life).
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import threading
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from sandcell_runner.checkpoint.session import SessionCheckpoints
 from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.spawner import SpawnRequest, StartedProcess
-from tests.runner.jail.real_jail import real_jail, shell_job
+from tests.runner.jail.real_jail import real_jail, release_fifo, shell_job
 
 UID = 61_236
 
@@ -118,7 +117,7 @@ async def test_a_slot_retired_by_a_cancelled_job_leaves_no_descriptor_or_cgroup(
         with pytest.raises(asyncio.CancelledError):
             await cancelled
         assert held.finished.is_set()
-        await _release(gate)
+        await release_fifo(gate)
         assert (await slow).exit_code == 0
         monkeypatch.undo()
         assert _fd_count() == before, "the retired slot's cgroup kept descriptors open"
@@ -126,21 +125,6 @@ async def test_a_slot_retired_by_a_cancelled_job_leaves_no_descriptor_or_cgroup(
         assert "s1" not in cgroups._pool
         after = await job("after", "true")
         assert after.exit_code == 0, after.jail_log
-
-
-async def _release(fifo: Path) -> None:
-    """Open ``fifo`` for writing once its reader is there, then close it (EOF)."""
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
-                    raise
-                await asyncio.sleep(0.05)
-                continue
-            os.close(fd)
-            return
 
 
 def test_a_restores_extractor_joins_through_the_pooled_cgroups_held_descriptors() -> None:

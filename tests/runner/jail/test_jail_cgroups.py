@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from sandcell_runner.jail.cgroups import CgroupManager
 from sandcell_runner.jail.nsjail import Jail
 from sandcell_runner.jail.nsjail_config import MAX_CONFIG_BYTES
 from sandcell_runner.jail.spec import JobSpec
-from tests.runner.jail.real_jail import SPAWN_METHODS, real_jail, shell_job
+from tests.runner.jail.real_jail import SPAWN_METHODS, real_jail, release_fifo, shell_job
 
 UID = 61_234
 
@@ -54,7 +53,7 @@ def test_concurrent_jobs_of_one_uid_do_not_share_a_cgroup(
         slow_task = asyncio.create_task(jail.run(slow))
         quick_outcome = await jail.run(quick)
         assert not slow_task.done()
-        await _release(gate)
+        await release_fifo(gate)
         slow_outcome = await slow_task
         assert quick_outcome.exit_code == 0, quick_outcome.jail_log
         assert slow_outcome.exit_code == 0, (slow_outcome.signal, slow_outcome.jail_log)
@@ -62,21 +61,6 @@ def test_concurrent_jobs_of_one_uid_do_not_share_a_cgroup(
 
     slow_out, quick_out = asyncio.run(both())
     assert (slow_out, quick_out) == ("survived\n", "quick\n")
-
-
-async def _release(fifo: Path) -> None:
-    """Open ``fifo`` for writing once its reader is there, then close it (EOF)."""
-    async with asyncio.timeout(30):
-        while True:
-            try:
-                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as exc:
-                if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
-                    raise
-                await asyncio.sleep(0.05)
-                continue
-            os.close(fd)
-            return
 
 
 def test_a_job_that_cannot_start_leaks_no_descriptor(
